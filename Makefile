@@ -1,0 +1,33 @@
+# kvroute: the targets a newcomer and CI use. Every target works on a fresh
+# machine with Go installed; `.ci/run` installs the rest.
+
+GO       ?= go
+PKGS     ?= ./...
+BENCH    ?= .
+BENCHTIME ?= 1s
+FUZZTIME ?= 10s
+
+.PHONY: run test test-interop bench fuzz-smoke lint help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+run: ## run the EPP side on an embedded NATS server with a simulated fleet
+	$(GO) run ./cmd/epp --demo
+
+test: lint ## vet, gofmt check, and every test with the race detector
+	$(GO) test -race -count=1 $(PKGS)
+
+test-interop: ## the relay against vLLM's own transport library (needs libzmq3-dev and cgo)
+	$(GO) test -race -count=1 -tags libzmq ./pkg/relay/...
+
+bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+fuzz-smoke: ## run each fuzz target briefly (FUZZTIME each)
+	./scripts/fuzz-smoke.sh $(FUZZTIME)
+
+lint: ## go vet and gofmt
+	$(GO) vet $(PKGS)
+	@out="$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go'))"; \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

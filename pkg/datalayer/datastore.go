@@ -1,0 +1,247 @@
+package datalayer
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// StreamStates tells the datastore how far each endpoint's event stream can
+// be trusted; the exact prefix index satisfies it. since is when the endpoint
+// entered that state (the zero time when unknown).
+type StreamStates interface {
+	State(addr string) (state StreamState, since time.Time)
+}
+
+// Datastore is the one place the scheduler reads endpoints from; discovery
+// sources write to it and the scraper stores each endpoint's metrics in it.
+//
+// Reads (Get, List, Candidates, metrics) take no lock: membership is an
+// immutable snapshot swapped on every write, and each endpoint's metrics sit
+// behind an atomic pointer, so the request path never waits for discovery
+// or scraping. Writes are rare and serialised.
+type Datastore struct {
+	// writeMu serialises membership changes and the OnChange calls they make,
+	// so that every hook sees the changes in the order they happened.
+	writeMu sync.Mutex
+	snap    atomic.Pointer[dsSnapshot]
+	hooks   []*changeHook
+	streams atomic.Pointer[streamStatesHolder]
+
+	endpoints prometheus.Gauge
+	// staticReloads counts static-file reloads by result; it lives here so
+	// WatchStaticFile needs no registerer of its own.
+	staticReloads *prometheus.CounterVec
+}
+
+type dsEntry struct {
+	ep      *Endpoint
+	metrics atomic.Pointer[Metrics]
+}
+
+// dsSnapshot is never modified once published.
+type dsSnapshot struct {
+	byName map[string]*dsEntry
+	// sorted is byName's entries ordered by name, so List and Candidates are
+	// deterministic.
+	sorted []*dsEntry
+}
+
+type changeHook struct {
+	fn func(added, removed []*Endpoint)
+}
+
+type streamStatesHolder struct{ s StreamStates }
+
+// NewDatastore returns an empty datastore. Its metrics are registered with
+// reg unless reg is nil.
+func NewDatastore(reg prometheus.Registerer) *Datastore {
+	ds := &Datastore{
+		endpoints: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_datastore_endpoints",
+			Help: "Endpoints currently in the datastore.",
+		}),
+		staticReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_static_discovery_reloads_total",
+			Help: "Loads of the static endpoints file, by result (ok, error).",
+		}, []string{"result"}),
+	}
+	ds.snap.Store(&dsSnapshot{byName: map[string]*dsEntry{}})
+	if reg != nil {
+		reg.MustRegister(ds.endpoints, ds.staticReloads)
+	}
+	return ds
+}
+
+// SetStreamStates sets where Candidates reads each endpoint's stream state;
+// until it is set (or when s is nil) every endpoint is StreamNone.
+func (ds *Datastore) SetStreamStates(s StreamStates) {
+	ds.streams.Store(&streamStatesHolder{s: s})
+}
+
+// OnChange registers fn to hear of membership changes. fn is first called
+// with the endpoints already present, so a late subscriber misses nothing.
+// An endpoint replaced under the same name and address is reported in added
+// only; one whose address changed is reported as the old one removed and the
+// new one added. fn runs while writes are held off: it must not write to the
+// datastore, and should be quick. The returned func unsubscribes.
+func (ds *Datastore) OnChange(fn func(added, removed []*Endpoint)) (unsubscribe func()) {
+	h := &changeHook{fn: fn}
+	ds.writeMu.Lock()
+	ds.hooks = append(ds.hooks, h)
+	if cur := ds.List(); len(cur) > 0 {
+		fn(cur, nil)
+	}
+	ds.writeMu.Unlock()
+	return func() {
+		ds.writeMu.Lock()
+		ds.hooks = slices.DeleteFunc(ds.hooks, func(x *changeHook) bool { return x == h })
+		ds.writeMu.Unlock()
+	}
+}
+
+// Upsert adds ep or replaces the endpoint of the same name. The endpoint's
+// last metrics are kept when its address is unchanged. ep must not be
+// modified afterwards.
+func (ds *Datastore) Upsert(ep *Endpoint) {
+	if ep == nil {
+		return
+	}
+	ds.writeMu.Lock()
+	defer ds.writeMu.Unlock()
+	old := ds.snap.Load()
+	prev, had := old.byName[ep.Name]
+	if had && sameEndpoint(prev.ep, ep) {
+		return
+	}
+	e := &dsEntry{ep: ep}
+	var removed []*Endpoint
+	if had {
+		if prev.ep.Address == ep.Address {
+			e.metrics.Store(prev.metrics.Load())
+		} else {
+			removed = []*Endpoint{prev.ep}
+		}
+	}
+	byName := maps.Clone(old.byName)
+	byName[ep.Name] = e
+	ds.publish(byName)
+	ds.notify([]*Endpoint{ep}, removed)
+}
+
+// Remove drops the endpoint named name, if present.
+func (ds *Datastore) Remove(name string) {
+	ds.writeMu.Lock()
+	defer ds.writeMu.Unlock()
+	old := ds.snap.Load()
+	prev, had := old.byName[name]
+	if !had {
+		return
+	}
+	byName := maps.Clone(old.byName)
+	delete(byName, name)
+	ds.publish(byName)
+	ds.notify(nil, []*Endpoint{prev.ep})
+}
+
+// publish must be called with writeMu held.
+func (ds *Datastore) publish(byName map[string]*dsEntry) {
+	sorted := slices.Collect(maps.Values(byName))
+	slices.SortFunc(sorted, func(a, b *dsEntry) int { return cmp.Compare(a.ep.Name, b.ep.Name) })
+	ds.snap.Store(&dsSnapshot{byName: byName, sorted: sorted})
+	ds.endpoints.Set(float64(len(sorted)))
+}
+
+// notify must be called with writeMu held.
+func (ds *Datastore) notify(added, removed []*Endpoint) {
+	for _, h := range ds.hooks {
+		h.fn(added, removed)
+	}
+}
+
+// Get returns the endpoint named name.
+func (ds *Datastore) Get(name string) (*Endpoint, bool) {
+	e, ok := ds.snap.Load().byName[name]
+	if !ok {
+		return nil, false
+	}
+	return e.ep, true
+}
+
+// List returns the endpoints ordered by name. The slice is the caller's.
+func (ds *Datastore) List() []*Endpoint {
+	s := ds.snap.Load()
+	out := make([]*Endpoint, len(s.sorted))
+	for i, e := range s.sorted {
+		out[i] = e.ep
+	}
+	return out
+}
+
+// Len returns the number of endpoints.
+func (ds *Datastore) Len() int { return len(ds.snap.Load().sorted) }
+
+// SetMetrics stores the latest metrics of the endpoint named name; metrics
+// for an endpoint that is no longer present are dropped.
+func (ds *Datastore) SetMetrics(name string, m Metrics) {
+	if e, ok := ds.snap.Load().byName[name]; ok {
+		e.metrics.Store(&m)
+	}
+}
+
+// setMetricsAt is SetMetrics for a scrape of addr: dropped when the endpoint
+// has meanwhile moved to another address, whose load this is not.
+func (ds *Datastore) setMetricsAt(name, addr string, m Metrics) {
+	if e, ok := ds.snap.Load().byName[name]; ok && e.ep.Address == addr {
+		e.metrics.Store(&m)
+	}
+}
+
+// Metrics returns the latest metrics of the endpoint named name; they are the
+// zero Metrics (never scraped) when none were stored.
+func (ds *Datastore) Metrics(name string) (Metrics, bool) {
+	e, ok := ds.snap.Load().byName[name]
+	if !ok {
+		return Metrics{}, false
+	}
+	return e.loadMetrics(), true
+}
+
+func (e *dsEntry) loadMetrics() Metrics {
+	if m := e.metrics.Load(); m != nil {
+		return *m
+	}
+	return Metrics{}
+}
+
+// Candidates snapshots, for one request, every endpoint that filter accepts
+// (all of them when filter is nil), with its current metrics and stream state.
+func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
+	s := ds.snap.Load()
+	var streams StreamStates
+	if h := ds.streams.Load(); h != nil {
+		streams = h.s
+	}
+	out := make([]*Candidate, 0, len(s.sorted))
+	for _, e := range s.sorted {
+		if filter != nil && !filter(e.ep) {
+			continue
+		}
+		state := StreamNone
+		if streams != nil {
+			state, _ = streams.State(e.ep.Address)
+		}
+		out = append(out, NewCandidate(e.ep, e.loadMetrics(), state))
+	}
+	return out
+}
+
+func sameEndpoint(a, b *Endpoint) bool {
+	return a == b || (a.Name == b.Name && a.Address == b.Address && a.Pod == b.Pod &&
+		a.Namespace == b.Namespace && a.Model == b.Model && maps.Equal(a.Labels, b.Labels))
+}

@@ -1,0 +1,281 @@
+package datalayer
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func ep(name, addr string) *Endpoint {
+	return &Endpoint{Name: name, Address: addr, Pod: name, Model: "m"}
+}
+
+func names(eps []*Endpoint) []string {
+	out := make([]string, len(eps))
+	for i, e := range eps {
+		out[i] = e.Name
+	}
+	return out
+}
+
+// changeLog records OnChange calls as readable lines.
+type changeLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (c *changeLog) hook(added, removed []*Endpoint) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lines = append(c.lines, fmt.Sprintf("+%v -%v", names(added), names(removed)))
+}
+
+func (c *changeLog) get() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.lines)
+}
+
+func TestDatastoreMembership(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	ds := NewDatastore(reg)
+	ds.Upsert(ep("b", "10.0.0.2:8000"))
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	ds.Upsert(ep("c", "10.0.0.3:8000"))
+	if got := names(ds.List()); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("List() = %v, want sorted a b c", got)
+	}
+	ds.Remove("b")
+	ds.Remove("nobody")
+	if _, ok := ds.Get("b"); ok {
+		t.Fatal("removed endpoint b is still there")
+	}
+	if e, ok := ds.Get("c"); !ok || e.Address != "10.0.0.3:8000" {
+		t.Fatalf("Get(c) = %v, %v", e, ok)
+	}
+	if got := testutil.ToFloat64(ds.endpoints); got != 2 {
+		t.Fatalf("kvroute_datastore_endpoints = %v, want 2", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "kvroute_datastore_endpoints"); err != nil || n != 1 {
+		t.Fatalf("gauge not registered: %d, %v", n, err)
+	}
+}
+
+func TestDatastoreOnChange(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		do   func(ds *Datastore)
+		want []string
+	}{
+		{
+			name: "a late subscriber first hears of the endpoints already present",
+			do:   func(ds *Datastore) {},
+			want: []string{"+[a] -[]"},
+		},
+		{
+			name: "adding and removing endpoints is reported in order",
+			do: func(ds *Datastore) {
+				ds.Upsert(ep("b", "10.0.0.2:8000"))
+				ds.Remove("a")
+			},
+			want: []string{"+[a] -[]", "+[b] -[]", "+[] -[a]"},
+		},
+		{
+			name: "an identical upsert is not a change",
+			do:   func(ds *Datastore) { ds.Upsert(ep("a", "10.0.0.1:8000")) },
+			want: []string{"+[a] -[]"},
+		},
+		{
+			name: "a new address is the old endpoint removed and the new one added",
+			do:   func(ds *Datastore) { ds.Upsert(ep("a", "10.0.0.9:8000")) },
+			want: []string{"+[a] -[]", "+[a] -[a]"},
+		},
+		{
+			name: "new labels at the same address are reported as added only",
+			do: func(ds *Datastore) {
+				e := ep("a", "10.0.0.1:8000")
+				e.Labels = map[string]string{"zone": "b"}
+				ds.Upsert(e)
+			},
+			want: []string{"+[a] -[]", "+[a] -[]"},
+		},
+		{
+			name: "removing an unknown endpoint is not a change",
+			do:   func(ds *Datastore) { ds.Remove("zzz") },
+			want: []string{"+[a] -[]"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ds := NewDatastore(nil)
+			ds.Upsert(ep("a", "10.0.0.1:8000"))
+			var log changeLog
+			ds.OnChange(log.hook)
+			tt.do(ds)
+			if got := log.get(); !slices.Equal(got, tt.want) {
+				t.Fatalf("changes = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDatastoreUnsubscribeStopsNotifications(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	var log changeLog
+	unsubscribe := ds.OnChange(log.hook)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	unsubscribe()
+	ds.Upsert(ep("b", "10.0.0.2:8000"))
+	if got := log.get(); !slices.Equal(got, []string{"+[a] -[]"}) {
+		t.Fatalf("changes = %q, want only a's addition", got)
+	}
+}
+
+func TestDatastoreMetrics(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	tests := []struct {
+		name    string
+		after   func(ds *Datastore)
+		want    int
+		present bool
+	}{
+		{name: "stored metrics are read back", after: func(*Datastore) {}, want: 7, present: true},
+		{
+			name:    "metrics survive an upsert at the same address",
+			after:   func(ds *Datastore) { ds.Upsert(&Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "other"}) },
+			want:    7,
+			present: true,
+		},
+		{
+			name:    "metrics are forgotten when the address changes",
+			after:   func(ds *Datastore) { ds.Upsert(ep("a", "10.0.0.5:8000")) },
+			want:    0,
+			present: true,
+		},
+		{
+			name:  "metrics of a removed endpoint are gone and later ones dropped",
+			after: func(ds *Datastore) { ds.Remove("a"); ds.SetMetrics("a", Metrics{WaitingQueueSize: 9}) },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ds := NewDatastore(nil)
+			ds.Upsert(ep("a", "10.0.0.1:8000"))
+			ds.SetMetrics("a", Metrics{WaitingQueueSize: 7, UpdateTime: now})
+			tt.after(ds)
+			m, ok := ds.Metrics("a")
+			if ok != tt.present || m.WaitingQueueSize != tt.want {
+				t.Fatalf("Metrics(a) = %d, %v; want %d, %v", m.WaitingQueueSize, ok, tt.want, tt.present)
+			}
+		})
+	}
+}
+
+// mapStreams is a StreamStates backed by a map, standing in for the index.
+type mapStreams map[string]StreamState
+
+func (m mapStreams) State(addr string) (StreamState, time.Time) { return m[addr], time.Time{} }
+
+func TestDatastoreCandidates(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	ds.Upsert(&Endpoint{Name: "b", Address: "10.0.0.2:8000", Model: "other"})
+	ds.Upsert(ep("c", "10.0.0.3:8000"))
+	ds.SetMetrics("c", Metrics{RunningRequests: 3})
+
+	all := ds.Candidates(nil)
+	if len(all) != 3 || all[0].Stream != StreamNone {
+		t.Fatalf("without stream states: %d candidates, first in state %v; want 3, none", len(all), all[0].Stream)
+	}
+
+	ds.SetStreamStates(mapStreams{"10.0.0.3:8000": StreamExact, "10.0.0.1:8000": StreamUncertain})
+	cands := ds.Candidates(func(e *Endpoint) bool { return e.Model == "m" })
+	if got := len(cands); got != 2 {
+		t.Fatalf("filtered candidates = %d, want 2", got)
+	}
+	a, c := cands[0], cands[1]
+	if a.Name != "a" || a.Stream != StreamUncertain || c.Name != "c" || c.Stream != StreamExact {
+		t.Fatalf("candidates = %s/%v %s/%v", a.Name, a.Stream, c.Name, c.Stream)
+	}
+	if c.Metrics.RunningRequests != 3 {
+		t.Fatalf("c's metrics snapshot = %+v", c.Metrics)
+	}
+	// The snapshot is the request's: later scrapes do not change it.
+	ds.SetMetrics("c", Metrics{RunningRequests: 50})
+	if c.Metrics.RunningRequests != 3 {
+		t.Fatal("a candidate's metrics changed after it was taken")
+	}
+}
+
+func TestDatastoreConcurrentReadersAndWriters(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	// Hooks run in the order of the changes, so replaying them must give
+	// the final membership.
+	members := map[string]bool{}
+	ds.OnChange(func(added, removed []*Endpoint) {
+		for _, e := range removed {
+			delete(members, e.Name)
+		}
+		for _, e := range added {
+			members[e.Name] = true
+		}
+	})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				name := fmt.Sprintf("w%d-%d", w, i%10)
+				ds.Upsert(ep(name, fmt.Sprintf("10.%d.%d.%d:8000", w, i%7, i%10)))
+				ds.SetMetrics(name, Metrics{WaitingQueueSize: i})
+				if i%3 == 0 {
+					ds.Remove(name)
+				}
+			}
+		})
+		wg.Go(func() {
+			for range 200 {
+				for _, c := range ds.Candidates(nil) {
+					_ = c.Metrics.WaitingQueueSize
+				}
+				_ = ds.List()
+			}
+		})
+	}
+	wg.Wait()
+	got := slices.Sorted(maps.Keys(members))
+	if want := names(ds.List()); !slices.Equal(got, want) {
+		t.Fatalf("replayed membership %v, datastore %v", got, want)
+	}
+}
+
+func BenchmarkDatastoreCandidates(b *testing.B) {
+	ds := NewDatastore(nil)
+	ds.SetStreamStates(mapStreams{})
+	for i := range 64 {
+		name := fmt.Sprintf("e%02d", i)
+		ds.Upsert(ep(name, fmt.Sprintf("10.0.0.%d:8000", i)))
+		ds.SetMetrics(name, Metrics{WaitingQueueSize: i, ActiveLoRAs: []string{"a"}})
+	}
+	cpu := cpuTime()
+	for b.Loop() {
+		if len(ds.Candidates(nil)) != 64 {
+			b.Fatal("lost endpoints")
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/request")
+	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/request")
+}

@@ -1,0 +1,129 @@
+package datalayer
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Endpoint is one serving endpoint (a pod and one of its target ports) as
+// discovery reports it. It is immutable once published: discovery replaces
+// it rather than changing it.
+type Endpoint struct {
+	// Name is unique in the pool: the pod name, with "-rank-N" for the N-th
+	// target port when a pod has several.
+	Name string
+	// Address is the ip:port the gateway routes to; events name it in Kv-Endpoint.
+	Address   string
+	Pod       string
+	Namespace string
+	// Model is the base model the endpoint serves.
+	Model  string
+	Labels map[string]string
+}
+
+// StreamState says how far the index can be trusted for an endpoint.
+type StreamState uint8
+
+const (
+	// StreamNone: no event has ever arrived; prefix answers are approximate.
+	StreamNone StreamState = iota
+	// StreamExact: events arrive in order with no known gap.
+	StreamExact
+	// StreamUncertain: batches may have been lost; answers are approximate
+	// until the endpoint resynchronises.
+	StreamUncertain
+)
+
+func (s StreamState) String() string {
+	switch s {
+	case StreamNone:
+		return "none"
+	case StreamExact:
+		return "exact"
+	case StreamUncertain:
+		return "uncertain"
+	}
+	return "unknown"
+}
+
+// MarshalText writes the state's name.
+func (s StreamState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a state's name.
+func (s *StreamState) UnmarshalText(b []byte) error {
+	for _, v := range []StreamState{StreamNone, StreamExact, StreamUncertain} {
+		if string(b) == v.String() {
+			*s = v
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown stream state %q", b)
+}
+
+// Metrics are the endpoint's load as last scraped from its /metrics.
+type Metrics struct {
+	WaitingQueueSize int
+	RunningRequests  int
+	// KVCacheUsage is the share of GPU KV blocks in use, 0 to 1.
+	KVCacheUsage float64
+	// ActiveLoRAs and WaitingLoRAs name the adapters running and waiting;
+	// MaxLoRAs is how many the server holds at once (0 when unknown).
+	ActiveLoRAs  []string
+	WaitingLoRAs []string
+	MaxLoRAs     int
+	// BlockSize and NumGPUBlocks come from vllm:cache_config_info (0 when unknown).
+	BlockSize    int
+	NumGPUBlocks int
+	// UpdateTime is when these values were scraped; the zero time means never.
+	UpdateTime time.Time
+}
+
+// Fresh reports whether the metrics were scraped within maxAge of now. Stale
+// metrics mean the load is unknown, not zero.
+func (m *Metrics) Fresh(now time.Time, maxAge time.Duration) bool {
+	return !m.UpdateTime.IsZero() && now.Sub(m.UpdateTime) <= maxAge
+}
+
+// Candidate is an endpoint as one request's scheduling cycle sees it: a
+// snapshot of its metrics and stream state, and the per-request data that
+// producers publish for consumers (scorers, filters, the latency predictor).
+// It is owned by one request; producers running in parallel may Put into it
+// concurrently.
+type Candidate struct {
+	*Endpoint
+	Metrics Metrics
+	Stream  StreamState
+
+	mu    sync.RWMutex
+	attrs map[string]any
+	// base, when set, is the candidate this one stages writes for: reads
+	// fall through to it, writes stay here until committed (see Graph.Run).
+	base *Candidate
+}
+
+// NewCandidate makes a candidate from an endpoint snapshot.
+func NewCandidate(ep *Endpoint, m Metrics, s StreamState) *Candidate {
+	return &Candidate{Endpoint: ep, Metrics: m, Stream: s}
+}
+
+// Put publishes a value under key for this request.
+func (c *Candidate) Put(key string, v any) {
+	c.mu.Lock()
+	if c.attrs == nil {
+		c.attrs = make(map[string]any, 4)
+	}
+	c.attrs[key] = v
+	c.mu.Unlock()
+}
+
+// Get returns the value published under key, if any.
+func (c *Candidate) Get(key string) (any, bool) {
+	c.mu.RLock()
+	v, ok := c.attrs[key]
+	c.mu.RUnlock()
+	if !ok && c.base != nil {
+		return c.base.Get(key)
+	}
+	return v, ok
+}

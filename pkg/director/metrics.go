@@ -1,0 +1,139 @@
+package director
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
+)
+
+// Metrics are the request path's Prometheus metrics: the upstream EPP's
+// names where they mean the same, kvroute_* for what only kvroute knows.
+type Metrics struct {
+	requests         *prometheus.CounterVec
+	errors           *prometheus.CounterVec
+	duration         *prometheus.HistogramVec
+	ttft             *prometheus.HistogramVec
+	inputTokens      *prometheus.HistogramVec
+	outputTokens     *prometheus.HistogramVec
+	cachedTokens     *prometheus.HistogramVec
+	hitRatio         prometheus.Histogram
+	picks            *prometheus.CounterVec
+	matchedTokens    *prometheus.CounterVec
+	tokenizeFailures prometheus.Counter
+	prepareFailures  prometheus.Counter
+}
+
+// NewMetrics makes the metrics and registers them with reg unless it is nil.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	model := []string{"model_name", "target_model_name"}
+	tokenBuckets := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072 tokens
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_total",
+			Help: "Requests routed, by requested and target model.",
+		}, model),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_error_total",
+			Help: "Requests refused by the request path, by HTTP status.",
+		}, append(model, "error_code")),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_request_duration_seconds",
+			Help:    "Time from the request's arrival at the EPP to the end of its response.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
+		}, model),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_request_ttft_seconds",
+			Help:    "Time from the request's arrival at the EPP to the response's first body bytes.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, model),
+		inputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_input_tokens", Help: "Prompt tokens per request, from the response's usage.", Buckets: tokenBuckets,
+		}, model),
+		outputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_output_tokens", Help: "Completion tokens per request, from the response's usage.", Buckets: tokenBuckets,
+		}, model),
+		cachedTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_prompt_cached_tokens", Help: "Prompt tokens the model server found cached, from the response's usage.", Buckets: tokenBuckets,
+		}, model),
+		hitRatio: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "inference_extension_prefix_indexer_hit_ratio",
+			Help:    "Share of the request's blocks the picked endpoint held, per the prefix index.",
+			Buckets: prometheus.LinearBuckets(0, 0.1, 11),
+		}),
+		picks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_picks_total",
+			Help: "Picks, by whether the picked endpoint's prefix answer was exact (event-fed) or approximate.",
+		}, []string{"prefix"}),
+		matchedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_picked_matched_tokens_total",
+			Help: "Prompt tokens the picked endpoint held according to the index, by cache tier (speculative: recorded after an earlier pick, not yet confirmed by events).",
+		}, []string{"tier"}),
+		tokenizeFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_tokenize_failures_total",
+			Help: "Requests whose tokenization failed or timed out; they were routed with approximate prefix answers.",
+		}),
+		prepareFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_prepare_data_failed_requests_total",
+			Help: "Requests for which at least one PrepareData producer failed or timed out.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.errors, m.duration, m.ttft, m.inputTokens, m.outputTokens, m.cachedTokens,
+			m.hitRatio, m.picks, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
+	}
+	return m
+}
+
+func (m *Metrics) observePick(p *Pick) {
+	m.requests.WithLabelValues(p.RequestedModel, p.Request.Model).Inc()
+	picked := p.Result.Targets()
+	if len(picked) == 0 {
+		return
+	}
+	v, ok := picked[0].Get(datalayer.PrefixCacheMatchInfoKey)
+	info, _ := v.(datalayer.PrefixCacheInfo)
+	if !ok {
+		m.picks.WithLabelValues("none").Inc()
+		return
+	}
+	if info.Exact {
+		m.picks.WithLabelValues("exact").Inc()
+	} else {
+		m.picks.WithLabelValues("approximate").Inc()
+	}
+	m.hitRatio.Observe(info.Ratio())
+	for t := range events.NumTiers {
+		if n := info.BlocksByTier[t]; n > 0 {
+			m.matchedTokens.WithLabelValues(events.Tier(t).String()).Add(float64(n * info.BlockSizeTokens))
+		}
+	}
+	if info.SpeculativeBlocks > 0 {
+		m.matchedTokens.WithLabelValues("speculative").Add(float64(info.SpeculativeBlocks * info.BlockSizeTokens))
+	}
+}
+
+func (m *Metrics) observeResponse(p *Pick, s Served) {
+	model := []string{p.RequestedModel, p.Request.Model}
+	if s.Status >= 400 {
+		m.errors.WithLabelValues(model[0], model[1], fmt.Sprint(s.Status)).Inc()
+	}
+	end := s.End
+	if end.IsZero() {
+		end = time.Now()
+	}
+	m.duration.WithLabelValues(model...).Observe(end.Sub(p.Start).Seconds())
+	if !s.FirstByte.IsZero() {
+		m.ttft.WithLabelValues(model...).Observe(s.FirstByte.Sub(p.Start).Seconds())
+	}
+	if s.Usage.PromptTokens > 0 {
+		m.inputTokens.WithLabelValues(model...).Observe(float64(s.Usage.PromptTokens))
+		m.cachedTokens.WithLabelValues(model...).Observe(float64(s.Usage.CachedTokens))
+	}
+	if s.Usage.CompletionTokens > 0 {
+		m.outputTokens.WithLabelValues(model...).Observe(float64(s.Usage.CompletionTokens))
+	}
+}

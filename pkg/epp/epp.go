@@ -1,0 +1,378 @@
+// Package epp assembles kvroute's Endpoint Picker from its parts: the NATS
+// connection (an embedded server by default), the KV-event consumer, the
+// exact prefix index and its approximate fallback, the endpoint datastore
+// with its discovery and metrics scraping, the PrepareData producers, and
+// the HTTP server for metrics, health and debugging. cmd/epp parses flags
+// into Options and calls Run; tests build an EPP the same way.
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
+	"github.com/kvroute/kvroute/pkg/director"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/natsembed"
+	"github.com/kvroute/kvroute/pkg/scheduling"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
+)
+
+// Options configure an EPP. The zero value, with Pool set, runs on an
+// embedded NATS server with no discovery source.
+type Options struct {
+	// NATSURL is the NATS server to consume events from; empty starts an
+	// embedded server listening on EmbeddedNATSAddr.
+	NATSURL string
+	// EmbeddedNATSAddr is the embedded server's client address (default
+	// 127.0.0.1:4222; port 0 picks a free one).
+	EmbeddedNATSAddr string
+	// NATSOptions are extra client options (credentials, TLS).
+	NATSOptions []nats.Option
+
+	// Namespace and Pool name the InferencePool whose events are consumed.
+	Namespace, Pool string
+	// JetStream consumes through a JetStream ordered consumer (and, on the
+	// embedded server, creates the stream) instead of core NATS.
+	JetStream bool
+	// Consumer tunes the event consumer; Namespace, Pool and JetStream above
+	// override its fields.
+	Consumer events.ConsumerOptions
+
+	// EndpointsFile is a static endpoints YAML file, reloaded when it
+	// changes; empty means endpoints come from elsewhere (Datastore().Upsert).
+	EndpointsFile string
+	// Scrape enables scraping each endpoint's /metrics with ScrapeOptions.
+	Scrape        bool
+	ScrapeOptions datalayer.ScrapeOptions
+
+	// ConfigFile or ConfigText is the scheduler's EndpointPickerConfig;
+	// neither means DefaultConfigText.
+	ConfigFile, ConfigText string
+	// MetricsStaleness is how old scraped metrics may be before an
+	// endpoint's load counts as unknown (default 2s).
+	MetricsStaleness time.Duration
+	// PrepareDataTimeout bounds the PrepareData producers per request
+	// (default 400ms).
+	PrepareDataTimeout time.Duration
+
+	Index datalayer.IndexOptions
+	// ApproxCapacity is blocks remembered per endpoint by the fallback.
+	ApproxCapacity int
+	Prefix         preciseprefix.Params
+
+	// HTTPAddr serves /metrics, /healthz, /readyz and /debug/prefix
+	// (default 127.0.0.1:9090; port 0 picks a free one).
+	HTTPAddr string
+
+	Logger *slog.Logger
+}
+
+// EPP is an assembled endpoint picker.
+type EPP struct {
+	opts   Options
+	logger *slog.Logger
+	reg    *prometheus.Registry
+
+	nats     *natsembed.Server
+	nc       *nats.Conn
+	ds       *datalayer.Datastore
+	index    *datalayer.Index
+	approx   *datalayer.ApproxIndex
+	consumer *events.Consumer
+	scraper  *datalayer.Scraper
+	producer *preciseprefix.Producer
+	graph    *datalayer.Graph
+	sched    *scheduling.Scheduler
+	director *director.Director
+
+	httpLn  net.Listener
+	httpSrv *http.Server
+}
+
+// New builds an EPP: it starts the embedded NATS server when no URL is
+// given, connects, and binds the HTTP listener, so that addresses are known
+// before Run. Close releases what New acquired if Run is never called.
+func New(opts Options) (*EPP, error) {
+	if opts.Pool == "" {
+		return nil, errors.New("epp: a pool name is required")
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = "default"
+	}
+	if opts.HTTPAddr == "" {
+		opts.HTTPAddr = "127.0.0.1:9090"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	e := &EPP{opts: opts, logger: opts.Logger, reg: prometheus.NewRegistry()}
+	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	if err := e.connect(); err != nil {
+		e.Close()
+		return nil, err
+	}
+
+	e.ds = datalayer.NewDatastore(e.reg)
+	idxOpts := opts.Index
+	e.index = datalayer.NewIndex(idxOpts, e.reg)
+	e.approx = datalayer.NewApproxIndex(opts.ApproxCapacity, e.reg)
+	e.ds.SetStreamStates(e.index)
+	e.ds.OnChange(func(added, removed []*datalayer.Endpoint) {
+		for _, ep := range removed {
+			e.index.RemoveEndpoint(ep.Address)
+			e.approx.RemoveEndpoint(ep.Address)
+		}
+		for _, ep := range added {
+			e.index.AddEndpoint(ep.Address)
+		}
+	})
+	e.producer = preciseprefix.New("", opts.Prefix, e.index, e.approx)
+	if err := e.buildScheduling(); err != nil {
+		e.Close()
+		return nil, err
+	}
+
+	co := opts.Consumer
+	co.Namespace, co.Pool, co.JetStream = opts.Namespace, opts.Pool, opts.JetStream
+	if co.Logger == nil {
+		co.Logger = e.logger
+	}
+	if opts.JetStream {
+		if err := e.ensureStream(co); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
+	var err error
+	e.consumer, err = events.NewConsumer(e.nc, co, e.index, e.reg)
+	if err != nil {
+		e.Close()
+		return nil, fmt.Errorf("epp: %w", err)
+	}
+	if opts.Scrape {
+		so := opts.ScrapeOptions
+		if so.Logger == nil {
+			so.Logger = e.logger
+		}
+		e.scraper = datalayer.NewScraper(e.ds, so, e.reg)
+	}
+
+	e.httpLn, err = net.Listen("tcp", opts.HTTPAddr)
+	if err != nil {
+		e.Close()
+		return nil, fmt.Errorf("epp: listen for HTTP on %s: %w", opts.HTTPAddr, err)
+	}
+	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 5 * time.Second}
+	return e, nil
+}
+
+func (e *EPP) connect() error {
+	url := e.opts.NATSURL
+	if url == "" {
+		host, port := "127.0.0.1", 4222
+		if e.opts.EmbeddedNATSAddr != "" {
+			h, p, err := net.SplitHostPort(e.opts.EmbeddedNATSAddr)
+			if err != nil {
+				return fmt.Errorf("epp: embedded NATS address %q: %w", e.opts.EmbeddedNATSAddr, err)
+			}
+			host = h
+			if _, err := fmt.Sscanf(p, "%d", &port); err != nil {
+				return fmt.Errorf("epp: embedded NATS port %q: %w", p, err)
+			}
+		}
+		s, err := natsembed.Start(natsembed.Options{Host: host, Port: port, JetStream: e.opts.JetStream})
+		if err != nil {
+			return fmt.Errorf("epp: %w", err)
+		}
+		e.nats = s
+		url = s.ClientURL()
+		e.logger.Info("embedded NATS server started", "url", url)
+	}
+	opts := append([]nats.Option{
+		nats.Name("kvroute-epp"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+	}, e.opts.NATSOptions...)
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return fmt.Errorf("epp: connect to NATS at %s: %w", url, err)
+	}
+	e.nc = nc
+	return nil
+}
+
+func (e *EPP) ensureStream(co events.ConsumerOptions) error {
+	js, err := jetStream(e.nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	name := co.Stream
+	if name == "" {
+		name = events.StreamName(co.Namespace, co.Pool)
+	}
+	_, err = events.EnsureStream(ctx, js, events.StreamConfig{
+		Name: name, Namespace: co.Namespace, Pool: co.Pool,
+		MaxAge: 10 * time.Minute, MaxBytes: 1 << 30,
+	})
+	if err != nil {
+		return fmt.Errorf("epp: JetStream stream %s: %w", name, err)
+	}
+	return nil
+}
+
+// buildScheduling loads the scheduler configuration, checks the data
+// dependencies of its plugins, and makes the director that runs them.
+func (e *EPP) buildScheduling() error {
+	reg, err := newRegistry(e.index, e.approx)
+	if err != nil {
+		return fmt.Errorf("epp: plugin registry: %w", err)
+	}
+	maxApprox := e.opts.Prefix.ApproxMaxBlocks
+	if maxApprox <= 0 {
+		maxApprox = datalayer.DefaultApproxMaxBlocks
+	}
+	h := &config.Handle{
+		Staleness: e.opts.MetricsStaleness,
+		Spec:      &speculator{index: e.index, approx: e.approx, maxApprox: maxApprox},
+		Reg:       e.reg,
+	}
+	var loaded *config.Loaded
+	switch {
+	case e.opts.ConfigFile != "":
+		loaded, err = reg.LoadFile(e.opts.ConfigFile, h)
+	case e.opts.ConfigText != "":
+		loaded, err = reg.Load([]byte(e.opts.ConfigText), h)
+	default:
+		loaded, err = reg.Load([]byte(DefaultConfigText), h)
+	}
+	if err != nil {
+		return fmt.Errorf("epp: scheduler configuration: %w", err)
+	}
+	e.graph, err = datalayer.BuildGraph(loaded.Plugins, datalayer.WithGraphRegisterer(e.reg), datalayer.WithGraphLogger(e.logger))
+	if err != nil {
+		return fmt.Errorf("epp: scheduler configuration: %w", err)
+	}
+	so := loaded.SchedulerOptions()
+	so.Registerer = e.reg
+	if e.sched, err = scheduling.New(so); err != nil {
+		return fmt.Errorf("epp: scheduler: %w", err)
+	}
+	e.director, err = director.New(director.Options{
+		Datastore:          e.ds,
+		Graph:              e.graph,
+		Scheduler:          e.sched,
+		PrepareDataTimeout: e.opts.PrepareDataTimeout,
+		Metrics:            director.NewMetrics(e.reg),
+		Logger:             e.logger,
+	})
+	return err
+}
+
+// Director runs the request path: parse, tokenize, PrepareData, schedule.
+func (e *EPP) Director() *director.Director { return e.director }
+
+// NATSURL is the URL of the NATS server the EPP consumes from.
+func (e *EPP) NATSURL() string { return e.nc.ConnectedUrl() }
+
+// HTTPAddr is the address the HTTP server listens on.
+func (e *EPP) HTTPAddr() string { return e.httpLn.Addr().String() }
+
+// Namespace and Pool name the pool whose events the EPP consumes.
+func (e *EPP) Namespace() string { return e.opts.Namespace }
+
+// Pool is the InferencePool's name.
+func (e *EPP) Pool() string { return e.opts.Pool }
+
+// Datastore is where endpoints are registered and read from.
+func (e *EPP) Datastore() *datalayer.Datastore { return e.ds }
+
+// Index is the exact prefix index.
+func (e *EPP) Index() *datalayer.Index { return e.index }
+
+// Producer is the prefix producer that PrepareData runs.
+func (e *EPP) Producer() *preciseprefix.Producer { return e.producer }
+
+// Registry holds every metric the EPP exports.
+func (e *EPP) Registry() *prometheus.Registry { return e.reg }
+
+// Ready reports whether the EPP can answer picks: it knows endpoints and
+// its event consumer is connected.
+func (e *EPP) Ready() bool { return e.ds.Len() > 0 && e.consumer.Connected() }
+
+// Run runs every component until ctx is done, then shuts them down and
+// releases what New acquired. It returns the first component error, if any.
+func (e *EPP) Run(ctx context.Context) error {
+	defer e.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var (
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		runErr  error
+	)
+	fail := func(err error) {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			errOnce.Do(func() { runErr = err })
+			cancel()
+		}
+	}
+	goRun := func(f func() error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); fail(f()) }()
+	}
+
+	goRun(func() error { return e.consumer.Run(ctx) })
+	goRun(func() error { e.index.Run(ctx, time.Second); return nil })
+	if e.scraper != nil {
+		goRun(func() error { e.scraper.Run(ctx); return nil })
+	}
+	if e.opts.EndpointsFile != "" {
+		goRun(func() error { return datalayer.WatchStaticFile(ctx, e.opts.EndpointsFile, e.ds, e.logger) })
+	}
+	goRun(func() error {
+		if err := e.httpSrv.Serve(e.httpLn); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("epp: HTTP server: %w", err)
+		}
+		return nil
+	})
+	goRun(func() error {
+		<-ctx.Done()
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		return e.httpSrv.Shutdown(sctx)
+	})
+	wg.Wait()
+	return runErr
+}
+
+// Close releases the NATS connection, the embedded server and the HTTP
+// listener. Run calls it; call it only for an EPP that is never run.
+func (e *EPP) Close() {
+	if e.httpLn != nil {
+		_ = e.httpLn.Close()
+	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.nats != nil {
+		e.nats.Shutdown()
+		e.nats = nil
+	}
+}

@@ -1,0 +1,73 @@
+package epp
+
+import (
+	"encoding/json"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+)
+
+// DefaultConfigText is the scheduler configuration the EPP runs when given
+// none: upstream's default profile (prefix 3, queue 2, KV usage 2) with
+// kvroute's precise prefix scorer, and the speculative recorder, so that a
+// burst of same-prefix requests follows the first pick before its events
+// arrive.
+const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 3
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: speculative-prefix-recorder
+`
+
+// newRegistry is the in-tree plugin registry plus the plugins that need
+// this process's index: the precise prefix producer, registered as the
+// default producer of the keys it publishes.
+func newRegistry(index preciseprefix.Index, approx preciseprefix.Approx) (*config.Registry, error) {
+	r := config.NewInTreeRegistry()
+	err := r.Register(preciseprefix.Type, func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+		p := preciseprefix.DefaultParams()
+		if err := framework.DecodeParams(preciseprefix.Type, name, raw, &p); err != nil {
+			return nil, err
+		}
+		return preciseprefix.New(name, p, index, approx), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, key := range []string{datalayer.PrefixCacheMatchInfoKey, preciseprefix.RequestBlockKeysKey} {
+		if err := r.RegisterDefaultProducer(key, preciseprefix.Type); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// speculator records, after a pick, that the picked endpoint will soon hold
+// the request's blocks: as a short-lived speculative holding in the exact
+// index (until its events confirm it), and in the approximate index's
+// routing history, which is all there is for endpoints without events.
+type speculator struct {
+	index     *datalayer.Index
+	approx    *datalayer.ApproxIndex
+	maxApprox int
+}
+
+func (s *speculator) Speculate(addr string, keys []uint64) {
+	s.index.Speculate(addr, keys)
+	s.approx.Record(addr, keys[:min(len(keys), s.maxApprox)])
+}

@@ -1,0 +1,36 @@
+// Package plugin holds what every kvroute plugin is, whatever extension point
+// it serves: a typed name, and the data keys it produces and consumes, from
+// which the data-dependency graph is built and checked at start-up.
+package plugin
+
+import "fmt"
+
+// TypedName names a plugin instance: Type is its registered kebab-case type
+// ("precise-prefix-cache-scorer"), Name the instance name from the config
+// (the type when the config gives none).
+type TypedName struct {
+	Type string
+	Name string
+}
+
+func (t TypedName) String() string { return fmt.Sprintf("%s/%s", t.Name, t.Type) }
+
+// Plugin is the one thing every plugin does.
+type Plugin interface {
+	TypedName() TypedName
+}
+
+// Producer is a plugin that publishes per-endpoint data under keys. The map
+// gives, for each key, an exemplar value of the type it publishes; types are
+// compared with reflect, never with ==.
+type Producer interface {
+	Plugin
+	Produces() map[string]any
+}
+
+// Consumer is a plugin that reads per-endpoint data under keys, each with an
+// exemplar of the type it expects.
+type Consumer interface {
+	Plugin
+	Consumes() map[string]any
+}

@@ -1,0 +1,474 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/events"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultZMQEndpoint   = "tcp://*:5557"
+	DefaultReplayTimeout = 2 * time.Second
+	DefaultBufferBatches = 10000
+	DefaultBufferBytes   = 64 << 20
+	// DefaultMirrorMaxBlocks covers a large GPU's cache plus a CPU tier;
+	// set it to the pod's real cache size where that is known.
+	DefaultMirrorMaxBlocks = 1 << 20
+)
+
+// Errors returned by New and Run.
+var (
+	// ErrConfig: the configuration cannot describe a relay.
+	ErrConfig = errors.New("invalid relay config")
+	// ErrUsed: Run was called a second time; a Relay runs once.
+	ErrUsed = errors.New("relay already run")
+)
+
+// Config configures a Relay. Zero values mean the documented defaults.
+type Config struct {
+	// ZMQEndpoint is where the engine's KV events come from (default
+	// DefaultZMQEndpoint). The relay binds it, unless Connect is set.
+	ZMQEndpoint string
+	// Connect dials ZMQEndpoint instead of binding it: for an engine whose
+	// own endpoint holds '*' (or is ipc://), which makes the engine bind.
+	Connect bool
+	// Topic is the subscription prefix; empty takes every topic.
+	Topic string
+	// ReplayEndpoint is the engine's replay socket; empty means gaps are
+	// not filled, only counted.
+	ReplayEndpoint string
+	// ReplayTimeout bounds one replay, dial included (default 2s).
+	ReplayTimeout time.Duration
+
+	// Namespace and Pool choose the subjects; Pod names the pod on them.
+	// All three are required.
+	Namespace, Pool, Pod string
+	// PodIP and ServingPort make Kv-Endpoint, the address the gateway
+	// routes to. Both are required.
+	PodIP       string
+	ServingPort int
+	// Model is sent as Kv-Model.
+	Model string
+	// DPRank is the engine's data-parallel rank, used when a batch does not
+	// carry its own.
+	DPRank int
+	// BlockSize is the engine's block size; 0 means learn it from the
+	// first stored block.
+	BlockSize int
+
+	// BufferBatches and BufferBytes bound the batches held while NATS is
+	// away (defaults DefaultBufferBatches, DefaultBufferBytes).
+	BufferBatches, BufferBytes int
+	// MirrorMaxBlocks bounds the mirror (default DefaultMirrorMaxBlocks).
+	MirrorMaxBlocks int
+	// SnapshotChunkBytes bounds each snapshot reply (default 512 KiB).
+	SnapshotChunkBytes int
+
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the relay's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() error {
+	if c.ZMQEndpoint == "" {
+		c.ZMQEndpoint = DefaultZMQEndpoint
+	}
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = DefaultReplayTimeout
+	}
+	if c.BufferBatches <= 0 {
+		c.BufferBatches = DefaultBufferBatches
+	}
+	if c.BufferBytes <= 0 {
+		c.BufferBytes = DefaultBufferBytes
+	}
+	if c.MirrorMaxBlocks <= 0 {
+		c.MirrorMaxBlocks = DefaultMirrorMaxBlocks
+	}
+	if c.SnapshotChunkBytes <= 0 {
+		c.SnapshotChunkBytes = DefaultSnapshotChunkBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case c.Namespace == "" || c.Pool == "" || c.Pod == "":
+		return fmt.Errorf("%w: namespace, pool and pod are required", ErrConfig)
+	case c.PodIP == "" || c.ServingPort <= 0 || c.ServingPort > 65535:
+		return fmt.Errorf("%w: pod IP and serving port (1-65535) are required", ErrConfig)
+	case c.DPRank < 0 || c.BlockSize < 0:
+		return fmt.Errorf("%w: negative DP rank or block size", ErrConfig)
+	}
+	return nil
+}
+
+// Relay carries one engine's KV-event batches from its ZeroMQ publisher to
+// NATS, unchanged, under the NATS contract. It fills sequence gaps from the
+// engine's replay socket, holds batches while NATS is away, and answers
+// snapshot requests from a mirror of the engine's cache.
+type Relay struct {
+	cfg      Config
+	nc       *nats.Conn
+	pub      *events.Publisher
+	m        *metrics
+	mirror   *Mirror
+	box      *outbox
+	in       intake
+	rp       *replayer
+	log      *slog.Logger
+	endpoint string
+	started  time.Time
+	used     atomic.Bool
+
+	// The rest belongs to the goroutine in Run that handles batches.
+	dec       events.Decoder
+	batch     events.Batch
+	last      uint64
+	haveLast  bool
+	instance  string
+	instances int
+	blockSize int
+	dpRank    int
+	rankWarn  bool
+	evicted   uint64
+	decodeLog time.Time
+}
+
+// New checks cfg and returns a relay that publishes on nc. nc's owner
+// closes it after Run returns; DialNATS makes one with the reconnect
+// behaviour a relay wants.
+func New(cfg Config, nc *nats.Conn) (*Relay, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, events.ErrNoConn)
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{
+		cfg:       cfg,
+		nc:        nc,
+		pub:       events.NewPublisher(nc, cfg.Namespace, cfg.Pool),
+		m:         m,
+		mirror:    NewMirror(cfg.MirrorMaxBlocks),
+		box:       newOutbox(cfg.BufferBatches, cfg.BufferBytes, m),
+		log:       cfg.Logger.With("pod", cfg.Pod),
+		endpoint:  net.JoinHostPort(cfg.PodIP, strconv.Itoa(cfg.ServingPort)),
+		in:        intake{endpoint: cfg.ZMQEndpoint, topic: cfg.Topic, bind: !cfg.Connect},
+		started:   time.Now(),
+		blockSize: cfg.BlockSize,
+		dpRank:    cfg.DPRank,
+	}
+	if cfg.ReplayEndpoint != "" {
+		r.rp = &replayer{endpoint: cfg.ReplayEndpoint, timeout: cfg.ReplayTimeout}
+	}
+	return r, nil
+}
+
+// Mirror returns the relay's mirror of the engine's cache.
+func (r *Relay) Mirror() *Mirror { return r.mirror }
+
+// ZMQAddr returns the address the relay's SUB socket is bound to, nil
+// before Run has bound it or in connect mode.
+func (r *Relay) ZMQAddr() net.Addr {
+	if a := r.in.addr.Load(); a != nil {
+		return *a
+	}
+	return nil
+}
+
+// Ready says whether the relay can do its job: NATS is connected and the
+// ZeroMQ socket is bound or dialled.
+func (r *Relay) Ready() bool { return r.nc.IsConnected() && r.in.up.Load() }
+
+// Run relays until ctx ends, then stops every goroutine it started,
+// publishes what NATS will still take, and returns nil. It returns an
+// error only when it cannot start.
+func (r *Relay) Run(ctx context.Context) error {
+	if r.used.Swap(true) {
+		return ErrUsed
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := r.in.open(ctx); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+
+	// handlers tracks snapshot replies under way, so that Run returns only
+	// once none is; closing keeps a late delivery from starting one.
+	var (
+		handlers sync.WaitGroup
+		hmu      sync.Mutex
+		closing  bool
+	)
+	sub, err := r.nc.Subscribe(events.SnapshotSubject(r.cfg.Namespace, r.cfg.Pool, r.cfg.Pod), func(msg *nats.Msg) {
+		hmu.Lock()
+		if closing {
+			hmu.Unlock()
+			return
+		}
+		handlers.Add(1)
+		hmu.Unlock()
+		defer handlers.Done()
+		r.serveSnapshot(msg)
+	})
+	if err != nil {
+		if r.in.sock != nil {
+			_ = r.in.sock.Close()
+		}
+		return fmt.Errorf("relay: subscribe for snapshots: %w", err)
+	}
+
+	status := r.nc.StatusChanged(nats.CONNECTED, nats.RECONNECTING, nats.DISCONNECTED, nats.CLOSED)
+	wake := make(chan nats.Status, 1)
+	frames := make(chan [][]byte, 1024)
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		r.in.read(ctx, frames)
+	}()
+	go func() {
+		defer wg.Done()
+		s := sender{nc: r.nc, pub: r.pub, box: r.box, status: wake, m: r.m, log: r.log}
+		s.run(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		r.watch(ctx, status, wake)
+	}()
+
+	r.log.Info("relay started", "zmq", r.cfg.ZMQEndpoint, "bind", !r.cfg.Connect, "endpoint", r.endpoint)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case f := <-frames:
+			r.handle(ctx, f)
+		}
+	}
+	cancel()
+	_ = sub.Unsubscribe()
+	hmu.Lock()
+	closing = true
+	hmu.Unlock()
+	wg.Wait()
+	handlers.Wait()
+	r.nc.RemoveStatusListener(status)
+	r.log.Info("relay stopped")
+	return nil
+}
+
+// watch keeps the connection gauge and wakes the sender when NATS returns.
+func (r *Relay) watch(ctx context.Context, status <-chan nats.Status, wake chan<- nats.Status) {
+	r.setConnected()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case s, ok := <-status:
+			if !ok {
+				return
+			}
+			r.setConnected()
+			select {
+			case wake <- s:
+			default:
+			}
+		}
+	}
+}
+
+func (r *Relay) setConnected() {
+	v := 0.0
+	if r.nc.IsConnected() {
+		v = 1
+	}
+	r.m.natsConnected.Set(v)
+}
+
+// handle takes one message from the engine through sequence checks, gap
+// filling, the mirror, and into the outbox.
+func (r *Relay) handle(ctx context.Context, frames [][]byte) {
+	msg, err := parseFrame(frames)
+	if err != nil {
+		r.m.dropped.WithLabelValues(dropMalformedFrame).Inc()
+		return
+	}
+	if !topicMatches(msg.topic, r.cfg.Topic) {
+		r.m.dropped.WithLabelValues(dropTopic).Inc()
+		return
+	}
+	r.m.batchesIn.Inc()
+	// An engine never repeats or goes back in seq: either is a new engine
+	// process, whose seq started again from 0.
+	switch {
+	case !r.haveLast:
+		r.newInstance(msg.seq)
+	case msg.seq <= r.last:
+		r.m.restarts.Inc()
+		r.log.Info("engine restarted", "last_seq", r.last, "seq", msg.seq)
+		r.newInstance(msg.seq)
+	case msg.seq > r.last+1:
+		r.fillGap(ctx, r.last+1, msg.seq)
+	}
+	r.forward(msg.seq, msg.payload)
+	held, ghost, evicted := r.mirror.Counts()
+	r.m.mirrorHeld.Set(float64(held))
+	r.m.mirrorGhost.Set(float64(ghost))
+	if evicted > r.evicted {
+		r.m.evictions.Add(float64(evicted - r.evicted))
+		r.evicted = evicted
+	}
+}
+
+// newInstance starts a new Kv-Instance: the engine is new to the relay. A
+// first seq other than 0 means batches went by before the relay listened.
+func (r *Relay) newInstance(seq uint64) {
+	r.instance = fmt.Sprintf("%s-%d-%d", r.cfg.Pod, r.started.UnixNano(), r.instances)
+	r.instances++
+	r.mirror.Reset(r.instance)
+	if seq != 0 {
+		r.mirror.MarkInexact()
+	}
+}
+
+// fillGap recovers the batches from <= seq < to from the engine's replay
+// socket and relays them in order. What it cannot recover stays a gap,
+// which the EPP sees in Kv-Seq.
+func (r *Relay) fillGap(ctx context.Context, from, to uint64) {
+	var got []replayed
+	var err error
+	if r.rp != nil {
+		r.m.replayRequests.Inc()
+		got, err = r.rp.fetch(ctx, from, to)
+	}
+	next, filled := from, uint64(0)
+	for _, b := range got {
+		if b.seq < next {
+			r.m.dropped.WithLabelValues(dropStale).Inc()
+			continue
+		}
+		r.m.batchesIn.Inc()
+		r.m.replayed.Inc()
+		r.forward(b.seq, b.payload)
+		next = b.seq + 1
+		filled++
+	}
+	lost := to - from - filled
+	if lost == 0 {
+		r.m.gapsFilled.Inc()
+		return
+	}
+	r.m.gapsUnfilled.Inc()
+	r.m.lostBatches.Add(float64(lost))
+	r.mirror.MarkInexact()
+	r.log.Warn("sequence gap not filled", "from", from, "to", to, "lost", lost, "replay", r.rp != nil, "err", err)
+}
+
+// forward decodes a batch for the mirror and queues it for NATS unchanged.
+// A batch that does not decode is still forwarded: the EPP counts it too,
+// and the gap it leaves in the EPP's state is the same either way.
+func (r *Relay) forward(seq uint64, payload []byte) {
+	if err := r.dec.Decode(payload, &r.batch); err != nil {
+		r.m.decodeErrors.Inc()
+		if now := time.Now(); now.Sub(r.decodeLog) > time.Second {
+			r.decodeLog = now
+			r.log.Warn("batch does not decode; forwarded all the same", "seq", seq, "err", err)
+		}
+		r.mirror.Apply(seq, nil, r.blockSize, r.dpRank)
+	} else {
+		r.learn(&r.batch)
+		r.mirror.Apply(seq, &r.batch, r.blockSize, r.dpRank)
+	}
+	r.box.push(outItem{origin: r.origin(seq), payload: payload})
+	r.last, r.haveLast = seq, true
+}
+
+// learn takes the block size and rank from the batch when the
+// configuration left them open or has them wrong.
+func (r *Relay) learn(b *events.Batch) {
+	if b.HasDPRank && b.DPRank != r.dpRank {
+		if !r.rankWarn {
+			r.rankWarn = true
+			r.log.Warn("batch names another data-parallel rank than configured; using the batch's", "configured", r.dpRank, "batch", b.DPRank)
+		}
+		r.dpRank = b.DPRank
+	}
+	if r.blockSize != 0 {
+		return
+	}
+	for i := range b.Events {
+		e := &b.Events[i]
+		if e.Kind == events.KindBlockStored && e.BlockSize > 0 && len(e.TokenIDs) > 0 {
+			r.blockSize = e.BlockSize
+			return
+		}
+	}
+}
+
+func (r *Relay) origin(seq uint64) events.Origin {
+	return events.Origin{
+		Stream:    events.Stream{Endpoint: r.endpoint, DPRank: r.dpRank},
+		Pod:       r.cfg.Pod,
+		Model:     r.cfg.Model,
+		Instance:  r.instance,
+		BlockSize: r.blockSize,
+		Seq:       seq,
+	}
+}
+
+// serveSnapshot answers one snapshot request (see docs/snapshot.md).
+func (r *Relay) serveSnapshot(req *nats.Msg) {
+	if req.Reply == "" {
+		return
+	}
+	s, err := r.mirror.Snapshot(r.cfg.SnapshotChunkBytes)
+	if err != nil {
+		r.m.snapshotErrors.Inc()
+		h := nats.Header{}
+		h.Set(events.HeaderSnapshotError, err.Error())
+		if err := r.nc.PublishMsg(&nats.Msg{Subject: req.Reply, Header: h}); err != nil {
+			r.log.Warn("snapshot refusal not sent", "err", err)
+		}
+		return
+	}
+	p := s.Position
+	o := events.Origin{
+		Stream:    events.Stream{Endpoint: r.endpoint, DPRank: p.DPRank},
+		Pod:       r.cfg.Pod,
+		Model:     r.cfg.Model,
+		Instance:  p.Instance,
+		BlockSize: p.BlockSize,
+		Seq:       p.Seq,
+	}
+	n := strconv.Itoa(len(s.Chunks))
+	for i, c := range s.Chunks {
+		h := o.Header()
+		h.Set(events.HeaderSnapshotChunk, strconv.Itoa(i))
+		h.Set(events.HeaderSnapshotChunks, n)
+		h.Set(events.HeaderSnapshotExact, strconv.FormatBool(p.Exact))
+		if err := r.nc.PublishMsg(&nats.Msg{Subject: req.Reply, Header: h, Data: c}); err != nil {
+			r.m.snapshotErrors.Inc()
+			r.log.Warn("snapshot reply cut short", "chunk", i, "chunks", len(s.Chunks), "err", err)
+			return
+		}
+	}
+	r.m.snapshots.Inc()
+}

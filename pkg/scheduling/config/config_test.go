@@ -1,0 +1,514 @@
+package config_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	producer "github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+)
+
+// registryWithProducer registers kvroute's real prefix producer the way the
+// EPP binary does, except that it has no index to read: loading never
+// calls Produce.
+func registryWithProducer(t testing.TB) *config.Registry {
+	r, _ := registryCapturingParams(t)
+	return r
+}
+
+// registryCapturingParams is registryWithProducer that also reports the
+// parameters the producer was last made with.
+func registryCapturingParams(t testing.TB) (*config.Registry, func() producer.Params) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		last producer.Params
+	)
+	r := config.NewInTreeRegistry()
+	err := r.Register(producer.Type, func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+		p := producer.DefaultParams()
+		if err := framework.DecodeParams(producer.Type, name, raw, &p); err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		last = p
+		mu.Unlock()
+		return producer.New(name, p, nil, nil), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RegisterDefaultProducer(datalayer.PrefixCacheMatchInfoKey, producer.Type); err != nil {
+		t.Fatal(err)
+	}
+	return r, func() producer.Params {
+		mu.Lock()
+		defer mu.Unlock()
+		return last
+	}
+}
+
+// shape summarises a loaded profile: "filter:name", "scorer:name*weight",
+// "picker:name", "postpick:name", in order of kind.
+func shape(p *framework.Profile) []string {
+	var out []string
+	for _, f := range p.Filters {
+		out = append(out, "filter:"+f.TypedName().String())
+	}
+	for _, s := range p.Scorers {
+		out = append(out, "scorer:"+s.TypedName().String()+"*"+jsonNum(s.Weight))
+	}
+	if p.Picker != nil {
+		out = append(out, "picker:"+p.Picker.TypedName().String())
+	}
+	for _, pp := range p.PostPicks {
+		out = append(out, "postpick:"+pp.TypedName().String())
+	}
+	return out
+}
+
+func jsonNum(f float64) string { b, _ := json.Marshal(f); return string(b) }
+
+func names(ps []plugin.Plugin) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.TypedName().String()
+	}
+	return out
+}
+
+func TestLoadGoodConfigs(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		text        string
+		wantPlugins []string
+		wantProfile map[string][]string
+		wantHandler string
+	}{
+		{
+			name: "no config gives the default profile with the precise prefix scorer",
+			text: "",
+			wantPlugins: []string{
+				"precise-prefix-cache-scorer/precise-prefix-cache-scorer", "queue-scorer/queue-scorer",
+				"kv-cache-utilization-scorer/kv-cache-utilization-scorer", "max-score-picker/max-score-picker",
+				"single-profile-handler/single-profile-handler", "precise-prefix-cache-producer/precise-prefix-cache-producer",
+			},
+			wantProfile: map[string][]string{"default": {
+				"scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*3",
+				"scorer:queue-scorer/queue-scorer*2",
+				"scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2",
+				"picker:max-score-picker/max-score-picker",
+			}},
+			wantHandler: "single-profile-handler/single-profile-handler",
+		},
+		{
+			name: "the upstream example loads, its approximate producer mapped onto kvroute's",
+			text: `
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [dataLayer]
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+- name: prefix-producer
+  type: approx-prefix-cache-producer
+  parameters: {blockSizeTokens: 16, maxPrefixBlocksToMatch: 256, lruCapacityPerServer: 31250, autoTune: true}
+- type: max-score-picker
+  parameters: {maxNumOfEndpoints: 1}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: max-score-picker}
+`,
+			wantPlugins: []string{
+				"queue-scorer/queue-scorer", "kv-cache-utilization-scorer/kv-cache-utilization-scorer",
+				"prefix-cache-scorer/prefix-cache-scorer", "prefix-producer/precise-prefix-cache-producer",
+				"max-score-picker/max-score-picker", "single-profile-handler/single-profile-handler",
+			},
+			wantProfile: map[string][]string{"default": {
+				"scorer:queue-scorer/queue-scorer*2",
+				"scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2",
+				"scorer:prefix-cache-scorer/prefix-cache-scorer*3",
+				"picker:max-score-picker/max-score-picker",
+			}},
+			wantHandler: "single-profile-handler/single-profile-handler",
+		},
+		{
+			name: "without profiles every filter, scorer and picker joins default at weight 1",
+			text: `
+plugins:
+- type: lora-affinity-filter
+- {name: sat, type: saturation-filter, parameters: {queueThreshold: 8}}
+- type: running-requests-scorer
+- type: prefill-cost-scorer
+- {type: softmax-picker, parameters: {temperature: 0.2}}
+`,
+			wantPlugins: []string{
+				"lora-affinity-filter/lora-affinity-filter", "sat/saturation-filter",
+				"running-requests-scorer/running-requests-size-scorer", "prefill-cost-scorer/prefill-cost-scorer",
+				"softmax-picker/softmax-picker", "single-profile-handler/single-profile-handler",
+				"precise-prefix-cache-producer/precise-prefix-cache-producer",
+			},
+			wantProfile: map[string][]string{"default": {
+				"filter:lora-affinity-filter/lora-affinity-filter", "filter:sat/saturation-filter",
+				"scorer:running-requests-scorer/running-requests-size-scorer*1",
+				"scorer:prefill-cost-scorer/prefill-cost-scorer*1",
+				"picker:softmax-picker/softmax-picker",
+			}},
+			wantHandler: "single-profile-handler/single-profile-handler",
+		},
+		{
+			name: "a scorer without a weight weighs 1 and a missing picker is max-score",
+			text: `
+plugins:
+- {name: q, type: queue-scorer}
+- {name: kv, type: kv-cache-utilization-scorer}
+schedulingProfiles:
+- name: only
+  plugins: [{pluginRef: q}, {pluginRef: kv, weight: 0.5}]
+`,
+			wantPlugins: []string{"q/queue-scorer", "kv/kv-cache-utilization-scorer", "max-score-picker/max-score-picker", "single-profile-handler/single-profile-handler"},
+			wantProfile: map[string][]string{"only": {"scorer:q/queue-scorer*1", "scorer:kv/kv-cache-utilization-scorer*0.5", "picker:max-score-picker/max-score-picker"}},
+			wantHandler: "single-profile-handler/single-profile-handler",
+		},
+		{
+			name: "a saturation detector is taken by reference",
+			text: `
+plugins:
+- {name: strict, type: utilization-detector, parameters: {queueDepthThreshold: 2, kvCacheUtilThreshold: 0.5, metricsStalenessThreshold: 500ms}}
+- {type: queue-scorer}
+saturationDetector: {pluginRef: strict}
+`,
+			wantPlugins: []string{"strict/utilization-detector", "queue-scorer/queue-scorer", "max-score-picker/max-score-picker", "single-profile-handler/single-profile-handler"},
+			wantProfile: map[string][]string{"default": {"scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"}},
+			wantHandler: "single-profile-handler/single-profile-handler",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l, err := registryWithProducer(t).Load([]byte(tt.text), nil)
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			if got := names(l.Plugins); !equal(got, tt.wantPlugins) {
+				t.Errorf("plugins = %q\nwant      %q", got, tt.wantPlugins)
+			}
+			if len(l.Profiles) != len(tt.wantProfile) {
+				t.Fatalf("%d profiles, want %d", len(l.Profiles), len(tt.wantProfile))
+			}
+			for _, p := range l.Profiles {
+				if got := shape(p); !equal(got, tt.wantProfile[p.Name]) {
+					t.Errorf("profile %s = %q\nwant %q", p.Name, got, tt.wantProfile[p.Name])
+				}
+			}
+			if got := l.Handler.TypedName().String(); got != tt.wantHandler {
+				t.Errorf("handler = %s, want %s", got, tt.wantHandler)
+			}
+			if l.Detector == nil {
+				t.Error("no saturation detector")
+			}
+			// The data layer's graph check accepts what the loader built:
+			// every consumed key is produced, with the consumer's type.
+			if _, err := datalayer.BuildGraph(l.Plugins); err != nil {
+				t.Errorf("BuildGraph: %v", err)
+			}
+		})
+	}
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestTheReferencedDetectorIsUsed(t *testing.T) {
+	t.Parallel()
+	l, err := config.NewInTreeRegistry().Load([]byte(`
+plugins:
+- {name: strict, type: utilization-detector, parameters: {queueDepthThreshold: 2}}
+- {type: queue-scorer}
+saturationDetector: {pluginRef: strict}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Detector.Thresholds(); got != (saturation.Thresholds{QueueDepth: 2, KVCacheUtil: 0.8}) {
+		t.Errorf("thresholds = %+v", got)
+	}
+}
+
+func TestLoadRefusesBadConfigs(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		text    string
+		noProd  bool // load with the in-tree registry alone
+		wantIs  error
+		wantMsg string
+	}{
+		{"an unknown type is named with the known ones", "plugins: [{name: x, type: magic-scorer}]", true, config.ErrUnknownType,
+			`load config: plugin "x": unknown plugin type "magic-scorer" (known types: [kv-cache-utilization-scorer lora-affinity-filter max-score-picker precise-prefix-cache-scorer prefill-cost-scorer prefix-cache-scorer queue-scorer random-picker running-requests-size-scorer saturation-filter single-profile-handler softmax-picker speculative-prefix-recorder utilization-detector weighted-random-picker])`},
+		{"an upstream type without an equivalent says why", "plugins: [{type: lora-affinity-scorer}]", false, config.ErrUnsupportedType,
+			`load config: plugin "lora-affinity-scorer": unsupported upstream plugin type "lora-affinity-scorer": use lora-affinity-filter, which keeps LoRA requests on endpoints with the adapter or room for it`},
+		{"the approximate producer needs kvroute's producer registered", "plugins: [{type: approx-prefix-cache-producer}]", true, config.ErrUnsupportedType,
+			`load config: plugin "approx-prefix-cache-producer": unsupported upstream plugin type "approx-prefix-cache-producer": it maps onto kvroute's precise-prefix-cache-producer, which this binary does not register`},
+		{"an unknown parameter names the plugin and the field", "plugins: [{name: q, type: max-score-picker, parameters: {maxEndpoints: 2}}]", false, framework.ErrInvalidParams,
+			`load config: invalid plugin parameters: plugin "q" (type max-score-picker): json: unknown field "maxEndpoints"`},
+		{"an unknown parameter of the approximate producer is still refused", "plugins: [{type: approx-prefix-cache-producer, parameters: {hashSeed: 1}}]", false, framework.ErrInvalidParams,
+			`load config: invalid plugin parameters: plugin "approx-prefix-cache-producer" (type approx-prefix-cache-producer): json: unknown field "hashSeed"`},
+		{"an unknown feature gate is named", "featureGates: [flowControl]", false, config.ErrUnknownFeatureGate,
+			`load config: unknown feature gate "flowControl"`},
+		{"a duplicate plugin name is named", "plugins: [{type: queue-scorer}, {type: queue-scorer}]", false, config.ErrDuplicateName,
+			`load config: duplicate name: plugin "queue-scorer" is defined twice`},
+		{"a duplicate profile name is named", `
+plugins: [{type: queue-scorer}]
+schedulingProfiles:
+- {name: p, plugins: [{pluginRef: queue-scorer}]}
+- {name: p, plugins: [{pluginRef: queue-scorer}]}`, false, config.ErrDuplicateName,
+			`load config: duplicate name: scheduling profile "p" is defined twice`},
+		{"a dangling pluginRef is named", `
+plugins: [{type: queue-scorer}]
+schedulingProfiles: [{name: p, plugins: [{pluginRef: queue}]}]`, false, config.ErrDanglingRef,
+			`load config: scheduling profile "p": reference to an undefined plugin "queue"`},
+		{"a profile without a picker is named when pickers exist", `
+plugins: [{type: queue-scorer}, {type: random-picker}]
+schedulingProfiles: [{name: p, plugins: [{pluginRef: queue-scorer}]}]`, false, config.ErrNoPicker,
+			`load config: scheduling profile "p": profile has no picker (the config defines pickers, so none is assumed)`},
+		{"a profile with two pickers is refused", `
+plugins: [{type: random-picker}, {type: max-score-picker}]
+schedulingProfiles: [{name: p, plugins: [{pluginRef: random-picker}, {pluginRef: max-score-picker}]}]`, false, config.ErrInvalid,
+			`load config: invalid configuration: scheduling profile "p" has two pickers, random-picker/random-picker and max-score-picker/max-score-picker`},
+		{"a weight on a non-scorer is refused", `
+plugins: [{type: random-picker}]
+schedulingProfiles: [{name: p, plugins: [{pluginRef: random-picker, weight: 2}]}]`, false, config.ErrInvalid,
+			`load config: invalid configuration: scheduling profile "p": plugin "random-picker" (type random-picker) has a weight but is not a scorer`},
+		{"a negative weight is refused", `
+plugins: [{type: queue-scorer}]
+schedulingProfiles: [{name: p, plugins: [{pluginRef: queue-scorer, weight: -1}]}]`, false, config.ErrInvalid,
+			`load config: invalid configuration: scheduling profile "p": scorer "queue-scorer" has weight -1, want a finite value ≥ 0`},
+		{"a producer cannot sit in a profile", `
+plugins: [{name: pp, type: approx-prefix-cache-producer}, {type: queue-scorer}]
+schedulingProfiles: [{name: p, plugins: [{pluginRef: pp}, {pluginRef: queue-scorer}]}]`, false, config.ErrInvalid,
+			`load config: invalid configuration: scheduling profile "p": plugin "pp" (type precise-prefix-cache-producer) is not a filter, scorer, picker or post-pick`},
+		{"two profiles need a handler", `
+plugins: [{type: queue-scorer}]
+schedulingProfiles:
+- {name: a, plugins: [{pluginRef: queue-scorer}]}
+- {name: b, plugins: [{pluginRef: queue-scorer}]}`, false, config.ErrInvalid,
+			`load config: invalid configuration: 2 scheduling profiles need a profile handler`},
+		{"an unknown top-level field is refused", "plugin: []", false, config.ErrInvalid,
+			`load config: invalid configuration: error unmarshaling JSON: while decoding JSON: json: unknown field "plugin"`},
+		{"a plugin without a type is refused", "plugins: [{name: x}]", false, config.ErrInvalid,
+			`load config: invalid configuration: plugin "x" has no type`},
+		{"another apiVersion is refused", "apiVersion: inference.networking.x-k8s.io/v2", false, config.ErrInvalid,
+			`load config: invalid configuration: apiVersion "inference.networking.x-k8s.io/v2", want "inference.networking.x-k8s.io/v1alpha1"`},
+		{"another kind is refused", "kind: InferencePool", false, config.ErrInvalid,
+			`load config: invalid configuration: kind "InferencePool", want "EndpointPickerConfig"`},
+		{"a dataLayer section is refused with the reason", "dataLayer: {sources: []}", false, config.ErrInvalid,
+			`load config: invalid configuration: dataLayer is not configured here: kvroute scrapes metrics and reads KV events itself (see the EPP's flags)`},
+		{"a flowControl section is refused with the reason", "flowControl: {maxRequests: 10}", false, config.ErrInvalid,
+			`load config: invalid configuration: flowControl is not supported: kvroute sheds sheddable requests through saturationDetector instead`},
+		{"a saturation detector must be a detector", "plugins: [{type: queue-scorer}]\nsaturationDetector: {pluginRef: queue-scorer}", false, config.ErrInvalid,
+			`load config: invalid configuration: saturationDetector: plugin "queue-scorer" has type queue-scorer, want utilization-detector`},
+		{"a dangling saturation detector is named", "saturationDetector: {pluginRef: det}", false, config.ErrDanglingRef,
+			`load config: saturationDetector: reference to an undefined plugin "det"`},
+		{"a recorder without a speculator is refused", "plugins: [{type: speculative-prefix-recorder}]", false, nil,
+			`load config: plugin "speculative-prefix-recorder" (type speculative-prefix-recorder): this process records no speculative holdings (no speculator)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := registryWithProducer(t)
+			if tt.noProd {
+				r = config.NewInTreeRegistry()
+			}
+			_, err := r.Load([]byte(tt.text), nil)
+			if err == nil {
+				t.Fatal("Load succeeded")
+			}
+			if err.Error() != tt.wantMsg {
+				t.Errorf("err = %s\nwant  %s", err, tt.wantMsg)
+			}
+			if tt.wantIs != nil && !errors.Is(err, tt.wantIs) {
+				t.Errorf("err is not %v", tt.wantIs)
+			}
+		})
+	}
+}
+
+func TestLoadFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "epp.yaml")
+	if err := os.WriteFile(path, []byte(config.DefaultConfigText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := &config.Handle{}
+	if _, err := config.NewInTreeRegistry().LoadFile(path, h); err != nil {
+		t.Fatal(err)
+	}
+	_, err := config.NewInTreeRegistry().LoadFile(filepath.Join(dir, "missing.yaml"), h)
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: err = %v, want ErrNotExist", err)
+	}
+}
+
+func TestRegistryRefusesBadRegistrations(t *testing.T) {
+	t.Parallel()
+	f := func(string, json.RawMessage, framework.Handle) (plugin.Plugin, error) { return nil, nil }
+	r := config.NewInTreeRegistry()
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"a type that is not kebab-case", r.Register("MyScorer", f), `invalid plugin registration: type "MyScorer" is not kebab-case`},
+		{"a type registered twice", r.Register("queue-scorer", f), `invalid plugin registration: type "queue-scorer" registered twice`},
+		{"a nil factory", r.Register("nil-scorer", nil), `invalid plugin registration: type "nil-scorer" has a nil factory`},
+		{"an alias of nothing", r.RegisterAlias("q", "no-such-scorer"), `invalid plugin registration: alias "q" for unregistered type "no-such-scorer"`},
+		{"a default producer of nothing", r.RegisterDefaultProducer("K", "no-such-producer"), `invalid plugin registration: default producer of "K" has unregistered type "no-such-producer"`},
+	}
+	for _, tt := range tests {
+		if tt.err == nil || tt.err.Error() != tt.want || !errors.Is(tt.err, config.ErrRegistry) {
+			t.Errorf("%s: err = %v, want %s", tt.name, tt.err, tt.want)
+		}
+	}
+}
+
+func TestHandleStalenessReachesThePlugins(t *testing.T) {
+	t.Parallel()
+	text := []byte("plugins: [{type: utilization-detector}, {type: queue-scorer}]")
+	tests := []struct {
+		name string
+		h    framework.Handle
+		// fresh is how old metrics can be and still count.
+		staleAt, freshAt time.Duration
+	}{
+		{"no handle means 2s", nil, 3 * time.Second, time.Second},
+		{"a nil *Handle means 2s", (*config.Handle)(nil), 3 * time.Second, time.Second},
+		{"a zero staleness means 2s", &config.Handle{}, 3 * time.Second, time.Second},
+		{"a configured staleness applies", &config.Handle{Staleness: 100 * time.Millisecond}, 200 * time.Millisecond, 50 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l, err := config.NewInTreeRegistry().Load(text, tt.h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Unix(1000, 0)
+			cand := func(age time.Duration) []*datalayer.Candidate {
+				return []*datalayer.Candidate{datalayer.NewCandidate(&datalayer.Endpoint{Name: "a"}, datalayer.Metrics{UpdateTime: now.Add(-age)}, datalayer.StreamExact)}
+			}
+			if !l.Detector.AllSaturated(cand(tt.staleAt), now) {
+				t.Errorf("metrics %v old count as fresh", tt.staleAt)
+			}
+			if l.Detector.AllSaturated(cand(tt.freshAt), now) {
+				t.Errorf("metrics %v old count as stale", tt.freshAt)
+			}
+		})
+	}
+}
+
+func TestUpstreamApproxProducerTuningCarriesOver(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		params  string
+		want    producer.Params
+		wantErr string
+	}{
+		{"no parameters keep the producer's defaults", "", producer.DefaultParams(), ""},
+		{"block size and match cap tune the approximate fallback",
+			"{blockSizeTokens: 32, maxPrefixBlocksToMatch: 64, lruCapacityPerServer: 31250, autoTune: true}",
+			producer.Params{DefaultBlockSizeTokens: 16, ApproxBlockSizeTokens: 32, ApproxMaxBlocks: 64}, ""},
+		{"a token cap wins over a block cap, as upstream",
+			"{blockSizeTokens: 16, maxPrefixBlocksToMatch: 64, maxPrefixTokensToMatch: 8192}",
+			producer.Params{DefaultBlockSizeTokens: 16, ApproxBlockSizeTokens: 16, ApproxMaxBlocks: 512}, ""},
+		{"another LRU capacity is refused", "{lruCapacityPerServer: 1000}", producer.Params{},
+			`load config: invalid plugin parameters: plugin "approx" (type approx-prefix-cache-producer): lruCapacityPerServer = 1000: kvroute's approximate fallback keeps 31250 blocks per endpoint, which is not configurable`},
+		{"turning auto-tuning off is refused", "{autoTune: false}", producer.Params{},
+			`load config: invalid plugin parameters: plugin "approx" (type approx-prefix-cache-producer): autoTune = false is not supported: kvroute always takes block sizes from the endpoints' events and metrics`},
+		{"the deprecated character block size is refused", "{blockSize: 64}", producer.Params{},
+			`load config: invalid plugin parameters: plugin "approx" (type approx-prefix-cache-producer): blockSize (in characters) is deprecated upstream and not supported; use blockSizeTokens`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			text := "plugins: [{name: approx, type: approx-prefix-cache-producer}]"
+			if tt.params != "" {
+				text = "plugins: [{name: approx, type: approx-prefix-cache-producer, parameters: " + tt.params + "}]"
+			}
+			r, last := registryCapturingParams(t)
+			_, err := r.Load([]byte(text), nil)
+			if tt.wantErr != "" {
+				if err == nil || err.Error() != tt.wantErr {
+					t.Fatalf("err = %v\nwant  %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := last(); got != tt.want {
+				t.Errorf("producer params = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+type nopSpeculator struct{}
+
+func (nopSpeculator) Speculate(string, []uint64) {}
+
+func TestSpeculativeRecorderLoadsWithTheProcessSpeculator(t *testing.T) {
+	t.Parallel()
+	l, err := registryWithProducer(t).Load([]byte(`
+plugins:
+- type: precise-prefix-cache-scorer
+- type: speculative-prefix-recorder
+`), &config.Handle{Spec: nopSpeculator{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*1",
+		"picker:max-score-picker/max-score-picker",
+		"postpick:speculative-prefix-recorder/speculative-prefix-recorder",
+	}
+	if got := shape(l.Profiles[0]); !equal(got, want) {
+		t.Errorf("profile = %q, want %q", got, want)
+	}
+	if _, err := datalayer.BuildGraph(l.Plugins); err != nil {
+		t.Errorf("BuildGraph: %v", err)
+	}
+}
+
+func TestBlockKeysKeyMatchesTheProducer(t *testing.T) {
+	t.Parallel()
+	if framework.RequestBlockKeysKey != producer.RequestBlockKeysKey {
+		t.Fatalf("framework key %q, producer key %q", framework.RequestBlockKeysKey, producer.RequestBlockKeysKey)
+	}
+}

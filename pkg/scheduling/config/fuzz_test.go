@@ -1,0 +1,51 @@
+package config_test
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
+)
+
+// FuzzLoad feeds arbitrary configuration text to the loader: it must
+// return an error or a complete, runnable configuration, and never panic.
+func FuzzLoad(f *testing.F) {
+	for _, seed := range []string{
+		"",
+		config.DefaultConfigText,
+		"plugins: [{type: queue-scorer}, {type: softmax-picker, parameters: {temperature: 0.2, maxNumOfEndpoints: 2}}]",
+		"plugins: [{type: approx-prefix-cache-producer, parameters: {blockSizeTokens: 16}}, {type: prefix-cache-scorer}]",
+		"plugins: [{name: d, type: utilization-detector, parameters: {metricsStalenessThreshold: 1s}}]\nsaturationDetector: {pluginRef: d}",
+		"schedulingProfiles: [{name: p, plugins: [{pluginRef: x, weight: 1e308}]}]",
+		"plugins: [{type: prefill-cost-scorer, parameters: {tierWeights: {gpu: 1, cpu: .5}}}]",
+		"featureGates: [dataLayer, dataLayer]",
+		"plugins: {type: queue-scorer}",
+		"{\"plugins\": [{\"type\": \"queue-scorer\", \"parameters\": null}]}",
+		"plugins: [{type: max-score-picker, parameters: [1, 2]}]",
+		"- - - :",
+		"plugins: [{type: saturation-filter, parameters: {kvThreshold: .nan}}]",
+	} {
+		f.Add([]byte(seed))
+	}
+	r := registryWithProducerF(f)
+	f.Fuzz(func(t *testing.T, text []byte) {
+		l, err := r.Load(text, nil)
+		if err != nil {
+			return
+		}
+		if l.Handler == nil || l.Detector == nil || len(l.Profiles) == 0 {
+			t.Fatalf("loaded without handler, detector or profiles: %+v", l)
+		}
+		for _, p := range l.Profiles {
+			if p.Picker == nil {
+				t.Fatalf("profile %q loaded without a picker", p.Name)
+			}
+			for _, s := range p.Scorers {
+				if !(s.Weight >= 0) {
+					t.Fatalf("profile %q: scorer weight %v", p.Name, s.Weight)
+				}
+			}
+		}
+	})
+}
+
+func registryWithProducerF(f *testing.F) *config.Registry { return registryWithProducer(f) }

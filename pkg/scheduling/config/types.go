@@ -1,0 +1,83 @@
+// Package config loads an EndpointPickerConfig, the upstream EPP's YAML
+// shape, into scheduler profiles: it keeps a registry of plugin types and
+// their factories, instantiates the configured plugins with strictly
+// decoded parameters, applies upstream's defaults, and refuses at start-up
+// anything it cannot honour, naming what is wrong.
+package config
+
+import "encoding/json"
+
+// The only apiVersion and kind accepted (either may be left out).
+const (
+	APIVersion = "inference.networking.x-k8s.io/v1alpha1"
+	Kind       = "EndpointPickerConfig"
+)
+
+// DefaultProfileName is the profile made when the config defines none.
+const DefaultProfileName = "default"
+
+// EndpointPickerConfig is the configuration file, in the upstream shape.
+type EndpointPickerConfig struct {
+	APIVersion   string   `json:"apiVersion,omitempty"`
+	Kind         string   `json:"kind,omitempty"`
+	FeatureGates []string `json:"featureGates,omitempty"`
+	// Plugins are the plugin instances, each made once and shared by every
+	// profile that refers to it.
+	Plugins            []PluginSpec        `json:"plugins,omitempty"`
+	SchedulingProfiles []SchedulingProfile `json:"schedulingProfiles,omitempty"`
+	// SaturationDetector names the utilization-detector instance admission
+	// uses; the default one when absent.
+	SaturationDetector *PluginRef `json:"saturationDetector,omitempty"`
+
+	// Upstream sections kvroute does not take from this file. They are
+	// declared so that their presence gets a clear refusal rather than an
+	// "unknown field".
+	DataLayer   json.RawMessage `json:"dataLayer,omitempty"`
+	FlowControl json.RawMessage `json:"flowControl,omitempty"`
+	Parser      json.RawMessage `json:"parser,omitempty"`
+}
+
+// PluginSpec is one plugin instance. Name defaults to Type.
+type PluginSpec struct {
+	Name       string          `json:"name,omitempty"`
+	Type       string          `json:"type"`
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// SchedulingProfile is a named list of plugin references.
+type SchedulingProfile struct {
+	Name    string             `json:"name"`
+	Plugins []SchedulingPlugin `json:"plugins"`
+}
+
+// SchedulingPlugin refers to a plugin instance from a profile. Weight applies
+// to scorers only; a scorer without one weighs 1.
+type SchedulingPlugin struct {
+	PluginRef string   `json:"pluginRef"`
+	Weight    *float64 `json:"weight,omitempty"`
+}
+
+// PluginRef names a plugin instance.
+type PluginRef struct {
+	PluginRef string `json:"pluginRef"`
+}
+
+// DefaultConfigText is the configuration used when none is given: upstream's
+// default profile (prefix 3, queue 2, KV usage 2) with kvroute's precise
+// prefix scorer in place of upstream's approximate one.
+const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 3
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+`

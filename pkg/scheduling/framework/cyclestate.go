@@ -1,0 +1,56 @@
+package framework
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// CycleState is what the plugins of one scheduling cycle share: the cycle's
+// clock reading, its random source, and values plugins pass to each other
+// under string keys. A cycle's plugins run one after another, but the
+// key-value store is locked so that a plugin may hand work to a goroutine.
+type CycleState struct {
+	now time.Time
+	// The source and generator live inside the state so that a cycle costs
+	// one allocation for both.
+	pcg rand.PCG
+	rng rand.Rand
+
+	mu   sync.RWMutex
+	vals map[string]any
+}
+
+// NewCycleState makes the state for one cycle. now is read once per cycle so
+// that every plugin judges metric freshness against the same instant; the
+// seeds make the cycle's random choices reproducible.
+func NewCycleState(now time.Time, seed1, seed2 uint64) *CycleState {
+	s := &CycleState{now: now, pcg: *rand.NewPCG(seed1, seed2)}
+	s.rng = *rand.New(&s.pcg)
+	return s
+}
+
+// Now is the instant the cycle started.
+func (s *CycleState) Now() time.Time { return s.now }
+
+// Rand is the cycle's random source. It is not safe for concurrent use:
+// only the cycle's own goroutine may draw from it.
+func (s *CycleState) Rand() *rand.Rand { return &s.rng }
+
+// Write stores v under key.
+func (s *CycleState) Write(key string, v any) {
+	s.mu.Lock()
+	if s.vals == nil {
+		s.vals = make(map[string]any, 4)
+	}
+	s.vals[key] = v
+	s.mu.Unlock()
+}
+
+// Read returns the value stored under key.
+func (s *CycleState) Read(key string) (any, bool) {
+	s.mu.RLock()
+	v, ok := s.vals[key]
+	s.mu.RUnlock()
+	return v, ok
+}

@@ -1,0 +1,144 @@
+// Package framework says what the scheduler's extension points are: profile
+// handlers, filters, scorers, pickers and post-pick hooks, the per-cycle
+// state they share, and the results they produce. Implementations live in
+// their own packages under pkg/scheduling/plugins; the scheduler that runs
+// them lives in pkg/scheduling.
+package framework
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
+)
+
+// Sentinel errors a scheduling cycle can end with. The request path maps
+// ErrNoCandidates to 503 and ErrShed to 429.
+var (
+	// ErrNoCandidates means there was no endpoint to pick: none was offered,
+	// or the filters of the primary profile left none.
+	ErrNoCandidates = errors.New("no candidate endpoints")
+	// ErrShed means a sheddable request was refused because every candidate
+	// is saturated.
+	ErrShed = errors.New("request shed: all candidate endpoints are saturated")
+)
+
+// ProfileHandler decides which profiles run for a request, possibly over
+// several rounds (e.g. a prefill profile chosen after a decode profile), and
+// turns their results into the scheduling result.
+type ProfileHandler interface {
+	plugin.Plugin
+	// Pick returns the profiles to run next, given those already run and
+	// their results; an empty answer ends the cycle. profiles is in
+	// configuration order, so a handler that returns them in that order is
+	// deterministic.
+	Pick(ctx context.Context, cs *CycleState, req *request.Request, profiles []*Profile, results map[string]*ProfileResult) []*Profile
+	// ProcessResults makes the final result from every profile's result.
+	ProcessResults(ctx context.Context, cs *CycleState, req *request.Request, results map[string]*ProfileResult) (*Result, error)
+}
+
+// Filter narrows the candidates. It returns a subset of cands (it may reuse
+// the slice's backing array) and must not invent endpoints.
+type Filter interface {
+	plugin.Plugin
+	Filter(ctx context.Context, cs *CycleState, req *request.Request, cands []*datalayer.Candidate) []*datalayer.Candidate
+}
+
+// ScorerCategory says what a scorer pulls towards, so that a profile's mix
+// can be reasoned about: affinity keeps related requests together (prefix,
+// LoRA), distribution spreads them (randomness, round robin), balance evens
+// out load (queue, KV usage).
+type ScorerCategory uint8
+
+// The scorer categories.
+const (
+	Affinity ScorerCategory = iota
+	Distribution
+	Balance
+)
+
+func (c ScorerCategory) String() string {
+	switch c {
+	case Affinity:
+		return "affinity"
+	case Distribution:
+		return "distribution"
+	case Balance:
+		return "balance"
+	}
+	return "unknown"
+}
+
+// Scorer rates each candidate in [0,1], higher is better. Scores are written
+// into out, which has len(cands) entries, out[i] for cands[i]: a slice
+// rather than a map keeps a scheduling cycle free of per-scorer allocations.
+// The scheduler clamps every score to [0,1] and treats NaN as 0.
+type Scorer interface {
+	plugin.Plugin
+	Category() ScorerCategory
+	Score(ctx context.Context, cs *CycleState, req *request.Request, cands []*datalayer.Candidate, out []float64)
+}
+
+// Picker chooses from the scored candidates: the primary first, then any
+// fallbacks. It must pick only from scored, and must not keep scored after it
+// returns (the scheduler reuses it).
+type Picker interface {
+	plugin.Plugin
+	Pick(ctx context.Context, cs *CycleState, scored []ScoredCandidate) *ProfileResult
+}
+
+// PostPick runs after a profile's picker, e.g. to record that the picked
+// endpoint will soon hold the request's prefix. It must not block.
+type PostPick interface {
+	plugin.Plugin
+	PostPick(ctx context.Context, cs *CycleState, req *request.Request, res *ProfileResult)
+}
+
+// ScoredCandidate is a candidate with its profile's weighted score.
+type ScoredCandidate struct {
+	*datalayer.Candidate
+	Score float64
+}
+
+// WeightedScorer is a scorer with its weight in a profile.
+type WeightedScorer struct {
+	Scorer
+	Weight float64
+}
+
+// Profile is one named pipeline: filters in order, weighted scorers, a
+// picker, and post-pick hooks.
+type Profile struct {
+	Name      string
+	Filters   []Filter
+	Scorers   []WeightedScorer
+	Picker    Picker
+	PostPicks []PostPick
+}
+
+// ProfileResult is what one profile picked: the primary endpoint first, then
+// fallbacks in order of preference. Empty when the filters left nothing.
+type ProfileResult struct {
+	Picked []*datalayer.Candidate
+}
+
+// Result is a whole scheduling cycle's answer.
+type Result struct {
+	// PrimaryProfile names the profile whose pick the request is sent to.
+	PrimaryProfile string
+	// Profiles holds every profile's result by profile name.
+	Profiles map[string]*ProfileResult
+}
+
+// Targets returns the primary profile's picks, primary first.
+func (r *Result) Targets() []*datalayer.Candidate {
+	if r == nil {
+		return nil
+	}
+	if p := r.Profiles[r.PrimaryProfile]; p != nil {
+		return p.Picked
+	}
+	return nil
+}

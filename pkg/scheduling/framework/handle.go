@@ -1,0 +1,56 @@
+package framework
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/plugin"
+)
+
+// DefaultMetricsStaleness is how old scraped metrics may be before a plugin
+// treats the endpoint's load as unknown, when the handle gives no value.
+const DefaultMetricsStaleness = 2 * time.Second
+
+// RequestBlockKeysKey is the key under which a PrepareData producer publishes
+// the request's block keys (a []uint64, the same slice on every candidate),
+// so that a post-pick hook can record speculative holdings for them.
+const RequestBlockKeysKey = "RequestBlockKeysKey"
+
+// Speculator records that an endpoint will soon hold blocks: after a pick,
+// the picked endpoint is about to compute the request's prefix, so requests
+// arriving before its KV events can already be sent there.
+type Speculator interface {
+	Speculate(addr string, keys []uint64)
+}
+
+// Handle is what plugin factories get from the process at start-up.
+type Handle interface {
+	// MetricsStaleness is how old metrics may be before load is unknown.
+	MetricsStaleness() time.Duration
+	// Speculator is nil when the process records no speculative holdings.
+	Speculator() Speculator
+	// Registerer is where plugins register their Prometheus metrics; nil
+	// means don't register.
+	Registerer() prometheus.Registerer
+	// Plugin returns an instance made earlier in the same configuration, for
+	// plugins that build on another.
+	Plugin(name string) (plugin.Plugin, bool)
+}
+
+// Factory makes a plugin instance named name from its raw JSON parameters
+// (nil when the configuration gives none). It must reject unknown
+// parameters; DecodeParams does that.
+type Factory func(name string, params json.RawMessage, h Handle) (plugin.Plugin, error)
+
+// StalenessOf returns h's metrics staleness, or DefaultMetricsStaleness when
+// h is nil or gives no positive value.
+func StalenessOf(h Handle) time.Duration {
+	if h != nil {
+		if d := h.MetricsStaleness(); d > 0 {
+			return d
+		}
+	}
+	return DefaultMetricsStaleness
+}

@@ -1,0 +1,49 @@
+// Package maxscore is the max-score-picker: the highest score wins, ties are
+// broken at random, and the next best are the fallbacks.
+package maxscore
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/pick"
+)
+
+// Type is the plugin's registered type name.
+const Type = "max-score-picker"
+
+// Picker picks the maxNumOfEndpoints highest-scored candidates.
+type Picker struct {
+	name plugin.TypedName
+	n    int
+}
+
+var _ framework.Picker = (*Picker)(nil)
+
+// New makes the picker; n is how many endpoints it picks (at least 1).
+func New(name string, n int) *Picker {
+	return &Picker{name: plugin.TypedName{Type: Type, Name: name}, n: max(n, 1)}
+}
+
+// Factory makes the picker from its parameters (maxNumOfEndpoints).
+func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+	var p pick.Params
+	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
+		return nil, err
+	}
+	n, err := p.N(Type, name)
+	if err != nil {
+		return nil, err
+	}
+	return New(name, n), nil
+}
+
+// TypedName implements plugin.Plugin.
+func (p *Picker) TypedName() plugin.TypedName { return p.name }
+
+// Pick implements framework.Picker.
+func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []framework.ScoredCandidate) *framework.ProfileResult {
+	return pick.TopK(scored, p.n, func(i int) float64 { return scored[i].Score }, cs.Rand())
+}

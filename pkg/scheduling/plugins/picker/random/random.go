@@ -1,0 +1,50 @@
+// Package random is the random-picker: it ignores scores and picks
+// uniformly at random.
+package random
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/pick"
+)
+
+// Type is the plugin's registered type name.
+const Type = "random-picker"
+
+// Picker picks maxNumOfEndpoints distinct candidates uniformly at random.
+type Picker struct {
+	name plugin.TypedName
+	n    int
+}
+
+var _ framework.Picker = (*Picker)(nil)
+
+// New makes the picker; n is how many endpoints it picks (at least 1).
+func New(name string, n int) *Picker {
+	return &Picker{name: plugin.TypedName{Type: Type, Name: name}, n: max(n, 1)}
+}
+
+// Factory makes the picker from its parameters (maxNumOfEndpoints).
+func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+	var p pick.Params
+	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
+		return nil, err
+	}
+	n, err := p.N(Type, name)
+	if err != nil {
+		return nil, err
+	}
+	return New(name, n), nil
+}
+
+// TypedName implements plugin.Plugin.
+func (p *Picker) TypedName() plugin.TypedName { return p.name }
+
+// Pick implements framework.Picker: every key is equal, so the random
+// tie-break is the whole choice.
+func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []framework.ScoredCandidate) *framework.ProfileResult {
+	return pick.TopK(scored, p.n, func(int) float64 { return 0 }, cs.Rand())
+}

@@ -1,0 +1,63 @@
+// Package weightedrandom is the weighted-random-picker: it picks at random
+// in proportion to the scores.
+package weightedrandom
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/pick"
+)
+
+// Type is the plugin's registered type name.
+const Type = "weighted-random-picker"
+
+// Picker picks maxNumOfEndpoints distinct candidates, each draw with
+// probability proportional to score among those not yet drawn. Candidates
+// scoring 0 come only after every positive one, in random order, so with all
+// scores 0 the pick is uniform.
+type Picker struct {
+	name plugin.TypedName
+	n    int
+}
+
+var _ framework.Picker = (*Picker)(nil)
+
+// New makes the picker; n is how many endpoints it picks (at least 1).
+func New(name string, n int) *Picker {
+	return &Picker{name: plugin.TypedName{Type: Type, Name: name}, n: max(n, 1)}
+}
+
+// Factory makes the picker from its parameters (maxNumOfEndpoints).
+func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+	var p pick.Params
+	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
+		return nil, err
+	}
+	n, err := p.N(Type, name)
+	if err != nil {
+		return nil, err
+	}
+	return New(name, n), nil
+}
+
+// TypedName implements plugin.Plugin.
+func (p *Picker) TypedName() plugin.TypedName { return p.name }
+
+// Pick implements framework.Picker with Gumbel-top-k on log-scores: the
+// same distribution as drawing one at a time without replacement, in one
+// pass.
+func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []framework.ScoredCandidate) *framework.ProfileResult {
+	rng := cs.Rand()
+	keys := make([]float64, len(scored))
+	for i, s := range scored {
+		keys[i] = math.Inf(-1)
+		if s.Score > 0 {
+			keys[i] = math.Log(s.Score) + pick.Gumbel(rng)
+		}
+	}
+	return pick.TopK(scored, p.n, func(i int) float64 { return keys[i] }, rng)
+}

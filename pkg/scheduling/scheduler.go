@@ -1,0 +1,301 @@
+// Package scheduling is the scheduler: for each request it admits or sheds,
+// then runs the profiles its profile handler chooses (filters, weighted
+// scorers, a picker, post-pick hooks) over the request's candidates and
+// returns the picks. The extension points are in package framework, the
+// plugins under plugins/, and configuration in config.
+package scheduling
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+)
+
+// Sentinel errors of Schedule; the request path maps ErrNoCandidates to 503
+// and ErrShed to 429.
+var (
+	ErrNoCandidates = framework.ErrNoCandidates
+	ErrShed         = framework.ErrShed
+	// ErrBadPick means a plugin broke its contract: a picker chose an
+	// endpoint that was not a candidate. It is a bug, never routed around.
+	ErrBadPick = errors.New("picker chose an endpoint outside the candidate set")
+)
+
+// Options configure a Scheduler. Only Profiles is required.
+type Options struct {
+	// Profiles in configuration order; names must be unique.
+	Profiles []*framework.Profile
+	// Handler chooses which profiles run; nil means single-profile-handler,
+	// allowed only with one profile.
+	Handler framework.ProfileHandler
+	// Detector decides admission of sheddable requests; nil means upstream's
+	// thresholds (queue 5, KV 0.8) with the default metrics staleness.
+	Detector *saturation.Detector
+	// Rand seeds every cycle's random source; a fixed seed makes a sequence
+	// of cycles reproducible. nil means a seed from crypto/rand.
+	Rand *rand.Rand
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Registerer takes the scheduler's metrics; nil means don't register.
+	Registerer prometheus.Registerer
+}
+
+// Scheduler runs scheduling cycles. It is safe for concurrent use.
+type Scheduler struct {
+	handler  framework.ProfileHandler
+	profiles []*framework.Profile
+	runs     map[*framework.Profile]*profileRun
+	detector *saturation.Detector
+	now      func() time.Time
+	metrics  *metrics
+	handlerT prometheus.Observer
+
+	rngMu sync.Mutex
+	rng   *rand.Rand
+}
+
+// profileRun is a profile with its plugins' duration observers resolved
+// once, so a cycle does no label lookups.
+type profileRun struct {
+	*framework.Profile
+	filterT   []prometheus.Observer
+	scorerT   []prometheus.Observer
+	pickerT   prometheus.Observer
+	postPickT []prometheus.Observer
+}
+
+// New makes a scheduler.
+func New(opts Options) (*Scheduler, error) {
+	if len(opts.Profiles) == 0 {
+		return nil, errors.New("scheduler needs at least one profile")
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register scheduler metrics: %w", err)
+	}
+	s := &Scheduler{
+		handler:  opts.Handler,
+		profiles: opts.Profiles,
+		runs:     make(map[*framework.Profile]*profileRun, len(opts.Profiles)),
+		detector: opts.Detector,
+		now:      opts.Now,
+		metrics:  m,
+		rng:      opts.Rand,
+	}
+	if s.handler == nil {
+		if len(opts.Profiles) != 1 {
+			return nil, fmt.Errorf("%d profiles need a profile handler", len(opts.Profiles))
+		}
+		s.handler = single.New(single.Type)
+	}
+	if s.detector == nil {
+		s.detector = saturation.NewDetector(saturation.Type, saturation.DefaultThresholds(), framework.DefaultMetricsStaleness)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.rng == nil {
+		var b [16]byte
+		_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+		s.rng = rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
+	}
+	s.handlerT = s.observer("profile_handler", s.handler)
+	seen := make(map[string]bool, len(opts.Profiles))
+	for _, p := range opts.Profiles {
+		if p == nil || p.Name == "" {
+			return nil, errors.New("scheduler profile without a name")
+		}
+		if seen[p.Name] {
+			return nil, fmt.Errorf("duplicate scheduler profile %q", p.Name)
+		}
+		seen[p.Name] = true
+		if p.Picker == nil {
+			return nil, fmt.Errorf("scheduler profile %q has no picker", p.Name)
+		}
+		r := &profileRun{Profile: p, pickerT: s.observer("picker", p.Picker)}
+		for _, f := range p.Filters {
+			r.filterT = append(r.filterT, s.observer("filter", f))
+		}
+		for _, w := range p.Scorers {
+			if !(w.Weight >= 0) || math.IsInf(w.Weight, 0) {
+				return nil, fmt.Errorf("scheduler profile %q: scorer %s has weight %v, want a finite value ≥ 0", p.Name, w.TypedName(), w.Weight)
+			}
+			r.scorerT = append(r.scorerT, s.observer("scorer", w.Scorer))
+		}
+		for _, pp := range p.PostPicks {
+			r.postPickT = append(r.postPickT, s.observer("post_pick", pp))
+		}
+		s.runs[p] = r
+	}
+	return s, nil
+}
+
+func (s *Scheduler) observer(point string, p plugin.Plugin) prometheus.Observer {
+	tn := p.TypedName()
+	return s.metrics.plugin.WithLabelValues(point, tn.Type, tn.Name)
+}
+
+// Schedule picks endpoints for req among cands. It returns ErrNoCandidates
+// when there is nothing to pick from, ErrShed when req is sheddable and every
+// candidate is saturated, and the context's error if ctx ends first. Every
+// pick is one of cands.
+func (s *Scheduler) Schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
+	start := time.Now()
+	res, status, err := s.schedule(ctx, req, cands)
+	s.metrics.e2e.Observe(time.Since(start).Seconds())
+	s.metrics.attempts.WithLabelValues(status).Inc()
+	return res, err
+}
+
+func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, string, error) {
+	if len(cands) == 0 {
+		return nil, statusNoCandidates, fmt.Errorf("schedule request %s: %w", req.ID, ErrNoCandidates)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, statusError, fmt.Errorf("schedule request %s: %w", req.ID, err)
+	}
+	now := s.now()
+	if req.Sheddable() && s.detector.AllSaturated(cands, now) {
+		return nil, statusShed, fmt.Errorf("schedule request %s: %w", req.ID, ErrShed)
+	}
+	s.rngMu.Lock()
+	seed1, seed2 := s.rng.Uint64(), s.rng.Uint64()
+	s.rngMu.Unlock()
+	cs := framework.NewCycleState(now, seed1, seed2)
+
+	results := make(map[string]*framework.ProfileResult, len(s.profiles))
+	// A profile runs at most once per cycle, so a handler that keeps asking
+	// for the same profile cannot loop forever.
+	for {
+		t := time.Now()
+		next := s.handler.Pick(ctx, cs, req, s.profiles, results)
+		s.handlerT.Observe(time.Since(t).Seconds())
+		ran := false
+		for _, p := range next {
+			if _, done := results[p.Name]; done {
+				continue
+			}
+			run, ok := s.runs[p]
+			if !ok {
+				return nil, statusError, fmt.Errorf("schedule request %s: profile handler %s chose unknown profile %q", req.ID, s.handler.TypedName(), p.Name)
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, statusError, fmt.Errorf("schedule request %s: %w", req.ID, err)
+			}
+			r, err := s.runProfile(ctx, cs, req, run, cands)
+			if err != nil {
+				return nil, statusError, fmt.Errorf("schedule request %s: %w", req.ID, err)
+			}
+			results[p.Name] = r
+			ran = true
+		}
+		if !ran {
+			break
+		}
+	}
+	t := time.Now()
+	res, err := s.handler.ProcessResults(ctx, cs, req, results)
+	s.handlerT.Observe(time.Since(t).Seconds())
+	if err != nil {
+		status := statusError
+		if errors.Is(err, ErrNoCandidates) {
+			status = statusNoCandidates
+		}
+		return nil, status, fmt.Errorf("schedule request %s: %w", req.ID, err)
+	}
+	return res, statusSuccess, nil
+}
+
+// runProfile runs one profile's filters, scorers, picker and post-pick
+// hooks. An empty result means the filters left nothing.
+func (s *Scheduler) runProfile(ctx context.Context, cs *framework.CycleState, req *request.Request, p *profileRun, cands []*datalayer.Candidate) (*framework.ProfileResult, error) {
+	filtered := cands
+	for i, f := range p.Filters {
+		t := time.Now()
+		filtered = f.Filter(ctx, cs, req, filtered)
+		p.filterT[i].Observe(time.Since(t).Seconds())
+		if len(filtered) == 0 {
+			return &framework.ProfileResult{}, nil
+		}
+	}
+
+	scored := make([]framework.ScoredCandidate, len(filtered))
+	for i, c := range filtered {
+		scored[i].Candidate = c
+	}
+	if len(p.Scorers) > 0 {
+		buf := make([]float64, len(filtered))
+		for i, w := range p.Scorers {
+			clear(buf)
+			t := time.Now()
+			w.Score(ctx, cs, req, filtered, buf)
+			p.scorerT[i].Observe(time.Since(t).Seconds())
+			for j, v := range buf {
+				scored[j].Score += clamp01(v) * w.Weight
+			}
+		}
+	}
+
+	t := time.Now()
+	res := p.Picker.Pick(ctx, cs, scored)
+	p.pickerT.Observe(time.Since(t).Seconds())
+	if res == nil {
+		res = &framework.ProfileResult{}
+	}
+	if err := checkPicks(res.Picked, cands); err != nil {
+		return nil, fmt.Errorf("profile %q, picker %s: %w", p.Name, p.Picker.TypedName(), err)
+	}
+	for i, pp := range p.PostPicks {
+		t := time.Now()
+		pp.PostPick(ctx, cs, req, res)
+		p.postPickT[i].Observe(time.Since(t).Seconds())
+	}
+	return res, nil
+}
+
+// clamp01 bounds a score to [0,1]; NaN, the mark of a scorer's arithmetic
+// gone wrong, counts as 0 rather than poisoning the sum.
+func clamp01(v float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return min(v, 1)
+}
+
+// checkPicks enforces that every pick is a distinct member of cands: the
+// guarantee the request path relies on, whatever a plugin does.
+func checkPicks(picked, cands []*datalayer.Candidate) error {
+	for i, p := range picked {
+		found := false
+		for _, c := range cands {
+			if c == p {
+				found = true
+				break
+			}
+		}
+		if !found || p == nil {
+			return ErrBadPick
+		}
+		for _, q := range picked[:i] {
+			if q == p {
+				return fmt.Errorf("%w: endpoint picked twice", ErrBadPick)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+// Package sim is a simulated vLLM fleet: engines whose KV caches are real
+// vLLM block pools (pkg/blockpool) and that publish real vLLM-format event
+// batches over NATS with the kvroute headers, and workloads to drive them.
+// The demo and the routing benchmarks run on it.
+package sim
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/events"
+)
+
+// EngineConfig describes one simulated engine.
+type EngineConfig struct {
+	// Pod is the pod name; Address the ip:port the gateway routes to.
+	Pod, Address string
+	// Model is the served base model.
+	Model string
+	Pool  blockpool.Config
+	// Encoding is how event batches are written: vLLM's array form (up to
+	// about 0.23) or its map form (0.26 and later).
+	Encoding events.Encoding
+}
+
+// Engine is one simulated vLLM engine. Its methods are safe for concurrent
+// use; like a real engine it runs one step at a time.
+type Engine struct {
+	cfg      EngineConfig
+	pub      *events.Publisher
+	instance string
+
+	mu   sync.Mutex
+	pool *blockpool.Pool
+	buf  []byte
+	n    uint64
+}
+
+// NewEngine returns an engine publishing through pub (nil: publish nothing).
+func NewEngine(cfg EngineConfig, pub *events.Publisher) *Engine {
+	return &Engine{
+		cfg:      cfg,
+		pub:      pub,
+		pool:     blockpool.New(cfg.Pool),
+		instance: fmt.Sprintf("%s-%d", cfg.Pod, time.Now().UnixNano()),
+	}
+}
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() EngineConfig { return e.cfg }
+
+// Serve runs one request through the engine: it admits the prompt (hitting
+// whatever leading blocks are cached), publishes that step's events, then
+// finishes the request, whose blocks stay cached until their slots are
+// reused, and publishes again. It returns the number of prompt blocks that
+// were cache hits.
+func (e *Engine) Serve(req blockpool.Request) (hit int, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.n++
+	if req.ID == "" {
+		req.ID = fmt.Sprintf("req-%d", e.n)
+	}
+	hit, err = e.pool.Allocate(req)
+	if err != nil {
+		return 0, fmt.Errorf("engine %s: %w", e.cfg.Pod, err)
+	}
+	if err := e.step(); err != nil {
+		return hit, err
+	}
+	if err := e.pool.Free(req.ID); err != nil {
+		return hit, fmt.Errorf("engine %s: %w", e.cfg.Pod, err)
+	}
+	return hit, e.step()
+}
+
+// Held is the engine's ground truth for a prompt: the leading blocks it
+// holds and their tiers.
+func (e *Engine) Held(req blockpool.Request) blockpool.Held {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pool.Held(req)
+}
+
+// Usage is the share of GPU blocks in use by running requests.
+func (e *Engine) Usage() float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pool.Usage()
+}
+
+// step ends an engine step and publishes its batch, if it has one.
+func (e *Engine) step() error {
+	b, seq, ok := e.pool.Step()
+	if !ok || e.pub == nil {
+		return nil
+	}
+	var err error
+	e.buf, err = events.AppendBatch(e.buf[:0], b, e.cfg.Encoding)
+	if err != nil {
+		return fmt.Errorf("engine %s: encode batch %d: %w", e.cfg.Pod, seq, err)
+	}
+	o := events.Origin{
+		Stream:    events.Stream{Endpoint: e.cfg.Address, DPRank: e.cfg.Pool.DPRank},
+		Pod:       e.cfg.Pod,
+		Model:     e.cfg.Model,
+		Instance:  e.instance,
+		BlockSize: e.cfg.Pool.BlockSize,
+		Seq:       seq,
+	}
+	if err := e.pub.Publish(o, e.buf); err != nil {
+		return fmt.Errorf("engine %s: publish batch %d: %w", e.cfg.Pod, seq, err)
+	}
+	return nil
+}
