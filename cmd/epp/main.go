@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -44,7 +45,19 @@ func run(args []string) error {
 	fs.StringVar(&o.EndpointsFile, "endpoints-file", "", "static endpoints YAML, reloaded when it changes")
 	fs.BoolVar(&o.Scrape, "scrape-metrics", true, "scrape each endpoint's /metrics")
 	fs.DurationVar(&scrapeEvery, "refresh-metrics-interval", 50*time.Millisecond, "interval between scrapes of an endpoint's metrics")
-	fs.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:9090", "address of /metrics, /healthz, /readyz and /debug/prefix")
+	fs.StringVar(&o.HTTPAddr, "http-addr", ":9090", "address of /metrics, /healthz, /readyz and /debug/prefix (upstream's --metrics-port)")
+	fs.StringVar(&o.RequestPath.ExtProcAddr, "grpc-addr", ":9002", "address of Envoy's ext_proc gRPC service; empty disables it")
+	fs.StringVar(&o.RequestPath.HealthAddr, "grpc-health-addr", ":9003", "address of the plaintext gRPC health service")
+	secure := fs.Bool("secure-serving", true, "serve ext_proc over TLS (a self-signed certificate unless --cert-path is given)")
+	certPath := fs.String("cert-path", "", "directory holding tls.crt and tls.key for ext_proc")
+	fs.StringVar(&o.RequestPath.ProxyAddr, "proxy-addr", "", "address of the OpenAI-compatible standalone proxy; empty disables it")
+	fs.IntVar(&o.RequestPath.MaxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted")
+	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", true, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
+	fs.DurationVar(&o.RequestPath.TokenizeTimeout, "tokenize-timeout", 200*time.Millisecond, "bound on one /tokenize round trip; past it the request is routed approximately")
+	fs.StringVar(&o.ConfigFile, "config-file", "", "EndpointPickerConfig YAML file")
+	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
+	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "age after which an endpoint's scraped metrics count as unknown load")
+	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on the metrics address")
 	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 50_000_000, "bound on (block, endpoint, tier) holdings in the prefix index")
 	fs.DurationVar(&o.Index.TierMaxAge[1], "index-cpu-max-age", 0, "evict CPU-tier holdings this long after their last store (for publishers that never remove them, such as LMCache); 0 keeps them")
 	fs.BoolVar(&demoOn, "demo", false, "run a simulated vLLM fleet and a shared-prefix workload against this EPP")
@@ -60,9 +73,18 @@ func run(args []string) error {
 	}
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	o.ScrapeOptions = datalayer.ScrapeOptions{Interval: scrapeEvery}
+	o.RequestPath.Plaintext = !*secure
+	if *certPath != "" {
+		o.RequestPath.CertFile = filepath.Join(*certPath, "tls.crt")
+		o.RequestPath.KeyFile = filepath.Join(*certPath, "tls.key")
+	}
 	if demoOn {
-		// The demo's engines are in-process: there is no /metrics to scrape.
-		o.Scrape = false
+		// The demo's engines are in-process: there is no /metrics to scrape
+		// and no model server to tokenize; it serves on loopback only.
+		o.Scrape, o.RequestPath = false, epp.RequestPathOptions{}
+		if o.HTTPAddr == ":9090" {
+			o.HTTPAddr = "127.0.0.1:9090"
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

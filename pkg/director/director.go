@@ -143,6 +143,11 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if obj := in.Headers[HeaderObjective]; obj != "" {
 		req.Priority = d.o.Objectives[obj]
 	}
+	if req.LoRA == "" && !d.servesBaseModel(req.Model) {
+		// A model name no endpoint serves as its base model names a LoRA
+		// adapter: vLLM keys the adapter's blocks by its name.
+		req.LoRA = req.Model
+	}
 	p, err := d.route(ctx, req, in.Subset, requested)
 	if err != nil {
 		return nil, err
@@ -236,6 +241,18 @@ type Served struct {
 // HandleResponse accounts for a finished response.
 func (d *Director) HandleResponse(p *Pick, s Served) {
 	d.o.Metrics.observeResponse(p, s)
+}
+
+// servesBaseModel reports whether some endpoint serves model as its base
+// model (or no endpoint says what it serves).
+func (d *Director) servesBaseModel(model string) bool {
+	eps := d.o.Datastore.List()
+	for _, ep := range eps {
+		if ep.Model == model || ep.Model == "" {
+			return true
+		}
+	}
+	return len(eps) == 0
 }
 
 func subsetFilter(subset []string) func(*datalayer.Endpoint) bool {

@@ -24,7 +24,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
 	"github.com/kvroute/kvroute/pkg/director"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/natsembed"
+	"github.com/kvroute/kvroute/pkg/proxy"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 )
@@ -72,6 +74,12 @@ type Options struct {
 	ApproxCapacity int
 	Prefix         preciseprefix.Params
 
+	// RequestPath says how requests reach the EPP.
+	RequestPath RequestPathOptions
+
+	// EnablePprof serves /debug/pprof on HTTPAddr.
+	EnablePprof bool
+
 	// HTTPAddr serves /metrics, /healthz, /readyz and /debug/prefix
 	// (default 127.0.0.1:9090; port 0 picks a free one).
 	HTTPAddr string
@@ -96,6 +104,8 @@ type EPP struct {
 	graph    *datalayer.Graph
 	sched    *scheduling.Scheduler
 	director *director.Director
+	extproc  *extproc.Server
+	proxy    *proxy.Server
 
 	httpLn  net.Listener
 	httpSrv *http.Server
@@ -174,6 +184,10 @@ func New(opts Options) (*EPP, error) {
 	if err != nil {
 		e.Close()
 		return nil, fmt.Errorf("epp: listen for HTTP on %s: %w", opts.HTTPAddr, err)
+	}
+	if err := e.startRequestPath(); err != nil {
+		e.Close()
+		return nil, err
 	}
 	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 5 * time.Second}
 	return e, nil
@@ -278,6 +292,8 @@ func (e *EPP) buildScheduling() error {
 		Graph:              e.graph,
 		Scheduler:          e.sched,
 		PrepareDataTimeout: e.opts.PrepareDataTimeout,
+		Tokenizer:          e.newTokenizer(),
+		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,
 		Metrics:            director.NewMetrics(e.reg),
 		Logger:             e.logger,
 	})
@@ -346,6 +362,7 @@ func (e *EPP) Run(ctx context.Context) error {
 	if e.opts.EndpointsFile != "" {
 		goRun(func() error { return datalayer.WatchStaticFile(ctx, e.opts.EndpointsFile, e.ds, e.logger) })
 	}
+	e.runRequestPath(ctx, goRun)
 	goRun(func() error {
 		if err := e.httpSrv.Serve(e.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("epp: HTTP server: %w", err)
@@ -367,6 +384,12 @@ func (e *EPP) Run(ctx context.Context) error {
 func (e *EPP) Close() {
 	if e.httpLn != nil {
 		_ = e.httpLn.Close()
+	}
+	if e.extproc != nil {
+		e.extproc.Close()
+	}
+	if e.proxy != nil {
+		e.proxy.Close()
 	}
 	if e.nc != nil {
 		e.nc.Close()

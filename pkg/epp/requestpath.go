@@ -1,0 +1,131 @@
+package epp
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/extproc"
+	"github.com/kvroute/kvroute/pkg/proxy"
+	"github.com/kvroute/kvroute/pkg/tokenize"
+)
+
+// RequestPathOptions configure how requests reach the EPP: Envoy's ext_proc
+// (the gateway's way), the standalone proxy (no gateway), or both.
+type RequestPathOptions struct {
+	// ExtProcAddr serves Envoy's ext_proc; empty disables it.
+	ExtProcAddr string
+	// HealthAddr serves the gRPC health service in plaintext on a port of
+	// its own (upstream's --grpc-health-port); empty serves it only on
+	// ExtProcAddr.
+	HealthAddr string
+	// Plaintext serves ext_proc without TLS; otherwise CertFile/KeyFile, or
+	// a self-signed certificate made at start when they are empty.
+	Plaintext         bool
+	CertFile, KeyFile string
+	// ProxyAddr serves the OpenAI-compatible standalone proxy; empty
+	// disables it.
+	ProxyAddr string
+	// MaxBodyBytes bounds a request body (default 16 MiB).
+	MaxBodyBytes int
+	// Tokenize asks a model server's /tokenize for the token ids of
+	// requests that carry text, so that their prefix answers are exact.
+	Tokenize        bool
+	TokenizeTimeout time.Duration
+}
+
+// tokenizeEndpoint chooses the model server that tokenizes for model: the
+// first endpoint, by name, serving it as its base model, else one with the
+// model loaded as a LoRA adapter. Every endpoint of a model tokenizes
+// alike, so a stable choice keeps its connection warm.
+func tokenizeEndpoint(ds *datalayer.Datastore) func(model string) (string, bool) {
+	return func(model string) (string, bool) {
+		var adapterHost string
+		for _, ep := range ds.List() {
+			if ep.Model == model {
+				return "http://" + ep.Address, true
+			}
+			if adapterHost == "" {
+				if m, ok := ds.Metrics(ep.Name); ok && (contains(m.ActiveLoRAs, model) || contains(m.WaitingLoRAs, model)) {
+					adapterHost = "http://" + ep.Address
+				}
+			}
+		}
+		return adapterHost, adapterHost != ""
+	}
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// newTokenizer is the request path's tokenizer, nil when disabled.
+func (e *EPP) newTokenizer() tokenize.Tokenizer {
+	if !e.opts.RequestPath.Tokenize {
+		return nil
+	}
+	return tokenize.NewRemote(tokenize.RemoteOptions{
+		Endpoint: tokenizeEndpoint(e.ds),
+		Timeout:  e.opts.RequestPath.TokenizeTimeout,
+		Logger:   e.logger,
+	}, e.reg)
+}
+
+// startRequestPath binds the ext_proc and proxy listeners, so that their
+// addresses are known before Run.
+func (e *EPP) startRequestPath() error {
+	o := e.opts.RequestPath
+	if o.ExtProcAddr != "" {
+		s, err := extproc.New(e.director, extproc.Options{
+			Addr: o.ExtProcAddr, HealthAddr: o.HealthAddr, MaxBodyBytes: o.MaxBodyBytes,
+			Plaintext: o.Plaintext, CertFile: o.CertFile, KeyFile: o.KeyFile,
+			Ready: e.Ready, Logger: e.logger, Registerer: e.reg,
+		})
+		if err != nil {
+			return fmt.Errorf("epp: ext_proc server: %w", err)
+		}
+		e.extproc = s
+	}
+	if o.ProxyAddr != "" {
+		p, err := proxy.New(e.director, proxy.Options{
+			Addr: o.ProxyAddr, MaxBodyBytes: int64(o.MaxBodyBytes), Logger: e.logger, Registerer: e.reg,
+		})
+		if err != nil {
+			return fmt.Errorf("epp: proxy: %w", err)
+		}
+		e.proxy = p
+	}
+	return nil
+}
+
+// runRequestPath runs the servers that startRequestPath bound.
+func (e *EPP) runRequestPath(ctx context.Context, goRun func(func() error)) {
+	if e.extproc != nil {
+		goRun(func() error { return e.extproc.Run(ctx) })
+	}
+	if e.proxy != nil {
+		goRun(func() error { return e.proxy.Run(ctx) })
+	}
+}
+
+// ExtProcAddr is the ext_proc server's address, empty when disabled.
+func (e *EPP) ExtProcAddr() string {
+	if e.extproc == nil {
+		return ""
+	}
+	return e.extproc.Addr()
+}
+
+// ProxyAddr is the standalone proxy's address, empty when disabled.
+func (e *EPP) ProxyAddr() string {
+	if e.proxy == nil {
+		return ""
+	}
+	return e.proxy.Addr()
+}

@@ -1,0 +1,73 @@
+package epp
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/request"
+)
+
+// BenchmarkRoute measures a whole scheduling decision as the request path
+// makes it, PrepareData included: candidate snapshot, the precise prefix
+// producer (block keys and index lookup), the default profile's scorers and
+// picker, and the speculative recorder. Each endpoint holds a different
+// share of the prompt's prefix, as after a shared-prefix workload.
+func BenchmarkRoute(b *testing.B) {
+	for _, n := range []int{16, 64, 256} {
+		for _, tokens := range []int{1024, 8192} {
+			b.Run(fmt.Sprintf("endpoints=%d/tokens=%d", n, tokens), func(b *testing.B) {
+				benchmarkRoute(b, n, tokens)
+			})
+		}
+	}
+}
+
+func benchmarkRoute(b *testing.B, endpoints, tokens int) {
+	e, err := New(Options{Pool: "bench", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	const bs = 16
+	r := rand.New(rand.NewPCG(1, 2))
+	prompt := make([]uint32, tokens)
+	for i := range prompt {
+		prompt[i] = uint32(r.IntN(32000))
+	}
+	now := time.Now()
+	for i := range endpoints {
+		addr := fmt.Sprintf("10.1.%d.%d:8000", i/250, i%250+1)
+		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: addr, Model: "m"})
+		e.Datastore().SetMetrics(fmt.Sprintf("pod-%d", i), datalayer.Metrics{
+			WaitingQueueSize: r.IntN(4), RunningRequests: r.IntN(16), KVCacheUsage: r.Float64() * 0.7, UpdateTime: now,
+		})
+		// Endpoint i holds a leading share of the prompt: from none to all.
+		held := (tokens / bs) * i / endpoints
+		if held == 0 {
+			continue
+		}
+		hashes := make([]uint64, held)
+		for k := range hashes {
+			hashes[k] = uint64(i)<<32 | uint64(k+1)
+		}
+		batch := &events.Batch{Events: []events.Event{{
+			Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: prompt[:held*bs], BlockSize: bs,
+		}}}
+		e.Index().Apply(events.Origin{Stream: events.Stream{Endpoint: addr}, Model: "m", BlockSize: bs, Instance: "i"}, batch)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		req := &request.Request{ID: "bench", Model: "m", TokenIDs: prompt}
+		if _, err := e.Director().Route(ctx, req, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "µs/route")
+}

@@ -1,0 +1,44 @@
+package extproc
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Results of a stream, the label of kvroute_extproc_streams_total.
+const (
+	resultRouted    = "routed"    // a pick was sent to Envoy
+	resultRefused   = "refused"   // an ImmediateResponse answered the request
+	resultCancelled = "cancelled" // Envoy or the client went away first
+	resultError     = "error"     // a protocol error ended the stream
+)
+
+type metrics struct {
+	streams   *prometheus.CounterVec
+	active    prometheus.Gauge
+	bodyBytes prometheus.Histogram
+	respBytes prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		streams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_extproc_streams_total",
+			Help: "ext_proc streams ended, by result: routed, refused (immediate response), cancelled, error.",
+		}, []string{"result"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_extproc_active_streams",
+			Help: "ext_proc streams open now.",
+		}),
+		bodyBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvroute_extproc_request_body_bytes",
+			Help:    "Size of request bodies received over ext_proc.",
+			Buckets: prometheus.ExponentialBuckets(256, 4, 10), // 256 B .. 64 MiB
+		}),
+		respBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_extproc_response_body_bytes_total",
+			Help: "Response body bytes passed through ext_proc.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.streams, m.active, m.bodyBytes, m.respBytes)
+	}
+	return m
+}
