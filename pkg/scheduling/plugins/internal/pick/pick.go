@@ -3,11 +3,13 @@
 package pick
 
 import (
+	"encoding/json"
 	"math"
 	"math/rand/v2"
 	"slices"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
@@ -89,4 +91,20 @@ func Gumbel(rng *rand.Rand) float64 {
 		u = rng.Float64()
 	}
 	return -math.Log(-math.Log(u))
+}
+
+// Factory makes pickers of type typ whose only parameter is
+// maxNumOfEndpoints, with newPicker(name, n).
+func Factory[P framework.Picker](typ string, newPicker func(name string, n int) P) framework.Factory {
+	return func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+		var p Params
+		if err := framework.DecodeParams(typ, name, raw, &p); err != nil {
+			return nil, err
+		}
+		n, err := p.N(typ, name)
+		if err != nil {
+			return nil, err
+		}
+		return newPicker(name, n), nil
+	}
 }

@@ -4,7 +4,6 @@ package maxscore
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
@@ -28,17 +27,7 @@ func New(name string, n int) *Picker {
 }
 
 // Factory makes the picker from its parameters (maxNumOfEndpoints).
-func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
-	var p pick.Params
-	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
-		return nil, err
-	}
-	n, err := p.N(Type, name)
-	if err != nil {
-		return nil, err
-	}
-	return New(name, n), nil
-}
+var Factory = pick.Factory(Type, New)
 
 // TypedName implements plugin.Plugin.
 func (p *Picker) TypedName() plugin.TypedName { return p.name }

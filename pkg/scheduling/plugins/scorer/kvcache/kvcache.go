@@ -1,65 +1,26 @@
-// Package kvcache is the kv-cache-utilization-scorer: endpoints with more free KV cache score higher.
+// Package kvcache is the kv-cache-utilization-scorer: endpoints with more
+// free KV cache score higher.
 package kvcache
 
 import (
-	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/plugin"
-	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/load"
 )
 
 // Type is the plugin's registered type name.
 const Type = "kv-cache-utilization-scorer"
 
-// Scorer is the kv-cache-utilization-scorer. A fresh candidate scores 1 − KVCacheUsage
-// (usage clamped to [0,1]). A candidate with stale metrics scores the mean of
-// the fresh ones, 0.5 when none is fresh: its usage is unknown, not zero.
-type Scorer struct {
-	name      plugin.TypedName
-	staleness time.Duration
-}
-
-var _ framework.Scorer = (*Scorer)(nil)
+// A fresh candidate scores 1 − KVCacheUsage (usage clamped to [0,1]). A
+// candidate with stale metrics scores the mean of the fresh ones, 0.5 when
+// none is fresh: its usage is unknown, not zero.
+func free(m *datalayer.Metrics) float64 { return 1 - min(max(m.KVCacheUsage, 0), 1) }
 
 // New makes the scorer; metrics older than staleness mean unknown load.
-func New(name string, staleness time.Duration) *Scorer {
-	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, staleness: staleness}
+func New(name string, staleness time.Duration) *load.Scorer {
+	return load.NewScorer(Type, name, staleness, free, load.Direct)
 }
 
-// Factory makes the scorer; it takes no parameters and reads the staleness
-// threshold from the handle.
-func Factory(name string, raw json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
-	var p struct{}
-	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
-		return nil, err
-	}
-	return New(name, framework.StalenessOf(h)), nil
-}
-
-// TypedName implements plugin.Plugin.
-func (s *Scorer) TypedName() plugin.TypedName { return s.name }
-
-// Category implements framework.Scorer.
-func (s *Scorer) Category() framework.ScorerCategory { return framework.Balance }
-
-// Score implements framework.Scorer.
-func (s *Scorer) Score(_ context.Context, cs *framework.CycleState, _ *request.Request, cands []*datalayer.Candidate, out []float64) {
-	now := cs.Now()
-	for i, c := range cands {
-		if !c.Metrics.Fresh(now, s.staleness) {
-			out[i] = load.Unknown
-			continue
-		}
-		out[i] = 1 - min(max(c.Metrics.KVCacheUsage, 0), 1)
-	}
-	mean, n := load.MeanKnown(out)
-	if n == 0 {
-		mean = 0.5
-	}
-	load.FillUnknown(out, mean)
-}
+// Factory makes the scorer from its (empty) parameters.
+var Factory = load.Factory(Type, free, load.Direct)

@@ -2,61 +2,25 @@
 package queue
 
 import (
-	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/plugin"
-	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/load"
 )
 
 // Type is the plugin's registered type name.
 const Type = "queue-scorer"
 
-// Scorer is the queue-scorer. Scores are min-max normalised
-// over the candidates with fresh metrics: the shortest queue scores 1, the
-// longest 0. A candidate with stale metrics scores the mean of the others
-// (see load.InverseMinMax): its queue is unknown, not empty.
-type Scorer struct {
-	name      plugin.TypedName
-	staleness time.Duration
-}
-
-var _ framework.Scorer = (*Scorer)(nil)
+// Scores are min-max normalised over the candidates with fresh metrics: the
+// shortest queue scores 1, the longest 0. A candidate with stale metrics
+// scores the mean of the others (see load.InverseMinMax): its queue is
+// unknown, not empty.
+func waiting(m *datalayer.Metrics) float64 { return float64(m.WaitingQueueSize) }
 
 // New makes the scorer; metrics older than staleness mean unknown load.
-func New(name string, staleness time.Duration) *Scorer {
-	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, staleness: staleness}
+func New(name string, staleness time.Duration) *load.Scorer {
+	return load.NewScorer(Type, name, staleness, waiting, load.InverseMinMax)
 }
 
-// Factory makes the scorer; it takes no parameters and reads the staleness
-// threshold from the handle.
-func Factory(name string, raw json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
-	var p struct{}
-	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
-		return nil, err
-	}
-	return New(name, framework.StalenessOf(h)), nil
-}
-
-// TypedName implements plugin.Plugin.
-func (s *Scorer) TypedName() plugin.TypedName { return s.name }
-
-// Category implements framework.Scorer.
-func (s *Scorer) Category() framework.ScorerCategory { return framework.Balance }
-
-// Score implements framework.Scorer.
-func (s *Scorer) Score(_ context.Context, cs *framework.CycleState, _ *request.Request, cands []*datalayer.Candidate, out []float64) {
-	now := cs.Now()
-	for i, c := range cands {
-		if !c.Metrics.Fresh(now, s.staleness) {
-			out[i] = load.Unknown
-			continue
-		}
-		out[i] = float64(c.Metrics.WaitingQueueSize)
-	}
-	load.InverseMinMax(out)
-}
+// Factory makes the scorer from its (empty) parameters.
+var Factory = load.Factory(Type, waiting, load.InverseMinMax)
