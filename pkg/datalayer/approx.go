@@ -2,6 +2,7 @@ package datalayer
 
 import (
 	"encoding/binary"
+	"slices"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -53,6 +54,9 @@ func ApproxHashes(dst []uint64, req *request.Request, blockSizeTokens, maxBlocks
 		// could otherwise alias a token prompt of the same bytes.
 		prev ^= 0x9e3779b97f4a7c15
 		toks := req.TokenIDs
+		// Sized once: the count is known, and growing by appends cost
+		// several allocations per request.
+		dst = slices.Grow(dst, min(len(toks)/blockSizeTokens, maxBlocks))
 		for len(toks) >= blockSizeTokens && len(dst) < maxBlocks {
 			block := toks[:blockSizeTokens]
 			if blockSizeTokens <= approxInlineTokens {
@@ -71,6 +75,7 @@ func ApproxHashes(dst []uint64, req *request.Request, blockSizeTokens, maxBlocks
 	}
 	size := blockSizeTokens * ApproxCharsPerToken
 	text := req.Prompt
+	dst = slices.Grow(dst, min(len(text)/size, maxBlocks))
 	for len(text) >= size && len(dst) < maxBlocks {
 		if size <= len(buf)-8 {
 			binary.LittleEndian.PutUint64(buf[:], prev)

@@ -2,6 +2,7 @@ package datalayer
 
 import (
 	"cmp"
+	"iter"
 	"maps"
 	"slices"
 	"sync"
@@ -183,6 +184,19 @@ func (ds *Datastore) List() []*Endpoint {
 	return out
 }
 
+// All yields the endpoints in name order. Unlike List it copies nothing,
+// so the request path can search the pool without allocating.
+func (ds *Datastore) All() iter.Seq[*Endpoint] {
+	s := ds.snap.Load()
+	return func(yield func(*Endpoint) bool) {
+		for _, e := range s.sorted {
+			if !yield(e.ep) {
+				return
+			}
+		}
+	}
+}
+
 // Len returns the number of endpoints.
 func (ds *Datastore) Len() int { return len(ds.snap.Load().sorted) }
 
@@ -227,7 +241,9 @@ func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 	if h := ds.streams.Load(); h != nil {
 		streams = h.s
 	}
-	out := make([]*Candidate, 0, len(s.sorted))
+	// The candidates live in one slab: this runs for every request, and one
+	// allocation per endpoint was most of its cost.
+	slab := make([]Candidate, 0, len(s.sorted))
 	for _, e := range s.sorted {
 		if filter != nil && !filter(e.ep) {
 			continue
@@ -236,7 +252,18 @@ func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 		if streams != nil {
 			state, _ = streams.State(e.ep.Address)
 		}
-		out = append(out, NewCandidate(e.ep, e.loadMetrics(), state))
+		// Filled in place: appending a composite literal builds the large
+		// struct twice and copies it whole.
+		slab = slab[:len(slab)+1]
+		c := &slab[len(slab)-1]
+		c.Endpoint, c.Stream = e.ep, state
+		if m := e.metrics.Load(); m != nil {
+			c.Metrics = *m
+		}
+	}
+	out := make([]*Candidate, len(slab))
+	for i := range slab {
+		out[i] = &slab[i]
 	}
 	return out
 }

@@ -279,3 +279,28 @@ func BenchmarkDatastoreCandidates(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/request")
 	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/request")
 }
+
+func TestDatastoreAllYieldsWhatListReturnsAndStopsWhenTold(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	for _, n := range []string{"c", "a", "b"} {
+		ds.Upsert(ep(n, "10.0.0."+n+":8000"))
+	}
+	var all []*Endpoint
+	for e := range ds.All() {
+		all = append(all, e)
+	}
+	if !slices.Equal(all, ds.List()) {
+		t.Errorf("All yielded %v, List returns %v", all, ds.List())
+	}
+	var first []string
+	for e := range ds.All() {
+		first = append(first, e.Name)
+		if len(first) == 2 {
+			break
+		}
+	}
+	if !slices.Equal(first, []string{"a", "b"}) {
+		t.Errorf("stopping after two yielded %v, want [a b]", first)
+	}
+}

@@ -95,11 +95,22 @@ type Candidate struct {
 	Metrics Metrics
 	Stream  StreamState
 
-	mu    sync.RWMutex
-	attrs map[string]any
+	mu sync.RWMutex
+	// The published values. A request's candidates each carry one to three
+	// keys, so the first few sit in the candidate itself and are found by a
+	// short scan; a map here cost an allocation or two per candidate per
+	// producer on every request. Further keys spill into more.
+	inline  [3]attr
+	ninline int
+	more    []attr
 	// base, when set, is the candidate this one stages writes for: reads
 	// fall through to it, writes stay here until committed (see Graph.Run).
 	base *Candidate
+}
+
+type attr struct {
+	key string
+	v   any
 }
 
 // NewCandidate makes a candidate from an endpoint snapshot.
@@ -110,20 +121,54 @@ func NewCandidate(ep *Endpoint, m Metrics, s StreamState) *Candidate {
 // Put publishes a value under key for this request.
 func (c *Candidate) Put(key string, v any) {
 	c.mu.Lock()
-	if c.attrs == nil {
-		c.attrs = make(map[string]any, 4)
-	}
-	c.attrs[key] = v
+	c.put(key, v)
 	c.mu.Unlock()
 }
 
 // Get returns the value published under key, if any.
 func (c *Candidate) Get(key string) (any, bool) {
 	c.mu.RLock()
-	v, ok := c.attrs[key]
+	v, ok := c.own(key)
 	c.mu.RUnlock()
 	if !ok && c.base != nil {
 		return c.base.Get(key)
 	}
 	return v, ok
+}
+
+// put sets key; c.mu is held for writing.
+func (c *Candidate) put(key string, v any) {
+	if a := c.find(key); a != nil {
+		a.v = v
+		return
+	}
+	if c.ninline < len(c.inline) {
+		c.inline[c.ninline] = attr{key: key, v: v}
+		c.ninline++
+		return
+	}
+	c.more = append(c.more, attr{key: key, v: v})
+}
+
+// own returns what was published in c itself, never in its base; c.mu is
+// held.
+func (c *Candidate) own(key string) (any, bool) {
+	if a := c.find(key); a != nil {
+		return a.v, true
+	}
+	return nil, false
+}
+
+func (c *Candidate) find(key string) *attr {
+	for i := range c.inline[:c.ninline] {
+		if c.inline[i].key == key {
+			return &c.inline[i]
+		}
+	}
+	for i := range c.more {
+		if c.more[i].key == key {
+			return &c.more[i]
+		}
+	}
+	return nil
 }

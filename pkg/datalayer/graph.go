@@ -358,27 +358,43 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	runs := make([]*producerRun, len(g.nodes))
+	// Each producer stages its writes in its own views of the candidates,
+	// and all the views of a run come from one slab: a request has tens of
+	// candidates, so this replaces an allocation per candidate per producer
+	// with one per run. The slab is never reused, because a producer that
+	// misses the deadline may still write into its views after Run returns.
+	nc := len(cands)
+	slab := make([]Candidate, len(g.nodes)*nc)
+	views := make([]*Candidate, len(slab))
+	for k := range slab {
+		c, v := cands[k%nc], &slab[k]
+		v.Endpoint, v.Metrics, v.Stream, v.base = c.Endpoint, c.Metrics, c.Stream, c
+		views[k] = v
+	}
+	runs := make([]producerRun, len(g.nodes))
 	for i := range runs {
-		runs[i] = &producerRun{done: make(chan struct{})}
+		runs[i].done = make(chan struct{})
 	}
 	for i, n := range g.nodes {
-		go g.runNode(ctx, n, runs, i, req, cands)
+		// The capacity is cut so that a producer appending to its slice
+		// cannot write over the next producer's views.
+		staged := views[i*nc : (i+1)*nc : (i+1)*nc]
+		go g.runNode(ctx, n, runs, i, req, cands, staged)
 	}
-	for i, r := range runs {
+	for i := range runs {
 		select {
-		case <-r.done:
+		case <-runs[i].done:
 		case <-ctx.Done():
 			// Close every run that has not committed, so that nothing lands
 			// in cands after Run returns.
-			for _, r := range runs[i:] {
-				r.close(context.Cause(ctx))
+			for k := range runs[i:] {
+				runs[i+k].close(context.Cause(ctx))
 			}
 		}
 	}
 	var errs []error
-	for i, r := range runs {
-		err := r.result()
+	for i := range runs {
+		err := runs[i].result()
 		if err == nil {
 			continue
 		}
@@ -440,7 +456,7 @@ func (r *producerRun) result() error {
 	return r.err
 }
 
-func (g *Graph) runNode(ctx context.Context, n *graphNode, runs []*producerRun, i int, req *request.Request, cands []*Candidate) {
+func (g *Graph) runNode(ctx context.Context, n *graphNode, runs []producerRun, i int, req *request.Request, cands, staged []*Candidate) {
 	for _, d := range n.deps {
 		select {
 		case <-runs[d].done:
@@ -450,15 +466,6 @@ func (g *Graph) runNode(ctx context.Context, n *graphNode, runs []*producerRun, 
 	if ctx.Err() != nil {
 		runs[i].close(context.Cause(ctx))
 		return
-	}
-	// One slab for all the views: a request has tens of candidates, and
-	// this runs for every producer of every request.
-	slab := make([]Candidate, len(cands))
-	staged := make([]*Candidate, len(cands))
-	for k, c := range cands {
-		v := &slab[k]
-		v.Endpoint, v.Metrics, v.Stream, v.base = c.Endpoint, c.Metrics, c.Stream, c
-		staged[k] = v
 	}
 	start := time.Now()
 	err := n.p.Produce(ctx, req, staged)
@@ -484,7 +491,7 @@ func (c *Candidate) commit(staged *Candidate, keys []string) {
 	staged.mu.RLock()
 	defer staged.mu.RUnlock()
 	for _, k := range keys {
-		if v, ok := staged.attrs[k]; ok {
+		if v, ok := staged.own(k); ok {
 			c.Put(k, v)
 		}
 	}

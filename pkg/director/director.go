@@ -246,13 +246,14 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 // servesBaseModel reports whether some endpoint serves model as its base
 // model (or no endpoint says what it serves).
 func (d *Director) servesBaseModel(model string) bool {
-	eps := d.o.Datastore.List()
-	for _, ep := range eps {
+	empty := true
+	for ep := range d.o.Datastore.All() {
 		if ep.Model == model || ep.Model == "" {
 			return true
 		}
+		empty = false
 	}
-	return len(eps) == 0
+	return empty
 }
 
 func subsetFilter(subset []string) func(*datalayer.Endpoint) bool {

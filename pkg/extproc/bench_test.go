@@ -82,7 +82,7 @@ func runLoad(b *testing.B, c *extproctest.Client, bodies [][]byte, workers int, 
 		wg       sync.WaitGroup
 	)
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu := time.Now(), cpuTime()
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -115,7 +115,7 @@ func runLoad(b *testing.B, c *extproctest.Client, bodies [][]byte, workers int, 
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed, used := time.Since(start), cpuTime()-cpu
 	b.StopTimer()
 	if n := failures.Load(); n > 0 {
 		b.Fatalf("%d of %d requests failed", n, b.N)
@@ -127,4 +127,8 @@ func runLoad(b *testing.B, c *extproctest.Client, bodies [][]byte, workers int, 
 	b.ReportMetric(q(0.50), "p50-µs")
 	b.ReportMetric(q(0.99), "p99-µs")
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+	// CPU per request, the load generator's and the fleet's included: on a
+	// shared machine this is steadier than latency, and it is what decides
+	// whether 1000 req/s fits on two cores.
+	b.ReportMetric(float64(used.Microseconds())/float64(b.N), "cpu-µs/req")
 }

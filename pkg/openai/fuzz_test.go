@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -106,9 +107,40 @@ func FuzzSplitObject(f *testing.F) {
 	}
 	f.Add([]byte(`{"a\"b":"x\\\"y","a\u0062":[1,"]",{"}":"\\"}],"e":-1.5e3,"t":true , "n" : null }`))
 	f.Add([]byte(`{"k":"v","k":"w"}`))
+	f.Add([]byte(`{"prompt":[0,1,4294967295],"prompt":[01]}`))
+	f.Add([]byte(`{"prompt":[1 , 2 ,3] , "x":[1e5,-0,0.5E+2,"\u00e9\ud83d"]}`))
+	f.Add([]byte(`{"prompt":[1,2,],"a":[tru]}`))
+	f.Add([]byte("{\"a\":\"\x01\"}"))
 	f.Fuzz(func(t *testing.T, body []byte) {
+		// The validating splitter of the whole body accepts exactly what
+		// encoding/json accepts, reads the same members, and reads a flat
+		// token-id prompt as parseTokenIDs does.
+		valid := json.Valid(body)
+		if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) > 0 && trimmed[0] == '{' {
+			obj, ok, err := splitBody(trimmed)
+			if err != nil || ok != valid {
+				t.Fatalf("splitBody: ok %v, error %v; json.Valid says %v", ok, err, valid)
+			}
+			var members map[string]json.RawMessage
+			if ok && json.Unmarshal(body, &members) == nil {
+				if len(obj.fields) != len(members) {
+					t.Fatalf("splitBody: %d members, encoding/json finds %d", len(obj.fields), len(members))
+				}
+				for k, v := range members {
+					if !bytes.Equal(obj.fields[k], bytes.TrimSpace(v)) {
+						t.Fatalf("splitBody: member %q = %q, encoding/json reads %q", k, obj.fields[k], v)
+					}
+				}
+			}
+			if obj.promptIDs != nil {
+				ids, err := parseTokenIDs(obj.fields["prompt"], "prompt")
+				if err != nil || !slices.Equal(ids, obj.promptIDs) {
+					t.Fatalf("prompt read while validating as %v; parseTokenIDs reads %v, %v", obj.promptIDs, ids, err)
+				}
+			}
+		}
 		var want map[string]json.RawMessage
-		if !json.Valid(body) || json.Unmarshal(body, &want) != nil || want == nil {
+		if !valid || json.Unmarshal(body, &want) != nil || want == nil {
 			return
 		}
 		got, err := splitObject(bytes.TrimSpace(body))

@@ -37,10 +37,11 @@ func ParseRequest(path string, body []byte) (*request.Request, error) {
 		parseOther(req, body)
 		return req, nil
 	}
-	fields, err := objectFields(body)
+	obj, err := objectFields(body)
 	if err != nil {
 		return nil, err
 	}
+	fields := obj.fields
 	if req.Model, err = requiredString(fields, "model"); err != nil {
 		return nil, err
 	}
@@ -51,7 +52,7 @@ func ParseRequest(path string, body []byte) (*request.Request, error) {
 		return nil, err
 	}
 	if req.API == request.APICompletions {
-		err = parseCompletions(req, fields)
+		err = parseCompletions(req, obj)
 	} else {
 		err = parseChat(req, fields)
 	}
@@ -78,10 +79,11 @@ func apiOf(path string) request.API {
 // understood; such requests are routed without a prefix, so a body that is
 // not JSON is not an error.
 func parseOther(req *request.Request, body []byte) {
-	fields, err := objectFields(body)
+	obj, err := objectFields(body)
 	if err != nil {
 		return
 	}
+	fields := obj.fields
 	req.Model, _ = optionalString(fields, "model")
 	req.Stream, _ = optionalBool(fields, "stream", false)
 	req.CacheSalt, _ = optionalString(fields, "cache_salt")
@@ -91,28 +93,29 @@ func parseOther(req *request.Request, body []byte) {
 // its members. Keys are matched exactly, as the model server matches them:
 // encoding/json's struct decoding would also accept "Model" for "model" and
 // so disagree with the server about which field counts.
-func objectFields(body []byte) (map[string]json.RawMessage, error) {
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
+func objectFields(b []byte) (body, error) {
+	trimmed := bytes.TrimLeft(b, " \t\r\n")
 	if len(trimmed) == 0 {
-		return nil, fmt.Errorf("%w: the body is empty; expected a JSON object", ErrBadRequest)
+		return body{}, fmt.Errorf("%w: the body is empty; expected a JSON object", ErrBadRequest)
 	}
 	if trimmed[0] != '{' {
-		return nil, fmt.Errorf("%w: the body is %s; expected a JSON object", ErrBadRequest, describe(trimmed))
+		return body{}, fmt.Errorf("%w: the body is %s; expected a JSON object", ErrBadRequest, describe(trimmed))
 	}
-	if !json.Valid(trimmed) {
+	obj, ok, err := splitBody(trimmed)
+	if err != nil {
+		return body{}, fmt.Errorf("%w: the body is not valid JSON: %v", ErrBadRequest, err)
+	}
+	if !ok {
 		// Decoding again is slow, but only bad requests pay for a precise reason.
 		var v any
 		err := json.Unmarshal(trimmed, &v)
-		return nil, fmt.Errorf("%w: the body is not valid JSON: %v", ErrBadRequest, err)
+		return body{}, fmt.Errorf("%w: the body is not valid JSON: %v", ErrBadRequest, err)
 	}
-	fields, err := splitObject(trimmed)
-	if err != nil {
-		return nil, fmt.Errorf("%w: the body is not valid JSON: %v", ErrBadRequest, err)
-	}
-	return fields, nil
+	return obj, nil
 }
 
-func parseCompletions(req *request.Request, fields map[string]json.RawMessage) error {
+func parseCompletions(req *request.Request, obj body) error {
+	fields := obj.fields
 	var err error
 	if req.AddSpecialTokens, err = optionalBool(fields, "add_special_tokens", true); err != nil {
 		return err
@@ -158,6 +161,8 @@ func parseCompletions(req *request.Request, fields map[string]json.RawMessage) e
 				req.TokenIDs = ids
 			}
 		}
+	case obj.promptIDs != nil:
+		req.TokenIDs = obj.promptIDs
 	default:
 		ids, err := parseTokenIDs(prompt, "prompt")
 		if err != nil {

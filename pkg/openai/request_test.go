@@ -230,6 +230,16 @@ func TestParseRequestRejectsMalformedBodiesWithAReason(t *testing.T) {
 		{"tools that are an object", chat, `{"model":"m","messages":[{"role":"user"}],"tools":{}}`, "tools is an object; expected an array"},
 		{"template kwargs that are an array", chat, `{"model":"m","messages":[{"role":"user"}],"chat_template_kwargs":[]}`, "chat_template_kwargs is an array; expected an object"},
 		{"a chat template that is a boolean", chat, `{"model":"m","messages":[{"role":"user"}],"chat_template":true}`, "chat_template is a boolean; expected a string"},
+		{"a token id with a leading zero", comp, `{"model":"m","prompt":[1,02]}`, "not valid JSON"},
+		{"a trailing comma in the token ids", comp, `{"model":"m","prompt":[1,2,]}`, "not valid JSON"},
+		{"token ids without commas", comp, `{"model":"m","prompt":[1 2]}`, "not valid JSON"},
+		{"bad JSON in the token ids even before a missing model", comp, `{"prompt":[1,2,],"x":1}`, "not valid JSON"},
+		{"bad JSON after the token ids even before an empty model", comp, `{"prompt":[1,2],"model":"","x":tru}`, "not valid JSON"},
+		{"a control character in a string", comp, "{\"model\":\"m\",\"prompt\":\"a\x01\"}", "not valid JSON"},
+		{"a bad escape in a string", comp, `{"model":"m","prompt":"\q"}`, "not valid JSON"},
+		{"a short unicode escape", comp, `{"model":"m","prompt":"\u12"}`, "not valid JSON"},
+		{"a number without digits after its point", comp, `{"model":"m","prompt":"x","temperature":1.}`, "not valid JSON"},
+		{"nesting deeper than encoding/json allows", comp, `{"model":"m","prompt":"x","a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`, "not valid JSON"},
 		{"add_generation_prompt that is a string", chat, `{"model":"m","messages":[{"role":"user"}],"add_generation_prompt":"no"}`, "add_generation_prompt is a string; expected a boolean"},
 	}
 	for _, tt := range tests {
@@ -289,6 +299,7 @@ func BenchmarkParseRequestTokenIDs8k(b *testing.B) {
 	}
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
+	cpu := cpuTime()
 	for b.Loop() {
 		req, err := ParseRequest("/v1/completions", body)
 		if err != nil || len(req.TokenIDs) != len(ids) {
@@ -296,6 +307,7 @@ func BenchmarkParseRequestTokenIDs8k(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ids)), "ns/token")
+	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N*len(ids)), "cpu-ns/token")
 }
 
 func BenchmarkParseRequestChat(b *testing.B) {
@@ -308,9 +320,49 @@ func BenchmarkParseRequestChat(b *testing.B) {
 	}
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
+	cpu := cpuTime()
 	for b.Loop() {
 		if _, err := ParseRequest("/v1/chat/completions", body); err != nil {
 			b.Fatal(err)
 		}
+	}
+	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+func TestParseRequestAcceptsNestingUpToEncodingJSONsLimit(t *testing.T) {
+	t.Parallel()
+	// The body object is one level; 9999 arrays inside it make 10000, the
+	// most encoding/json accepts.
+	body := `{"model":"m","prompt":"x","a":` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `}`
+	if !json.Valid([]byte(body)) {
+		t.Fatal("encoding/json rejects the body; the test no longer probes its limit")
+	}
+	if _, err := ParseRequest("/v1/completions", []byte(body)); err != nil {
+		t.Fatalf("ParseRequest: %v", err)
+	}
+}
+
+func TestParseRequestReadsTheLastOfRepeatedPrompts(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, body string
+		ids        []uint32
+		prompt     string
+	}{
+		{"token ids after a string", `{"model":"m","prompt":"x","prompt":[7, 8]}`, []uint32{7, 8}, ""},
+		{"a string after token ids", `{"model":"m","prompt":[7,8],"prompt":"x"}`, nil, "x"},
+		{"token ids after token ids", `{"model":"m","prompt":[7],"prompt":[0,4294967295]}`, []uint32{0, 4294967295}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			req, err := ParseRequest("/v1/completions", []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(req.TokenIDs, tt.ids) || req.Prompt != tt.prompt {
+				t.Errorf("read ids %v and prompt %q, want %v and %q", req.TokenIDs, req.Prompt, tt.ids, tt.prompt)
+			}
+		})
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"unicode/utf8"
 )
 
-// The request body is validated once with json.Valid; after that its parts
-// are split here without validating them again. Decoding the body into
+// The request body is validated once, as splitBody splits it; after that
+// its parts are split here without validating them again. Decoding the body into
 // nested json.RawMessage values instead rescans each part once per level of
 // nesting, which for a long chat prompt means reading its text five or six
 // times.
@@ -94,19 +94,26 @@ func skipValue(b []byte, i int) int {
 	return i
 }
 
-// skipString returns the index just past the string literal at b[i].
+// skipString returns the index just past the string literal at b[i]. The
+// closing quote is found with bytes.IndexByte, which for a long chat
+// message is several times faster than stopping at every quote and
+// backslash: a quote is escaped exactly when an odd number of backslashes
+// stands before it.
 func skipString(b []byte, i int) int {
-	i++
-	for i < len(b) {
-		j := bytes.IndexAny(b[i:], `"\`)
+	open := i
+	for i++; i < len(b); i++ {
+		j := bytes.IndexByte(b[i:], '"')
 		if j < 0 {
 			return len(b)
 		}
 		i += j
-		if b[i] == '"' {
+		k := i
+		for k > open+1 && b[k-1] == '\\' {
+			k--
+		}
+		if (i-k)%2 == 0 {
 			return i + 1
 		}
-		i += 2 // an escape and the byte it escapes
 	}
 	return len(b)
 }

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -312,8 +313,9 @@ func (b *observedBody) Read(p []byte) (int, error) {
 func (b *observedBody) Close() error { return b.rc.Close() }
 
 // fallbackTransport tries the pick's targets in order, moving on only when
-// a connection to one cannot be made: then nothing of the request has been
-// sent, so it cannot have been served twice.
+// the request cannot have been served: a connection to the target could
+// not be made, or a kept-alive connection turned out to be closed while the
+// request was being written (EPIPE: the target never had all of it).
 type fallbackTransport struct {
 	next http.RoundTripper
 	m    *metrics
@@ -340,10 +342,19 @@ func (t *fallbackTransport) RoundTrip(req *http.Request) (*http.Response, error)
 			return resp, nil
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", target, err))
-		var op *net.OpError
-		if !errors.As(err, &op) || op.Op != "dial" || req.Context().Err() != nil {
+		if !notSent(err) || req.Context().Err() != nil {
 			return nil, fmt.Errorf("forward to %s: %w", target, err)
 		}
 	}
 	return nil, fmt.Errorf("%w: %w", ErrAllTargetsDown, errors.Join(errs...))
+}
+
+// notSent reports whether err shows that a request never fully reached its
+// target, so that sending it elsewhere cannot serve it twice.
+func notSent(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.EPIPE)
 }

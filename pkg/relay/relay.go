@@ -320,11 +320,13 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte) {
 	// process, whose seq started again from 0.
 	switch {
 	case !r.haveLast:
-		r.newInstance(msg.seq)
+		r.newInstance()
+		r.fillHistory(ctx, msg.seq)
 	case msg.seq <= r.last:
 		r.m.restarts.Inc()
 		r.log.Info("engine restarted", "last_seq", r.last, "seq", msg.seq)
-		r.newInstance(msg.seq)
+		r.newInstance()
+		r.fillHistory(ctx, msg.seq)
 	case msg.seq > r.last+1:
 		r.fillGap(ctx, r.last+1, msg.seq)
 	}
@@ -338,14 +340,23 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte) {
 	}
 }
 
-// newInstance starts a new Kv-Instance: the engine is new to the relay. A
-// first seq other than 0 means batches went by before the relay listened.
-func (r *Relay) newInstance(seq uint64) {
+// newInstance starts a new Kv-Instance: the engine is new to the relay.
+func (r *Relay) newInstance() {
 	r.instance = fmt.Sprintf("%s-%d-%d", r.cfg.Pod, r.started.UnixNano(), r.instances)
 	r.instances++
 	r.mirror.Reset(r.instance)
+}
+
+// fillHistory is for the first batch of an instance: a seq other than 0
+// means batches went by before the relay listened (it started or restarted
+// after the engine, or missed the engine's first batches while ZeroMQ
+// connected). They are asked for from the engine's replay ring, from seq
+// 0, so that a relay that starts late still builds a complete mirror while
+// the engine's history fits in the ring; what the ring no longer holds
+// leaves the mirror inexact (Kv-Snapshot-Exact false).
+func (r *Relay) fillHistory(ctx context.Context, seq uint64) {
 	if seq != 0 {
-		r.mirror.MarkInexact()
+		r.fillGap(ctx, 0, seq)
 	}
 }
 

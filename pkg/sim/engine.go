@@ -1,6 +1,7 @@
 // Package sim is a simulated vLLM fleet: engines whose KV caches are real
 // vLLM block pools (pkg/blockpool) and that publish real vLLM-format event
-// batches over NATS with the kvroute headers, and workloads to drive them.
+// batches, over NATS with the kvroute headers or over ZeroMQ as vLLM itself
+// does (or both), and workloads to drive them.
 // The demo and the routing benchmarks run on it.
 package sim
 
@@ -36,9 +37,11 @@ type Engine struct {
 	pool *blockpool.Pool
 	buf  []byte
 	n    uint64
+	zmq  *zmqOut
 }
 
-// NewEngine returns an engine publishing through pub (nil: publish nothing).
+// NewEngine returns an engine publishing through pub (nil: not over NATS;
+// StartZMQ adds vLLM's own ZeroMQ output).
 func NewEngine(cfg EngineConfig, pub *events.Publisher) *Engine {
 	return &Engine{
 		cfg:      cfg,
@@ -94,13 +97,21 @@ func (e *Engine) Usage() float64 {
 // step ends an engine step and publishes its batch, if it has one.
 func (e *Engine) step() error {
 	b, seq, ok := e.pool.Step()
-	if !ok || e.pub == nil {
+	if !ok || (e.pub == nil && e.zmq == nil) {
 		return nil
 	}
 	var err error
 	e.buf, err = events.AppendBatch(e.buf[:0], b, e.cfg.Encoding)
 	if err != nil {
 		return fmt.Errorf("engine %s: encode batch %d: %w", e.cfg.Pod, seq, err)
+	}
+	if e.zmq != nil {
+		if err := e.zmq.send(seq, e.buf); err != nil {
+			return fmt.Errorf("engine %s: %w", e.cfg.Pod, err)
+		}
+	}
+	if e.pub == nil {
+		return nil
 	}
 	o := events.Origin{
 		Stream:    events.Stream{Endpoint: e.cfg.Address, DPRank: e.cfg.Pool.DPRank},

@@ -158,10 +158,13 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		}
 		p.index.Lookup(keys, addrs, matches)
 
+		// Boxed once: converting the slice to an interface for each Put
+		// would allocate a copy of its header per candidate.
+		var sharedKeys any = keys
 		var streamless []int
 		for j, i := range g.members {
 			state, _ := p.index.State(cands[i].Address)
-			cands[i].Put(RequestBlockKeysKey, keys)
+			cands[i].Put(RequestBlockKeysKey, sharedKeys)
 			if state == datalayer.StreamNone {
 				streamless = append(streamless, i)
 				continue
@@ -204,6 +207,7 @@ func (p *Producer) approximate(hashes []uint64, blockSize, total int, members []
 		}
 		p.approx.Match(hashes, addrs, out)
 	}
+	var shared any = hashes // boxed once, as the keys are in Produce
 	for j, i := range members {
 		info := datalayer.PrefixCacheInfo{
 			MatchBlocks:     out[j],
@@ -213,7 +217,7 @@ func (p *Producer) approximate(hashes []uint64, blockSize, total int, members []
 		}
 		info.BlocksByTier[events.TierGPU] = out[j]
 		infos[i] = info
-		cands[i].Put(ApproxHashesKey, hashes)
+		cands[i].Put(ApproxHashesKey, shared)
 	}
 }
 
@@ -223,17 +227,17 @@ func (p *Producer) groups(cands []*datalayer.Candidate) []group {
 	var gs []group
 	for i, c := range cands {
 		bs := p.blockSize(c)
-		found := false
-		for k := range gs {
-			if gs[k].blockSize == bs && gs[k].model == c.Model {
-				gs[k].members = append(gs[k].members, i)
-				found = true
-				break
-			}
+		k := 0
+		for k < len(gs) && (gs[k].blockSize != bs || gs[k].model != c.Model) {
+			k++
 		}
-		if !found {
-			gs = append(gs, group{blockSize: bs, model: c.Model, members: []int{i}})
+		if k == len(gs) {
+			// Room for every candidate left: there is usually one group
+			// holding them all, and growing it one append at a time cost
+			// several allocations per request.
+			gs = append(gs, group{blockSize: bs, model: c.Model, members: make([]int, 0, len(cands)-i)})
 		}
+		gs[k].members = append(gs[k].members, i)
 	}
 	return gs
 }

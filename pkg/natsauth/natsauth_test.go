@@ -1,0 +1,205 @@
+package natsauth
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+func startServer(t *testing.T, o *server.Options) string {
+	t.Helper()
+	o.Host, o.Port, o.NoLog, o.NoSigs = "127.0.0.1", -1, true, true
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if o.TLSConfig != nil {
+		return "tls://" + s.Addr().String()
+	}
+	return "nats://" + s.Addr().String()
+}
+
+func writeFile(t *testing.T, name string, data []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// certs makes a CA, a server certificate for 127.0.0.1 and a client
+// certificate, all signed by the CA, as PEM files.
+type certs struct{ ca, serverCert, serverKey, clientCert, clientKey string }
+
+func makeCerts(t *testing.T) certs {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvroute test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leaf := func(serial int64, usage x509.ExtKeyUsage) (string, string) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "127.0.0.1"},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			KeyUsage: x509.KeyUsageDigitalSignature}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kder, _ := x509.MarshalECPrivateKey(key)
+		return writeFile(t, "cert.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+			writeFile(t, "key.pem", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
+	}
+	var c certs
+	c.ca = writeFile(t, "ca.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}))
+	c.serverCert, c.serverKey = leaf(2, x509.ExtKeyUsageServerAuth)
+	c.clientCert, c.clientKey = leaf(3, x509.ExtKeyUsageClientAuth)
+	return c
+}
+
+func TestEachCredentialConnectsAndItsAbsenceIsRefused(t *testing.T) {
+	nk, _ := nkeys.CreateUser()
+	nkPub, _ := nk.PublicKey()
+	nkSeed, _ := nk.Seed()
+	c := makeCerts(t)
+
+	tests := []struct {
+		name   string
+		server func(t *testing.T) *server.Options
+		cfg    func(t *testing.T) Config
+	}{
+		{"user and password", func(*testing.T) *server.Options {
+			return &server.Options{Users: []*server.User{{Username: "epp", Password: "pw"}}}
+		}, func(*testing.T) Config { return Config{User: "epp", Password: "pw"} }},
+		{"a token", func(*testing.T) *server.Options {
+			return &server.Options{Authorization: "s3cret"}
+		}, func(*testing.T) Config { return Config{Token: "s3cret"} }},
+		{"an nkey seed file", func(*testing.T) *server.Options {
+			return &server.Options{Nkeys: []*server.NkeyUser{{Nkey: nkPub}}}
+		}, func(t *testing.T) Config { return Config{NKeySeedFile: writeFile(t, "user.nk", nkSeed)} }},
+		{"a creds file under an operator", nil, nil},
+		{"TLS with a CA and a client certificate", func(t *testing.T) *server.Options {
+			tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: c.serverCert, KeyFile: c.serverKey, CaFile: c.ca, Verify: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &server.Options{TLSConfig: tc, TLSVerify: true, TLSTimeout: 2}
+		}, func(*testing.T) Config { return Config{CAFile: c.ca, CertFile: c.clientCert, KeyFile: c.clientKey} }},
+	}
+	// The creds case needs an operator, an account and a user signed in
+	// turn, as nsc would make them.
+	tests[3].server, tests[3].cfg = operatorServer()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			url := startServer(t, tt.server(t))
+			opts, err := tt.cfg(t).Options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			nc, err := nats.Connect(url, append(opts, nats.Timeout(5*time.Second))...)
+			if err != nil {
+				t.Fatalf("connect with credentials: %v", err)
+			}
+			if err := nc.Publish("kv.events.x", nil); err != nil {
+				t.Error(err)
+			}
+			nc.Close()
+			// Without them the server refuses; TLS alone still needs the CA.
+			var bare []nats.Option
+			if tt.cfg(t).CAFile != "" {
+				bare = append(bare, nats.RootCAs(c.ca))
+			}
+			if nc, err := nats.Connect(url, append(bare, nats.Timeout(2*time.Second))...); err == nil {
+				nc.Close()
+				t.Fatal("connected without credentials")
+			}
+		})
+	}
+}
+
+func operatorServer() (func(*testing.T) *server.Options, func(*testing.T) Config) {
+	var creds []byte
+	srv := func(t *testing.T) *server.Options {
+		op, _ := nkeys.CreateOperator()
+		opPub, _ := op.PublicKey()
+		oc := jwt.NewOperatorClaims(opPub)
+		acc, _ := nkeys.CreateAccount()
+		accPub, _ := acc.PublicKey()
+		ac := jwt.NewAccountClaims(accPub)
+		accJWT, err := ac.Encode(op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		user, _ := nkeys.CreateUser()
+		userPub, _ := user.PublicKey()
+		uc := jwt.NewUserClaims(userPub)
+		uc.IssuerAccount = accPub
+		userJWT, err := uc.Encode(acc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seed, _ := user.Seed()
+		if creds, err = jwt.FormatUserConfig(userJWT, seed); err != nil {
+			t.Fatal(err)
+		}
+		res := &server.MemAccResolver{}
+		if err := res.Store(accPub, accJWT); err != nil {
+			t.Fatal(err)
+		}
+		return &server.Options{TrustedOperators: []*jwt.OperatorClaims{oc}, AccountResolver: res}
+	}
+	cfg := func(t *testing.T) Config { return Config{CredsFile: writeFile(t, "user.creds", creds)} }
+	return srv, cfg
+}
+
+func TestOptionsRefuseMistakes(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"two ways to authenticate", Config{User: "a", Password: "b", Token: "c"}},
+		{"a password without a user", Config{Password: "b"}},
+		{"half a client certificate", Config{CertFile: "cert.pem"}},
+		{"an nkey seed file that is not there", Config{NKeySeedFile: "/nonexistent/seed"}},
+		{"a creds file that is not there", Config{CredsFile: "/nonexistent/creds"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if _, err := tt.cfg.Options(); !errors.Is(err, ErrConfig) {
+				t.Errorf("err = %v, want ErrConfig", err)
+			}
+		})
+	}
+	if opts, err := (Config{}).Options(); err != nil || len(opts) != 0 {
+		t.Errorf("zero Config = %d options, %v; want none", len(opts), err)
+	}
+}

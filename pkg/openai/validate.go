@@ -1,0 +1,284 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+)
+
+// The body is validated in the same pass that splits it into members, by
+// the checker below, which accepts exactly what encoding/json accepts
+// (FuzzSplitObject holds the two together). A separate json.Valid pass
+// cost more than everything else ParseRequest does: it steps a state
+// machine through a function call per byte, over a body that for an
+// 8k-token prompt is 50 KB of digits and commas.
+
+// maxDepth is encoding/json's limit on nesting; deeper input is invalid to
+// it, and so it is here.
+const maxDepth = 10000
+
+// body is a request body split into its members.
+type body struct {
+	fields map[string]json.RawMessage
+	// promptIDs is the prompt member read as token ids, set only when the
+	// prompt is a flat array of them. The ids are read while validating,
+	// so that the body's largest part is scanned once, not twice.
+	promptIDs []uint32
+}
+
+// splitBody checks that b, which starts with '{', is exactly one valid JSON
+// object (with only whitespace after it) and returns its members. A key
+// given twice keeps its last value, as with encoding/json. ok is false when
+// b is not valid JSON.
+func splitBody(b []byte) (out body, ok bool, err error) {
+	out.fields = make(map[string]json.RawMessage, 8)
+	i := skipSpace(b, 1)
+	if i < len(b) && b[i] == '}' {
+		return out, skipSpace(b, i+1) == len(b), nil
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return out, false, nil
+		}
+		keyEnd, ok := validString(b, i)
+		if !ok {
+			return out, false, nil
+		}
+		key, err := stringValue(b[i:keyEnd])
+		if err != nil {
+			return out, false, err
+		}
+		i = skipSpace(b, keyEnd)
+		if i >= len(b) || b[i] != ':' {
+			return out, false, nil
+		}
+		i = skipSpace(b, i+1)
+		start := i
+		var ids []uint32
+		if key == "prompt" && i < len(b) && b[i] == '[' {
+			ids, i, ok = scanTokenIDs(b, i)
+		} else {
+			ok = false
+		}
+		if !ok {
+			// Not a flat array of token ids: validated as any value, and
+			// read later by whatever reads the member.
+			if i, ok = validValue(b, start, 1); !ok {
+				return out, false, nil
+			}
+		}
+		out.fields[key] = b[start:i:i]
+		if key == "prompt" {
+			out.promptIDs = ids
+		}
+		i = skipSpace(b, i)
+		switch {
+		case i < len(b) && b[i] == ',':
+			i = skipSpace(b, i+1)
+		case i < len(b) && b[i] == '}':
+			return out, skipSpace(b, i+1) == len(b), nil
+		default:
+			return out, false, nil
+		}
+	}
+}
+
+// scanTokenIDs reads the array at b[i] when it is valid JSON made only of
+// integers from 0 to MaxUint32, and returns the ids and the index just
+// past the array. ok is false for anything else, empty arrays included; the
+// caller then validates the array as any value, and parseTokenIDs says what
+// is wrong with it.
+func scanTokenIDs(b []byte, i int) (ids []uint32, end int, ok bool) {
+	i = skipSpace(b, i+1)
+	if i >= len(b) || b[i] == ']' {
+		return nil, i, false
+	}
+	// A flat array ends at the first ']', and its commas then give the
+	// count exactly; counting them is far cheaper than growing the slice.
+	last := bytes.IndexByte(b[i:], ']')
+	if last < 0 {
+		return nil, i, false
+	}
+	ids = make([]uint32, 0, bytes.Count(b[i:i+last], []byte{','})+1)
+	for {
+		start := i
+		var v uint64
+		// This loop is where ParseRequest spends most of its time, so the
+		// range is checked once per id, not per digit: ten digits cannot
+		// overflow a uint64.
+		for i < len(b) && b[i]-'0' <= 9 {
+			v = v*10 + uint64(b[i]-'0')
+			i++
+		}
+		if n := i - start; n == 0 || n > 10 || v > math.MaxUint32 || (b[start] == '0' && n > 1) {
+			return nil, i, false
+		}
+		ids = append(ids, uint32(v))
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return nil, i, false
+		}
+		switch b[i] {
+		case ']':
+			return ids, i + 1, true
+		case ',':
+			i = skipSpace(b, i+1)
+		default:
+			// A fraction, an exponent or anything else.
+			return nil, i, false
+		}
+	}
+}
+
+// validValue returns the index just past the valid JSON value at b[i],
+// or false; depth is how many containers hold the value.
+func validValue(b []byte, i, depth int) (int, bool) {
+	if i >= len(b) {
+		return i, false
+	}
+	switch c := b[i]; {
+	case c == '"':
+		return validString(b, i)
+	case c == '{', c == '[':
+		return validContainer(b, i, depth+1)
+	case c == '-' || (c >= '0' && c <= '9'):
+		return validNumber(b, i)
+	case c == 't':
+		return validLiteral(b, i, "true")
+	case c == 'f':
+		return validLiteral(b, i, "false")
+	case c == 'n':
+		return validLiteral(b, i, "null")
+	}
+	return i, false
+}
+
+// validContainer checks the object or array at b[i].
+func validContainer(b []byte, i, depth int) (int, bool) {
+	if depth > maxDepth {
+		return i, false
+	}
+	isObject := b[i] == '{'
+	closer := byte(']')
+	if isObject {
+		closer = '}'
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == closer {
+		return i + 1, true
+	}
+	for {
+		var ok bool
+		if isObject {
+			if i >= len(b) || b[i] != '"' {
+				return i, false
+			}
+			if i, ok = validString(b, i); !ok {
+				return i, false
+			}
+			i = skipSpace(b, i)
+			if i >= len(b) || b[i] != ':' {
+				return i, false
+			}
+			i = skipSpace(b, i+1)
+		}
+		if i, ok = validValue(b, i, depth); !ok {
+			return i, false
+		}
+		i = skipSpace(b, i)
+		switch {
+		case i < len(b) && b[i] == ',':
+			i = skipSpace(b, i+1)
+		case i < len(b) && b[i] == closer:
+			return i + 1, true
+		default:
+			return i, false
+		}
+	}
+}
+
+// validString checks the string literal at b[i]. Bytes that are not valid
+// UTF-8 are allowed, as encoding/json allows them; control characters are
+// not.
+func validString(b []byte, i int) (int, bool) {
+	for i++; i < len(b); {
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1, true
+		case c == '\\':
+			if i+1 >= len(b) {
+				return i, false
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+					return i, false
+				}
+				i += 6
+			default:
+				return i, false
+			}
+		case c < 0x20:
+			return i, false
+		default:
+			i++
+		}
+	}
+	return i, false
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// validNumber checks the number at b[i]: an optional minus, an integer part
+// without leading zeros, an optional fraction and an optional exponent.
+// What follows it is for the caller to check.
+func validNumber(b []byte, i int) (int, bool) {
+	if b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		i = skipDigits(b, i)
+	default:
+		return i, false
+	}
+	if i < len(b) && b[i] == '.' {
+		j := skipDigits(b, i+1)
+		if j == i+1 {
+			return j, false
+		}
+		i = j
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		j := skipDigits(b, i)
+		if j == i {
+			return j, false
+		}
+		i = j
+	}
+	return i, true
+}
+
+func skipDigits(b []byte, i int) int {
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+func validLiteral(b []byte, i int, lit string) (int, bool) {
+	if len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit {
+		return i + len(lit), true
+	}
+	return i, false
+}
