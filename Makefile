@@ -7,13 +7,13 @@ BENCH    ?= .
 BENCHTIME ?= 1s
 FUZZTIME ?= 10s
 
-.PHONY: run test test-interop bench fuzz-smoke lint help
+.PHONY: run test test-interop bench bench-routing fuzz-smoke lint help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-run: ## run the EPP side on an embedded NATS server with a simulated fleet
-	$(GO) run ./cmd/epp --demo
+run: ## kvroute against random routing on a small simulated fleet (ARGS=--serve keeps it up)
+	$(GO) run ./cmd/kvsim demo $(ARGS)
 
 test: lint ## vet, gofmt check, and every test with the race detector
 	$(GO) test -race -count=1 $(PKGS)
@@ -23,6 +23,9 @@ test-interop: ## the relay against vLLM's own transport library (needs libzmq3-d
 
 bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~9 min)
+	$(GO) run ./cmd/kvsim bench
 
 fuzz-smoke: ## run each fuzz target briefly (FUZZTIME each)
 	./scripts/fuzz-smoke.sh $(FUZZTIME)

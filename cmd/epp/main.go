@@ -12,12 +12,18 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/demo"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/k8s"
+	"github.com/kvroute/kvroute/pkg/natsauth"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
 func main() {
@@ -31,18 +37,34 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
 	var (
 		o            epp.Options
+		kubeOn       bool
+		kso          k8s.SourceOptions
 		demoOn       bool
 		demoEngines  int
 		demoDuration time.Duration
 		scrapeEvery  time.Duration
 		logLevel     string
+		auth         natsauth.Config
+		recoveryOn   bool
 	)
 	fs.StringVar(&o.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS server to consume KV events from; empty starts an embedded server")
 	fs.StringVar(&o.EmbeddedNATSAddr, "embedded-nats-addr", "127.0.0.1:4222", "client address of the embedded NATS server")
 	fs.StringVar(&o.Pool, "pool-name", "demo", "the InferencePool whose events are consumed")
 	fs.StringVar(&o.Namespace, "pool-namespace", envOr("NAMESPACE", "default"), "the pool's namespace")
-	fs.BoolVar(&o.JetStream, "jetstream", false, "consume through a JetStream ordered consumer instead of core NATS")
+	fs.BoolVar(&o.JetStream, "jetstream", false, "consume through a JetStream ordered consumer on a bounded stream (created if missing), so that a restarted EPP replays what it retains")
+	auth.RegisterFlags(fs)
+	fs.BoolVar(&recoveryOn, "recovery", true, "resynchronise uncertain streams from their relays' snapshots")
+	fs.DurationVar(&o.Recovery.Timeout, "recovery-timeout", 10*time.Second, "bound on one snapshot, request to last chunk")
+	fs.IntVar(&o.Recovery.MaxHeldBatches, "recovery-max-held-batches", 4096, "live batches held back per stream while its snapshot is awaited")
+	fs.IntVar(&o.Recovery.Concurrency, "recovery-concurrency", 4, "snapshots in flight at once")
+	fs.DurationVar(&o.Recovery.MaxBackoff, "recovery-max-backoff", 30*time.Second, "longest wait before a failed resync is tried again")
 	fs.StringVar(&o.EndpointsFile, "endpoints-file", "", "static endpoints YAML, reloaded when it changes")
+	fs.BoolVar(&kubeOn, "kubernetes", false, "discover endpoints from the Kubernetes API: the InferencePool --pool-name, or the pods --endpoint-selector picks")
+	fs.StringVar(&kso.PoolGroup, "pool-group", "inference.networking.k8s.io", "the InferencePool's API group")
+	fs.StringVar(&kso.Selector, "endpoint-selector", "", "standalone mode, without the InferencePool CRD: label selector of the model-server pods (implies --kubernetes)")
+	fs.StringVar(&kso.TargetPorts, "endpoint-target-ports", "", "standalone mode: comma-separated serving ports of each selected pod")
+	fs.StringVar(&kso.DefaultModel, "default-model", "", "model served by pods without the kvroute.io/model annotation")
+	fs.BoolVar(&kso.LeaderElection, "ha-enable-leader-election", false, "elect one replica through a Lease in the pool's namespace; every replica still serves picks")
 	fs.BoolVar(&o.Scrape, "scrape-metrics", true, "scrape each endpoint's /metrics")
 	fs.DurationVar(&scrapeEvery, "refresh-metrics-interval", 50*time.Millisecond, "interval between scrapes of an endpoint's metrics")
 	fs.StringVar(&o.HTTPAddr, "http-addr", ":9090", "address of /metrics, /healthz, /readyz and /debug/prefix (upstream's --metrics-port)")
@@ -53,6 +75,9 @@ func run(args []string) error {
 	fs.StringVar(&o.RequestPath.ProxyAddr, "proxy-addr", "", "address of the OpenAI-compatible standalone proxy; empty disables it")
 	fs.IntVar(&o.RequestPath.MaxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted")
 	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", true, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
+	var tokenizers modelPaths
+	fs.Var(&tokenizers, "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the tokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
+	fs.IntVar(&o.RequestPath.TokenizerDriftEvery, "tokenizer-drift-every", tokenizer.DefaultDriftEvery, "compare one in this many local tokenizations with the model server's /tokenize; negative disables")
 	fs.DurationVar(&o.RequestPath.TokenizeTimeout, "tokenize-timeout", 200*time.Millisecond, "bound on one /tokenize round trip; past it the request is routed approximately")
 	fs.StringVar(&o.ConfigFile, "config-file", "", "EndpointPickerConfig YAML file")
 	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
@@ -72,11 +97,29 @@ func run(args []string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	o.NoRecovery = !recoveryOn
+	natsOpts, err := auth.Options()
+	if err != nil {
+		return err
+	}
+	o.NATSOptions = natsOpts
 	o.ScrapeOptions = datalayer.ScrapeOptions{Interval: scrapeEvery}
+	kubeOn = kubeOn || kso.Selector != ""
+	if kubeOn {
+		o.Discovery = func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (epp.Discovery, error) {
+			kso.Namespace, kso.Pool = o.Namespace, o.Pool
+			return k8s.NewSource(kso, ds, reg, logger)
+		}
+	}
 	o.RequestPath.Plaintext = !*secure
 	if *certPath != "" {
 		o.RequestPath.CertFile = filepath.Join(*certPath, "tls.crt")
 		o.RequestPath.KeyFile = filepath.Join(*certPath, "tls.key")
+	}
+	if len(tokenizers) > 0 {
+		if o.RequestPath.Tokenizers, err = tokenizer.LoadModels(tokenizers, tokenizer.Options{}); err != nil {
+			return fmt.Errorf("--tokenizer: %w", err)
+		}
 	}
 	if demoOn {
 		// The demo's engines are in-process: there is no /metrics to scrape
@@ -114,4 +157,14 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// modelPaths collects repeated --tokenizer MODEL=PATH flags.
+type modelPaths []string
+
+func (m *modelPaths) String() string { return strings.Join(*m, ",") }
+
+func (m *modelPaths) Set(v string) error {
+	*m = append(*m, v)
+	return nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/natsembed"
 	"github.com/kvroute/kvroute/pkg/proxy"
+	"github.com/kvroute/kvroute/pkg/recovery"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 )
@@ -40,7 +41,8 @@ type Options struct {
 	// EmbeddedNATSAddr is the embedded server's client address (default
 	// 127.0.0.1:4222; port 0 picks a free one).
 	EmbeddedNATSAddr string
-	// NATSOptions are extra client options (credentials, TLS).
+	// NATSOptions are extra client options (credentials, TLS; see
+	// natsauth.Config.Options).
 	NATSOptions []nats.Option
 
 	// Namespace and Pool name the InferencePool whose events are consumed.
@@ -69,6 +71,13 @@ type Options struct {
 	// (default 400ms).
 	PrepareDataTimeout time.Duration
 
+	// Recovery tunes the resynchronisation of uncertain streams from their
+	// relays' snapshots (docs/snapshot.md); Namespace, Pool and Pod are
+	// filled in. NoRecovery leaves uncertain streams approximate until
+	// their engines restart.
+	Recovery   recovery.Options
+	NoRecovery bool
+
 	Index datalayer.IndexOptions
 	// ApproxCapacity is blocks remembered per endpoint by the fallback.
 	ApproxCapacity int
@@ -76,6 +85,12 @@ type Options struct {
 
 	// RequestPath says how requests reach the EPP.
 	RequestPath RequestPathOptions
+
+	// Discovery, when set, makes an endpoint discovery source that writes
+	// to the EPP's datastore (Kubernetes discovery: see cmd/epp); it runs
+	// with the EPP, and readiness waits for its first sync. A factory keeps
+	// this package, and every binary built on it, free of client-go.
+	Discovery func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (Discovery, error)
 
 	// EnablePprof serves /debug/pprof on HTTPAddr.
 	EnablePprof bool
@@ -93,19 +108,21 @@ type EPP struct {
 	logger *slog.Logger
 	reg    *prometheus.Registry
 
-	nats     *natsembed.Server
-	nc       *nats.Conn
-	ds       *datalayer.Datastore
-	index    *datalayer.Index
-	approx   *datalayer.ApproxIndex
-	consumer *events.Consumer
-	scraper  *datalayer.Scraper
-	producer *preciseprefix.Producer
-	graph    *datalayer.Graph
-	sched    *scheduling.Scheduler
-	director *director.Director
-	extproc  *extproc.Server
-	proxy    *proxy.Server
+	nats      *natsembed.Server
+	nc        *nats.Conn
+	ds        *datalayer.Datastore
+	index     *datalayer.Index
+	approx    *datalayer.ApproxIndex
+	consumer  *events.Consumer
+	recovery  *recovery.Recovery
+	scraper   *datalayer.Scraper
+	producer  *preciseprefix.Producer
+	graph     *datalayer.Graph
+	sched     *scheduling.Scheduler
+	director  *director.Director
+	extproc   *extproc.Server
+	proxy     *proxy.Server
+	discovery Discovery
 
 	httpLn  net.Listener
 	httpSrv *http.Server
@@ -137,19 +154,54 @@ func New(opts Options) (*EPP, error) {
 
 	e.ds = datalayer.NewDatastore(e.reg)
 	idxOpts := opts.Index
+	if !opts.NoRecovery {
+		// The index reports parents it never saw; recovery resyncs those
+		// streams. e.recovery is set before any event can arrive (Run).
+		next := idxOpts.OnUncertain
+		idxOpts.OnUncertain = func(s events.Stream, r events.Reason) {
+			if next != nil {
+				next(s, r)
+			}
+			e.recovery.OnUncertain(s, r)
+		}
+	}
 	e.index = datalayer.NewIndex(idxOpts, e.reg)
 	e.approx = datalayer.NewApproxIndex(opts.ApproxCapacity, e.reg)
 	e.ds.SetStreamStates(e.index)
+	var sink events.Sink = e.index
+	if !opts.NoRecovery {
+		ro := opts.Recovery
+		ro.Namespace, ro.Pool, ro.Pod = opts.Namespace, opts.Pool, e.podOf
+		if ro.Logger == nil {
+			ro.Logger = e.logger
+		}
+		var err error
+		if e.recovery, err = recovery.New(ro, e.index, e.nc, e.reg); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("epp: %w", err)
+		}
+		sink = e.recovery
+	}
 	e.ds.OnChange(func(added, removed []*datalayer.Endpoint) {
 		for _, ep := range removed {
+			if e.recovery != nil {
+				e.recovery.RemoveEndpoint(ep.Address)
+			}
 			e.index.RemoveEndpoint(ep.Address)
 			e.approx.RemoveEndpoint(ep.Address)
 		}
 		for _, ep := range added {
 			e.index.AddEndpoint(ep.Address)
+			if e.recovery != nil {
+				e.recovery.AddEndpoint(ep.Address)
+			}
 		}
 	})
 	e.producer = preciseprefix.New("", opts.Prefix, e.index, e.approx)
+	if err := e.setupDiscovery(); err != nil {
+		e.Close()
+		return nil, err
+	}
 	if err := e.buildScheduling(); err != nil {
 		e.Close()
 		return nil, err
@@ -167,7 +219,7 @@ func New(opts Options) (*EPP, error) {
 		}
 	}
 	var err error
-	e.consumer, err = events.NewConsumer(e.nc, co, e.index, e.reg)
+	e.consumer, err = events.NewConsumer(e.nc, co, sink, e.reg)
 	if err != nil {
 		e.Close()
 		return nil, fmt.Errorf("epp: %w", err)
@@ -300,6 +352,23 @@ func (e *EPP) buildScheduling() error {
 	return err
 }
 
+// podOf is the pod discovery names for the endpoint at addr: the subject
+// its relay answers snapshot requests on.
+func (e *EPP) podOf(addr string) (string, bool) {
+	for _, ep := range e.ds.List() {
+		if ep.Address == addr {
+			if ep.Pod != "" {
+				return ep.Pod, true
+			}
+			return ep.Name, true
+		}
+	}
+	return "", false
+}
+
+// Recovery resynchronises uncertain streams; nil with NoRecovery.
+func (e *EPP) Recovery() *recovery.Recovery { return e.recovery }
+
 // Director runs the request path: parse, tokenize, PrepareData, schedule.
 func (e *EPP) Director() *director.Director { return e.director }
 
@@ -308,6 +377,25 @@ func (e *EPP) NATSURL() string { return e.nc.ConnectedUrl() }
 
 // HTTPAddr is the address the HTTP server listens on.
 func (e *EPP) HTTPAddr() string { return e.httpLn.Addr().String() }
+
+// Discovery is an endpoint discovery source that runs with the EPP.
+type Discovery interface {
+	Run(ctx context.Context) error
+	// Synced reports whether the source has read its first full state.
+	Synced() bool
+}
+
+func (e *EPP) setupDiscovery() error {
+	if e.opts.Discovery == nil {
+		return nil
+	}
+	d, err := e.opts.Discovery(e.ds, e.reg, e.logger)
+	if err != nil {
+		return fmt.Errorf("epp: discovery: %w", err)
+	}
+	e.discovery = d
+	return nil
+}
 
 // Namespace and Pool name the pool whose events the EPP consumes.
 func (e *EPP) Namespace() string { return e.opts.Namespace }
@@ -329,7 +417,9 @@ func (e *EPP) Registry() *prometheus.Registry { return e.reg }
 
 // Ready reports whether the EPP can answer picks: it knows endpoints and
 // its event consumer is connected.
-func (e *EPP) Ready() bool { return e.ds.Len() > 0 && e.consumer.Connected() }
+func (e *EPP) Ready() bool {
+	return e.ds.Len() > 0 && e.consumer.Connected() && (e.discovery == nil || e.discovery.Synced())
+}
 
 // Run runs every component until ctx is done, then shuts them down and
 // releases what New acquired. It returns the first component error, if any.
@@ -355,6 +445,9 @@ func (e *EPP) Run(ctx context.Context) error {
 	}
 
 	goRun(func() error { return e.consumer.Run(ctx) })
+	if e.recovery != nil {
+		goRun(func() error { return e.recovery.Run(ctx) })
+	}
 	goRun(func() error { e.index.Run(ctx, time.Second); return nil })
 	if e.scraper != nil {
 		goRun(func() error { e.scraper.Run(ctx); return nil })
@@ -363,6 +456,9 @@ func (e *EPP) Run(ctx context.Context) error {
 		goRun(func() error { return datalayer.WatchStaticFile(ctx, e.opts.EndpointsFile, e.ds, e.logger) })
 	}
 	e.runRequestPath(ctx, goRun)
+	if e.discovery != nil {
+		goRun(func() error { return e.discovery.Run(ctx) })
+	}
 	goRun(func() error {
 		if err := e.httpSrv.Serve(e.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("epp: HTTP server: %w", err)

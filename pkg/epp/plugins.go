@@ -71,3 +71,9 @@ func (s *speculator) Speculate(addr string, keys []uint64) {
 	s.index.Speculate(addr, keys)
 	s.approx.Record(addr, keys[:min(len(keys), s.maxApprox)])
 }
+
+// RecordHistory remembers a pick made from text hashes alone (the token ids
+// were unknown), which only the approximate index can use.
+func (s *speculator) RecordHistory(addr string, hashes []uint64) {
+	s.approx.Record(addr, hashes)
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/proxy"
 	"github.com/kvroute/kvroute/pkg/tokenize"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
 // RequestPathOptions configure how requests reach the EPP: Envoy's ext_proc
@@ -33,6 +34,12 @@ type RequestPathOptions struct {
 	// requests that carry text, so that their prefix answers are exact.
 	Tokenize        bool
 	TokenizeTimeout time.Duration
+	// Tokenizers tokenize the requests of their models in process, with
+	// the /tokenize above as the fallback and the reference of a sampled
+	// drift check (one request in TokenizerDriftEvery; 0 means the
+	// default, negative disables it).
+	Tokenizers          map[string]*tokenizer.Tokenizer
+	TokenizerDriftEvery int
 }
 
 // tokenizeEndpoint chooses the model server that tokenizes for model: the
@@ -67,13 +74,22 @@ func contains(xs []string, s string) bool {
 
 // newTokenizer is the request path's tokenizer, nil when disabled.
 func (e *EPP) newTokenizer() tokenize.Tokenizer {
-	if !e.opts.RequestPath.Tokenize {
-		return nil
+	var remote tokenize.Tokenizer
+	if e.opts.RequestPath.Tokenize {
+		remote = tokenize.NewRemote(tokenize.RemoteOptions{
+			Endpoint: tokenizeEndpoint(e.ds),
+			Timeout:  e.opts.RequestPath.TokenizeTimeout,
+			Logger:   e.logger,
+		}, e.reg)
 	}
-	return tokenize.NewRemote(tokenize.RemoteOptions{
-		Endpoint: tokenizeEndpoint(e.ds),
-		Timeout:  e.opts.RequestPath.TokenizeTimeout,
-		Logger:   e.logger,
+	if len(e.opts.RequestPath.Tokenizers) == 0 {
+		return remote
+	}
+	return tokenizer.NewLocal(tokenizer.LocalOptions{
+		Tokenizers: e.opts.RequestPath.Tokenizers,
+		Fallback:   remote,
+		DriftEvery: e.opts.RequestPath.TokenizerDriftEvery,
+		Logger:     e.logger,
 	}, e.reg)
 }
 

@@ -18,6 +18,17 @@ const DefaultMetricsStaleness = 2 * time.Second
 // so that a post-pick hook can record speculative holdings for them.
 const RequestBlockKeysKey = "RequestBlockKeysKey"
 
+// ApproxHashesKey is the key under which a PrepareData producer publishes
+// the request's approximate (routing-history) hashes, a []uint64, when its
+// token ids are unknown and only the text could be hashed.
+const ApproxHashesKey = "ApproxPrefixHashesKey"
+
+// HistoryRecorder is implemented by a Speculator that also keeps a routing
+// history of text hashes, for requests whose token ids are unknown.
+type HistoryRecorder interface {
+	RecordHistory(addr string, hashes []uint64)
+}
+
 // Speculator records that an endpoint will soon hold blocks: after a pick,
 // the picked endpoint is about to compute the request's prefix, so requests
 // arriving before its KV events can already be sent there.

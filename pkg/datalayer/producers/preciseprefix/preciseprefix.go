@@ -183,8 +183,10 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 			}
 		}
 		if len(streamless) > 0 {
-			hashes := datalayer.ApproxHashes(nil, req, g.blockSize, p.params.ApproxMaxBlocks)
-			p.approximate(hashes, g.blockSize, total, streamless, cands, infos)
+			// The routing history remembers picks by these same block keys
+			// (the speculative recorder records them), so they are what it
+			// is asked about.
+			p.approximate(keys[:min(len(keys), p.params.ApproxMaxBlocks)], g.blockSize, total, streamless, cands, infos)
 		}
 	}
 	for i, c := range cands {

@@ -63,11 +63,19 @@ func (r *Recorder) PostPick(_ context.Context, _ *framework.CycleState, req *req
 		return
 	}
 	primary := res.Picked[0]
-	v, ok := primary.Get(framework.RequestBlockKeysKey)
-	if !ok {
-		return
+	if v, ok := primary.Get(framework.RequestBlockKeysKey); ok {
+		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
+			r.spec.Speculate(primary.Address, keys)
+			return
+		}
 	}
-	if keys, ok := v.([]uint64); ok && len(keys) > 0 {
-		r.spec.Speculate(primary.Address, keys)
+	// Without token ids there are no block keys, only the text's hashes:
+	// they can teach a routing history, if the speculator keeps one.
+	if h, ok := r.spec.(framework.HistoryRecorder); ok {
+		if v, ok := primary.Get(framework.ApproxHashesKey); ok {
+			if hashes, ok := v.([]uint64); ok && len(hashes) > 0 {
+				h.RecordHistory(primary.Address, hashes)
+			}
+		}
 	}
 }

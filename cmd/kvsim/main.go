@@ -1,0 +1,274 @@
+// Command kvsim is a simulated vLLM fleet and the routing benchmark.
+//
+//	kvsim demo  [--serve]   kvroute against random routing on a small fleet (make run)
+//	kvsim serve             a fleet with vLLM's HTTP API, publishing KV events
+//	kvsim bench             the routing benchmark (make bench-routing)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/loadgen"
+	"github.com/kvroute/kvroute/pkg/natsembed"
+	"github.com/kvroute/kvroute/pkg/sim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "kvsim:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: kvsim <command> [flags]
+  demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
+  serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
+  bench   the routing benchmark; writes docs/routing-benchmark.md and its plots`
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	switch args[0] {
+	case "demo":
+		return demo(ctx, args[1:])
+	case "serve":
+		return serve(ctx, args[1:])
+	case "bench":
+		return bench(ctx, args[1:])
+	default:
+		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+	}
+}
+
+// fleetFlags are the flags every command shares.
+type fleetFlags struct {
+	engines, blockSize, gpuBlocks, cpuBlocks, maxSeqs int
+	prefill, load, decode                             time.Duration
+	encoding, model                                   string
+}
+
+func (f *fleetFlags) register(fs *flag.FlagSet, engines, gpuBlocks int) {
+	t := sim.DefaultTiming()
+	fs.IntVar(&f.engines, "engines", engines, "simulated engines")
+	fs.IntVar(&f.blockSize, "block-size", 16, "tokens per KV block")
+	fs.IntVar(&f.gpuBlocks, "gpu-blocks", gpuBlocks, "GPU KV cache capacity per engine, in blocks")
+	fs.IntVar(&f.cpuBlocks, "cpu-blocks", 0, "CPU offload tier capacity per engine, in blocks (0: none)")
+	fs.IntVar(&f.maxSeqs, "max-num-seqs", t.MaxSeqs, "concurrently running sequences per engine")
+	fs.DurationVar(&f.prefill, "prefill-per-token", t.PrefillPerToken, "time to compute one uncached prompt token")
+	fs.DurationVar(&f.load, "load-per-token", t.LoadPerToken, "time to load one cached token from the CPU tier")
+	fs.DurationVar(&f.decode, "decode-step", t.DecodeStep, "time of one decode step")
+	fs.StringVar(&f.encoding, "encoding", "mixed", "KV event encoding: array, map, or mixed (alternating)")
+	fs.StringVar(&f.model, "model", "sim-model", "served model name")
+}
+
+func (f *fleetFlags) options() (loadgen.FleetOptions, error) {
+	t := sim.DefaultTiming()
+	t.PrefillPerToken, t.LoadPerToken, t.DecodeStep, t.MaxSeqs = f.prefill, f.load, f.decode, f.maxSeqs
+	o := loadgen.FleetOptions{
+		Engines: f.engines, Model: f.model, Timing: t,
+		Pool: blockpool.Config{BlockSize: f.blockSize, GPUBlocks: f.gpuBlocks, CPUBlocks: f.cpuBlocks},
+	}
+	switch f.encoding {
+	case "array":
+		o.Encoding = events.EncodingArray
+	case "map":
+		o.Encoding = events.EncodingMap
+	case "mixed":
+		o.Mixed = true
+	default:
+		return o, fmt.Errorf("--encoding must be array, map or mixed, not %q", f.encoding)
+	}
+	if f.engines <= 0 || f.blockSize <= 0 || f.gpuBlocks <= 0 || f.cpuBlocks < 0 || f.maxSeqs <= 0 {
+		return o, errors.New("--engines, --block-size, --gpu-blocks and --max-num-seqs must be positive, --cpu-blocks not negative")
+	}
+	return o, nil
+}
+
+func demo(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kvsim demo", flag.ContinueOnError)
+	var ff fleetFlags
+	ff.register(fs, 4, 512)
+	serveOn := fs.Bool("serve", false, "keep kvroute's EPP and fleet serving after the comparison, until interrupted")
+	rate := fs.Float64("rate", 20, "requests per second")
+	dur := fs.Duration("duration", 10*time.Second, "how long each routing's traffic runs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	fo, err := ff.options()
+	if err != nil {
+		return err
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	return loadgen.Demo(ctx, loadgen.DemoOptions{
+		Fleet: fo,
+		Workload: loadgen.Workload{Name: "shared-prefix", Kind: loadgen.KindSharedPrefix,
+			Groups: 8, SystemTokens: 2048, QuestionTokens: 64},
+		Rate: *rate, Duration: *dur, Serve: *serveOn, Out: os.Stdout,
+	})
+}
+
+func serve(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kvsim serve", flag.ContinueOnError)
+	var ff fleetFlags
+	ff.register(fs, 4, 2048)
+	natsURL := fs.String("nats-url", os.Getenv("NATS_URL"), "NATS server to publish KV events to; empty starts an embedded one")
+	natsPort := fs.Int("embedded-nats-port", 4222, "loopback port of the embedded NATS server")
+	ns := fs.String("pool-namespace", "default", "namespace of the pool the events belong to")
+	pool := fs.String("pool-name", "kvsim", "pool the events belong to")
+	out := fs.String("events", "nats", "where KV events go: nats, zmq, both, or none")
+	zmqBase := fs.Int("zmq-base-port", 5557, "engine i binds its ZeroMQ PUB socket on tcp://127.0.0.1:<base+i> (and replay on base+100+i)")
+	host := fs.String("host", "127.0.0.1", "host the engines' HTTP APIs listen on")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	fo, err := ff.options()
+	if err != nil {
+		return err
+	}
+	fc := sim.FleetConfig{Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing,
+		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Host: *host}
+	if *out == "nats" || *out == "both" {
+		url := *natsURL
+		if url == "" {
+			srv, err := natsembed.Start(natsembed.Options{Port: *natsPort})
+			if err != nil {
+				return err
+			}
+			defer srv.Shutdown()
+			url = srv.ClientURL()
+			fmt.Printf("embedded NATS at %s\n", url)
+		}
+		nc, err := nats.Connect(url, nats.Name("kvsim"))
+		if err != nil {
+			return fmt.Errorf("connect to NATS at %s: %w", url, err)
+		}
+		defer nc.Close()
+		fc.Publisher = events.NewPublisher(nc, *ns, *pool)
+		fmt.Printf("KV events on %s\n", events.PoolSubject(*ns, *pool))
+	}
+	if *out == "zmq" || *out == "both" {
+		fc.ZMQ = func(i int) *sim.ZMQConfig {
+			return &sim.ZMQConfig{
+				Endpoint:       fmt.Sprintf("tcp://127.0.0.1:%d", *zmqBase+i),
+				ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", *zmqBase+100+i),
+				Bind:           true,
+			}
+		}
+	} else if *out != "nats" && *out != "none" {
+		return fmt.Errorf("--events must be nats, zmq, both or none, not %q", *out)
+	}
+	f, err := sim.StartFleet(ctx, fc)
+	if err != nil {
+		return err
+	}
+	for i, s := range f.Servers {
+		cfg := s.Replica().Engine().Config()
+		line := fmt.Sprintf("%s  http://%s", cfg.Pod, s.Addr())
+		if fc.ZMQ != nil {
+			line += fmt.Sprintf("  zmq tcp://127.0.0.1:%d", *zmqBase+i)
+		}
+		fmt.Println(line)
+	}
+	fmt.Printf("try: curl -s http://%s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"prompt\":\"hello world\",\"max_tokens\":4}'\n",
+		f.Servers[0].Addr(), fo.Model)
+	<-ctx.Done()
+	return f.Close()
+}
+
+func bench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kvsim bench", flag.ContinueOnError)
+	var ff fleetFlags
+	ff.register(fs, 4, 512)
+	dur := fs.Duration("duration", 8*time.Second, "arrivals per run")
+	drain := fs.Duration("drain", 5*time.Second, "time allowed after arrivals before requests in flight are cut")
+	outDir := fs.String("out", "docs", "directory for routing-benchmark.md and its SVG plots")
+	quick := fs.Bool("quick", false, "one rate per workload and short runs, to try the machinery")
+	only := fs.String("workloads", "", "comma-separated workloads to run (default all)")
+	rates := fs.String("rates", "", "comma-separated request rates overriding every workload's ladder")
+	policies := fs.String("policies", strings.Join(loadgen.AllPolicies, ","), "policies to compare")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	fo, err := ff.options()
+	if err != nil {
+		return err
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	plans, err := selectPlans(loadgen.DefaultPlans(*quick), *only, *rates)
+	if err != nil {
+		return err
+	}
+	o := loadgen.BenchOptions{
+		Plans:    plans,
+		Policies: strings.Split(*policies, ","),
+		Fleet:    fo, Duration: *dur, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: 42,
+		Progress: os.Stdout,
+	}
+	if *quick {
+		o.Duration = min(o.Duration, 3*time.Second)
+	}
+	start := time.Now()
+	pts, err := loadgen.Bench(ctx, o)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		return err
+	}
+	cmd := "go run ./cmd/kvsim bench " + strings.Join(args, " ")
+	if err := loadgen.WriteReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
+		return err
+	}
+	for _, c := range loadgen.Checks(pts) {
+		fmt.Printf("check %-5v %s: %s — %s\n", c.Pass, c.Workload, c.Claim, c.Detail)
+	}
+	fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
+	return nil
+}
+
+func selectPlans(plans []loadgen.Plan, only, rates string) ([]loadgen.Plan, error) {
+	var ladder []float64
+	for _, r := range strings.Split(rates, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(r, 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("--rates: %q is not a positive number", r)
+		}
+		ladder = append(ladder, v)
+	}
+	var out []loadgen.Plan
+	for _, p := range plans {
+		if only != "" && !slices.Contains(strings.Split(only, ","), p.Workload.Name) {
+			continue
+		}
+		if ladder != nil {
+			p.Rates = ladder
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--workloads %q matches none", only)
+	}
+	return out, nil
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/loadgen"
+)
+
+func TestBadCommandLinesAreRefusedClearly(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no command prints usage", nil, "usage: kvsim"},
+		{"an unknown command is named", []string{"fly"}, `unknown command "fly"`},
+		{"an unknown encoding is named", []string{"serve", "--encoding", "xml"}, `--encoding must be array, map or mixed, not "xml"`},
+		{"an unknown event output is named", []string{"serve", "--events", "kafka"}, `--events must be nats, zmq, both or none, not "kafka"`},
+		{"a fleet needs engines", []string{"demo", "--engines", "0"}, "must be positive"},
+		{"a bad rate is named", []string{"bench", "--rates", "1,x"}, `--rates: "x" is not a positive number`},
+		{"an unknown workload matches nothing", []string{"bench", "--workloads", "nope"}, `--workloads "nope" matches none`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := run(context.Background(), tt.args)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run(%q) = %v, want an error containing %q", tt.args, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestServeRunsUntilCancelled(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := run(ctx, []string{"serve", "--events", "none", "--engines", "2", "--gpu-blocks", "64"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSelectPlansFiltersAndOverridesRates(t *testing.T) {
+	t.Parallel()
+	got, err := selectPlans(loadgen.DefaultPlans(false), "unrelated,multi-turn", "3, 5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Workload.Name != "multi-turn" || got[1].Workload.Name != "unrelated" {
+		t.Fatalf("got %+v", got)
+	}
+	for _, p := range got {
+		if len(p.Rates) != 2 || p.Rates[0] != 3 || p.Rates[1] != 5 {
+			t.Errorf("%s rates = %v, want [3 5]", p.Workload.Name, p.Rates)
+		}
+	}
+}

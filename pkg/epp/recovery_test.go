@@ -1,0 +1,247 @@
+package epp
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/natsembed"
+	"github.com/kvroute/kvroute/pkg/relay"
+	"github.com/kvroute/kvroute/pkg/sim"
+)
+
+const recWait = 30 * time.Second
+
+func runEPP(t *testing.T, o Options) (*EPP, func()) {
+	t.Helper()
+	o.HTTPAddr = "127.0.0.1:0"
+	o.Logger = slog.New(slog.DiscardHandler)
+	e, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("EPP run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("EPP did not stop within 10s of cancel")
+		}
+	}
+	t.Cleanup(stop)
+	return e, stop
+}
+
+// waitExact waits until the EPP's index holds exactly what the engines do
+// for every prompt.
+func waitExact(t *testing.T, e *EPP, engines []*sim.Engine, prompts []blockpool.Request) {
+	t.Helper()
+	deadline := time.Now().Add(recWait)
+	addrs := make([]string, len(engines))
+	for i, g := range engines {
+		addrs[i] = g.Config().Address
+	}
+	out := make([]datalayer.Match, len(addrs))
+	for {
+		diff := ""
+		for i, a := range addrs {
+			if s, _ := e.Index().State(a); s != datalayer.StreamExact {
+				diff = fmt.Sprintf("%s is %s", a, s)
+			}
+			_ = i
+		}
+		for _, p := range prompts {
+			if diff != "" {
+				break
+			}
+			e.Index().Lookup(datalayer.AppendBlockKeys(nil, datalayer.RootKey("m", "", ""), p.Tokens, 4), addrs, out)
+			for i, g := range engines {
+				want := g.Held(p)
+				if got := (blockpool.Held{Blocks: out[i].Blocks, ByTier: out[i].ByTier}); got != want {
+					diff = fmt.Sprintf("%s: index %+v, engine %+v", addrs[i], got, want)
+					break
+				}
+			}
+		}
+		if diff == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("index never matched the engines: %s", diff)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				ok := false
+				for _, lp := range m.GetLabel() {
+					ok = ok || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+				}
+				if !ok {
+					continue next
+				}
+			}
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+var _ = testutil.ToFloat64
+
+func prompts() []blockpool.Request {
+	return sim.SharedPrefix{Groups: 4, PromptsPerGroup: 4, SystemTokens: 24, QuestionTokens: 12, Seed: 1}.Prompts()
+}
+
+func serveAll(t *testing.T, engines []*sim.Engine, ps []blockpool.Request) {
+	t.Helper()
+	for i, p := range ps {
+		p.ID = ""
+		if _, err := engines[i%len(engines)].Serve(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestRestartedEPPReplaysTheJetStreamStream(t *testing.T) {
+	ns, err := natsembed.Start(natsembed.Options{JetStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	opts := Options{NATSURL: ns.ClientURL(), Pool: "pool-js", JetStream: true}
+	first, stop := runEPP(t, opts)
+
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pub := events.NewPublisher(nc, first.Namespace(), first.Pool())
+	var engines []*sim.Engine
+	for i := range 2 {
+		cfg := sim.EngineConfig{Pod: fmt.Sprintf("pod-%d", i), Address: fmt.Sprintf("127.0.0.1:%d", 8100+i), Model: "m",
+			Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 40, Seed: uint64(i + 1)}}
+		engines = append(engines, sim.NewEngine(cfg, pub))
+		first.Datastore().Upsert(&datalayer.Endpoint{Name: cfg.Pod, Address: cfg.Address, Pod: cfg.Pod, Model: "m"})
+	}
+	ps := prompts()
+	serveAll(t, engines, ps)
+	waitExact(t, first, engines, ps)
+	stop()
+
+	// The new EPP starts empty; the stream still holds every batch.
+	second, _ := runEPP(t, opts)
+	for _, g := range engines {
+		c := g.Config()
+		second.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
+	}
+	waitExact(t, second, engines, ps)
+	if got := metric(t, second.Registry(), "kvroute_events_batches_total", "result", "applied"); got == 0 {
+		t.Fatal("the restarted EPP applied no replayed batch")
+	}
+	if got := metric(t, second.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 0 {
+		t.Errorf("resyncs ok = %v: with no relay the stream alone must have rebuilt the index", got)
+	}
+}
+
+func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
+	ns, err := natsembed.Start(natsembed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zport := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := fmt.Sprintf("tcp://%s", l.Addr())
+	_ = l.Close()
+
+	// An engine and its relay that ran before the EPP started.
+	eng := sim.NewEngine(sim.EngineConfig{Pod: "vllm-0", Address: "127.0.0.1:8200", Model: "m",
+		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 40, Seed: 3}}, nil)
+	zep := fmt.Sprintf("tcp://127.0.0.1:%d", zport)
+	// The relay's first batch is seldom seq 0 (ZeroMQ drops what a PUB
+	// sends before the subscription arrives); the replay ring gives it the
+	// rest, so that its snapshot is exact.
+	if err := eng.StartZMQ(sim.ZMQConfig{Endpoint: zep, Bind: true, ReplayEndpoint: rep}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	rnc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rnc.Close)
+	r, err := relay.New(relay.Config{ZMQEndpoint: zep, Connect: true, ReplayEndpoint: rep, Namespace: "default", Pool: "pool-r",
+		Pod: "vllm-0", PodIP: "127.0.0.1", ServingPort: 8200, Model: "m", Logger: slog.New(slog.DiscardHandler)}, rnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan error, 1)
+	go func() { rdone <- r.Run(rctx) }()
+	t.Cleanup(func() { rcancel(); <-rdone })
+	deadline := time.Now().Add(recWait)
+	ps := prompts()
+	for r.Mirror().Position().Seq < uint64(len(ps)-1) {
+		if time.Now().After(deadline) {
+			t.Fatal("the relay never saw the engine's batches")
+		}
+		serveAll(t, []*sim.Engine{eng}, ps[:1])
+		time.Sleep(5 * time.Millisecond)
+	}
+	serveAll(t, []*sim.Engine{eng}, ps)
+
+	e, _ := runEPP(t, Options{NATSURL: ns.ClientURL(), Pool: "pool-r"})
+	// The pod name, and so the snapshot subject, comes from discovery.
+	e.Datastore().Upsert(&datalayer.Endpoint{Name: "vllm-0", Address: "127.0.0.1:8200", Pod: "vllm-0", Model: "m"})
+	waitExact(t, e, []*sim.Engine{eng}, ps)
+	if got := metric(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
+		t.Errorf("resyncs ok = %v, want 1", got)
+	}
+	if got := metric(t, e.Registry(), "kvroute_events_batches_total", "result", "applied"); got != 0 {
+		t.Errorf("applied %v live batches; the test wants the snapshot alone", got)
+	}
+}

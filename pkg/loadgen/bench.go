@@ -1,0 +1,83 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Plan is one workload and the request rates it runs at.
+type Plan struct {
+	Workload Workload
+	Rates    []float64
+}
+
+// BenchOptions shape a routing benchmark: every plan's workload at each of
+// its rates under each policy, each run in a fresh environment.
+type BenchOptions struct {
+	Plans    []Plan
+	Policies []string
+	Fleet    FleetOptions
+	// Duration of arrivals and Drain allowed after, per run.
+	Duration, Drain time.Duration
+	MaxTokens       int
+	ThinkTime       time.Duration
+	Seed            uint64
+	// Progress, when set, gets a line per run.
+	Progress io.Writer
+}
+
+// Point is one run's outcome.
+type Point struct {
+	Workload string
+	Policy   string
+	Rate     float64
+	Summary
+}
+
+// Bench runs the benchmark. Every policy sees the same arrivals and
+// prompts at a given rate (the same seed).
+func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
+	if len(o.Policies) == 0 {
+		o.Policies = AllPolicies
+	}
+	var out []Point
+	for _, p := range o.Plans {
+		for _, rate := range p.Rates {
+			for _, pol := range o.Policies {
+				pt, err := benchOne(ctx, o, p.Workload, pol, rate)
+				if err != nil {
+					return out, err
+				}
+				out = append(out, pt)
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "%-14s %-22s %5.1f req/s  TTFT p50 %7s p90 %7s p99 %7s  hit %5.1f%%  out %6.0f tok/s  (%d req, %d err, %d cut)\n",
+						p.Workload.Name, pol, rate, ms(pt.TTFTp50), ms(pt.TTFTp90), ms(pt.TTFTp99), 100*pt.HitRate, pt.OutputTPS,
+						pt.Requests, pt.Errors, pt.Cut)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func benchOne(ctx context.Context, o BenchOptions, w Workload, policy string, rate float64) (Point, error) {
+	env, err := StartEnv(ctx, policy, o.Fleet, o.Seed)
+	if err != nil {
+		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
+	}
+	res := env.Run(ctx, w, RunOptions{
+		Model: o.Fleet.Model, Rate: rate, Duration: o.Duration, Drain: o.Drain,
+		MaxTokens: o.MaxTokens, ThinkTime: o.ThinkTime, Seed: o.Seed,
+	})
+	if err := env.Close(); err != nil {
+		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
+	}
+	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan)}, nil
+}
+
+// ms formats a duration in milliseconds for tables.
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond))
+}

@@ -1,0 +1,76 @@
+package loadgen
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Sample is what one request saw.
+type Sample struct {
+	Start time.Duration // since the run began
+	// TTFT and E2E; for a request cut off by the run's deadline they are
+	// lower bounds (time until the cut) and Cut is set.
+	TTFT, E2E    time.Duration
+	Cut          bool
+	PromptTokens int
+	CachedTokens int
+	OutputTokens int
+	Err          error
+}
+
+// Summary condenses a run.
+type Summary struct {
+	Requests, Errors, Cut     int
+	TTFTp50, TTFTp90, TTFTp99 time.Duration
+	E2Ep50, E2Ep90            time.Duration
+	// OutputTPS is output tokens per second over the run's makespan.
+	OutputTPS float64
+	// HitRate is cached prompt tokens over prompt tokens.
+	HitRate float64
+}
+
+// Percentile is the nearest-rank p-th percentile (0 < p <= 100) of xs,
+// which it sorts; 0 for none.
+func Percentile(xs []time.Duration, p float64) time.Duration {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	rank := int(math.Ceil(p / 100 * float64(len(xs))))
+	return xs[min(max(rank, 1), len(xs))-1]
+}
+
+// Summarize condenses samples from a run whose traffic took makespan.
+// Failed requests count in Errors and nowhere else; cut ones count with
+// their lower bounds, so that overload shows in the tail instead of
+// vanishing from it.
+func Summarize(samples []Sample, makespan time.Duration) Summary {
+	var s Summary
+	var ttft, e2e []time.Duration
+	var prompt, cached, output int
+	for _, x := range samples {
+		s.Requests++
+		if x.Err != nil {
+			s.Errors++
+			continue
+		}
+		if x.Cut {
+			s.Cut++
+		}
+		ttft = append(ttft, x.TTFT)
+		e2e = append(e2e, x.E2E)
+		prompt += x.PromptTokens
+		cached += x.CachedTokens
+		output += x.OutputTokens
+	}
+	s.TTFTp50, s.TTFTp90, s.TTFTp99 = Percentile(ttft, 50), Percentile(ttft, 90), Percentile(ttft, 99)
+	s.E2Ep50, s.E2Ep90 = Percentile(e2e, 50), Percentile(e2e, 90)
+	if makespan > 0 {
+		s.OutputTPS = float64(output) / makespan.Seconds()
+	}
+	if prompt > 0 {
+		s.HitRate = float64(cached) / float64(prompt)
+	}
+	return s
+}

@@ -1,0 +1,121 @@
+package loadgen
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentileIsNearestRank(t *testing.T) {
+	t.Parallel()
+	ten := func() []time.Duration {
+		var xs []time.Duration
+		for i := 10; i >= 1; i-- {
+			xs = append(xs, time.Duration(i)*time.Millisecond)
+		}
+		return xs
+	}
+	tests := []struct {
+		name string
+		xs   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{"no samples give zero", nil, 90, 0},
+		{"one sample is every percentile", []time.Duration{7}, 99, 7},
+		{"the median of ten is the fifth", ten(), 50, 5 * time.Millisecond},
+		{"p90 of ten is the ninth", ten(), 90, 9 * time.Millisecond},
+		{"p99 of ten is the largest", ten(), 99, 10 * time.Millisecond},
+		{"p100 is the largest", ten(), 100, 10 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := Percentile(tt.xs, tt.p); got != tt.want {
+				t.Errorf("Percentile(p%v) = %v, want %v", tt.p, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSummarizeCountsCutRequestsAndLeavesOutFailures(t *testing.T) {
+	t.Parallel()
+	samples := []Sample{
+		{TTFT: 10 * time.Millisecond, E2E: 100 * time.Millisecond, PromptTokens: 100, CachedTokens: 80, OutputTokens: 10},
+		{TTFT: 20 * time.Millisecond, E2E: 200 * time.Millisecond, PromptTokens: 100, CachedTokens: 0, OutputTokens: 10},
+		{TTFT: 5 * time.Second, E2E: 5 * time.Second, Cut: true},
+		{Err: errors.New("refused")},
+	}
+	s := Summarize(samples, 2*time.Second)
+	if s.Requests != 4 || s.Errors != 1 || s.Cut != 1 {
+		t.Errorf("counts = %d requests, %d errors, %d cut; want 4, 1, 1", s.Requests, s.Errors, s.Cut)
+	}
+	if s.TTFTp99 != 5*time.Second || s.TTFTp50 != 20*time.Millisecond {
+		t.Errorf("TTFT p50 %v p99 %v; want 20ms and the cut request's 5s", s.TTFTp50, s.TTFTp99)
+	}
+	if s.HitRate != 0.4 || s.OutputTPS != 10 {
+		t.Errorf("hit rate %v, output %v tok/s; want 0.4 and 10", s.HitRate, s.OutputTPS)
+	}
+}
+
+func point(wl, pol string, rate float64, p90 time.Duration, hit float64) Point {
+	return Point{Workload: wl, Policy: pol, Rate: rate, Summary: Summary{TTFTp90: p90, HitRate: hit, Requests: 1}}
+}
+
+func TestChecksFindWhereTheApproximatePolicyBlowsUp(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	pts := []Point{
+		point("w", PolicyApprox, 1, 100*ms, 0.5), point("w", PolicyPrecise, 1, 50*ms, 0.9), point("w", PolicyOracle, 1, 50*ms, 0.9),
+		point("w", PolicyApprox, 2, 300*ms, 0.5), point("w", PolicyPrecise, 2, 50*ms, 0.85), point("w", PolicyOracle, 2, 50*ms, 0.95),
+		point("w", PolicyApprox, 3, 900*ms, 0.5), point("w", PolicyPrecise, 3, 300*ms, 0.9), point("w", PolicyOracle, 3, 50*ms, 0.9),
+	}
+	got := Checks(pts)
+	if len(got) != 2 {
+		t.Fatalf("got %d checks, want 2: %+v", len(got), got)
+	}
+	if got[0].Pass || !strings.Contains(got[0].Detail, "2.0 req/s") {
+		t.Errorf("hit-rate check = %+v; want a failure at 2 req/s (0.85 < 0.95*0.95)", got[0])
+	}
+	// Blown up first at 3 req/s (900ms ≥ 5×100ms); there precise is only 3x lower.
+	if got[1].Pass || !strings.Contains(got[1].Detail, "at 3.0 req/s") {
+		t.Errorf("TTFT check = %+v; want a failure at 3 req/s", got[1])
+	}
+
+	// The EPP's approximate variant blows up at 2 req/s (600ms), where
+	// precise is 12x lower; one that never blows up fails its check.
+	pts = append(pts, point("w", PolicyApproxEPP, 1, 100*ms, 0.3), point("w", PolicyApproxEPP, 2, 600*ms, 0.3))
+	got = Checks(pts)
+	if len(got) != 3 || !got[2].Pass || !strings.Contains(got[2].Detail, "at 2.0 req/s") || !strings.Contains(got[2].Detail, "12.0x") {
+		t.Errorf("checks = %+v; want a third, passing at 2 req/s with 12x", got)
+	}
+	flat := []Point{point("u", PolicyApprox, 1, 100*ms, 0.5), point("u", PolicyApprox, 2, 110*ms, 0.5), point("u", PolicyOracle, 1, 100*ms, 0.5)}
+	if got := Checks(flat); len(got) != 1 || got[0].Pass || !strings.Contains(got[0].Detail, "never reached") {
+		t.Errorf("checks = %+v; want one failure saying approx never blew up", got)
+	}
+	none := []Point{point("n", PolicyApprox, 1, 100*ms, 0), point("n", PolicyApprox, 2, 900*ms, 0), point("n", PolicyOracle, 1, 100*ms, 0)}
+	if got := Checks(none); len(got) != 0 {
+		t.Errorf("checks = %+v; want none for a workload with nothing to reuse", got)
+	}
+}
+
+func TestTheSVGPlotHasALinePerPolicy(t *testing.T) {
+	t.Parallel()
+	pts := []Point{
+		point("w", PolicyRandom, 1, 100*time.Millisecond, 0), point("w", PolicyRandom, 2, 2*time.Second, 0),
+		point("w", PolicyOracle, 1, 10*time.Millisecond, 0), point("w", PolicyOracle, 2, 20*time.Millisecond, 0),
+	}
+	var b bytes.Buffer
+	WriteSVG(&b, pts, "w")
+	svg := b.String()
+	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<polyline") != 2 || strings.Count(svg, "<circle") != 4 {
+		t.Errorf("unexpected SVG:\n%s", svg)
+	}
+	var tb bytes.Buffer
+	WriteTables(&tb, pts)
+	if strings.Count(tb.String(), "\n| 2.0 |") != 2 {
+		t.Errorf("table lacks the 2 req/s rows:\n%s", tb.String())
+	}
+}

@@ -1,0 +1,128 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/events"
+)
+
+// FleetConfig shapes a fleet of replicas, each behind its own HTTP server
+// on loopback.
+type FleetConfig struct {
+	Engines int
+	Model   string
+	// PodPrefix names the pods: <PodPrefix>-<i> (default "vllm").
+	PodPrefix string
+	// Pool is every engine's block pool (Seed is made per engine).
+	Pool   blockpool.Config
+	Timing Timing
+	// Encoding is the event batches' form; MixedEncodings alternates array
+	// and map forms across the fleet, as a fleet mid-upgrade would.
+	Encoding       events.Encoding
+	MixedEncodings bool
+	// Publisher carries events onto NATS; nil publishes nothing.
+	Publisher *events.Publisher
+	// Host is the listen host (default 127.0.0.1).
+	Host string
+	// ZMQ, when set, gives engine i's ZeroMQ output (nil: none).
+	ZMQ func(i int) *ZMQConfig
+}
+
+// Fleet is a running set of replicas and their servers. Close stops them.
+type Fleet struct {
+	Servers []*Server
+
+	engines []*Engine // with ZeroMQ outputs to close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	err     error
+}
+
+// StartFleet starts the fleet's scheduler loops and servers; they run until
+// Close or until ctx is done.
+func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
+	if cfg.Engines <= 0 {
+		return nil, errors.New("sim: a fleet needs at least one engine")
+	}
+	if cfg.PodPrefix == "" {
+		cfg.PodPrefix = "vllm"
+	}
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	f := &Fleet{cancel: cancel}
+	for i := range cfg.Engines {
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, "0"))
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("sim: listen: %w", err)
+		}
+		pool := cfg.Pool
+		pool.Seed = pool.Seed*1000 + uint64(i) + 1
+		enc := cfg.Encoding
+		if cfg.MixedEncodings && i%2 == 1 {
+			enc = events.EncodingMap
+		}
+		eng := NewEngine(EngineConfig{
+			Pod: fmt.Sprintf("%s-%d", cfg.PodPrefix, i), Address: ln.Addr().String(),
+			Model: cfg.Model, Pool: pool, Encoding: enc,
+		}, cfg.Publisher)
+		if cfg.ZMQ != nil {
+			if z := cfg.ZMQ(i); z != nil {
+				if err := eng.StartZMQ(*z); err != nil {
+					_ = ln.Close()
+					f.Close()
+					return nil, err
+				}
+				f.engines = append(f.engines, eng)
+			}
+		}
+		rep := NewReplica(eng, cfg.Timing)
+		srv := NewServer(rep, ln)
+		f.Servers = append(f.Servers, srv)
+		f.wg.Add(2)
+		go func() { defer f.wg.Done(); f.record(rep.Run(ctx)) }()
+		go func() { defer f.wg.Done(); f.record(srv.Run(ctx)) }()
+	}
+	return f, nil
+}
+
+func (f *Fleet) record(err error) {
+	if err == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+	}
+}
+
+// Replicas are the fleet's replicas, in server order.
+func (f *Fleet) Replicas() []*Replica {
+	out := make([]*Replica, len(f.Servers))
+	for i, s := range f.Servers {
+		out[i] = s.r
+	}
+	return out
+}
+
+// Close stops every replica and server and returns the first error any of
+// them ended with.
+func (f *Fleet) Close() error {
+	f.cancel()
+	f.wg.Wait()
+	for _, e := range f.engines {
+		f.record(e.Close())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}

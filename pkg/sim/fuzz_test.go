@@ -1,0 +1,61 @@
+package sim
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/blockpool"
+)
+
+// FuzzServerRequest sends arbitrary bodies to the engine's request
+// endpoints: every answer is a success or a clear client error, never a
+// panic or a server error.
+func FuzzServerRequest(f *testing.F) {
+	seeds := []struct{ path, body string }{
+		{"/v1/completions", `{"model":"m","prompt":"a b c","max_tokens":2}`},
+		{"/v1/completions", `{"model":"m","prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true}}`},
+		{"/v1/completions", `{"model":"m","prompt":"x","max_tokens":-1}`},
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}`},
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"stream":true}`},
+		{"/tokenize", `{"model":"m","prompt":"a b"}`},
+		{"/tokenize", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
+		{"/tokenize", `{"prompt":null}`},
+		{"/v1/completions", `[]`},
+	}
+	for _, s := range seeds {
+		f.Add(s.path, s.body)
+	}
+	eng := NewEngine(EngineConfig{Pod: "p", Address: "127.0.0.1:1", Model: "m",
+		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 4096, Seed: 1}}, nil)
+	// A zero timing model: every step is instant, so long outputs cost
+	// only their tokens.
+	r := NewReplica(eng, Timing{MaxSeqs: 8})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	f.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			f.Error(err)
+		}
+	})
+	h := NewServer(r, nil).Handler()
+	f.Fuzz(func(t *testing.T, path, body string) {
+		switch path {
+		case "/v1/completions", "/v1/chat/completions", "/tokenize":
+		default:
+			path = "/v1/completions"
+		}
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		h.ServeHTTP(rec, req)
+		switch rec.Code {
+		case http.StatusOK, http.StatusBadRequest, http.StatusNotFound:
+		default:
+			t.Errorf("%s %q: status %d: %s", path, body, rec.Code, rec.Body)
+		}
+	})
+}

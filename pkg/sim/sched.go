@@ -1,0 +1,328 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/events"
+)
+
+// ErrTooLarge is a request whose prompt cannot fit the engine's GPU cache
+// even when nothing else runs.
+var ErrTooLarge = errors.New("sim: prompt larger than the engine's KV cache")
+
+// ErrStopped is a request submitted to, or cut short by, a stopped replica.
+var ErrStopped = errors.New("sim: replica stopped")
+
+// admit allocates a request's blocks and reports its cache hits: leading
+// blocks already on GPU, then those after them that only the CPU tier
+// holds (loaded back rather than recomputed).
+func (e *Engine) admit(req blockpool.Request) (gpuHit, cpuHit int, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	tiers := e.pool.BlockTiers(req)
+	gpuHit, err = e.pool.Allocate(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("engine %s: %w", e.cfg.Pod, err)
+	}
+	maxHit := 0
+	if len(req.Tokens) > 0 {
+		maxHit = (len(req.Tokens) - 1) / e.cfg.Pool.BlockSize
+	}
+	for i := gpuHit; i < min(len(tiers), maxHit) && tiers[i] == events.TierCPU; i++ {
+		cpuHit++
+	}
+	return gpuHit, cpuHit, nil
+}
+
+func (e *Engine) release(id string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.pool.Free(id); err != nil {
+		return fmt.Errorf("engine %s: %w", e.cfg.Pod, err)
+	}
+	return nil
+}
+
+func (e *Engine) endStep() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.step()
+}
+
+func (e *Engine) freeBlocks() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pool.FreeBlocks()
+}
+
+// Token is one output token of a sequence, or its end.
+type Token struct {
+	// Index counts output tokens from 0.
+	Index int
+	// Done marks the last event; Err is set when the sequence failed.
+	Done bool
+	Err  error
+}
+
+// Seq is one request inside a replica.
+type Seq struct {
+	// Tokens delivers the sequence's output as the engine steps; it is
+	// buffered for the whole output, so a slow reader never stalls the
+	// engine, and closed after the Done token.
+	Tokens <-chan Token
+
+	tokens    chan Token
+	req       blockpool.Request
+	maxTokens int
+	generated int
+	prefilled bool
+
+	mu     sync.Mutex
+	cached int
+	loaded int
+	steps  int
+}
+
+// Cached is the prompt tokens served from the prefix cache (GPU hits and
+// tokens loaded back from the CPU tier), as vLLM reports cached_tokens;
+// valid after the first token.
+func (s *Seq) Cached() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cached
+}
+
+// Loaded is the cached prompt tokens that came from the CPU tier.
+func (s *Seq) Loaded() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.loaded
+}
+
+// WaitedSteps is how many engine steps ran while the sequence waited.
+func (s *Seq) WaitedSteps() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.steps
+}
+
+// PromptTokens is the prompt's length.
+func (s *Seq) PromptTokens() int { return len(s.req.Tokens) }
+
+// Replica is a simulated engine with vLLM's scheduler loop: a waiting
+// queue, a running batch bounded by Timing.MaxSeqs, and steps whose
+// duration the timing model gives. Each step prefills newly admitted
+// sequences (their uncached tokens), decodes one token for the others, and
+// publishes that step's KV events.
+type Replica struct {
+	eng    *Engine
+	timing Timing
+	wake   chan struct{}
+
+	mu      sync.Mutex
+	waiting []*Seq
+	running []*Seq
+	stopped bool
+	n       uint64
+	stats   ReplicaStats
+}
+
+// ReplicaStats are a replica's cumulative counters, in vLLM's units.
+type ReplicaStats struct {
+	Requests         int64
+	PromptTokens     int64
+	GenerationTokens int64
+	// PrefixQueries and PrefixHits count prompt tokens looked up in, and
+	// found in, the prefix cache.
+	PrefixQueries, PrefixHits int64
+	Steps                     int64
+	// Busy is the simulated time spent in steps.
+	Busy time.Duration
+}
+
+// NewReplica returns a replica scheduling eng with timing t.
+func NewReplica(eng *Engine, t Timing) *Replica {
+	if t.MaxSeqs <= 0 {
+		t.MaxSeqs = DefaultTiming().MaxSeqs
+	}
+	return &Replica{eng: eng, timing: t, wake: make(chan struct{}, 1)}
+}
+
+// Engine is the replica's engine.
+func (r *Replica) Engine() *Engine { return r.eng }
+
+// Timing is the replica's timing model.
+func (r *Replica) Timing() Timing { return r.timing }
+
+// Submit queues a request generating maxTokens output tokens.
+func (r *Replica) Submit(req blockpool.Request, maxTokens int) (*Seq, error) {
+	if maxTokens <= 0 {
+		maxTokens = 1
+	}
+	ch := make(chan Token, maxTokens+1)
+	s := &Seq{Tokens: ch, tokens: ch, req: req, maxTokens: maxTokens}
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return nil, ErrStopped
+	}
+	r.n++
+	s.req.ID = fmt.Sprintf("%s-%d", r.eng.cfg.Pod, r.n)
+	r.waiting = append(r.waiting, s)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	return s, nil
+}
+
+// Load is the replica's queue: sequences waiting and running.
+func (r *Replica) Load() (waiting, running int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.waiting), len(r.running)
+}
+
+// Stats returns the replica's counters.
+func (r *Replica) Stats() ReplicaStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats
+}
+
+// Plan starts a step: it admits waiting sequences in arrival order while
+// the batch has room and their blocks fit, and returns the step's work.
+// ok is false when there is nothing to do. Plan and Finish are the loop's
+// two halves; Run drives them in real time, tests call them directly.
+func (r *Replica) Plan() (w StepWork, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.running {
+		if s.prefilled {
+			w.Decoding++
+		}
+	}
+	bs := r.eng.cfg.Pool.BlockSize
+	for len(r.waiting) > 0 && len(r.running) < r.timing.MaxSeqs {
+		s := r.waiting[0]
+		gpu, cpu, err := r.eng.admit(s.req)
+		if errors.Is(err, blockpool.ErrNoSpace) {
+			if len(r.running) == 0 {
+				// Nothing will ever free enough blocks for it.
+				r.waiting = r.waiting[1:]
+				s.fail(fmt.Errorf("%w: %d tokens: %w", ErrTooLarge, len(s.req.Tokens), err))
+				continue
+			}
+			break
+		}
+		r.waiting = r.waiting[1:]
+		if err != nil {
+			s.fail(err)
+			continue
+		}
+		cached := min((gpu+cpu)*bs, len(s.req.Tokens))
+		s.mu.Lock()
+		s.cached, s.loaded = cached, cpu*bs
+		s.mu.Unlock()
+		w.Prefill += len(s.req.Tokens) - cached
+		w.Loaded += cpu * bs
+		r.running = append(r.running, s)
+		r.stats.Requests++
+		r.stats.PromptTokens += int64(len(s.req.Tokens))
+		r.stats.PrefixQueries += int64(len(s.req.Tokens))
+		r.stats.PrefixHits += int64(cached)
+	}
+	for _, s := range r.waiting {
+		s.mu.Lock()
+		s.steps++
+		s.mu.Unlock()
+	}
+	return w, len(r.running) > 0
+}
+
+// Finish ends the step Plan started, of simulated duration d: every running
+// sequence emits a token (its first, for those just prefilled), finished
+// ones release their blocks, and the step's KV events are published.
+func (r *Replica) Finish(d time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stats.Steps++
+	r.stats.Busy += d
+	kept := r.running[:0]
+	var firstErr error
+	for _, s := range r.running {
+		s.prefilled = true
+		s.tokens <- Token{Index: s.generated}
+		s.generated++
+		r.stats.GenerationTokens++
+		if s.generated < s.maxTokens {
+			kept = append(kept, s)
+			continue
+		}
+		if err := r.eng.release(s.req.ID); err != nil && firstErr == nil {
+			firstErr = err
+		}
+		s.tokens <- Token{Index: s.generated, Done: true}
+		close(s.tokens)
+	}
+	clear(r.running[len(kept):])
+	r.running = kept
+	if err := r.eng.endStep(); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	return firstErr
+}
+
+func (s *Seq) fail(err error) {
+	s.tokens <- Token{Index: s.generated, Done: true, Err: err}
+	close(s.tokens)
+}
+
+// Run drives the replica's loop in real time until ctx is done; then every
+// sequence still queued or running ends with ErrStopped.
+func (r *Replica) Run(ctx context.Context) error {
+	defer r.stop()
+	timer := time.NewTimer(0)
+	<-timer.C
+	for {
+		w, ok := r.Plan()
+		if !ok {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-r.wake:
+				continue
+			}
+		}
+		d := r.timing.Step(w)
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+		if err := r.Finish(d); err != nil {
+			return err
+		}
+	}
+}
+
+func (r *Replica) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = true
+	for _, s := range r.waiting {
+		s.fail(ErrStopped)
+	}
+	for _, s := range r.running {
+		s.fail(ErrStopped)
+	}
+	r.waiting, r.running = nil, nil
+}

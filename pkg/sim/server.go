@@ -1,0 +1,369 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/openai"
+	"github.com/kvroute/kvroute/pkg/request"
+)
+
+// MaxModelLen is the context length the simulated engines report.
+const MaxModelLen = 131072
+
+// maxBody bounds a request body.
+const maxBody = 64 << 20
+
+// defaultMaxTokens is the output length when a request gives none.
+const defaultMaxTokens = 16
+
+// Server is a replica's OpenAI-compatible HTTP API, shaped as vLLM's:
+// /v1/completions and /v1/chat/completions (streaming or not, with usage
+// and cached tokens), /tokenize, /health, /v1/models and /metrics with
+// vLLM's metric names.
+type Server struct {
+	r    *Replica
+	ln   net.Listener
+	srv  *http.Server
+	reg  *prometheus.Registry
+	next atomic.Uint64
+}
+
+// NewServer serves r's API on ln once Run is called.
+func NewServer(r *Replica, ln net.Listener) *Server {
+	s := &Server{r: r, ln: ln, reg: prometheus.NewRegistry()}
+	s.reg.MustRegister(&vllmCollector{r: r})
+	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	return s
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Replica is the engine behind the server.
+func (s *Server) Replica() *Replica { return s.r }
+
+// Run serves until ctx is done, then shuts the server down.
+func (s *Server) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("sim server %s: %w", s.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.srv.Shutdown(sctx); err != nil {
+		_ = s.srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("sim server %s: %w", s.Addr(), err)
+	}
+	return nil
+}
+
+// Handler is the server's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("POST /tokenize", s.tokenize)
+	mux.HandleFunc("POST /v1/completions", s.complete)
+	mux.HandleFunc("POST /v1/chat/completions", s.complete)
+	return mux
+}
+
+func (s *Server) model() string { return s.r.eng.cfg.Model }
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError answers in vLLM's error shape.
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]any{
+		"object": "error", "message": msg, "type": http.StatusText(code), "param": nil, "code": code,
+	})
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{
+		map[string]any{"id": s.model(), "object": "model", "owned_by": "kvsim", "max_model_len": MaxModelLen},
+	}})
+}
+
+// tokenize answers vLLM's /tokenize: a completion's prompt, or a chat's
+// messages rendered as the chat endpoint renders them.
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	var in struct {
+		Prompt   *string         `json:"prompt"`
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		writeError(w, http.StatusBadRequest, "tokenize: "+err.Error())
+		return
+	}
+	var text string
+	switch {
+	case in.Prompt != nil:
+		text = *in.Prompt
+	case len(in.Messages) > 0:
+		req, err := openai.ParseRequest("/v1/chat/completions", body)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "tokenize: "+err.Error())
+			return
+		}
+		text = req.Prompt
+	default:
+		writeError(w, http.StatusBadRequest, "tokenize: either prompt or messages is required")
+		return
+	}
+	ids := Tokenize(text)
+	writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": MaxModelLen, "tokens": ids})
+}
+
+// genOptions are the request fields the engine's generation reads.
+type genOptions struct {
+	MaxTokens           *int `json:"max_tokens"`
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	req, err := openai.ParseRequest(r.URL.Path, body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var g genOptions
+	if err := json.Unmarshal(body, &g); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Model != s.model() {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("the model `%s` does not exist", req.Model))
+		return
+	}
+	tokens := req.TokenIDs
+	if len(tokens) == 0 {
+		tokens = Tokenize(req.Prompt)
+	}
+	if len(tokens) == 0 {
+		writeError(w, http.StatusBadRequest, "the prompt is empty")
+		return
+	}
+	maxTokens := defaultMaxTokens
+	switch {
+	case g.MaxCompletionTokens != nil:
+		maxTokens = *g.MaxCompletionTokens
+	case g.MaxTokens != nil:
+		maxTokens = *g.MaxTokens
+	}
+	if maxTokens < 1 || maxTokens > MaxModelLen-len(tokens) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens must be in [1, %d] for a %d-token prompt (max_model_len %d)",
+			MaxModelLen-len(tokens), len(tokens), MaxModelLen))
+		return
+	}
+	seq, err := s.r.Submit(blockpool.Request{Tokens: tokens, LoRA: req.LoRA, Salt: req.CacheSalt}, maxTokens)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	chat := req.API == request.APIChatCompletions
+	id := fmt.Sprintf("cmpl-%s-%d", s.r.eng.cfg.Pod, s.next.Add(1))
+	if chat {
+		id = "chat" + id
+	}
+	e := emitter{w: w, id: id, model: req.Model, chat: chat, created: time.Now().Unix()}
+	if req.Stream {
+		e.stream(r.Context(), seq, g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
+		return
+	}
+	e.whole(r.Context(), seq)
+}
+
+// outputWord is the text of output token i: deterministic, so that a
+// conversation replayed gives the same history.
+func outputWord(i int) string { return " w" + strconv.Itoa(i%97) }
+
+type emitter struct {
+	w       http.ResponseWriter
+	id      string
+	model   string
+	chat    bool
+	created int64
+}
+
+func (e *emitter) usage(seq *Seq, generated int) map[string]any {
+	p := seq.PromptTokens()
+	return map[string]any{
+		"prompt_tokens": p, "completion_tokens": generated, "total_tokens": p + generated,
+		"prompt_tokens_details": map[string]any{"cached_tokens": seq.Cached()},
+	}
+}
+
+func (e *emitter) object() string {
+	if e.chat {
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (e *emitter) whole(ctx context.Context, seq *Seq) {
+	var text []byte
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case t := <-seq.Tokens:
+			if t.Err != nil {
+				writeError(e.w, http.StatusServiceUnavailable, t.Err.Error())
+				return
+			}
+			if !t.Done {
+				text = append(text, outputWord(t.Index)...)
+				n++
+				continue
+			}
+			choice := map[string]any{"index": 0, "finish_reason": "length", "logprobs": nil}
+			if e.chat {
+				choice["message"] = map[string]any{"role": "assistant", "content": string(text)}
+			} else {
+				choice["text"] = string(text)
+			}
+			writeJSON(e.w, http.StatusOK, map[string]any{
+				"id": e.id, "object": e.object(), "created": e.created, "model": e.model,
+				"choices": []any{choice}, "usage": e.usage(seq, n),
+			})
+			return
+		}
+	}
+}
+
+func (e *emitter) stream(ctx context.Context, seq *Seq, includeUsage bool) {
+	e.w.Header().Set("Content-Type", "text/event-stream")
+	e.w.Header().Set("Cache-Control", "no-cache")
+	fl, _ := e.w.(http.Flusher)
+	obj := "text_completion"
+	if e.chat {
+		obj = "chat.completion.chunk"
+	}
+	send := func(choices []any, usage any) {
+		b, _ := json.Marshal(map[string]any{
+			"id": e.id, "object": obj, "created": e.created, "model": e.model, "choices": choices, "usage": usage,
+		})
+		_, _ = fmt.Fprintf(e.w, "data: %s\n\n", b)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	choice := func(text string, finish any) []any {
+		c := map[string]any{"index": 0, "finish_reason": finish, "logprobs": nil}
+		if e.chat {
+			c["delta"] = map[string]any{"content": text}
+		} else {
+			c["text"] = text
+		}
+		return []any{c}
+	}
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case t := <-seq.Tokens:
+			if t.Err != nil {
+				b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": t.Err.Error(), "code": 503}})
+				_, _ = fmt.Fprintf(e.w, "data: %s\n\n", b)
+				return
+			}
+			if !t.Done {
+				if n == 0 && e.chat {
+					send([]any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "finish_reason": nil, "logprobs": nil}}, nil)
+				}
+				n++
+				send(choice(outputWord(t.Index), nil), nil)
+				continue
+			}
+			send(choice("", "length"), nil)
+			if includeUsage {
+				send([]any{}, e.usage(seq, n))
+			}
+			_, _ = fmt.Fprint(e.w, "data: [DONE]\n\n")
+			if fl != nil {
+				fl.Flush()
+			}
+			return
+		}
+	}
+}
+
+// vllmCollector exposes a replica's state under vLLM's metric names.
+type vllmCollector struct{ r *Replica }
+
+var (
+	labelsModel   = []string{"model_name"}
+	descWaiting   = prometheus.NewDesc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labelsModel, nil)
+	descRunning   = prometheus.NewDesc("vllm:num_requests_running", "Number of requests in model execution batches.", labelsModel, nil)
+	descKVUsage   = prometheus.NewDesc("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labelsModel, nil)
+	descCacheCfg  = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", []string{"block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching"}, nil)
+	descLoRA      = prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.", []string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, nil)
+	descQueries   = prometheus.NewDesc("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", labelsModel, nil)
+	descHits      = prometheus.NewDesc("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", labelsModel, nil)
+	descSuccess   = prometheus.NewDesc("vllm:request_success_total", "Count of successfully processed requests.", labelsModel, nil)
+	descPromptTok = prometheus.NewDesc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", labelsModel, nil)
+	descGenTok    = prometheus.NewDesc("vllm:generation_tokens_total", "Number of generation tokens processed.", labelsModel, nil)
+)
+
+func (c *vllmCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descWaiting, descRunning, descKVUsage, descCacheCfg, descLoRA, descQueries, descHits, descSuccess, descPromptTok, descGenTok} {
+		ch <- d
+	}
+}
+
+func (c *vllmCollector) Collect(ch chan<- prometheus.Metric) {
+	waiting, running := c.r.Load()
+	st := c.r.Stats()
+	cfg := c.r.eng.cfg
+	m := cfg.Model
+	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(waiting), m)
+	ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(running), m)
+	ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, c.r.eng.Usage(), m)
+	ch <- prometheus.MustNewConstMetric(descCacheCfg, prometheus.GaugeValue, 1,
+		strconv.Itoa(cfg.Pool.BlockSize), strconv.Itoa(cfg.Pool.GPUBlocks), strconv.Itoa(cfg.Pool.CPUBlocks), "True")
+	ch <- prometheus.MustNewConstMetric(descLoRA, prometheus.GaugeValue, float64(time.Now().Unix()), "0", "", "")
+	ch <- prometheus.MustNewConstMetric(descQueries, prometheus.CounterValue, float64(st.PrefixQueries), m)
+	ch <- prometheus.MustNewConstMetric(descHits, prometheus.CounterValue, float64(st.PrefixHits), m)
+	ch <- prometheus.MustNewConstMetric(descSuccess, prometheus.CounterValue, float64(st.Requests), m)
+	ch <- prometheus.MustNewConstMetric(descPromptTok, prometheus.CounterValue, float64(st.PromptTokens), m)
+	ch <- prometheus.MustNewConstMetric(descGenTok, prometheus.CounterValue, float64(st.GenerationTokens), m)
+}
