@@ -57,7 +57,7 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 | kvroute-precise-load | kvroute's EPP with its default profile (precise prefix 3, queue 2, KV usage 2) |
 | oracle | in the client, reading every engine's true cache and queue: lowest estimated TTFT |
 
-approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoint without KV events takes. In this tree it records each pick under the exact index's block keys (pkg/epp's speculator) but looks prefixes up with datalayer.ApproxHashes, a different hash chain, so it never matches what it recorded and routes on queue and KV usage alone; approx-prefix is the faithful upstream algorithm the checks use.
+approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoint without KV events takes; approx-prefix is the faithful upstream algorithm, run in the client, which the checks compare against.
 
 The EPP-routed policies run the real request path: the client's HTTP request goes to the EPP's standalone proxy, which tokenizes through an engine's /tokenize, runs PrepareData and the scheduler, and forwards to the picked engine; the EPP scrapes every engine's /metrics every 50ms.
 
