@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/natsauth"
 	"github.com/kvroute/kvroute/pkg/natsembed"
 	"github.com/kvroute/kvroute/pkg/relay"
 )
@@ -67,7 +68,7 @@ func TestAuthorizationConfinesEachRelayToItsPodAndTheEPPStillWorks(t *testing.T)
 		pods:   2,
 		server: authServer("vllm-0", "vllm-1"),
 		relayAuth: func(pod string) relay.NATSOptions {
-			return relay.NATSOptions{User: "relay-" + pod, Password: "pw-" + pod}
+			return relay.NATSOptions{Auth: natsauth.Config{User: "relay-" + pod, Password: "pw-" + pod}}
 		},
 	})
 	w.serve(100)

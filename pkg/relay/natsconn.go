@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/kvroute/kvroute/pkg/natsauth"
 )
 
 // NATSOptions say how the relay reaches NATS. Zero values mean: the default
@@ -18,16 +20,9 @@ type NATSOptions struct {
 	URL string
 	// Name is the client name servers show in their connection lists.
 	Name string
-	// At most one way to authenticate: User and Password, Token, an NKey
-	// seed file, or a creds file (a JWT and its seed).
-	User, Password string
-	Token          string
-	NKeySeedFile   string
-	CredsFile      string
-	// CAFile verifies the server's certificate; CertFile and KeyFile, both
-	// or neither, present the relay's own.
-	CAFile            string
-	CertFile, KeyFile string
+	// Auth is how the relay authenticates and verifies the server, as the
+	// EPP does.
+	Auth natsauth.Config
 	// ReconnectWait is the first reconnect delay (default 250ms); it doubles
 	// after each failed attempt up to MaxReconnectWait (default 5s).
 	ReconnectWait, MaxReconnectWait time.Duration
@@ -96,40 +91,11 @@ func (o NATSOptions) options() ([]nats.Option, error) {
 	if o.Name != "" {
 		opts = append(opts, nats.Name(o.Name))
 	}
-	auth := 0
-	if o.User != "" || o.Password != "" {
-		auth++
-		opts = append(opts, nats.UserInfo(o.User, o.Password))
+	auth, err := o.Auth.Options()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNATSOptions, err)
 	}
-	if o.Token != "" {
-		auth++
-		opts = append(opts, nats.Token(o.Token))
-	}
-	if o.NKeySeedFile != "" {
-		auth++
-		opt, err := nats.NkeyOptionFromSeed(o.NKeySeedFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: nkey seed %s: %w", ErrNATSOptions, o.NKeySeedFile, err)
-		}
-		opts = append(opts, opt)
-	}
-	if o.CredsFile != "" {
-		auth++
-		opts = append(opts, nats.UserCredentials(o.CredsFile))
-	}
-	if auth > 1 {
-		return nil, fmt.Errorf("%w: give one of user/password, token, nkey seed, creds file", ErrNATSOptions)
-	}
-	if (o.CertFile == "") != (o.KeyFile == "") {
-		return nil, fmt.Errorf("%w: a client certificate needs both its cert and key files", ErrNATSOptions)
-	}
-	if o.CAFile != "" {
-		opts = append(opts, nats.RootCAs(o.CAFile))
-	}
-	if o.CertFile != "" {
-		opts = append(opts, nats.ClientCert(o.CertFile, o.KeyFile))
-	}
-	return opts, nil
+	return append(opts, auth...), nil
 }
 
 // backoff doubles the delay per attempt up to most, with up to 20% jitter

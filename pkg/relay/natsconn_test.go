@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/natsauth"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
@@ -26,9 +27,9 @@ func TestNATSOptionsRejectsWhatCannotConnect(t *testing.T) {
 		name string
 		o    NATSOptions
 	}{
-		{"two ways to authenticate", NATSOptions{Token: "t", User: "u", Password: "p"}},
-		{"a client certificate without its key", NATSOptions{CertFile: "c.pem"}},
-		{"an nkey seed file that does not exist", NATSOptions{NKeySeedFile: "/nonexistent/seed"}},
+		{"two ways to authenticate", NATSOptions{Auth: natsauth.Config{Token: "t", User: "u", Password: "p"}}},
+		{"a client certificate without its key", NATSOptions{Auth: natsauth.Config{CertFile: "c.pem"}}},
+		{"an nkey seed file that does not exist", NATSOptions{Auth: natsauth.Config{NKeySeedFile: "/nonexistent/seed"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -90,10 +91,10 @@ func TestDialNATSAuthenticatesEachWay(t *testing.T) {
 		server server.Options
 		dial   NATSOptions
 	}{
-		{"with a user and password", server.Options{Username: "relay", Password: "s3cret"}, NATSOptions{User: "relay", Password: "s3cret"}},
-		{"with a token", server.Options{Authorization: "tok"}, NATSOptions{Token: "tok"}},
-		{"with an nkey seed file", server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}}, NATSOptions{NKeySeedFile: seedFile}},
-		{"over TLS with a client certificate", server.Options{TLSConfig: tlsConf, TLSVerify: true, TLSTimeout: 5}, NATSOptions{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}},
+		{"with a user and password", server.Options{Username: "relay", Password: "s3cret"}, NATSOptions{Auth: natsauth.Config{User: "relay", Password: "s3cret"}}},
+		{"with a token", server.Options{Authorization: "tok"}, NATSOptions{Auth: natsauth.Config{Token: "tok"}}},
+		{"with an nkey seed file", server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}}, NATSOptions{Auth: natsauth.Config{NKeySeedFile: seedFile}}},
+		{"over TLS with a client certificate", server.Options{TLSConfig: tlsConf, TLSVerify: true, TLSTimeout: 5}, NATSOptions{Auth: natsauth.Config{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
