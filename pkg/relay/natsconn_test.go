@@ -16,9 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/natsauth"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+
+	"github.com/kvroute/kvroute/pkg/natsauth"
 )
 
 func TestNATSOptionsRejectsWhatCannotConnect(t *testing.T) {
