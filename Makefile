@@ -5,7 +5,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCH    ?= .
 BENCHTIME ?= 1s
-FUZZTIME ?= 10s
+FUZZTIME ?= 10000x
 
 .PHONY: run test test-interop bench bench-routing fuzz-smoke lint help
 
@@ -27,7 +27,7 @@ bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~9 min)
 	$(GO) run ./cmd/kvsim bench
 
-fuzz-smoke: ## run each fuzz target briefly (FUZZTIME each)
+fuzz-smoke: ## run each fuzz target briefly (FUZZTIME executions each)
 	./scripts/fuzz-smoke.sh $(FUZZTIME)
 
 lint: ## go vet and gofmt
