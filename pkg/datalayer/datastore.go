@@ -36,7 +36,7 @@ type Datastore struct {
 
 	endpoints prometheus.Gauge
 	// staticReloads counts static-file reloads by result; it lives here so
-	// WatchStaticFile needs no registerer of its own.
+	// StaticFile needs no registerer of its own.
 	staticReloads *prometheus.CounterVec
 }
 

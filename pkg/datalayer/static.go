@@ -129,23 +129,32 @@ func parseEndpointAddress(s string) (string, error) {
 	return netip.AddrPortFrom(ip.Unmap(), uint16(p)).String(), nil
 }
 
-// WatchStaticFile keeps ds in step with the static endpoints file at path.
-// The first load must succeed, or WatchStaticFile returns its error at once;
-// afterwards the file is re-read every second and applied when its content
-// changes. A bad new version keeps the last good set of endpoints and is
-// logged and counted once. It returns nil when ctx is done.
-func WatchStaticFile(ctx context.Context, path string, ds *Datastore, logger *slog.Logger) error {
-	return watchStaticFile(ctx, path, ds, logger, time.Second)
+// StaticFile keeps a datastore in step with a static endpoints file.
+type StaticFile struct {
+	w staticWatcher
 }
 
-func watchStaticFile(ctx context.Context, path string, ds *Datastore, logger *slog.Logger, every time.Duration) error {
+// LoadStaticFile reads the static endpoints file at path into ds; an error
+// leaves ds untouched. Run then keeps ds in step with later versions.
+func LoadStaticFile(path string, ds *Datastore, logger *slog.Logger) (*StaticFile, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	w := staticWatcher{path: path, ds: ds, logger: logger}
-	if err := w.load(); err != nil {
-		return err
+	f := &StaticFile{w: staticWatcher{path: path, ds: ds, logger: logger}}
+	if err := f.w.load(); err != nil {
+		return nil, err
 	}
+	return f, nil
+}
+
+// Run re-reads the file every second and applies it when its content
+// changes. A bad new version keeps the last good set of endpoints and is
+// logged and counted once. It returns when ctx is done.
+func (f *StaticFile) Run(ctx context.Context) {
+	f.run(ctx, time.Second)
+}
+
+func (f *StaticFile) run(ctx context.Context, every time.Duration) {
 	// Polling content rather than watching inotify events: a ConfigMap
 	// volume swaps a symlink, editors rename over the file, and network
 	// file systems send no events at all; re-reading a small file once a
@@ -155,11 +164,11 @@ func watchStaticFile(ctx context.Context, path string, ds *Datastore, logger *sl
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
-			if err := w.load(); err != nil && !errors.Is(err, errUnchanged) {
-				logger.Error("static endpoints file rejected, keeping the last good endpoints",
-					"path", path, "error", err)
+			if err := f.w.load(); err != nil && !errors.Is(err, errUnchanged) {
+				f.w.logger.Error("static endpoints file rejected, keeping the last good endpoints",
+					"path", f.w.path, "error", err)
 			}
 		}
 	}

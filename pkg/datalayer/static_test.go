@@ -194,7 +194,7 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
-func TestWatchStaticFile(t *testing.T) {
+func TestStaticFileFollowsItsFile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "endpoints.yaml")
@@ -206,14 +206,19 @@ func TestWatchStaticFile(t *testing.T) {
 	ds.Upsert(ep("k8s-pod", "10.9.9.9:8000"))
 	logs := newSyncBuffer()
 	logger := slog.New(slog.NewTextHandler(logs, nil))
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- watchStaticFile(ctx, path, ds, logger, 10*time.Millisecond) }()
-
+	f, err := LoadStaticFile(path, ds, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
 	members := func(want ...string) func() bool {
 		return func() bool { return slices.Equal(names(ds.List()), want) }
 	}
-	waitFor(t, "the first load", members("k8s-pod", "vllm-0", "vllm-1"))
+	if !members("k8s-pod", "vllm-0", "vllm-1")() {
+		t.Fatalf("after the first load: %v", names(ds.List()))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { f.run(ctx, 10*time.Millisecond); close(done) }()
 
 	writeFile(t, path, "endpoints:\n- {name: vllm-1, address: '10.0.0.8:8000', model: m}\n- {name: vllm-2, address: '10.0.0.9:8000', model: m}\n")
 	waitFor(t, "the reload", members("k8s-pod", "vllm-1", "vllm-2"))
@@ -243,15 +248,13 @@ func TestWatchStaticFile(t *testing.T) {
 	waitFor(t, "recovery to an empty file", members("k8s-pod"))
 
 	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("watch returned %v after cancel, want nil", err)
-	}
+	<-done
 	if got := testutil.ToFloat64(ds.staticReloads.WithLabelValues("ok")); got != 3 {
 		t.Fatalf("good reloads = %v, want 3", got)
 	}
 }
 
-func TestWatchStaticFileFailsOnABadFirstLoad(t *testing.T) {
+func TestLoadStaticFileRefusesABadFirstVersion(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name    string
@@ -267,9 +270,13 @@ func TestWatchStaticFileFailsOnABadFirstLoad(t *testing.T) {
 			if tt.content != nil {
 				writeFile(t, path, *tt.content)
 			}
-			err := WatchStaticFile(t.Context(), path, NewDatastore(nil), slog.New(slog.DiscardHandler))
+			ds := NewDatastore(nil)
+			_, err := LoadStaticFile(path, ds, slog.New(slog.DiscardHandler))
 			if err == nil || !strings.Contains(err.Error(), path) {
 				t.Fatalf("err = %v, want an error naming %s", err, path)
+			}
+			if ds.Len() != 0 {
+				t.Fatalf("a refused file added %d endpoints", ds.Len())
 			}
 		})
 	}

@@ -123,6 +123,7 @@ type EPP struct {
 	extproc   *extproc.Server
 	proxy     *proxy.Server
 	discovery Discovery
+	static    *datalayer.StaticFile
 
 	httpLn  net.Listener
 	httpSrv *http.Server
@@ -198,6 +199,15 @@ func New(opts Options) (*EPP, error) {
 		}
 	})
 	e.producer = preciseprefix.New("", opts.Prefix, e.index, e.approx)
+	if opts.EndpointsFile != "" {
+		// Loaded now, so that a bad file stops start-up and the endpoints
+		// are members before the first event arrives.
+		var err error
+		if e.static, err = datalayer.LoadStaticFile(opts.EndpointsFile, e.ds, e.logger); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("epp: %w", err)
+		}
+	}
 	if err := e.setupDiscovery(); err != nil {
 		e.Close()
 		return nil, err
@@ -444,7 +454,19 @@ func (e *EPP) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); fail(f()) }()
 	}
 
-	goRun(func() error { return e.consumer.Run(ctx) })
+	if e.discovery != nil {
+		goRun(func() error { return e.discovery.Run(ctx) })
+	}
+	goRun(func() error {
+		// Events of an endpoint that is not yet a member are dropped, and a
+		// JetStream stream replays at once: consuming starts once the
+		// first endpoint set is known, so a restarted EPP keeps every
+		// replayed batch of the pool's endpoints.
+		if !e.awaitDiscovery(ctx) {
+			return nil
+		}
+		return e.consumer.Run(ctx)
+	})
 	if e.recovery != nil {
 		goRun(func() error { return e.recovery.Run(ctx) })
 	}
@@ -452,13 +474,10 @@ func (e *EPP) Run(ctx context.Context) error {
 	if e.scraper != nil {
 		goRun(func() error { e.scraper.Run(ctx); return nil })
 	}
-	if e.opts.EndpointsFile != "" {
-		goRun(func() error { return datalayer.WatchStaticFile(ctx, e.opts.EndpointsFile, e.ds, e.logger) })
+	if e.static != nil {
+		goRun(func() error { e.static.Run(ctx); return nil })
 	}
 	e.runRequestPath(ctx, goRun)
-	if e.discovery != nil {
-		goRun(func() error { return e.discovery.Run(ctx) })
-	}
 	goRun(func() error {
 		if err := e.httpSrv.Serve(e.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("epp: HTTP server: %w", err)
@@ -473,6 +492,28 @@ func (e *EPP) Run(ctx context.Context) error {
 	})
 	wg.Wait()
 	return runErr
+}
+
+// awaitDiscovery waits for the discovery source's first full state, if
+// there is one; false means ctx ended first.
+func (e *EPP) awaitDiscovery(ctx context.Context) bool {
+	if e.discovery == nil {
+		return true
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for waited := 0; !e.discovery.Synced(); waited++ {
+		if waited > 0 && waited%500 == 0 {
+			e.logger.Info("waiting for endpoint discovery's first sync before consuming KV events",
+				"waited", time.Duration(waited)*20*time.Millisecond)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+	return true
 }
 
 // Close releases the NATS connection, the embedded server and the HTTP

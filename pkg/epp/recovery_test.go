@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,12 +168,19 @@ func TestRestartedEPPReplaysTheJetStreamStream(t *testing.T) {
 	waitExact(t, first, engines, ps)
 	stop()
 
-	// The new EPP starts empty; the stream still holds every batch.
-	second, _ := runEPP(t, opts)
+	// The new EPP starts empty, its endpoints read from a file as it
+	// starts; the stream still holds every batch.
+	var file strings.Builder
+	file.WriteString("endpoints:\n")
 	for _, g := range engines {
 		c := g.Config()
-		second.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
+		fmt.Fprintf(&file, "- {name: %s, address: '%s', model: m}\n", c.Pod, c.Address)
 	}
+	opts.EndpointsFile = filepath.Join(t.TempDir(), "endpoints.yaml")
+	if err := os.WriteFile(opts.EndpointsFile, []byte(file.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := runEPP(t, opts)
 	waitExact(t, second, engines, ps)
 	if got := metric(t, second.Registry(), "kvroute_events_batches_total", "result", "applied"); got == 0 {
 		t.Fatal("the restarted EPP applied no replayed batch")
@@ -177,7 +188,46 @@ func TestRestartedEPPReplaysTheJetStreamStream(t *testing.T) {
 	if got := metric(t, second.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 0 {
 		t.Errorf("resyncs ok = %v: with no relay the stream alone must have rebuilt the index", got)
 	}
+
+	// A discovery source that takes its time (an informer cache still
+	// filling): the stream waits for it rather than dropping the batches
+	// of endpoints it does not know yet.
+	opts.EndpointsFile = ""
+	opts.Discovery = func(ds *datalayer.Datastore, _ prometheus.Registerer, _ *slog.Logger) (Discovery, error) {
+		return &slowDiscovery{ds: ds, delay: 300 * time.Millisecond, engines: engines}, nil
+	}
+	third, _ := runEPP(t, opts)
+	waitExact(t, third, engines, ps)
+	if got := metric(t, third.Registry(), "kvroute_index_events_dropped_total", "reason", "unknown_endpoint"); got != 0 {
+		t.Errorf("%v events dropped as from unknown endpoints", got)
+	}
 }
+
+// slowDiscovery registers the engines as endpoints after a delay, then
+// reports itself synced.
+type slowDiscovery struct {
+	ds      *datalayer.Datastore
+	delay   time.Duration
+	engines []*sim.Engine
+	synced  atomic.Bool
+}
+
+func (d *slowDiscovery) Run(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-time.After(d.delay):
+	}
+	for _, g := range d.engines {
+		c := g.Config()
+		d.ds.Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
+	}
+	d.synced.Store(true)
+	<-ctx.Done()
+	return nil
+}
+
+func (d *slowDiscovery) Synced() bool { return d.synced.Load() }
 
 func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
 	ns, err := natsembed.Start(natsembed.Options{})
