@@ -239,7 +239,7 @@ func bench(ctx context.Context, args []string) error {
 		return err
 	}
 	for _, c := range loadgen.Checks(pts) {
-		fmt.Printf("check %-5v %s: %s — %s\n", c.Pass, c.Workload, c.Claim, c.Detail)
+		fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
 	}
 	fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
 	return nil

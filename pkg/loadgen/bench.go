@@ -11,6 +11,9 @@ import (
 type Plan struct {
 	Workload Workload
 	Rates    []float64
+	// GPUBlocks, when set, overrides the fleet's GPU cache per engine for
+	// this workload, whose working set needs a cache of another size.
+	GPUBlocks int
 }
 
 // BenchOptions shape a routing benchmark: every plan's workload at each of
@@ -46,7 +49,7 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 	for _, p := range o.Plans {
 		for _, rate := range p.Rates {
 			for _, pol := range o.Policies {
-				pt, err := benchOne(ctx, o, p.Workload, pol, rate)
+				pt, err := benchOne(ctx, o, p, pol, rate)
 				if err != nil {
 					return out, err
 				}
@@ -62,8 +65,12 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 	return out, nil
 }
 
-func benchOne(ctx context.Context, o BenchOptions, w Workload, policy string, rate float64) (Point, error) {
-	env, err := StartEnv(ctx, policy, o.Fleet, o.Seed)
+func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate float64) (Point, error) {
+	w, fleet := p.Workload, o.Fleet
+	if p.GPUBlocks > 0 {
+		fleet.Pool.GPUBlocks = p.GPUBlocks
+	}
+	env, err := StartEnv(ctx, policy, fleet, o.Seed)
 	if err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}

@@ -36,6 +36,20 @@ schedulingProfiles:
     weight: 1
   - pluginRef: speculative-prefix-recorder
 `
+	// PrefillCostConfig scores by the estimated prefill work a pick adds
+	// and finds queued: the exact index's uncached tokens plus the queue.
+	PrefillCostConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-cost-scorer
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefill-cost-scorer
+    weight: 1
+  - pluginRef: speculative-prefix-recorder
+`
 	// ApproxConfig is upstream's default profile (prefix 3, queue 2, KV
 	// usage 2) on its approximate prefix scorer; the EPP receives no KV
 	// events, so prefix answers come from its routing history alone.
@@ -112,6 +126,8 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 		cfg = PreciseConfig
 	case PolicyApproxEPP:
 		cfg = ApproxConfig
+	case PolicyPrefillCost:
+		cfg = PrefillCostConfig
 	}
 	e, err := epp.New(epp.Options{
 		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",

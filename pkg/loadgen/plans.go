@@ -4,21 +4,32 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
 
 // DefaultPlans are the benchmark's workloads and rate ladders, sized for
 // `make bench-routing` to finish within 15 minutes on a 2-core machine.
-// The shared-prefix working set (8 groups of 2048-token system prompts,
-// 1024 blocks) is twice one engine's GPU cache, so only routing that keeps
-// each group on few engines can hold it.
+//   - shared-prefix: the working set (8 groups of 2048-token system prompts,
+//     1024 blocks) is twice one engine's GPU cache, so only routing that
+//     keeps each group on few engines can hold it.
+//   - multi-turn: conversations resend their history every turn.
+//   - agent: one application whose every conversation opens with the same
+//     3072-token system prompt (about 21k characters: beyond the 256 blocks
+//     of 64 characters that upstream's approximate scorer hashes, so to it
+//     all requests look alike), then 8 turns of 512-token tool output. The
+//     conversations' histories, not the shared prompt, are what a pick can
+//     win; engines get 4096 GPU blocks so that they can hold them.
+//   - unrelated: nothing to reuse, the control.
 func DefaultPlans(quick bool) []Plan {
 	plans := []Plan{
 		{Workload: Workload{Name: "shared-prefix", Kind: KindSharedPrefix, Groups: 8, SystemTokens: 2048, QuestionTokens: 64},
-			Rates: []float64{8, 16, 24, 32}},
+			Rates: []float64{8, 16, 32}},
 		{Workload: Workload{Name: "multi-turn", Kind: KindMultiTurn, Groups: 4, SystemTokens: 1024, QuestionTokens: 128, Turns: 4},
 			Rates: []float64{8, 20}},
+		{Workload: Workload{Name: "agent", Kind: KindMultiTurn, Groups: 1, SystemTokens: 3072, QuestionTokens: 512, Turns: 8},
+			GPUBlocks: 4096, Rates: []float64{12, 24, 36}},
 		{Workload: Workload{Name: "unrelated", Kind: KindUnrelated, SystemTokens: 1024, QuestionTokens: 64},
 			Rates: []float64{12}},
 	}
@@ -43,8 +54,8 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 	}
 	fmt.Fprintf(&b, ", behind vLLM's HTTP API, with a scheduler loop (at most %d running sequences; prefill %s per uncached token, CPU-tier load %s per token, decode step %s + %s per running sequence). Every engine step publishes its KV events, as vLLM does.\n\n",
 		t.MaxSeqs, t.PrefillPerToken, t.LoadPerToken, t.DecodeStep, t.DecodePerSeq)
-	fmt.Fprintf(&b, "Traffic: open-loop Poisson arrivals for %s per run (then up to %s to finish; requests still running are cut and counted with their time so far), %d output tokens per request, streamed; every policy sees the same arrivals and prompts, on a fresh fleet with cold caches. TTFT is measured by the client at the first streamed token.\n\n",
-		o.Duration, o.Drain, o.MaxTokens)
+	fmt.Fprintf(&b, "Traffic: open-loop Poisson arrivals for %s per run (then up to %s to finish; requests still running are cut and counted with their time so far), %d output tokens per request, streamed; a conversation's turns follow one another %s apart, conversations starting at the rate divided by the turns; every policy sees the same arrivals and prompts, on a fresh fleet with cold caches. TTFT is measured by the client at the first streamed token.\n\n",
+		o.Duration, o.Drain, o.MaxTokens, o.ThinkTime)
 	b.WriteString(`Policies:
 
 | policy | how it routes |
@@ -54,9 +65,15 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 | approx-prefix | upstream's approximate prefix routing, in the client: the prompt text hashed in chunks and matched against a per-engine LRU of what was routed there (kvroute's ApproxIndex, upstream's algorithm and capacity), scored as upstream's default profile (prefix 3, queue 2, KV usage 2) with queue and usage read directly from the engines |
 | approx-prefix-epp | kvroute's EPP with upstream's default profile (prefix-cache-scorer 3, queue 2, KV usage 2) and no KV events, so that prefix answers come from its approximate routing-history fallback (see the note below) |
 | kvroute-precise | kvroute's EPP, precise-prefix-cache-scorer only (plus the speculative recorder), fed by the engines' KV events over NATS |
-| kvroute-precise-load | kvroute's EPP with its default profile (precise prefix 3, queue 2, KV usage 2) |
+| kvroute-precise-load | kvroute's EPP with its default profile, upstream's weights on the precise scorer (precise prefix 3, queue 2, KV usage 2) |
+| kvroute-prefill-cost | kvroute's EPP with the prefill-cost-scorer: per engine, the prompt tokens the exact index says are not cached there plus the prefill work queued there; the cheapest wins |
 | oracle | in the client, reading every engine's true cache and queue: lowest estimated TTFT |
 
+Workloads:
+
+| workload | shape | groups | system prompt (tokens) | question or turn (tokens) | turns | GPU blocks per engine | rates (req/s) |
+|---|---|---:|---:|---:|---:|---:|---|
+` + workloadRows(o) + `
 approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoint without KV events takes; approx-prefix is the faithful upstream algorithm, run in the client, which the checks compare against.
 
 The EPP-routed policies run the real request path: the client's HTTP request goes to the EPP's standalone proxy, which tokenizes through an engine's /tokenize, runs PrepareData and the scheduler, and forwards to the picked engine; the EPP scrapes every engine's /metrics every 50ms.
@@ -66,8 +83,8 @@ The EPP-routed policies run the real request path: the client's HTTP request goe
 	if len(checks) > 0 {
 		b.WriteString("## Checks\n\n| workload | claim | result | detail |\n|---|---|---|---|\n")
 		for _, c := range checks {
-			res := "pass"
-			if !c.Pass {
+			res := string(c.Outcome)
+			if c.Outcome == Fail {
 				res = "**fail**"
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Workload, c.Claim, res, c.Detail)
@@ -106,4 +123,23 @@ The EPP-routed policies run the real request path: the client's HTTP request goe
 		return fmt.Errorf("loadgen: %w", err)
 	}
 	return nil
+}
+
+// workloadRows lists the plans' workloads as Markdown table rows.
+func workloadRows(o BenchOptions) string {
+	var b strings.Builder
+	for _, p := range o.Plans {
+		w := p.Workload
+		blocks := o.Fleet.Pool.GPUBlocks
+		if p.GPUBlocks > 0 {
+			blocks = p.GPUBlocks
+		}
+		rates := make([]string, len(p.Rates))
+		for i, r := range p.Rates {
+			rates[i] = strconv.FormatFloat(r, 'f', -1, 64)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s |\n",
+			w.Name, w.Kind, max(w.Groups, 1), w.SystemTokens, w.QuestionTokens, max(w.Turns, 1), blocks, strings.Join(rates, ", "))
+	}
+	return b.String()
 }

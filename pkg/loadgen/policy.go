@@ -24,16 +24,17 @@ const (
 	PolicyApproxEPP   = "approx-prefix-epp"
 	PolicyPrecise     = "kvroute-precise"
 	PolicyPreciseLoad = "kvroute-precise-load"
+	PolicyPrefillCost = "kvroute-prefill-cost"
 	PolicyOracle      = "oracle"
 )
 
 // AllPolicies lists every policy the benchmark compares.
-var AllPolicies = []string{PolicyRandom, PolicyRoundRobin, PolicyLeastQueue, PolicyApprox, PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyOracle}
+var AllPolicies = []string{PolicyRandom, PolicyRoundRobin, PolicyLeastQueue, PolicyApprox, PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyOracle}
 
 // viaEPP says whether a policy routes through kvroute's EPP (its proxy)
 // rather than choosing the engine in the client.
 func viaEPP(policy string) bool {
-	return policy == PolicyApproxEPP || policy == PolicyPrecise || policy == PolicyPreciseLoad
+	return policy == PolicyApproxEPP || policy == PolicyPrecise || policy == PolicyPreciseLoad || policy == PolicyPrefillCost
 }
 
 // router picks the base URL a request is sent to, knowing its prompt (the

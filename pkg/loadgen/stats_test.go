@@ -71,33 +71,60 @@ func TestChecksFindWhereTheApproximatePolicyBlowsUp(t *testing.T) {
 		point("w", PolicyApprox, 1, 100*ms, 0.5), point("w", PolicyPrecise, 1, 50*ms, 0.9), point("w", PolicyOracle, 1, 50*ms, 0.9),
 		point("w", PolicyApprox, 2, 300*ms, 0.5), point("w", PolicyPrecise, 2, 50*ms, 0.85), point("w", PolicyOracle, 2, 50*ms, 0.95),
 		point("w", PolicyApprox, 3, 900*ms, 0.5), point("w", PolicyPrecise, 3, 300*ms, 0.9), point("w", PolicyOracle, 3, 50*ms, 0.9),
+		point("w", PolicyPreciseLoad, 3, 100*ms, 0.9), point("w", PolicyPrefillCost, 3, 200*ms, 0.9),
 	}
 	got := Checks(pts)
-	if len(got) != 2 {
-		t.Fatalf("got %d checks, want 2: %+v", len(got), got)
+	if len(got) != 5 {
+		t.Fatalf("got %d checks, want 5: %+v", len(got), got)
 	}
-	if got[0].Pass || !strings.Contains(got[0].Detail, "2.0 req/s") {
+	if got[0].Outcome != Fail || !strings.Contains(got[0].Detail, "2.0 req/s") {
 		t.Errorf("hit-rate check = %+v; want a failure at 2 req/s (0.85 < 0.95*0.95)", got[0])
 	}
-	// Blown up first at 3 req/s (900ms ≥ 5×100ms); there precise is only 3x lower.
-	if got[1].Pass || !strings.Contains(got[1].Detail, "at 3.0 req/s") {
+	// Blown up first at 3 req/s (900ms ≥ 5×100ms); there precise is only
+	// 3x lower, precise with load 9x, prefill cost 4.5x.
+	if got[1].Outcome != Fail || got[1].Policy != PolicyPrecise || !strings.Contains(got[1].Detail, "at 3.0 req/s") {
 		t.Errorf("TTFT check = %+v; want a failure at 3 req/s", got[1])
+	}
+	if got[2].Outcome != Pass || got[2].Policy != PolicyPreciseLoad || !strings.Contains(got[2].Detail, "9.0x") {
+		t.Errorf("TTFT check = %+v; want a pass with 9x", got[2])
+	}
+	if got[3].Outcome != Fail || got[3].Policy != PolicyPrefillCost {
+		t.Errorf("TTFT check = %+v; want a failure with 4.5x", got[3])
+	}
+	// The overall claim rests on the prefill-cost profile, which fell short.
+	if got[4].Workload != "all" || got[4].Outcome != Fail {
+		t.Errorf("overall check = %+v; want a failure", got[4])
+	}
+	pts[len(pts)-1] = point("w", PolicyPrefillCost, 3, 150*ms, 0.9)
+	if got := Checks(pts); got[4].Outcome != Pass || !strings.Contains(got[3].Detail, "6.0x") {
+		t.Errorf("checks = %+v; want the prefill-cost row at 6x and the overall check passing", got)
 	}
 
 	// The EPP's approximate variant blows up at 2 req/s (600ms), where
-	// precise is 12x lower; one that never blows up fails its check.
+	// precise is 12x lower.
 	pts = append(pts, point("w", PolicyApproxEPP, 1, 100*ms, 0.3), point("w", PolicyApproxEPP, 2, 600*ms, 0.3))
 	got = Checks(pts)
-	if len(got) != 3 || !got[2].Pass || !strings.Contains(got[2].Detail, "at 2.0 req/s") || !strings.Contains(got[2].Detail, "12.0x") {
-		t.Errorf("checks = %+v; want a third, passing at 2 req/s with 12x", got)
+	if len(got) != 6 || got[4].Outcome != Pass || !strings.Contains(got[4].Detail, "at 2.0 req/s") || !strings.Contains(got[4].Detail, "12.0x") {
+		t.Errorf("checks = %+v; want a fifth, passing at 2 req/s with 12x", got)
 	}
+
+	// Where approx never blows up the TTFT claim does not apply, and the
+	// overall check fails: nothing strained the approximate policy.
 	flat := []Point{point("u", PolicyApprox, 1, 100*ms, 0.5), point("u", PolicyApprox, 2, 110*ms, 0.5), point("u", PolicyOracle, 1, 100*ms, 0.5)}
-	if got := Checks(flat); len(got) != 1 || got[0].Pass || !strings.Contains(got[0].Detail, "never reached") {
-		t.Errorf("checks = %+v; want one failure saying approx never blew up", got)
+	got = Checks(flat)
+	if len(got) != 2 || got[0].Outcome != NotApplicable || !strings.Contains(got[0].Detail, "never reached") {
+		t.Errorf("checks = %+v; want the TTFT claim not to apply", got)
+	}
+	if got[1].Workload != "all" || got[1].Outcome != Fail {
+		t.Errorf("overall check = %+v; want a failure", got[1])
+	}
+	// One workload where it blew up and kvroute held is enough.
+	if got := Checks(append(flat, pts...)); got[len(got)-1].Outcome != Pass {
+		t.Errorf("overall check = %+v; want a pass", got[len(got)-1])
 	}
 	none := []Point{point("n", PolicyApprox, 1, 100*ms, 0), point("n", PolicyApprox, 2, 900*ms, 0), point("n", PolicyOracle, 1, 100*ms, 0)}
-	if got := Checks(none); len(got) != 0 {
-		t.Errorf("checks = %+v; want none for a workload with nothing to reuse", got)
+	if got := Checks(none); len(got) != 1 || got[0].Workload != "all" {
+		t.Errorf("checks = %+v; want only the overall one for a workload with nothing to reuse", got)
 	}
 }
 
