@@ -109,7 +109,7 @@ func NewIndex(opts IndexOptions, reg prometheus.Registerer) *Index {
 	}
 	ix.epoch = ix.now()
 	for i := range ix.shards {
-		ix.shards[i].m = make(map[uint64]uint64)
+		ix.shards[i].m = newKeyTable()
 	}
 	empty := map[string]*ixEndpoint{}
 	ix.members.Store(&empty)

@@ -109,7 +109,7 @@ func (ix *Index) walk(keys []uint64, out []Match, sc *lookupScratch) {
 	for j, key := range keys {
 		sh := ix.shard(key)
 		sh.mu.RLock()
-		v, ok := sh.m[key]
+		v, ok := sh.m.get(key)
 		if !ok {
 			sh.mu.RUnlock()
 			break

@@ -103,7 +103,7 @@ type delta struct {
 
 type keyShard struct {
 	mu   sync.RWMutex
-	m    map[uint64]uint64
+	m    keyTable
 	sets [][]uint64
 	free []uint32
 	// Keep neighbouring shards' locks off one cache line.
@@ -112,7 +112,7 @@ type keyShard struct {
 
 // get returns ep's holder word for key, 0 if ep does not hold it.
 func (s *keyShard) get(key uint64, ep uint16) uint64 {
-	v, ok := s.m[key]
+	v, ok := s.m.get(key)
 	switch {
 	case !ok:
 		return 0
@@ -134,23 +134,23 @@ func (s *keyShard) get(key uint64, ep uint16) uint64 {
 // holders in their most compact form: inline when there is one. It returns
 // the change in the number of distinct keys.
 func (s *keyShard) put(key uint64, ep uint16, h uint64) int64 {
-	v, ok := s.m[key]
+	v, ok := s.m.get(key)
 	switch {
 	case !ok:
 		if h == 0 {
 			return 0
 		}
-		s.m[key] = h
+		s.m.set(key, h)
 		return 1
 	case v&setBit == 0:
 		switch {
 		case holderEP(v) == ep && h == 0:
-			delete(s.m, key)
+			s.m.del(key)
 			return -1
 		case holderEP(v) == ep:
-			s.m[key] = h
+			s.m.set(key, h)
 		case h != 0:
-			s.m[key] = setBit | uint64(s.allocSet(v, h))
+			s.m.set(key, setBit|uint64(s.allocSet(v, h)))
 		}
 		return 0
 	}
@@ -174,7 +174,7 @@ func (s *keyShard) put(key uint64, ep uint16, h uint64) int64 {
 		hs[i] = hs[last]
 		hs = hs[:last]
 		if len(hs) == setHeader+1 {
-			s.m[key] = hs[setHeader]
+			s.m.set(key, hs[setHeader])
 			s.freeSet(idx)
 			return 0
 		}

@@ -367,7 +367,7 @@ func checkGaugesMatchContents(t *testing.T, ix *Index) {
 	for i := range ix.shards {
 		sh := &ix.shards[i]
 		sh.mu.RLock()
-		for _, v := range sh.m {
+		for _, v := range sh.m.all() {
 			blocks++
 			hs := []uint64{v}
 			if v&setBit != 0 {

@@ -67,9 +67,14 @@ type speculator struct {
 	maxApprox int
 }
 
-func (s *speculator) Speculate(addr string, keys []uint64) {
-	s.index.Speculate(addr, keys)
-	s.approx.Record(addr, keys[:min(len(keys), s.maxApprox)])
+func (s *speculator) Speculate(addr string, keys []uint64, held int) {
+	s.index.Speculate(addr, keys[held:])
+	// The routing history answers only for endpoints whose event stream is
+	// missing or uncertain; teaching it the picks of an exact endpoint
+	// would cost an LRU update per block on every request for nothing.
+	if state, _ := s.index.State(addr); state != datalayer.StreamExact {
+		s.approx.Record(addr, keys[:min(len(keys), s.maxApprox)])
+	}
 }
 
 // RecordHistory remembers a pick made from text hashes alone (the token ids

@@ -1,20 +1,19 @@
 package extproc_test
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
-	"math/rand/v2"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
+	"google.golang.org/grpc/experimental"
+
 	"github.com/kvroute/kvroute/pkg/extproc"
 	"github.com/kvroute/kvroute/pkg/extproc/extproctest"
 )
+
+// The EPP's command sets gRPC's default buffer pool to the server's, as a
+// deployed EPP runs; so do these benchmarks and the tests beside them.
+func init() { experimental.SetDefaultBufferPool(extproc.BufferPool()) }
 
 // BenchmarkExtProcOverhead measures what routing adds to a request: the
 // request phase of an ext_proc stream (headers, the body in 16 KiB chunks,
@@ -36,31 +35,14 @@ func BenchmarkExtProcOverhead(b *testing.B) {
 		Endpoints: endpoints, BlockSize: blockSize, GPUBlocks: 4096,
 		NoTokenizer: true, ScrapeInterval: time.Second,
 	})
-	prefixes := make([][]uint32, endpoints)
-	for i, s := range f.Servers {
-		p := make([]uint32, prefixLen)
-		for j := range p {
-			p[j] = uint32(i*prefixLen + j)
-		}
-		prefixes[i] = p
-		if _, err := s.Engine.Serve(blockpool.Request{Tokens: p}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	prefixes := f.FillPrefixes(b, prefixLen)
 	for i, s := range f.Servers {
 		f.WaitHeld(b, s.Addr, prefixes[i])
 	}
 	_, c, _ := startServer(b, f.Director, extproc.Options{Plaintext: true})
 
 	for _, size := range []int{1024, 8192, 32768} {
-		bodies := make([][]byte, endpoints)
-		for i, p := range prefixes {
-			prompt := append(slices.Clone(p[:size-16]), make([]uint32, 16)...)
-			for j := size - 16; j < size; j++ {
-				prompt[j] = uint32(1<<30 + j)
-			}
-			bodies[i], _ = json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1})
-		}
+		bodies := extproctest.PrefixBodies(prefixes, size)
 		for _, mode := range []struct {
 			name    string
 			workers int
@@ -74,59 +56,21 @@ func BenchmarkExtProcOverhead(b *testing.B) {
 }
 
 func runLoad(b *testing.B, c *extproctest.Client, bodies [][]byte, workers int, paced bool) {
-	var (
-		next     atomic.Int64
-		mu       sync.Mutex
-		lat      = make([]time.Duration, 0, b.N)
-		failures atomic.Int64
-		wg       sync.WaitGroup
-	)
+	l := extproctest.Load{Bodies: bodies, N: b.N, Workers: workers}
+	if paced {
+		l.Interval = time.Millisecond
+	}
 	b.ResetTimer()
-	start, cpu := time.Now(), cpuTime()
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(w), 7))
-			var mine []time.Duration
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(b.N) {
-					break
-				}
-				body := bodies[r.IntN(len(bodies))]
-				t0 := time.Now()
-				if paced {
-					t0 = start.Add(time.Duration(i) * time.Millisecond)
-					time.Sleep(time.Until(t0))
-				}
-				res, err := c.Do(context.Background(), extproctest.Request{
-					Path: "/v1/completions", Body: body, Chunks: len(body)/16384 + 1,
-				}, nil)
-				if err != nil || res.Immediate != nil {
-					failures.Add(1)
-					continue
-				}
-				mine = append(mine, time.Since(t0))
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	elapsed, used := time.Since(start), cpuTime()-cpu
+	cpu := cpuTime()
+	res := l.Run(c)
+	used := cpuTime() - cpu
 	b.StopTimer()
-	if n := failures.Load(); n > 0 {
-		b.Fatalf("%d of %d requests failed", n, b.N)
+	if res.Failures > 0 {
+		b.Fatalf("%d of %d requests failed", res.Failures, b.N)
 	}
-	slices.Sort(lat)
-	q := func(p float64) float64 {
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds())
-	}
-	b.ReportMetric(q(0.50), "p50-µs")
-	b.ReportMetric(q(0.99), "p99-µs")
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+	b.ReportMetric(float64(res.Quantile(0.50).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(res.Quantile(0.99).Microseconds()), "p99-µs")
+	b.ReportMetric(float64(b.N)/res.Elapsed.Seconds(), "req/s")
 	// CPU per request, the load generator's and the fleet's included: on a
 	// shared machine this is steadier than latency, and it is what decides
 	// whether 1000 req/s fits on two cores.

@@ -99,21 +99,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// bufferPool has a tier for every power of two from 4 KiB to 16 MiB. gRPC's
-// default jumps from 32 KiB to 1 MiB and zeroes a whole buffer on each use,
-// so every body chunk of 32-64 KiB (the size Envoy sends and is sent back)
-// would cost a 1 MiB clear.
-var bufferPool = sync.OnceValue(func() mem.BufferPool {
-	p, err := mem.NewBinaryTieredBufferPool(8, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24)
-	if err != nil {
-		panic(fmt.Sprintf("extproc: buffer pool tiers: %v", err)) // constant arguments: cannot fail
-	}
-	return p
-})
-
 // BufferPool is the gRPC buffer pool the server uses; a client streaming
 // large bodies benefits from it too (grpc/experimental.WithBufferPool).
-func BufferPool() mem.BufferPool { return bufferPool() }
+func BufferPool() mem.BufferPool { return sharedPool }
 
 // Server is the ext_proc gRPC server.
 type Server struct {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 var requestSeeds = []struct{ path, body string }{
@@ -13,6 +15,8 @@ var requestSeeds = []struct{ path, body string }{
 	{"/v1/completions", `{"model":"m","prompt":["a","b"],"stream":true,"stream_options":{"include_usage":true}}`},
 	{"/v1/completions", `{"model":"m","prompt":[128000,9906,1917],"add_special_tokens":false,"cache_salt":"tenant-a"}`},
 	{"/v1/completions", `{"model":"m","prompt":[[1,2],[3]]}`},
+	{"/v1/completions", `{"model":"m","prompt":[0,1,22,333,4444,55555,666666,7777777,88888888,999999999,4294967295,01,12 ,3]}`},
+	{"/v1/completions", `{"model":"m","prompt":[4294967295,1234567,1]}`},
 	{"/v1/completions", `{"model":"m","prompt":[1,-1]}`},
 	{"/v1/completions", `{"model":"m","prompt":[99999999999999999999]}`},
 	{"/v1/completions", `{"model":"m","prompt_embeds":"AAAA"}`},
@@ -47,6 +51,14 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if req.API != 0 && req.Model == "" {
 			t.Fatal("a completions or chat request without a model was accepted")
+		}
+		// Token ids read from a flat prompt array must be encoding/json's.
+		var fields map[string]json.RawMessage
+		var want []uint32
+		if req.API == request.APICompletions && json.Unmarshal(body, &fields) == nil && json.Unmarshal(fields["prompt"], &want) == nil && len(want) > 0 {
+			if !slices.Equal(req.TokenIDs, want) {
+				t.Fatalf("token ids %v, encoding/json reads %v", req.TokenIDs, want)
+			}
 		}
 	})
 }

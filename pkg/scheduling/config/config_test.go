@@ -481,7 +481,7 @@ func TestUpstreamApproxProducerTuningCarriesOver(t *testing.T) {
 
 type nopSpeculator struct{}
 
-func (nopSpeculator) Speculate(string, []uint64) {}
+func (nopSpeculator) Speculate(string, []uint64, int) {}
 
 func TestSpeculativeRecorderLoadsWithTheProcessSpeculator(t *testing.T) {
 	t.Parallel()

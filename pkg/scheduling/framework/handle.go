@@ -31,9 +31,11 @@ type HistoryRecorder interface {
 
 // Speculator records that an endpoint will soon hold blocks: after a pick,
 // the picked endpoint is about to compute the request's prefix, so requests
-// arriving before its KV events can already be sent there.
+// arriving before its KV events can already be sent there. keys are the
+// request's block keys for the endpoint, of which the first held the
+// endpoint already holds for real (an exact match): those need no record.
 type Speculator interface {
-	Speculate(addr string, keys []uint64)
+	Speculate(addr string, keys []uint64, held int)
 }
 
 // Handle is what plugin factories get from the process at start-up.

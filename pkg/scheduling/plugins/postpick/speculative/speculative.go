@@ -9,9 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/prefixinfo"
 )
 
 // Type is the plugin's registered type name.
@@ -54,7 +56,7 @@ func (r *Recorder) TypedName() plugin.TypedName { return r.name }
 
 // Consumes implements plugin.Consumer.
 func (r *Recorder) Consumes() map[string]any {
-	return map[string]any{framework.RequestBlockKeysKey: []uint64(nil)}
+	return map[string]any{framework.RequestBlockKeysKey: []uint64(nil), datalayer.PrefixCacheMatchInfoKey: prefixinfo.Exemplar}
 }
 
 // PostPick implements framework.PostPick.
@@ -65,7 +67,15 @@ func (r *Recorder) PostPick(_ context.Context, _ *framework.CycleState, req *req
 	primary := res.Picked[0]
 	if v, ok := primary.Get(framework.RequestBlockKeysKey); ok {
 		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
-			r.spec.Speculate(primary.Address, keys)
+			// Blocks the endpoint already holds for real need no
+			// speculation: after an exact match with nothing speculative
+			// in it, the speculator is told how many lead the keys. This
+			// spares the index a write per held block on every pick.
+			held := 0
+			if info, ok := prefixinfo.Get(primary); ok && info.Exact && info.SpeculativeBlocks == 0 {
+				held = min(max(info.MatchBlocks, 0), len(keys))
+			}
+			r.spec.Speculate(primary.Address, keys, held)
 			return
 		}
 	}

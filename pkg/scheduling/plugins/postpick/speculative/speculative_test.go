@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
@@ -19,30 +20,42 @@ type recorder struct {
 	calls map[string][]uint64
 }
 
-func (r *recorder) Speculate(addr string, keys []uint64) {
+func (r *recorder) Speculate(addr string, keys []uint64, held int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.calls == nil {
 		r.calls = map[string][]uint64{}
 	}
-	r.calls[addr] = keys
+	r.calls[addr] = keys[held:]
 }
 
 func TestPostPickRecordsThePrimaryOnly(t *testing.T) {
 	t.Parallel()
 	keys := []uint64{11, 22, 33}
+	exact := func(match, spec int) *datalayer.PrefixCacheInfo {
+		return &datalayer.PrefixCacheInfo{MatchBlocks: match, TotalBlocks: 3, SpeculativeBlocks: spec, Exact: true}
+	}
 	tests := []struct {
 		name    string
 		req     request.Request
 		publish bool
+		info    *datalayer.PrefixCacheInfo
 		picked  int
 		want    map[string][]uint64
 	}{
-		{"the primary pick is recorded with the request's keys", request.Request{ID: "r"}, true, 2,
+		{"the primary pick is recorded with the request's keys", request.Request{ID: "r"}, true, nil, 2,
 			map[string][]uint64{"a:8000": keys}},
-		{"nothing is recorded without published keys", request.Request{ID: "r"}, false, 1, nil},
-		{"nothing is recorded for an empty pick", request.Request{ID: "r"}, true, 0, nil},
-		{"a multimodal request is not recorded", request.Request{ID: "r", NoReproduciblePrefix: true}, true, 1, nil},
+		{"blocks held for real are not recorded", request.Request{ID: "r"}, true, exact(2, 0), 1,
+			map[string][]uint64{"a:8000": keys[2:]}},
+		{"a match wholly held passes every key as held", request.Request{ID: "r"}, true, exact(3, 0), 1,
+			map[string][]uint64{"a:8000": {}}},
+		{"a match with speculative blocks is recorded whole, refreshing them", request.Request{ID: "r"}, true, exact(2, 1), 1,
+			map[string][]uint64{"a:8000": keys}},
+		{"an approximate match is recorded whole", request.Request{ID: "r"}, true,
+			&datalayer.PrefixCacheInfo{MatchBlocks: 2, TotalBlocks: 3}, 1, map[string][]uint64{"a:8000": keys}},
+		{"nothing is recorded without published keys", request.Request{ID: "r"}, false, nil, 1, nil},
+		{"nothing is recorded for an empty pick", request.Request{ID: "r"}, true, nil, 0, nil},
+		{"a multimodal request is not recorded", request.Request{ID: "r", NoReproduciblePrefix: true}, true, nil, 1, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,9 +66,12 @@ func TestPostPickRecordsThePrimaryOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 			cands := schedtest.Cands(schedtest.C{Name: "a"}, schedtest.C{Name: "b"})
-			if tt.publish {
-				for _, c := range cands {
+			for _, c := range cands {
+				if tt.publish {
 					c.Put(framework.RequestBlockKeysKey, keys)
+				}
+				if tt.info != nil {
+					c.Put(datalayer.PrefixCacheMatchInfoKey, *tt.info)
 				}
 			}
 			res := &framework.ProfileResult{Picked: cands[:tt.picked]}
