@@ -110,9 +110,9 @@ func scanTokenIDs(b []byte, i int) (ids []uint32, end int, ok bool) {
 		// bytes at a time; longer ones, and those near the end of the
 		// body, a digit at a time. The range is checked once per id, not
 		// per digit: ten digits cannot overflow a uint64.
-		if n := 0; i+8 <= len(b) {
-			if v, n = digits8(binary.LittleEndian.Uint64(b[i:])); n < 8 {
-				i += n
+		if i+8 <= len(b) {
+			if w, n := digits8(binary.LittleEndian.Uint64(b[i:])); n < 8 {
+				v, i = w, i+n
 			}
 		}
 		if i == start {
