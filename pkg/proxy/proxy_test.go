@@ -201,6 +201,9 @@ func TestModelServerErrorsPassThrough(t *testing.T) {
 		checkError(t, resp, int(code), "unhappy")
 		resp.Body.Close()
 	}
+	// A request is accounted after its response is written; the handler
+	// has done so once it is no longer active.
+	waitFor(t, "every request to end", func() bool { return value(t, reg, "kvroute_proxy_active_requests") == 0 })
 	if got := value(t, reg, "kvroute_proxy_requests_total"); got != 3 {
 		t.Errorf("requests counted = %v, want 3", got)
 	}
