@@ -264,8 +264,10 @@ func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rnc.Close)
+	rreg := prometheus.NewRegistry()
 	r, err := relay.New(relay.Config{ZMQEndpoint: zep, Connect: true, ReplayEndpoint: rep, Namespace: "default", Pool: "pool-r",
-		Pod: "vllm-0", PodIP: "127.0.0.1", ServingPort: 8200, Model: "m", Logger: slog.New(slog.DiscardHandler)}, rnc)
+		Pod: "vllm-0", PodIP: "127.0.0.1", ServingPort: 8200, Model: "m", Logger: slog.New(slog.DiscardHandler),
+		Registerer: rreg}, rnc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,6 +285,18 @@ func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	serveAll(t, []*sim.Engine{eng}, ps)
+	// Every batch is through the relay and the NATS server before the EPP
+	// subscribes: it has only the snapshot to catch up from.
+	last, _ := eng.LastSeq()
+	for r.Mirror().Position().Seq != last || metric(t, rreg, "kvroute_relay_buffer_depth_batches") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay never forwarded the engine's last batch %d", last)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := rnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 
 	e, _ := runEPP(t, Options{NATSURL: ns.ClientURL(), Pool: "pool-r"})
 	// The pod name, and so the snapshot subject, comes from discovery.

@@ -38,6 +38,9 @@ type Engine struct {
 	buf  []byte
 	n    uint64
 	zmq  *zmqOut
+	// last is the seq of the last batch emitted, valid once emitted.
+	last    uint64
+	emitted bool
 }
 
 // NewEngine returns an engine publishing through pub (nil: not over NATS;
@@ -53,6 +56,14 @@ func NewEngine(cfg EngineConfig, pub *events.Publisher) *Engine {
 
 // Config returns the engine's configuration.
 func (e *Engine) Config() EngineConfig { return e.cfg }
+
+// LastSeq is the sequence number of the last event batch the engine
+// emitted; ok is false before the first.
+func (e *Engine) LastSeq() (seq uint64, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.last, e.emitted
+}
 
 // Serve runs one request through the engine: it admits the prompt (hitting
 // whatever leading blocks are cached), publishes that step's events, then
@@ -100,6 +111,7 @@ func (e *Engine) step() error {
 	if !ok || (e.pub == nil && e.zmq == nil) {
 		return nil
 	}
+	e.last, e.emitted = seq, true
 	var err error
 	e.buf, err = events.AppendBatch(e.buf[:0], b, e.cfg.Encoding)
 	if err != nil {
