@@ -7,7 +7,7 @@ BENCH    ?= .
 BENCHTIME ?= 1s
 FUZZTIME ?= 10000x
 
-.PHONY: run test test-interop bench bench-routing fuzz-smoke lint help
+.PHONY: run test test-interop bench bench-routing bench-routing-virtual fuzz-smoke lint help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 
 bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~12 min)
 	$(GO) run ./cmd/kvsim bench
+
+bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virtual-time/
+	$(GO) run ./cmd/kvsim bench --virtual
 
 fuzz-smoke: ## run each fuzz target briefly (FUZZTIME executions each)
 	./scripts/fuzz-smoke.sh $(FUZZTIME)

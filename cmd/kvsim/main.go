@@ -200,7 +200,8 @@ func bench(ctx context.Context, args []string) error {
 	ff.register(fs, 4, 512)
 	dur := fs.Duration("duration", 8*time.Second, "arrivals per run")
 	drain := fs.Duration("drain", 5*time.Second, "time allowed after arrivals before requests in flight are cut")
-	outDir := fs.String("out", "docs", "directory for routing-benchmark.md and its SVG plots")
+	outDir := fs.String("out", "", "directory for routing-benchmark.md and its SVG plots (default docs, or docs/virtual-time with --virtual)")
+	virtual := fs.Bool("virtual", false, "run in virtual time: no HTTP, NATS or sleeping, kvroute's scheduler in process; seconds instead of minutes")
 	quick := fs.Bool("quick", false, "one rate per workload and short runs, to try the machinery")
 	only := fs.String("workloads", "", "comma-separated workloads to run (default all)")
 	rates := fs.String("rates", "", "comma-separated request rates overriding every workload's ladder")
@@ -217,7 +218,14 @@ func bench(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *outDir == "" {
+		*outDir = "docs"
+		if *virtual {
+			*outDir = filepath.Join("docs", "virtual-time")
+		}
+	}
 	o := loadgen.BenchOptions{
+		Virtual:  *virtual,
 		Plans:    plans,
 		Policies: strings.Split(*policies, ","),
 		Fleet:    fo, Duration: *dur, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: 42,

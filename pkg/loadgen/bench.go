@@ -27,6 +27,9 @@ type BenchOptions struct {
 	MaxTokens       int
 	ThinkTime       time.Duration
 	Seed            uint64
+	// Virtual runs every policy in virtual time (RunVirtual) rather than
+	// in real time through HTTP, NATS and a served EPP.
+	Virtual bool
 	// Progress, when set, gets a line per run.
 	Progress io.Writer
 }
@@ -70,14 +73,22 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	if p.GPUBlocks > 0 {
 		fleet.Pool.GPUBlocks = p.GPUBlocks
 	}
+	ro := RunOptions{
+		Model: o.Fleet.Model, Rate: rate, Duration: o.Duration, Drain: o.Drain,
+		MaxTokens: o.MaxTokens, ThinkTime: o.ThinkTime, Seed: o.Seed,
+	}
+	if o.Virtual {
+		res, err := RunVirtual(ctx, policy, fleet, w, ro)
+		if err != nil {
+			return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
+		}
+		return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan)}, nil
+	}
 	env, err := StartEnv(ctx, policy, fleet, o.Seed)
 	if err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}
-	res := env.Run(ctx, w, RunOptions{
-		Model: o.Fleet.Model, Rate: rate, Duration: o.Duration, Drain: o.Drain,
-		MaxTokens: o.MaxTokens, ThinkTime: o.ThinkTime, Seed: o.Seed,
-	})
+	res := env.Run(ctx, w, ro)
 	if err := env.Close(); err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}

@@ -120,15 +120,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 		}
 		return env, nil
 	}
-	cfg := epp.DefaultConfigText
-	switch policy {
-	case PolicyPrecise:
-		cfg = PreciseConfig
-	case PolicyApproxEPP:
-		cfg = ApproxConfig
-	case PolicyPrefillCost:
-		cfg = PrefillCostConfig
-	}
+	cfg := eppConfig(policy)
 	e, err := epp.New(epp.Options{
 		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		ConfigText: cfg, Scrape: true,
@@ -282,4 +274,17 @@ func (env *Env) CheckIndex(ctx context.Context, prompts [][]uint32) (IndexCheck,
 		}
 	}
 	return c, nil
+}
+
+// eppConfig is the scheduling configuration of an EPP-routed policy.
+func eppConfig(policy string) string {
+	switch policy {
+	case PolicyPrecise:
+		return PreciseConfig
+	case PolicyApproxEPP:
+		return ApproxConfig
+	case PolicyPrefillCost:
+		return PrefillCostConfig
+	}
+	return epp.DefaultConfigText
 }

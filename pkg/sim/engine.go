@@ -24,6 +24,10 @@ type EngineConfig struct {
 	// Encoding is how event batches are written: vLLM's array form (up to
 	// about 0.23) or its map form (0.26 and later).
 	Encoding events.Encoding
+	// Sink, when set, is handed each step's batch as it is made, as an
+	// event consumer would hand it on: a run in virtual time feeds an
+	// index this way, with no transport between.
+	Sink events.Sink
 }
 
 // Engine is one simulated vLLM engine. Its methods are safe for concurrent
@@ -108,10 +112,24 @@ func (e *Engine) Usage() float64 {
 // step ends an engine step and publishes its batch, if it has one.
 func (e *Engine) step() error {
 	b, seq, ok := e.pool.Step()
-	if !ok || (e.pub == nil && e.zmq == nil) {
+	if !ok || (e.pub == nil && e.zmq == nil && e.cfg.Sink == nil) {
 		return nil
 	}
 	e.last, e.emitted = seq, true
+	o := events.Origin{
+		Stream:    events.Stream{Endpoint: e.cfg.Address, DPRank: e.cfg.Pool.DPRank},
+		Pod:       e.cfg.Pod,
+		Model:     e.cfg.Model,
+		Instance:  e.instance,
+		BlockSize: e.cfg.Pool.BlockSize,
+		Seq:       seq,
+	}
+	if e.cfg.Sink != nil {
+		e.cfg.Sink.Apply(o, b)
+	}
+	if e.pub == nil && e.zmq == nil {
+		return nil
+	}
 	var err error
 	e.buf, err = events.AppendBatch(e.buf[:0], b, e.cfg.Encoding)
 	if err != nil {
@@ -124,14 +142,6 @@ func (e *Engine) step() error {
 	}
 	if e.pub == nil {
 		return nil
-	}
-	o := events.Origin{
-		Stream:    events.Stream{Endpoint: e.cfg.Address, DPRank: e.cfg.Pool.DPRank},
-		Pod:       e.cfg.Pod,
-		Model:     e.cfg.Model,
-		Instance:  e.instance,
-		BlockSize: e.cfg.Pool.BlockSize,
-		Seq:       seq,
 	}
 	if err := e.pub.Publish(o, e.buf); err != nil {
 		return fmt.Errorf("engine %s: publish batch %d: %w", e.cfg.Pod, seq, err)

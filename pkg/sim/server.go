@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -213,6 +214,15 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 // outputWord is the text of output token i: deterministic, so that a
 // conversation replayed gives the same history.
 func outputWord(i int) string { return " w" + strconv.Itoa(i%97) }
+
+// ReplyText is the text of an n-token completion, as the server streams it.
+func ReplyText(n int) string {
+	var b strings.Builder
+	for i := range n {
+		b.WriteString(outputWord(i))
+	}
+	return b.String()
+}
 
 type emitter struct {
 	w       http.ResponseWriter
