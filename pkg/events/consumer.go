@@ -93,7 +93,9 @@ type item struct {
 //
 // A reconnect or a slow-consumer report from the NATS client makes every
 // known stream uncertain (ReasonReconnect, ReasonSlowConsumer), delivered
-// through each stream's worker. Rejected messages (bad headers, undecodable
+// through each stream's worker; so do drops the client makes later in the
+// same slow-consumer episode, which it does not report (the subscription's
+// drop count is read every 250ms). Rejected messages (bad headers, undecodable
 // payloads) are counted, logged at most once a second per kind, and never
 // reach the sink; an undecodable batch leaves its seq unconsumed, so the
 // stream's next batch reports the gap it left.
@@ -242,11 +244,63 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.active.Store(true)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if sub := c.sub.Load(); sub != nil {
+			c.watchDrops(ctx, sub)
+		}
+	}()
 	<-ctx.Done()
+	<-watched
 	c.active.Store(false)
 	stop()
 	stopWorkers()
 	return nil
+}
+
+// dropCheckEvery is how often the subscription's drop count is read.
+const dropCheckEvery = 250 * time.Millisecond
+
+// watchDrops reports drops the client made since the last report, until
+// ctx is done. The client tells of a slow consumer once per episode, at its
+// first drop; the episode's later drops are silent. One of those that takes
+// a stream's last batches before the engine falls quiet would leave the
+// stream wrong with no later seq to show it, or fall after a snapshot that
+// the first report asked for.
+func (c *Consumer) watchDrops(ctx context.Context, sub *nats.Subscription) {
+	t := time.NewTicker(dropCheckEvery)
+	defer t.Stop()
+	// owed[i]: worker i has a notice to get. Notices are queued without
+	// blocking (a worker may be stuck behind a slow sink, which is what
+	// made the drops) and retried each tick, so that the watch keeps
+	// counting, and stops with ctx, whatever the workers do.
+	owed := make([]bool, len(c.queues))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.countSlowDrops(sub) {
+			for i := range owed {
+				owed[i] = true
+			}
+		}
+		now := time.Now()
+		c.mu.RLock()
+		for i, q := range c.queues {
+			if !owed[i] || !c.accepting {
+				continue
+			}
+			select {
+			case q <- item{reason: ReasonSlowConsumer, recv: now}:
+				owed[i] = false
+			default:
+			}
+		}
+		c.mu.RUnlock()
+	}
 }
 
 // installHandlers chains the consumer's reaction to reconnects and slow
@@ -285,15 +339,17 @@ func (c *Consumer) installHandlers() {
 }
 
 // countSlowDrops adds the client's drops since the last call to the
-// metrics. The client tells of a slow consumer once per episode, so this
-// runs then and at shutdown rather than per message.
-func (c *Consumer) countSlowDrops(sub *nats.Subscription) {
+// metrics and reports whether there were any. It runs when the client
+// reports a slow consumer, every dropCheckEvery, and at shutdown.
+func (c *Consumer) countSlowDrops(sub *nats.Subscription) bool {
 	c.slowMu.Lock()
 	defer c.slowMu.Unlock()
 	if n, err := sub.Dropped(); err == nil && n > c.slowDropped {
 		c.m.droppedSlow.Add(float64(n - c.slowDropped))
 		c.slowDropped = n
+		return true
 	}
+	return false
 }
 
 // subscribe starts the core NATS subscription and returns its stopper.

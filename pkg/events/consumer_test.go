@@ -519,6 +519,54 @@ func TestConsumerReportsSlowConsumerAsUncertainty(t *testing.T) {
 	}
 }
 
+// TestConsumerReportsDropsTheClientKeepsQuietAbout: the client reports a
+// slow consumer once per episode, at its first drop. Drops later in the same
+// episode are found by reading the drop count, and reported too.
+func TestConsumerReportsDropsTheClientKeepsQuietAbout(t *testing.T) {
+	t.Parallel()
+	env := newNATSEnv(t, false, true)
+	rec := &sinkRecorder{block: make(chan struct{})}
+	c := newTestConsumer(t, env.connect(t, "consumer"), ConsumerOptions{
+		Namespace: "ns", Pool: "pool", Workers: 1, QueueLen: 1, PendingLimit: 4,
+	}, rec)
+	runConsumer(t, c)
+	pc := env.connect(t, "publisher")
+	pub := NewPublisher(pc, "ns", "pool")
+	burst := func(from uint64) {
+		t.Helper()
+		for seq := from; seq < from+100; seq++ {
+			if err := pub.Publish(testOrigin(1, seq, "i"), encodeBatch(t, testBatch(1, seq, 1, 4))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub := c.sub.Load()
+	counted := func() bool {
+		n, _ := sub.Dropped()
+		return n > 0 && testutil.ToFloat64(c.m.droppedSlow) == float64(n)
+	}
+	// The sink holds the first batch: the queue and the client's buffer
+	// fill, and the episode of drops begins, reported once by the client.
+	burst(0)
+	waitUntil(t, "the first drops counted", counted)
+	first, _ := sub.Dropped()
+	// The sink still holds: the same episode goes on, and the client says
+	// nothing more.
+	burst(100)
+	waitUntil(t, "more drops, counted", func() bool {
+		n, _ := sub.Dropped()
+		return n > first && counted()
+	})
+	close(rec.block)
+	s := testOrigin(1, 0, "").Stream
+	waitUntil(t, "two slow-consumer reports", func() bool {
+		return rec.count(func(c call) bool { return c.op == "uncertain" && c.reason == ReasonSlowConsumer && c.stream == s }) >= 2
+	})
+}
+
 func TestConsumerShutsDownCleanly(t *testing.T) {
 	// Not parallel: goleak compares against the goroutines alive at start.
 	for _, tr := range transports {

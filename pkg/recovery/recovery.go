@@ -353,13 +353,17 @@ func (r *Recovery) OnUncertain(s events.Stream, _ events.Reason) {
 	}
 }
 
-// AddEndpoint asks once for the snapshot of an endpoint that joined the
-// pool (its rank-0 stream; other ranks are found when their batches
-// arrive): whatever it published before is unknown to the index. If its
-// relay does not answer, nothing more is done: the live stream, and the
-// consumer's gap reports, decide the endpoint's state as they would
-// without recovery, so that engines publishing straight to NATS, with no
-// relay, are not asked again and again.
+// AddEndpoint asks for the snapshot of an endpoint that joined the pool
+// (its rank-0 stream; other ranks are found when their batches arrive):
+// whatever it published before is unknown to the index. If no relay
+// answers, nothing more is done: the live stream, and the consumer's gap
+// reports, decide the endpoint's state as they would without recovery, so
+// that engines publishing straight to NATS, with no relay, are not asked
+// again and again. A relay that answers but cannot help yet (it has
+// relayed nothing, or the live stream lost batches while the snapshot was
+// fetched) is asked again with backoff, as for any uncertain stream: the
+// batches it relays next may all be lost to a slow consumer, and then no
+// later seq would show the gap.
 func (r *Recovery) AddEndpoint(addr string) {
 	st := r.get(events.Stream{Endpoint: addr})
 	r.mu.Lock()
@@ -506,8 +510,8 @@ func (r *Recovery) finish(st *stream, err error, once bool) {
 	case err == nil:
 		st.failures = 0
 	case errors.Is(err, ErrAborted), errors.Is(err, context.Canceled):
-	case once:
-		failures = -1 // not worth a warning: see AddEndpoint
+	case once && (errors.Is(err, ErrNoResponders) || errors.Is(err, ErrNoPod)):
+		failures = -1 // no relay to ask, nor a warning: see AddEndpoint
 	default:
 		st.failures++
 		st.want = true

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -445,5 +446,34 @@ func TestNewRejectsOptionsThatCannotWork(t *testing.T) {
 				t.Errorf("err = %v, want ErrOptions", err)
 			}
 		})
+	}
+}
+
+// TestAJoinRefusedByARelayWithNothingYetIsAskedAgain: an endpoint joins
+// before its relay has relayed anything, so the relay refuses; its batches
+// are then all lost (as to a slow consumer), and no later batch would show
+// the gap. Asked again with backoff, the relay answers, and the stream ends
+// exact.
+func TestAJoinRefusedByARelayWithNothingYetIsAskedAgain(t *testing.T) {
+	t.Parallel()
+	tape := recordEngine(t, 12)
+	var asked atomic.Int32
+	u := newUnit(t, recovery.Options{})
+	u.respond(t, nil, func() []*nats.Msg {
+		if asked.Add(1) == 1 {
+			h := nats.Header{}
+			h.Set(events.HeaderSnapshotError, relay.ErrNoSnapshot.Error())
+			return []*nats.Msg{{Header: h}}
+		}
+		return chunks(tape.origin("inst-a", 11), tape.snapshotAt(t, "inst-a", 11), true)
+	})
+	u.rec.AddEndpoint(unitAddr)
+	u.run(t)
+	waitFor(t, "the stream to be exact", func() bool { s, _ := u.ix.State(unitAddr); return s == datalayer.StreamExact })
+	if d := tape.diff(u.ix, tape.reference(11)); d != "" {
+		t.Fatal(d)
+	}
+	if got := counter(t, u.reg, "kvroute_recovery_resyncs_total", "result", "refused"); got != 1 {
+		t.Errorf("resyncs refused = %v, want 1", got)
 	}
 }
