@@ -15,8 +15,11 @@ help: ## list the targets
 run: ## kvroute against random routing on a small simulated fleet (ARGS=--serve keeps it up)
 	$(GO) run ./cmd/kvsim demo $(ARGS)
 
+# One package at a time (-p 1): the suites start real NATS and API servers
+# and simulated fleets, and on a 2-core machine two packages side by side
+# starve each other's timing. Serial, the whole suite takes about 3 minutes.
 test: lint ## vet, gofmt check, and every test with the race detector
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -p 1 $(PKGS)
 
 test-interop: ## the relay against vLLM's own transport library (needs libzmq3-dev and cgo)
 	$(GO) test -race -count=1 -tags libzmq ./pkg/relay/...

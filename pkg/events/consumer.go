@@ -276,17 +276,23 @@ func (c *Consumer) watchDrops(ctx context.Context, sub *nats.Subscription) {
 	// made the drops) and retried each tick, so that the watch keeps
 	// counting, and stops with ctx, whatever the workers do.
 	owed := make([]bool, len(c.queues))
+	// overrun: drops were found at an earlier tick. When a tick finds none
+	// the overrun is over, and every stream is reported once more: a
+	// resync begun during it may have been answered before its last drops.
+	overrun := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if c.countSlowDrops(sub) {
+		dropped := c.countSlowDrops(sub)
+		if dropped || overrun {
 			for i := range owed {
 				owed[i] = true
 			}
 		}
+		overrun = dropped
 		now := time.Now()
 		c.mu.RLock()
 		for i, q := range c.queues {
