@@ -464,22 +464,31 @@ func TestConsumerReportsReconnectForEveryStreamAndResumes(t *testing.T) {
 	}
 }
 
-func TestConsumerReportsSlowConsumerAsUncertainty(t *testing.T) {
-	t.Parallel()
+// slowConsumerRig is a consumer with one worker, a queue of one and a
+// pending limit of four, whose sink blocks until rec.block is closed: a
+// burst overruns it at once. send publishes one batch of stream 1.
+func slowConsumerRig(t *testing.T) (c *Consumer, rec *sinkRecorder, pc *nats.Conn, send func(seq uint64)) {
+	t.Helper()
 	env := newNATSEnv(t, false, true)
-	rec := &sinkRecorder{block: make(chan struct{})}
-	c := newTestConsumer(t, env.connect(t, "consumer"), ConsumerOptions{
+	rec = &sinkRecorder{block: make(chan struct{})}
+	c = newTestConsumer(t, env.connect(t, "consumer"), ConsumerOptions{
 		Namespace: "ns", Pool: "pool", Workers: 1, QueueLen: 1, PendingLimit: 4,
 	}, rec)
 	runConsumer(t, c)
-	pc := env.connect(t, "publisher")
+	pc = env.connect(t, "publisher")
 	pub := NewPublisher(pc, "ns", "pool")
-	send := func(seq uint64) {
+	send = func(seq uint64) {
 		t.Helper()
 		if err := pub.Publish(testOrigin(1, seq, "i"), encodeBatch(t, testBatch(1, seq, 1, 4))); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return c, rec, pc, send
+}
+
+func TestConsumerReportsSlowConsumerAsUncertainty(t *testing.T) {
+	t.Parallel()
+	c, rec, pc, send := slowConsumerRig(t)
 	// The sink holds the first batch, the queue and the client's buffer
 	// fill, and the client must drop.
 	for seq := range uint64(200) {
@@ -524,20 +533,11 @@ func TestConsumerReportsSlowConsumerAsUncertainty(t *testing.T) {
 // episode are found by reading the drop count, and reported too.
 func TestConsumerReportsDropsTheClientKeepsQuietAbout(t *testing.T) {
 	t.Parallel()
-	env := newNATSEnv(t, false, true)
-	rec := &sinkRecorder{block: make(chan struct{})}
-	c := newTestConsumer(t, env.connect(t, "consumer"), ConsumerOptions{
-		Namespace: "ns", Pool: "pool", Workers: 1, QueueLen: 1, PendingLimit: 4,
-	}, rec)
-	runConsumer(t, c)
-	pc := env.connect(t, "publisher")
-	pub := NewPublisher(pc, "ns", "pool")
+	c, rec, pc, send := slowConsumerRig(t)
 	burst := func(from uint64) {
 		t.Helper()
 		for seq := from; seq < from+100; seq++ {
-			if err := pub.Publish(testOrigin(1, seq, "i"), encodeBatch(t, testBatch(1, seq, 1, 4))); err != nil {
-				t.Fatal(err)
-			}
+			send(seq)
 		}
 		if err := pc.Flush(); err != nil {
 			t.Fatal(err)
