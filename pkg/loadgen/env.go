@@ -101,11 +101,7 @@ type Env struct {
 func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) (*Env, error) {
 	env := &Env{Policy: policy}
 	ctx, env.cancel = context.WithCancel(ctx)
-	fc := sim.FleetConfig{
-		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing,
-		Encoding: fo.Encoding, MixedEncodings: fo.Mixed,
-	}
-	fc.Pool.Seed = seed
+	fc := fo.fleetConfig(seed)
 	if !viaEPP(policy) {
 		f, err := sim.StartFleet(ctx, fc)
 		if err != nil {
@@ -287,4 +283,15 @@ func eppConfig(policy string) string {
 		return PrefillCostConfig
 	}
 	return epp.DefaultConfigText
+}
+
+// fleetConfig is the simulated fleet the options describe, its pools
+// seeded from seed.
+func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
+	fc := sim.FleetConfig{
+		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing,
+		Encoding: fo.Encoding, MixedEncodings: fo.Mixed,
+	}
+	fc.Pool.Seed = seed
+	return fc
 }

@@ -90,14 +90,10 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64) (*virtualRun, er
 		}
 		v.eppSrv, v.dir = e, e.Director()
 	}
+	fc := fo.fleetConfig(seed)
 	for i := range max(fo.Engines, 1) {
-		pool := fo.Pool
-		pool.Seed = seed
-		// Batches go to the index as they are, unencoded.
-		ec := sim.EngineConfig{
-			Pod: fmt.Sprintf("kvsim-%d", i), Address: fmt.Sprintf("10.0.0.%d:8000", i+1),
-			Model: fo.Model, Pool: pool,
-		}
+		// The real-time fleet's engines, at addresses nothing listens on.
+		ec := fc.EngineConfig(i, fmt.Sprintf("10.0.0.%d:8000", i+1))
 		if v.eppSrv != nil {
 			if policy != PolicyApproxEPP {
 				// The approximate policy's EPP hears no events: that is the point.

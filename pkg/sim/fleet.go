@@ -46,12 +46,25 @@ type Fleet struct {
 
 // StartFleet starts the fleet's scheduler loops and servers; they run until
 // Close or until ctx is done.
+// EngineConfig is the configuration of the fleet's engine i, serving at
+// addr: its pod name, its block pool's own seed, its event encoding.
+func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
+	prefix := cfg.PodPrefix
+	if prefix == "" {
+		prefix = "vllm"
+	}
+	pool := cfg.Pool
+	pool.Seed = pool.Seed*1000 + uint64(i) + 1
+	enc := cfg.Encoding
+	if cfg.MixedEncodings && i%2 == 1 {
+		enc = events.EncodingMap
+	}
+	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc}
+}
+
 func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if cfg.Engines <= 0 {
 		return nil, errors.New("sim: a fleet needs at least one engine")
-	}
-	if cfg.PodPrefix == "" {
-		cfg.PodPrefix = "vllm"
 	}
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
@@ -64,16 +77,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 			f.Close()
 			return nil, fmt.Errorf("sim: listen: %w", err)
 		}
-		pool := cfg.Pool
-		pool.Seed = pool.Seed*1000 + uint64(i) + 1
-		enc := cfg.Encoding
-		if cfg.MixedEncodings && i%2 == 1 {
-			enc = events.EncodingMap
-		}
-		eng := NewEngine(EngineConfig{
-			Pod: fmt.Sprintf("%s-%d", cfg.PodPrefix, i), Address: ln.Addr().String(),
-			Model: cfg.Model, Pool: pool, Encoding: enc,
-		}, cfg.Publisher)
+		eng := NewEngine(cfg.EngineConfig(i, ln.Addr().String()), cfg.Publisher)
 		if cfg.ZMQ != nil {
 			if z := cfg.ZMQ(i); z != nil {
 				if err := eng.StartZMQ(*z); err != nil {
