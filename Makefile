@@ -22,7 +22,7 @@ test: lint ## vet, gofmt check, and every test with the race detector
 	$(GO) test -race -count=1 -p 1 $(PKGS)
 
 test-interop: ## the relay against vLLM's own transport library (needs libzmq3-dev and cgo)
-	$(GO) test -race -count=1 -tags libzmq ./pkg/relay/...
+	$(GO) test -race -count=1 -tags libzmq ./pkg/ingest/relay/...
 
 bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)

@@ -15,8 +15,8 @@ import (
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/discovery/k8s"
 	"github.com/kvroute/kvroute/pkg/epp"
-	"github.com/kvroute/kvroute/pkg/k8s"
 )
 
 // The assembled EPP, as the chart runs it (--kubernetes), is ready only

@@ -6,19 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/extproc/extproctest"
+	"github.com/kvroute/kvroute/pkg/testkit"
+	"github.com/kvroute/kvroute/pkg/testkit/envoy"
+	"github.com/kvroute/kvroute/pkg/testkit/fleet"
 )
 
 // childEnv makes the test binary run the EPP's main instead of tests, so
@@ -53,7 +53,7 @@ func BenchmarkEPPProcess(b *testing.B) {
 		prefixLen = 32768
 		size      = 8192
 	)
-	f := extproctest.StartFleet(b, extproctest.FleetOptions{
+	f := fleet.Start(b, fleet.Options{
 		Endpoints: endpoints, BlockSize: blockSize, GPUBlocks: 4096,
 		NoTokenizer: true, ScrapeInterval: time.Hour,
 	})
@@ -67,8 +67,8 @@ func BenchmarkEPPProcess(b *testing.B) {
 	if err := os.WriteFile(epFile, []byte(file.String()), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	grpcAddr, healthAddr, httpAddr := freeAddr(b), freeAddr(b), freeAddr(b)
-	var logs syncBuffer
+	grpcAddr, healthAddr, httpAddr := testkit.FreeAddr(b), testkit.FreeAddr(b), testkit.FreeAddr(b)
+	var logs testkit.LogBuffer
 	cmd := exec.Command(os.Args[0],
 		"--nats-url", f.EPP.NATSURL(), "--pool-name", f.EPP.Pool(), "--pool-namespace", f.EPP.Namespace(),
 		"--endpoints-file", epFile, "--grpc-addr", grpcAddr, "--grpc-health-addr", healthAddr,
@@ -106,19 +106,19 @@ func BenchmarkEPPProcess(b *testing.B) {
 	})
 
 	// The engines fill their caches only now, so the EPP hears every event.
-	bodies := extproctest.PrefixBodies(f.FillPrefixes(b, prefixLen), size)
+	bodies := fleet.PrefixBodies(f.FillPrefixes(b, prefixLen), size)
 	want := float64(endpoints * prefixLen / blockSize)
 	waitUntil(b, "the EPP's index to hold every engine's prefix", &logs, func() bool {
-		return scrape(metrics, "kvroute_index_blocks") >= want
+		return readMetric(metrics, "kvroute_index_blocks") >= want
 	})
 
-	c, err := extproctest.Dial(grpcAddr, true)
+	c, err := envoy.Dial(grpcAddr, true)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = c.Close() })
 	// Warm the connection and the EPP's pools before measuring.
-	extproctest.Load{Bodies: bodies, N: 500, Workers: 64, Interval: time.Millisecond}.Run(c)
+	envoy.Load{Bodies: bodies, N: 500, Workers: 64, Interval: time.Millisecond}.Run(c)
 
 	pid := cmd.Process.Pid
 	b.Run("idle", func(b *testing.B) {
@@ -150,7 +150,7 @@ func BenchmarkEPPProcess(b *testing.B) {
 			}
 			b.ResetTimer()
 			eppCPU, ownCPU := procCPU(b, pid), procCPU(b, os.Getpid())
-			res := extproctest.Load{Bodies: bodies, N: b.N, Workers: 64, Interval: interval}.Run(c)
+			res := envoy.Load{Bodies: bodies, N: b.N, Workers: 64, Interval: interval}.Run(c)
 			eppCPU, ownCPU = procCPU(b, pid)-eppCPU, procCPU(b, os.Getpid())-ownCPU
 			b.StopTimer()
 			if err := <-profiled; err != nil {
@@ -168,25 +168,6 @@ func BenchmarkEPPProcess(b *testing.B) {
 	}
 }
 
-// syncBuffer collects the EPP's output, written by exec's copying
-// goroutine and read by the benchmark.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
 func saveProfile(url, path string) error {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -200,17 +181,7 @@ func saveProfile(url, path string) error {
 	return os.WriteFile(path, data, 0o600)
 }
 
-func freeAddr(tb testing.TB) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func waitUntil(tb testing.TB, what string, logs *syncBuffer, cond func() bool) {
+func waitUntil(tb testing.TB, what string, logs *testkit.LogBuffer, cond func() bool) {
 	tb.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
@@ -221,9 +192,9 @@ func waitUntil(tb testing.TB, what string, logs *syncBuffer, cond func() bool) {
 	}
 }
 
-// scrape reads one unlabelled metric from a Prometheus text endpoint; -1
+// readMetric reads one unlabelled metric from a Prometheus text endpoint; -1
 // when it cannot.
-func scrape(url, name string) float64 {
+func readMetric(url, name string) float64 {
 	resp, err := http.Get(url)
 	if err != nil {
 		return -1

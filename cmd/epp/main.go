@@ -1,7 +1,7 @@
 // Command epp is kvroute's Endpoint Picker. It consumes a pool's KV events
 // from NATS (an embedded server when --nats-url is empty), keeps the exact
-// prefix index, and serves metrics, health and /debug/prefix. With --demo it
-// also runs a simulated vLLM fleet against itself.
+// prefix index, and serves metrics, health and /debug/prefix. The simulated
+// fleet it can run against lives in cmd/kvsim, which this binary does not link.
 package main
 
 import (
@@ -20,12 +20,12 @@ import (
 	"google.golang.org/grpc/experimental"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/demo"
+	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/discovery/k8s"
 	"github.com/kvroute/kvroute/pkg/epp"
-	"github.com/kvroute/kvroute/pkg/extproc"
-	"github.com/kvroute/kvroute/pkg/k8s"
-	"github.com/kvroute/kvroute/pkg/natsauth"
-	"github.com/kvroute/kvroute/pkg/tokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/transport/natsauth"
 )
 
 // gRPC marshals every outgoing message into a buffer from its process-wide
@@ -45,16 +45,13 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
 	var (
-		o            epp.Options
-		kubeOn       bool
-		kso          k8s.SourceOptions
-		demoOn       bool
-		demoEngines  int
-		demoDuration time.Duration
-		scrapeEvery  time.Duration
-		logLevel     string
-		auth         natsauth.Config
-		recoveryOn   bool
+		o           epp.Options
+		kubeOn      bool
+		kso         k8s.SourceOptions
+		scrapeEvery time.Duration
+		logLevel    string
+		auth        natsauth.Config
+		recoveryOn  bool
 	)
 	fs.StringVar(&o.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS server to consume KV events from; empty starts an embedded server")
 	fs.StringVar(&o.EmbeddedNATSAddr, "embedded-nats-addr", "127.0.0.1:4222", "client address of the embedded NATS server")
@@ -85,8 +82,8 @@ func run(args []string) error {
 	fs.IntVar(&o.RequestPath.MaxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted")
 	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", true, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
 	var tokenizers modelPaths
-	fs.Var(&tokenizers, "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the tokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
-	fs.IntVar(&o.RequestPath.TokenizerDriftEvery, "tokenizer-drift-every", tokenizer.DefaultDriftEvery, "compare one in this many local tokenizations with the model server's /tokenize; negative disables")
+	fs.Var(&tokenizers, "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the hftokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
+	fs.IntVar(&o.RequestPath.TokenizerDriftEvery, "tokenizer-drift-every", hftokenizer.DefaultDriftEvery, "compare one in this many local tokenizations with the model server's /tokenize; negative disables")
 	fs.DurationVar(&o.RequestPath.TokenizeTimeout, "tokenize-timeout", 200*time.Millisecond, "bound on one /tokenize round trip; past it the request is routed approximately")
 	fs.StringVar(&o.ConfigFile, "config-file", "", "EndpointPickerConfig YAML file")
 	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
@@ -94,9 +91,6 @@ func run(args []string) error {
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on the metrics address")
 	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 50_000_000, "bound on (block, endpoint, tier) holdings in the prefix index")
 	fs.DurationVar(&o.Index.TierMaxAge[1], "index-cpu-max-age", 0, "evict CPU-tier holdings this long after their last store (for publishers that never remove them, such as LMCache); 0 keeps them")
-	fs.BoolVar(&demoOn, "demo", false, "run a simulated vLLM fleet and a shared-prefix workload against this EPP")
-	fs.IntVar(&demoEngines, "demo-engines", 4, "engines in the demo fleet")
-	fs.DurationVar(&demoDuration, "demo-duration", time.Minute, "how long the demo workload runs; 0 keeps serving until interrupted")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -112,7 +106,7 @@ func run(args []string) error {
 		return err
 	}
 	o.NATSOptions = natsOpts
-	o.ScrapeOptions = datalayer.ScrapeOptions{Interval: scrapeEvery}
+	o.ScrapeOptions = scrape.Options{Interval: scrapeEvery}
 	kubeOn = kubeOn || kso.Selector != ""
 	if kubeOn {
 		o.Discovery = func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (epp.Discovery, error) {
@@ -126,16 +120,8 @@ func run(args []string) error {
 		o.RequestPath.KeyFile = filepath.Join(*certPath, "tls.key")
 	}
 	if len(tokenizers) > 0 {
-		if o.RequestPath.Tokenizers, err = tokenizer.LoadModels(tokenizers, tokenizer.Options{}); err != nil {
+		if o.RequestPath.Tokenizers, err = hftokenizer.LoadModels(tokenizers, hftokenizer.Options{}); err != nil {
 			return fmt.Errorf("--tokenizer: %w", err)
-		}
-	}
-	if demoOn {
-		// The demo's engines are in-process: there is no /metrics to scrape
-		// and no model server to tokenize; it serves on loopback only.
-		o.Scrape, o.RequestPath = false, epp.RequestPathOptions{}
-		if o.HTTPAddr == ":9090" {
-			o.HTTPAddr = "127.0.0.1:9090"
 		}
 	}
 
@@ -146,19 +132,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- e.Run(ctx) }()
-	if !demoOn {
-		return <-errc
-	}
-	derr := demo.Run(ctx, e, demo.Options{Engines: demoEngines, Duration: demoDuration, Out: os.Stdout})
-	if demoDuration > 0 {
-		stop()
-	}
-	if rerr := <-errc; rerr != nil {
-		return rerr
-	}
-	return derr
+	return e.Run(ctx)
 }
 
 func envOr(key, def string) string {

@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/kvroute/kvroute/pkg/relay"
+	"github.com/kvroute/kvroute/pkg/ingest/relay"
 )
 
 func main() {

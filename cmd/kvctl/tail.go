@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/ingest/consumer"
 )
 
 func init() {
@@ -75,7 +76,7 @@ func tailCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer nc.Close()
 
 	p := &printer{w: stdout, json: *asJSON}
-	c, err := events.NewConsumer(nc, events.ConsumerOptions{
+	c, err := consumer.New(nc, consumer.Options{
 		Namespace:  *namespace,
 		Pool:       *pool,
 		Workers:    1, // one worker prints in arrival order across streams

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // lockedBuffer is a bytes.Buffer written by tail's goroutines and read by
@@ -52,17 +53,6 @@ func startTailServer(t *testing.T) *server.Server {
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	return s
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func batch(t *testing.T, seq uint64) []byte {
@@ -117,7 +107,7 @@ func TestTailPrintsEventsGapsAndRestarts(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- tailCmd(ctx, args, &stdout, &stderr) }()
-			waitFor(t, "tail to listen", func() bool { return strings.Contains(stderr.String(), "listening on kv.events.prod.llama.>") })
+			testkit.WaitFor(t, "tail to listen", func() bool { return strings.Contains(stderr.String(), "listening on kv.events.prod.llama.>") })
 
 			pub := events.NewPublisher(nc, "prod", "llama")
 			o := events.Origin{Stream: events.Stream{Endpoint: "10.0.0.1:8000"}, Pod: "vllm-0", Model: "llama", Instance: "a", BlockSize: 4}
@@ -131,7 +121,7 @@ func TestTailPrintsEventsGapsAndRestarts(t *testing.T) {
 				}
 			}
 			// 4 batches of 2 events, one gap, one restart.
-			waitFor(t, "every line", func() bool { return strings.Count(stdout.String(), "\n") >= 10 })
+			testkit.WaitFor(t, "every line", func() bool { return strings.Count(stdout.String(), "\n") >= 10 })
 			cancel()
 			select {
 			case err := <-done:

@@ -8,15 +8,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/tokenizer"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
 )
 
-const tinyTokenizer = "../../pkg/tokenizer/testdata/tiny"
+const tinyTokenizer = "../../pkg/requestpath/tokenize/hftokenizer/testdata/tiny"
 
 func TestTokenizePrintsTheIDsOfPromptsAndChats(t *testing.T) {
 	t.Parallel()
-	tok, err := tokenizer.Load(tinyTokenizer, tokenizer.Options{})
+	tok, err := hftokenizer.Load(tinyTokenizer, hftokenizer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

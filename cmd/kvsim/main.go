@@ -22,11 +22,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/loadgen"
-	"github.com/kvroute/kvroute/pkg/natsembed"
 	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/sim/loadgen"
+	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
 func main() {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/loadgen"
+	"github.com/kvroute/kvroute/pkg/sim/loadgen"
 )
 
 func TestBadCommandLinesAreRefusedClearly(t *testing.T) {

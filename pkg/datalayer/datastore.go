@@ -35,9 +35,6 @@ type Datastore struct {
 	streams atomic.Pointer[streamStatesHolder]
 
 	endpoints prometheus.Gauge
-	// staticReloads counts static-file reloads by result; it lives here so
-	// StaticFile needs no registerer of its own.
-	staticReloads *prometheus.CounterVec
 }
 
 type dsEntry struct {
@@ -67,14 +64,10 @@ func NewDatastore(reg prometheus.Registerer) *Datastore {
 			Name: "kvroute_datastore_endpoints",
 			Help: "Endpoints currently in the datastore.",
 		}),
-		staticReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_static_discovery_reloads_total",
-			Help: "Loads of the static endpoints file, by result (ok, error).",
-		}, []string{"result"}),
 	}
 	ds.snap.Store(&dsSnapshot{byName: map[string]*dsEntry{}})
 	if reg != nil {
-		reg.MustRegister(ds.endpoints, ds.staticReloads)
+		reg.MustRegister(ds.endpoints)
 	}
 	return ds
 }
@@ -117,7 +110,7 @@ func (ds *Datastore) Upsert(ep *Endpoint) {
 	defer ds.writeMu.Unlock()
 	old := ds.snap.Load()
 	prev, had := old.byName[ep.Name]
-	if had && sameEndpoint(prev.ep, ep) {
+	if had && prev.ep.Equal(ep) {
 		return
 	}
 	e := &dsEntry{ep: ep}
@@ -208,9 +201,9 @@ func (ds *Datastore) SetMetrics(name string, m Metrics) {
 	}
 }
 
-// setMetricsAt is SetMetrics for a scrape of addr: dropped when the endpoint
+// SetMetricsAt is SetMetrics for a scrape of addr: dropped when the endpoint
 // has meanwhile moved to another address, whose load this is not.
-func (ds *Datastore) setMetricsAt(name, addr string, m Metrics) {
+func (ds *Datastore) SetMetricsAt(name, addr string, m Metrics) {
 	if e, ok := ds.snap.Load().byName[name]; ok && e.ep.Address == addr {
 		e.metrics.Store(&m)
 	}
@@ -268,7 +261,8 @@ func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 	return out
 }
 
-func sameEndpoint(a, b *Endpoint) bool {
+// Equal reports whether a and b describe the same endpoint.
+func (a *Endpoint) Equal(b *Endpoint) bool {
 	return a == b || (a.Name == b.Name && a.Address == b.Address && a.Pod == b.Pod &&
 		a.Namespace == b.Namespace && a.Model == b.Model && maps.Equal(a.Labels, b.Labels))
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 func ep(name, addr string) *Endpoint {
@@ -270,14 +272,14 @@ func BenchmarkDatastoreCandidates(b *testing.B) {
 		ds.Upsert(ep(name, fmt.Sprintf("10.0.0.%d:8000", i)))
 		ds.SetMetrics(name, Metrics{WaitingQueueSize: i, ActiveLoRAs: []string{"a"}})
 	}
-	cpu := cpuTime()
+	cpu := testkit.CPUTime()
 	for b.Loop() {
 		if len(ds.Candidates(nil)) != 64 {
 			b.Fatal("lost endpoints")
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/request")
-	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/request")
+	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/request")
 }
 
 func TestDatastoreAllYieldsWhatListReturnsAndStopsWhenTold(t *testing.T) {

@@ -172,3 +172,23 @@ func (c *Candidate) find(key string) *attr {
 	}
 	return nil
 }
+
+// StageInto makes v, which must be unused, a staging view of c: reads fall
+// through to c, writes stay in v until Commit publishes them. The
+// PrepareData graph gives each producer its own views, so that a producer
+// that misses its deadline publishes nothing.
+func (c *Candidate) StageInto(v *Candidate) {
+	v.Endpoint, v.Metrics, v.Stream, v.base = c.Endpoint, c.Metrics, c.Stream, c
+}
+
+// Commit publishes into c what staged, a staging view of c, holds under
+// keys.
+func (c *Candidate) Commit(staged *Candidate, keys []string) {
+	staged.mu.RLock()
+	defer staged.mu.RUnlock()
+	for _, k := range keys {
+		if v, ok := staged.own(k); ok {
+			c.Put(k, v)
+		}
+	}
+}

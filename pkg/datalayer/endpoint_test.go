@@ -1,13 +1,8 @@
 package datalayer
 
 import (
-	"context"
 	"fmt"
 	"testing"
-	"time"
-
-	"github.com/kvroute/kvroute/pkg/plugin"
-	"github.com/kvroute/kvroute/pkg/request"
 )
 
 func TestCandidateKeepsEveryKeyItIsGiven(t *testing.T) {
@@ -44,38 +39,5 @@ func TestCandidatePutOfAFewKeysDoesNotAllocate(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per run of three Puts, want 0", allocs)
-	}
-}
-
-func TestGraphPublishesOnlyDeclaredKeysHoweverManyAreStaged(t *testing.T) {
-	t.Parallel()
-	// More keys than a candidate keeps inline, declared and not, from two
-	// producers, the second reading the first's through its staging view.
-	first := &keyProducer{name: "first", produces: produces("A", "B", "C", "D"), produce: func(_ context.Context, cands []*Candidate) error {
-		for i, c := range cands {
-			for k, key := range []string{"A", "B", "undeclared", "C", "D"} {
-				c.Put(key, i*10+k)
-			}
-		}
-		return nil
-	}}
-	second := derive("second", "E", func(in []int) int { return in[0] + in[1] }, "A", "D")
-	g, err := BuildGraph([]plugin.Plugin{second, first})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cands := testCandidates(5)
-	if err := g.Run(context.Background(), time.Second, &request.Request{}, cands); err != nil {
-		t.Fatal(err)
-	}
-	for i, c := range cands {
-		for key, want := range map[string]int{"A": i * 10, "B": i*10 + 1, "C": i*10 + 3, "D": i*10 + 4, "E": 2*i*10 + 4} {
-			if got, ok := getInt(c, key); !ok || got != want {
-				t.Errorf("candidate %d: %s = %d, %v; want %d", i, key, got, ok, want)
-			}
-		}
-		if v, ok := c.Get("undeclared"); ok {
-			t.Errorf("candidate %d: an undeclared key was published (%v)", i, v)
-		}
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/framework/request"
 )
 
 // Endpoints that publish no events are routed on the routing history: a

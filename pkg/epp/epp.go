@@ -21,15 +21,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
-	"github.com/kvroute/kvroute/pkg/director"
+	"github.com/kvroute/kvroute/pkg/datalayer/approx"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
+	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/discovery/static"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/extproc"
-	"github.com/kvroute/kvroute/pkg/natsembed"
-	"github.com/kvroute/kvroute/pkg/proxy"
-	"github.com/kvroute/kvroute/pkg/recovery"
+	"github.com/kvroute/kvroute/pkg/ingest/consumer"
+	"github.com/kvroute/kvroute/pkg/ingest/recovery"
+	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
 // Options configure an EPP. The zero value, with Pool set, runs on an
@@ -52,14 +58,14 @@ type Options struct {
 	JetStream bool
 	// Consumer tunes the event consumer; Namespace, Pool and JetStream above
 	// override its fields.
-	Consumer events.ConsumerOptions
+	Consumer consumer.Options
 
 	// EndpointsFile is a static endpoints YAML file, reloaded when it
 	// changes; empty means endpoints come from elsewhere (Datastore().Upsert).
 	EndpointsFile string
 	// Scrape enables scraping each endpoint's /metrics with ScrapeOptions.
 	Scrape        bool
-	ScrapeOptions datalayer.ScrapeOptions
+	ScrapeOptions scrape.Options
 
 	// ConfigFile or ConfigText is the scheduler's EndpointPickerConfig;
 	// neither means DefaultConfigText.
@@ -78,10 +84,10 @@ type Options struct {
 	Recovery   recovery.Options
 	NoRecovery bool
 
-	Index datalayer.IndexOptions
+	Index index.Options
 	// ApproxCapacity is blocks remembered per endpoint by the fallback.
 	ApproxCapacity int
-	Prefix         preciseprefix.Params
+	Prefix         prefixmatch.Params
 
 	// RequestPath says how requests reach the EPP.
 	RequestPath RequestPathOptions
@@ -111,19 +117,19 @@ type EPP struct {
 	nats      *natsembed.Server
 	nc        *nats.Conn
 	ds        *datalayer.Datastore
-	index     *datalayer.Index
-	approx    *datalayer.ApproxIndex
-	consumer  *events.Consumer
+	index     *index.Index
+	approx    *approx.Index
+	consumer  *consumer.Consumer
 	recovery  *recovery.Recovery
-	scraper   *datalayer.Scraper
-	producer  *preciseprefix.Producer
-	graph     *datalayer.Graph
+	scraper   *scrape.Scraper
+	producer  *prefixmatch.Producer
+	graph     *prepare.Graph
 	sched     *scheduling.Scheduler
 	director  *director.Director
 	extproc   *extproc.Server
 	proxy     *proxy.Server
 	discovery Discovery
-	static    *datalayer.StaticFile
+	static    *static.File
 
 	httpLn  net.Listener
 	httpSrv *http.Server
@@ -166,8 +172,8 @@ func New(opts Options) (*EPP, error) {
 			e.recovery.OnUncertain(s, r)
 		}
 	}
-	e.index = datalayer.NewIndex(idxOpts, e.reg)
-	e.approx = datalayer.NewApproxIndex(opts.ApproxCapacity, e.reg)
+	e.index = index.New(idxOpts, e.reg)
+	e.approx = approx.New(opts.ApproxCapacity, e.reg)
 	e.ds.SetStreamStates(e.index)
 	var sink events.Sink = e.index
 	if !opts.NoRecovery {
@@ -198,12 +204,12 @@ func New(opts Options) (*EPP, error) {
 			}
 		}
 	})
-	e.producer = preciseprefix.New("", opts.Prefix, e.index, e.approx)
+	e.producer = prefixmatch.New("", opts.Prefix, e.index, e.approx)
 	if opts.EndpointsFile != "" {
 		// Loaded now, so that a bad file stops start-up and the endpoints
 		// are members before the first event arrives.
 		var err error
-		if e.static, err = datalayer.LoadStaticFile(opts.EndpointsFile, e.ds, e.logger); err != nil {
+		if e.static, err = static.Load(opts.EndpointsFile, e.ds, e.reg, e.logger); err != nil {
 			e.Close()
 			return nil, fmt.Errorf("epp: %w", err)
 		}
@@ -229,7 +235,7 @@ func New(opts Options) (*EPP, error) {
 		}
 	}
 	var err error
-	e.consumer, err = events.NewConsumer(e.nc, co, sink, e.reg)
+	e.consumer, err = consumer.New(e.nc, co, sink, e.reg)
 	if err != nil {
 		e.Close()
 		return nil, fmt.Errorf("epp: %w", err)
@@ -239,7 +245,7 @@ func New(opts Options) (*EPP, error) {
 		if so.Logger == nil {
 			so.Logger = e.logger
 		}
-		e.scraper = datalayer.NewScraper(e.ds, so, e.reg)
+		e.scraper = scrape.New(e.ds, so, e.reg)
 	}
 
 	e.httpLn, err = net.Listen("tcp", opts.HTTPAddr)
@@ -291,7 +297,7 @@ func (e *EPP) connect() error {
 	return nil
 }
 
-func (e *EPP) ensureStream(co events.ConsumerOptions) error {
+func (e *EPP) ensureStream(co consumer.Options) error {
 	js, err := jetStream(e.nc)
 	if err != nil {
 		return err
@@ -321,7 +327,7 @@ func (e *EPP) buildScheduling() error {
 	}
 	maxApprox := e.opts.Prefix.ApproxMaxBlocks
 	if maxApprox <= 0 {
-		maxApprox = datalayer.DefaultApproxMaxBlocks
+		maxApprox = approx.DefaultMaxBlocks
 	}
 	h := &config.Handle{
 		Staleness: e.opts.MetricsStaleness,
@@ -340,7 +346,7 @@ func (e *EPP) buildScheduling() error {
 	if err != nil {
 		return fmt.Errorf("epp: scheduler configuration: %w", err)
 	}
-	e.graph, err = datalayer.BuildGraph(loaded.Plugins, datalayer.WithGraphRegisterer(e.reg), datalayer.WithGraphLogger(e.logger))
+	e.graph, err = prepare.BuildGraph(loaded.Plugins, prepare.WithRegisterer(e.reg), prepare.WithLogger(e.logger))
 	if err != nil {
 		return fmt.Errorf("epp: scheduler configuration: %w", err)
 	}
@@ -417,10 +423,10 @@ func (e *EPP) Pool() string { return e.opts.Pool }
 func (e *EPP) Datastore() *datalayer.Datastore { return e.ds }
 
 // Index is the exact prefix index.
-func (e *EPP) Index() *datalayer.Index { return e.index }
+func (e *EPP) Index() *index.Index { return e.index }
 
 // Producer is the prefix producer that PrepareData runs.
-func (e *EPP) Producer() *preciseprefix.Producer { return e.producer }
+func (e *EPP) Producer() *prefixmatch.Producer { return e.producer }
 
 // Registry holds every metric the EPP exports.
 func (e *EPP) Registry() *prometheus.Registry { return e.reg }

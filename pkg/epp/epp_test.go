@@ -13,10 +13,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // startEPP runs an EPP on an embedded NATS server and loopback ports until
@@ -89,7 +90,7 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 	want := map[string]int{"127.0.0.1:8000": 4, "127.0.0.1:8001": 3, "127.0.0.1:8002": 0}
 	q := url.Values{"model": {"m"}, "token_ids": {joinTokens(promptA.Tokens)}}
 	var ans PrefixAnswer
-	waitFor(t, "the index to reflect the published events", func() bool {
+	testkit.WaitFor(t, "the index to reflect the published events", func() bool {
 		code, body := get(t, base+"/debug/prefix?"+q.Encode())
 		if code != http.StatusOK {
 			t.Fatalf("/debug/prefix = %d %s", code, body)
@@ -191,15 +192,4 @@ func joinTokens(ids []uint32) string {
 		parts[i] = fmt.Sprint(id)
 	}
 	return strings.Join(parts, ",")
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/framework/request"
 )
 
 func jetStream(nc *nats.Conn) (jetstream.JetStream, error) {

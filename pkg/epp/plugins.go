@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
-	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/datalayer/approx"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
@@ -37,20 +39,20 @@ schedulingProfiles:
 // newRegistry is the in-tree plugin registry plus the plugins that need
 // this process's index: the precise prefix producer, registered as the
 // default producer of the keys it publishes.
-func newRegistry(index preciseprefix.Index, approx preciseprefix.Approx) (*config.Registry, error) {
+func newRegistry(index prefixmatch.Index, approx prefixmatch.Approx) (*config.Registry, error) {
 	r := config.NewInTreeRegistry()
-	err := r.Register(preciseprefix.Type, func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
-		p := preciseprefix.DefaultParams()
-		if err := framework.DecodeParams(preciseprefix.Type, name, raw, &p); err != nil {
+	err := r.Register(prefixmatch.Type, func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+		p := prefixmatch.DefaultParams()
+		if err := framework.DecodeParams(prefixmatch.Type, name, raw, &p); err != nil {
 			return nil, err
 		}
-		return preciseprefix.New(name, p, index, approx), nil
+		return prefixmatch.New(name, p, index, approx), nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	for _, key := range []string{datalayer.PrefixCacheMatchInfoKey, preciseprefix.RequestBlockKeysKey} {
-		if err := r.RegisterDefaultProducer(key, preciseprefix.Type); err != nil {
+	for _, key := range []string{datalayer.PrefixCacheMatchInfoKey, prefixmatch.RequestBlockKeysKey} {
+		if err := r.RegisterDefaultProducer(key, prefixmatch.Type); err != nil {
 			return nil, err
 		}
 	}
@@ -62,8 +64,8 @@ func newRegistry(index preciseprefix.Index, approx preciseprefix.Approx) (*confi
 // index (until its events confirm it), and in the approximate index's
 // routing history, which is all there is for endpoints without events.
 type speculator struct {
-	index     *datalayer.Index
-	approx    *datalayer.ApproxIndex
+	index     *index.Index
+	approx    *approx.Index
 	maxApprox int
 }
 

@@ -16,12 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/natsembed"
-	"github.com/kvroute/kvroute/pkg/relay"
+	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
 const recWait = 30 * time.Second
@@ -66,7 +67,7 @@ func waitExact(t *testing.T, e *EPP, engines []*sim.Engine, prompts []blockpool.
 	for i, g := range engines {
 		addrs[i] = g.Config().Address
 	}
-	out := make([]datalayer.Match, len(addrs))
+	out := make([]index.Match, len(addrs))
 	for {
 		diff := ""
 		for i, a := range addrs {
@@ -79,7 +80,7 @@ func waitExact(t *testing.T, e *EPP, engines []*sim.Engine, prompts []blockpool.
 			if diff != "" {
 				break
 			}
-			e.Index().Lookup(datalayer.AppendBlockKeys(nil, datalayer.RootKey("m", "", ""), p.Tokens, 4), addrs, out)
+			e.Index().Lookup(index.AppendBlockKeys(nil, index.RootKey("m", "", ""), p.Tokens, 4), addrs, out)
 			for i, g := range engines {
 				want := g.Held(p)
 				if got := (blockpool.Held{Blocks: out[i].Blocks, ByTier: out[i].ByTier}); got != want {

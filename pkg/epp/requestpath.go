@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/extproc"
-	"github.com/kvroute/kvroute/pkg/proxy"
-	"github.com/kvroute/kvroute/pkg/tokenize"
-	"github.com/kvroute/kvroute/pkg/tokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/remotetokenizer"
 )
 
 // RequestPathOptions configure how requests reach the EPP: Envoy's ext_proc
@@ -38,7 +39,7 @@ type RequestPathOptions struct {
 	// the /tokenize above as the fallback and the reference of a sampled
 	// drift check (one request in TokenizerDriftEvery; 0 means the
 	// default, negative disables it).
-	Tokenizers          map[string]*tokenizer.Tokenizer
+	Tokenizers          map[string]*hftokenizer.Tokenizer
 	TokenizerDriftEvery int
 }
 
@@ -76,7 +77,7 @@ func contains(xs []string, s string) bool {
 func (e *EPP) newTokenizer() tokenize.Tokenizer {
 	var remote tokenize.Tokenizer
 	if e.opts.RequestPath.Tokenize {
-		remote = tokenize.NewRemote(tokenize.RemoteOptions{
+		remote = remotetokenizer.New(remotetokenizer.Options{
 			Endpoint: tokenizeEndpoint(e.ds),
 			Timeout:  e.opts.RequestPath.TokenizeTimeout,
 			Logger:   e.logger,
@@ -85,7 +86,7 @@ func (e *EPP) newTokenizer() tokenize.Tokenizer {
 	if len(e.opts.RequestPath.Tokenizers) == 0 {
 		return remote
 	}
-	return tokenizer.NewLocal(tokenizer.LocalOptions{
+	return hftokenizer.NewLocal(hftokenizer.LocalOptions{
 		Tokenizers: e.opts.RequestPath.Tokenizers,
 		Fallback:   remote,
 		DriftEvery: e.opts.RequestPath.TokenizerDriftEvery,

@@ -13,12 +13,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/extproc/extproctest"
 	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 )
 
 // TestTheEPPRoutesByCacheOverExtProcAndTheProxy runs the assembled EPP with
@@ -95,12 +95,12 @@ func TestTheEPPRoutesByCacheOverExtProcAndTheProxy(t *testing.T) {
 	}
 	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1})
 
-	client, err := extproctest.Dial(e.ExtProcAddr(), true)
+	client, err := envoy.Dial(e.ExtProcAddr(), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	res, err := client.Do(ctx, extproctest.Request{Path: "/v1/completions", Body: body, Chunks: 3}, nil)
+	res, err := client.Do(ctx, envoy.Request{Path: "/v1/completions", Body: body, Chunks: 3}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestTheEPPRoutesByCacheOverExtProcAndTheProxy(t *testing.T) {
 	}
 
 	// A malformed body is refused with a reason, over both paths.
-	res, err = client.Do(ctx, extproctest.Request{Path: "/v1/completions", Body: []byte(`{"model": 7}`)}, nil)
+	res, err = client.Do(ctx, envoy.Request{Path: "/v1/completions", Body: []byte(`{"model": 7}`)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,8 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // BenchmarkRoute measures a whole scheduling decision as the request path
@@ -63,7 +64,7 @@ func benchmarkRoute(b *testing.B, endpoints, tokens int) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu := cpuTime()
+	cpu := testkit.CPUTime()
 	for b.Loop() {
 		req := &request.Request{ID: "bench", Model: "m", TokenIDs: prompt}
 		if _, err := e.Director().Route(ctx, req, nil); err != nil {
@@ -71,5 +72,5 @@ func benchmarkRoute(b *testing.B, endpoints, tokens int) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "µs/route")
-	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N)/1000, "cpu-µs/route")
+	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N)/1000, "cpu-µs/route")
 }

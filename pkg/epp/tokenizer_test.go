@@ -8,14 +8,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/tokenize"
-	"github.com/kvroute/kvroute/pkg/tokenizer"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
 )
 
 func TestRequestPathTokenizesConfiguredModelsInProcess(t *testing.T) {
 	t.Parallel()
-	tok, err := tokenizer.Load("../tokenizer/testdata/tiny", tokenizer.Options{})
+	tok, err := hftokenizer.Load("../requestpath/tokenize/hftokenizer/testdata/tiny", hftokenizer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,11 +29,11 @@ func TestRequestPathTokenizesConfiguredModelsInProcess(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := &EPP{reg: prometheus.NewRegistry(), opts: Options{RequestPath: RequestPathOptions{
-				Tokenize: tc.remote, Tokenizers: map[string]*tokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
+				Tokenize: tc.remote, Tokenizers: map[string]*hftokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
 			}}}
-			local, ok := e.newTokenizer().(*tokenizer.Local)
+			local, ok := e.newTokenizer().(*hftokenizer.Local)
 			if !ok {
-				t.Fatalf("request path tokenizer is %T, want *tokenizer.Local", e.newTokenizer())
+				t.Fatalf("request path tokenizer is %T, want *hftokenizer.Local", e.newTokenizer())
 			}
 			defer local.Close()
 			req := &request.Request{API: request.APICompletions, Model: "m", Prompt: "hello world!", AddSpecialTokens: true}

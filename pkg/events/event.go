@@ -1,7 +1,8 @@
-// Package events is kvroute's model of vLLM's KV-cache events: the batch and
-// event types, the decoder for vLLM's msgpack wire format, the NATS contract
-// (subjects and headers) shared by the relay, the simulator and the EPP, and
-// the consumer that delivers each endpoint's batches in order to a Sink.
+// Package events is the vocabulary of KV-cache events that every stage
+// shares: the batch and event types, vLLM's msgpack wire format (decoder and
+// encoder), and the NATS contract that carries batches from the relay (or the
+// simulator) to the EPP: subjects, headers, the JetStream stream, and the
+// publisher.
 package events
 
 import (

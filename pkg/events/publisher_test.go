@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 func TestPublisherSendsThePayloadUnchangedWithHeaders(t *testing.T) {
 	t.Parallel()
-	env := newNATSEnv(t, false, true)
-	subConn := env.connect(t, "sub")
+	env := testkit.StartNATS(t, testkit.NATSOptions{InProcess: true})
+	subConn := env.Connect(t, "sub")
 	sub, err := subConn.SubscribeSync(PoolSubject("prod", "pool"))
 	if err != nil {
 		t.Fatal(err)
@@ -19,7 +21,7 @@ func TestPublisherSendsThePayloadUnchangedWithHeaders(t *testing.T) {
 	if err := subConn.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	pub := NewPublisher(env.connect(t, "pub"), "prod", "pool")
+	pub := NewPublisher(env.Connect(t, "pub"), "prod", "pool")
 	tests := []struct {
 		name        string
 		o           Origin
@@ -35,7 +37,7 @@ func TestPublisherSendsThePayloadUnchangedWithHeaders(t *testing.T) {
 			if err := pub.Publish(tt.o, payload); err != nil {
 				t.Fatal(err)
 			}
-			m, err := sub.NextMsg(waitLimit)
+			m, err := sub.NextMsg(testkit.WaitLimit)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,8 +60,8 @@ func TestPublisherSendsThePayloadUnchangedWithHeaders(t *testing.T) {
 
 func TestPublisherRefusesWhatConsumersWouldReject(t *testing.T) {
 	t.Parallel()
-	env := newNATSEnv(t, false, true)
-	nc := env.connect(t, "pub")
+	env := testkit.StartNATS(t, testkit.NATSOptions{InProcess: true})
+	nc := env.Connect(t, "pub")
 	tests := []struct {
 		name string
 		pub  *Publisher
@@ -83,8 +85,8 @@ func TestPublisherRefusesWhatConsumersWouldReject(t *testing.T) {
 
 func TestPublisherReportsAClosedConnection(t *testing.T) {
 	t.Parallel()
-	env := newNATSEnv(t, false, true)
-	nc := env.connect(t, "pub")
+	env := testkit.StartNATS(t, testkit.NATSOptions{InProcess: true})
+	nc := env.Connect(t, "pub")
 	nc.Close()
 	err := NewPublisher(nc, "n", "p").Publish(Origin{Stream: Stream{Endpoint: "10.0.0.1:1"}}, nil)
 	if !errors.Is(err, nats.ErrConnectionClosed) {

@@ -2,6 +2,7 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -32,6 +33,9 @@ type StreamConfig struct {
 	Replicas int
 }
 
+// ErrStreamConfig: a StreamConfig that names no pool.
+var ErrStreamConfig = errors.New("invalid stream configuration")
+
 // StreamName returns the default stream name for a pool. Stream names may
 // not hold '.', so the sanitised tokens are joined with '_'.
 func StreamName(namespace, pool string) string {
@@ -43,7 +47,7 @@ func StreamName(namespace, pool string) string {
 // stream captures the contract's subjects as they are published.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) (jetstream.Stream, error) {
 	if cfg.Namespace == "" || cfg.Pool == "" {
-		return nil, fmt.Errorf("ensure stream: %w: namespace and pool are required", ErrConsumerOptions)
+		return nil, fmt.Errorf("ensure stream: %w: namespace and pool are required", ErrStreamConfig)
 	}
 	if cfg.Name == "" {
 		cfg.Name = StreamName(cfg.Namespace, cfg.Pool)

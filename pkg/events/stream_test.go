@@ -7,16 +7,18 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 func TestEnsureStream(t *testing.T) {
 	t.Parallel()
-	env := newNATSEnv(t, true, true)
-	js, err := jetstream.New(env.connect(t, "admin"))
+	env := testkit.StartNATS(t, testkit.NATSOptions{JetStream: true, InProcess: true})
+	js, err := jetstream.New(env.Connect(t, "admin"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.WaitLimit)
 	defer cancel()
 	tests := []struct {
 		name        string
@@ -42,7 +44,7 @@ func TestEnsureStream(t *testing.T) {
 			cfg:      StreamConfig{Name: "custom", Namespace: "a.b", Pool: "p", Storage: jetstream.MemoryStorage},
 			wantName: "custom", wantAge: DefaultStreamMaxAge, wantBytes: DefaultStreamMaxBytes, wantStorage: jetstream.MemoryStorage,
 		},
-		{name: "a missing pool is refused", cfg: StreamConfig{Namespace: "n"}, wantErr: ErrConsumerOptions},
+		{name: "a missing pool is refused", cfg: StreamConfig{Namespace: "n"}, wantErr: ErrStreamConfig},
 	}
 	for _, tt := range tests {
 		// Sequential: the second case updates the first case's stream.

@@ -10,8 +10,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // EngineConfig describes one simulated engine.

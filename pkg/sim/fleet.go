@@ -7,8 +7,8 @@ import (
 	"net"
 	"sync"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // FleetConfig shapes a fleet of replicas, each behind its own HTTP server

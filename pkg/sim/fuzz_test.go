@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // FuzzServerRequest sends arbitrary bodies to the engine's request

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // ErrTooLarge is a request whose prompt cannot fit the engine's GPU cache

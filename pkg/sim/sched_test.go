@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 func testReplica(gpu, cpu, maxSeqs int) *Replica {

@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
-	"github.com/kvroute/kvroute/pkg/openai"
-	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // MaxModelLen is the context length the simulated engines report.

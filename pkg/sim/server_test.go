@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
-	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // startServer runs one fast replica behind its HTTP API on loopback.
@@ -259,7 +259,7 @@ func TestMetricsParseAsVLLMsAndFollowTheEngine(t *testing.T) {
 	}
 	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	m, err := datalayer.ParseMetrics(page, datalayer.DefaultMetricNames)
+	m, err := scrape.ParseMetrics(page, scrape.DefaultMetricNames)
 	if err != nil {
 		t.Fatalf("ParseMetrics: %v\n%s", err, page)
 	}

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // SharedPrefix is a workload of prompt groups that share a system prompt, as

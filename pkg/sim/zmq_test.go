@@ -10,8 +10,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/kvroute/kvroute/pkg/blockpool"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 const zmqTopic = "kv@10.0.0.7:8000@llama"

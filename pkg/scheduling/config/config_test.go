@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	producer "github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
-	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/prepare"
+	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
@@ -224,7 +225,7 @@ saturationDetector: {pluginRef: strict}
 			}
 			// The data layer's graph check accepts what the loader built:
 			// every consumed key is produced, with the consumer's type.
-			if _, err := datalayer.BuildGraph(l.Plugins); err != nil {
+			if _, err := prepare.BuildGraph(l.Plugins); err != nil {
 				t.Errorf("BuildGraph: %v", err)
 			}
 		})
@@ -501,7 +502,7 @@ plugins:
 	if got := shape(l.Profiles[0]); !equal(got, want) {
 		t.Errorf("profile = %q, want %q", got, want)
 	}
-	if _, err := datalayer.BuildGraph(l.Plugins); err != nil {
+	if _, err := prepare.BuildGraph(l.Plugins); err != nil {
 		t.Errorf("BuildGraph: %v", err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"sort"
 	"sync"
 
-	producer "github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
+	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/loraaffinity"
 	satfilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/saturation"

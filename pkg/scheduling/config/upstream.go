@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/kvroute/kvroute/pkg/datalayer"
-	producer "github.com/kvroute/kvroute/pkg/datalayer/producers/preciseprefix"
+	"github.com/kvroute/kvroute/pkg/datalayer/approx"
+	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
@@ -50,8 +50,8 @@ func translateApproxPrefix(name string, raw json.RawMessage) (json.RawMessage, e
 	if v := up.MaxPrefixTokensToMatch; v != nil && *v > 0 {
 		out.ApproxMaxBlocks = max(*v/out.ApproxBlockSizeTokens, 1)
 	}
-	if v := up.LRUCapacityPerServer; v != nil && *v != datalayer.DefaultApproxCapacity {
-		return nil, framework.ParamError(typ, name, "lruCapacityPerServer = %d: kvroute's approximate fallback keeps %d blocks per endpoint, which is not configurable", *v, datalayer.DefaultApproxCapacity)
+	if v := up.LRUCapacityPerServer; v != nil && *v != approx.DefaultCapacity {
+		return nil, framework.ParamError(typ, name, "lruCapacityPerServer = %d: kvroute's approximate fallback keeps %d blocks per endpoint, which is not configurable", *v, approx.DefaultCapacity)
 	}
 	if v := up.AutoTune; v != nil && !*v {
 		return nil, framework.ParamError(typ, name, "autoTune = false is not supported: kvroute always takes block sizes from the endpoints' events and metrics")

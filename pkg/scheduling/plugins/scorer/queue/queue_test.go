@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/queue"
 )

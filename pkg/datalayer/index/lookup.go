@@ -1,0 +1,179 @@
+package index
+
+import "github.com/kvroute/kvroute/pkg/events"
+
+// Match is what the index knows about one candidate's cached prefix of one
+// request's blocks.
+type Match struct {
+	// Blocks is the longest leading run of the keys the candidate holds in
+	// any tier, speculative holdings included.
+	Blocks int
+	// ByTier counts the run's blocks by the fastest tier holding each (GPU,
+	// then CPU, then STORAGE); blocks held only speculatively are not here.
+	ByTier [events.NumTiers]int
+	// Speculative counts the run's blocks held only speculatively.
+	Speculative int
+}
+
+// lookupScratch is one lookup's working memory, pooled so that lookups
+// allocate nothing.
+type lookupScratch struct {
+	// slot[id] is 1 + the position in addrs of the endpoint with that id,
+	// or 0 when the endpoint is not a candidate.
+	slot []int32
+	// dups pairs a repeated address's position with its first position.
+	dups [][2]int
+	// credited is the walk's list of candidates credited with the last
+	// block whose holders were examined.
+	credited []credited
+}
+
+// Lookup fills out[i] with addrs[i]'s match for keys (a request's block
+// keys, from RootKey and AppendBlockKeys). out must be at least as long as
+// addrs; addresses the index does not know match nothing. The walk starts at
+// block 0 and stops at the first block no candidate still in the running
+// holds, so its cost follows the longest match, not the prompt's length;
+// along a run of blocks with unchanged holders it costs one map read a block.
+func (ix *Index) Lookup(keys []uint64, addrs []string, out []Match) {
+	out = out[:len(addrs)]
+	clear(out)
+	// Members before idLimit: AddEndpoint raises the limit before it
+	// publishes the member, so every id seen here fits the table.
+	members := *ix.members.Load()
+	sc := ix.scratch.Get().(*lookupScratch)
+	if need := int(ix.idLimit.Load()); len(sc.slot) < need {
+		sc.slot = make([]int32, need+need/4)
+	}
+	live := 0
+	for i, a := range addrs {
+		ep := members[a]
+		if ep == nil {
+			continue
+		}
+		if first := sc.slot[ep.id]; first != 0 {
+			sc.dups = append(sc.dups, [2]int{i, int(first - 1)})
+			continue
+		}
+		sc.slot[ep.id] = int32(i + 1)
+		live++
+	}
+	if live > 0 && len(keys) > 0 {
+		ix.walk(keys, out, sc)
+		for i := range out {
+			m := &out[i]
+			m.ByTier[events.TierGPU] = m.Blocks - m.Speculative - m.ByTier[events.TierCPU] - m.ByTier[events.TierStorage]
+		}
+	}
+	for _, a := range addrs {
+		if ep := members[a]; ep != nil {
+			sc.slot[ep.id] = 0
+		}
+	}
+	for _, p := range sc.dups {
+		out[p[0]] = out[p[1]]
+	}
+	sc.dups = sc.dups[:0]
+	ix.scratch.Put(sc)
+}
+
+// credited is a candidate credited with a block, and under which tier
+// (NumTiers for speculative).
+type credited struct {
+	cand int32
+	tier int32
+}
+
+// walk credits each block of keys to the candidates whose runs reach it.
+// Along a shared prefix consecutive blocks usually have the same holders;
+// a block whose holder list has the same signature as the block before
+// (and no speculative holders) is credited to the same candidates in the
+// same tiers, so such runs cost O(1) a block, settled when the run ends.
+func (ix *Index) walk(keys []uint64, out []Match, sc *lookupScratch) {
+	slot := sc.slot
+	nowMs := ix.ms(ix.now())
+	last := sc.credited[:0]
+	var prevSig uint64 // 0: the previous block cannot be repeated
+	run := 0
+	settle := func() {
+		for _, c := range last {
+			m := &out[c.cand]
+			m.Blocks += run
+			if c.tier == events.NumTiers {
+				m.Speculative += run
+			} else {
+				m.ByTier[c.tier] += run
+			}
+		}
+		run = 0
+	}
+	for j, key := range keys {
+		sh := ix.shard(key)
+		sh.mu.RLock()
+		v, ok := sh.m.get(key)
+		if !ok {
+			sh.mu.RUnlock()
+			break
+		}
+		var one [1]uint64
+		var hs []uint64
+		var sig uint64
+		if v&setBit == 0 {
+			one[0] = v
+			hs = one[:]
+			sig = sigOf(v)
+		} else {
+			hs = sh.sets[uint32(v)]
+			if hs[1] == 0 {
+				sig = hs[0]
+			}
+			hs = hs[setHeader:]
+		}
+		if sig != 0 && sig == prevSig {
+			sh.mu.RUnlock()
+			run++
+			continue
+		}
+		settle()
+		last = last[:0]
+		// Credit block j to each holder that is a candidate whose run
+		// reached j unbroken. Written out here rather than in a helper:
+		// this loop is the lookup's cost when holders change.
+		for _, h := range hs {
+			id := int(h & epMask)
+			if id >= len(slot) || slot[id] == 0 {
+				continue
+			}
+			c := slot[id] - 1
+			m := &out[c]
+			if m.Blocks != j {
+				continue
+			}
+			tier := int32(events.TierStorage)
+			switch {
+			case h&specBit != 0:
+				if !specLive(h, nowMs) {
+					continue
+				}
+				tier = events.NumTiers
+				m.Speculative++
+			case holderRefs(h, events.TierGPU) != 0:
+				// Counted at the end, as what the other tiers leave.
+				tier = int32(events.TierGPU)
+			case holderRefs(h, events.TierCPU) != 0:
+				tier = int32(events.TierCPU)
+				m.ByTier[events.TierCPU]++
+			default:
+				m.ByTier[events.TierStorage]++
+			}
+			m.Blocks++
+			last = append(last, credited{cand: c, tier: tier})
+		}
+		sh.mu.RUnlock()
+		if len(last) == 0 {
+			break
+		}
+		prevSig = sig
+	}
+	settle()
+	sc.credited = last[:0]
+}

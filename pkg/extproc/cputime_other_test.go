@@ -1,8 +1,0 @@
-//go:build !unix
-
-package extproc_test
-
-import "time"
-
-// cpuTime is unknown here; benchmarks then skip their per-CPU-second metrics.
-func cpuTime() time.Duration { return 0 }

@@ -1,0 +1,636 @@
+package recovery_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/ingest/consumer"
+	"github.com/kvroute/kvroute/pkg/ingest/recovery"
+	"github.com/kvroute/kvroute/pkg/ingest/relay"
+	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/transport/natsembed"
+)
+
+// waitLimit bounds every wait in these tests. It guards against deadlock;
+// it is not a timing assertion.
+const waitLimit = 30 * time.Second
+
+const (
+	testNS    = "ns"
+	testPool  = "pool"
+	testModel = "llama"
+	blockSize = 4
+)
+
+var quietLog = slog.New(slog.DiscardHandler)
+
+// quietNATS keeps the client's prints about connections the tests break on
+// purpose out of the test output.
+var quietNATS = nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func startNATS(t testing.TB, o natsembed.Options) *natsembed.Server {
+	t.Helper()
+	s, err := natsembed.Start(o)
+	if err != nil {
+		t.Fatalf("start nats: %v", err)
+	}
+	return s
+}
+
+// slot is one simulated pod: an engine publishing over ZeroMQ as vLLM does
+// and the relay carrying its events to NATS, each restartable on fixed ports.
+type slot struct {
+	pod, addr           string
+	zmqPort, replayPort int
+	servingPort, gpu    int
+	seed                uint64
+	eng                 *sim.Engine
+	relayCancel         context.CancelFunc
+	relayDone           chan error
+	relayNC             *nats.Conn
+	relayReg            *prometheus.Registry
+	relayURL            string
+	relayNATS           relay.NATSOptions
+	restarts            int
+}
+
+// world is a pool of simulated pods on one NATS server.
+type world struct {
+	t      testing.TB
+	ns     *natsembed.Server
+	port   int
+	js     bool
+	store  string
+	server func(t testing.TB, port int) *natsembed.Server
+	slots  []*slot
+	prompt []blockpool.Request
+	rng    *rand.Rand
+}
+
+type worldOptions struct {
+	pods      int
+	jetStream bool
+	// relayURL, when set, is where relays connect instead of the server
+	// (a dropping proxy).
+	relayURL string
+	// relayAuth gives each pod's relay its credentials.
+	relayAuth func(pod string) relay.NATSOptions
+	// server, when set, starts the NATS server (with an authorization
+	// configuration of the test's own) on the given port.
+	server func(t testing.TB, port int) *natsembed.Server
+}
+
+func newWorld(t testing.TB, o worldOptions) *world {
+	t.Helper()
+	w := &world{t: t, port: freePort(t), js: o.jetStream, rng: rand.New(rand.NewPCG(7, 11)), server: o.server}
+	if w.js {
+		w.store = t.TempDir()
+	}
+	w.startNATS()
+	t.Cleanup(func() { w.ns.Shutdown() })
+	w.prompt = sim.SharedPrefix{Groups: 6, PromptsPerGroup: 5, SystemTokens: 6 * blockSize, QuestionTokens: 3 * blockSize, Seed: 3}.Prompts()
+	for i := range o.pods {
+		s := &slot{
+			pod:         fmt.Sprintf("vllm-%d", i),
+			servingPort: 8000 + i,
+			addr:        fmt.Sprintf("127.0.0.1:%d", 8000+i),
+			zmqPort:     freePort(t),
+			replayPort:  freePort(t),
+			gpu:         48,
+			seed:        uint64(100 + i),
+			relayURL:    o.relayURL,
+		}
+		if o.relayAuth != nil {
+			s.relayNATS = o.relayAuth(s.pod)
+		}
+		w.slots = append(w.slots, s)
+		w.startEngine(s)
+		w.startRelay(s)
+		t.Cleanup(func() {
+			w.stopRelay(s)
+			_ = s.eng.Close()
+		})
+	}
+	return w
+}
+
+func (w *world) startNATS() {
+	if w.server != nil {
+		w.ns = w.server(w.t, w.port)
+		return
+	}
+	w.ns = startNATS(w.t, natsembed.Options{Port: w.port, JetStream: w.js, StoreDir: w.store})
+	if w.js {
+		nc, err := nats.Connect(w.url())
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		defer cancel()
+		if _, err := events.EnsureStream(ctx, js, events.StreamConfig{Namespace: testNS, Pool: testPool, MaxAge: time.Minute, MaxBytes: 64 << 20}); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+}
+
+func (w *world) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", w.port) }
+
+func (w *world) restartNATS() {
+	w.ns.Shutdown()
+	w.startNATS()
+}
+
+func (w *world) startEngine(s *slot) {
+	w.t.Helper()
+	s.eng = sim.NewEngine(sim.EngineConfig{
+		Pod: s.pod, Address: s.addr, Model: testModel,
+		Pool: blockpool.Config{BlockSize: blockSize, GPUBlocks: s.gpu, CPUBlocks: 16, Seed: s.seed},
+	}, nil)
+	err := s.eng.StartZMQ(sim.ZMQConfig{
+		// vLLM's default endpoint (tcp://*:5557) binds, and the relay
+		// dials it; Bind keeps the test on loopback.
+		Endpoint:       fmt.Sprintf("tcp://127.0.0.1:%d", s.zmqPort),
+		Bind:           true,
+		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", s.replayPort),
+		Topic:          "kv@" + s.addr + "@" + testModel,
+	})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) restartEngine(s *slot) {
+	_ = s.eng.Close()
+	s.seed += 1000 // a new process hashes with a new seed
+	w.startEngine(s)
+}
+
+func (w *world) startRelay(s *slot) {
+	w.t.Helper()
+	no := s.relayNATS
+	no.URL = w.url()
+	if s.relayURL != "" {
+		no.URL = s.relayURL
+	}
+	no.ReconnectWait, no.MaxReconnectWait = 50*time.Millisecond, 200*time.Millisecond
+	nc, err := relay.DialNATS(no)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	s.relayReg = prometheus.NewRegistry()
+	r, err := relay.New(relay.Config{
+		ZMQEndpoint:    fmt.Sprintf("tcp://127.0.0.1:%d", s.zmqPort),
+		Connect:        true,
+		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", s.replayPort),
+		Namespace:      testNS, Pool: testPool, Pod: s.pod,
+		PodIP: "127.0.0.1", ServingPort: s.servingPort, Model: testModel,
+		Logger: quietLog, Registerer: s.relayReg,
+	}, nc)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.relayCancel, s.relayNC, s.relayDone = cancel, nc, make(chan error, 1)
+	go func() { s.relayDone <- r.Run(ctx) }()
+	deadline := time.Now().Add(waitLimit)
+	for !r.Ready() {
+		if time.Now().After(deadline) {
+			w.t.Fatal("relay never became ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (w *world) stopRelay(s *slot) {
+	if s.relayCancel == nil {
+		return
+	}
+	s.relayCancel()
+	if err := <-s.relayDone; err != nil {
+		w.t.Errorf("relay %s: %v", s.pod, err)
+	}
+	s.relayNC.Close()
+	s.relayCancel = nil
+}
+
+func (w *world) restartRelay(s *slot) {
+	w.stopRelay(s)
+	w.startRelay(s)
+}
+
+// serve runs n requests, each a random prompt on a random engine, with a
+// pause now and then so that ZeroMQ and NATS keep up as a real step rate
+// would let them.
+func (w *world) serve(n int) {
+	w.t.Helper()
+	for i := range n {
+		s := w.slots[w.rng.IntN(len(w.slots))]
+		p := w.prompt[w.rng.IntN(len(w.prompt))]
+		p.ID = ""
+		if _, err := s.eng.Serve(p); err != nil {
+			w.t.Fatal(err)
+		}
+		if i%8 == 7 {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+}
+
+// serveUntil serves requests until cond holds, as a live engine keeps
+// stepping while a fault heals.
+func (w *world) serveUntil(cond func() bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			w.t.Fatal("condition never held while serving")
+		}
+		w.serve(3)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// stack is the EPP's side of the event path: a consumer, recovery and the
+// index, on a connection of its own.
+type stack struct {
+	nc       *nats.Conn
+	ix       *index.Index
+	rec      *recovery.Recovery
+	consumer *consumer.Consumer
+	reg      *prometheus.Registry
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
+}
+
+type stackOptions struct {
+	consumer consumer.Options
+	recovery recovery.Options
+	natsOpts []nats.Option
+	errs     chan error // receives the connection's async errors
+	members  []string   // endpoints of the pool (default every slot's)
+}
+
+func (w *world) newStack(o stackOptions) *stack {
+	w.t.Helper()
+	opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond), quietNATS}, o.natsOpts...)
+	if o.errs != nil {
+		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case o.errs <- err:
+			default:
+			}
+		}))
+	}
+	nc, err := nats.Connect(w.url(), opts...)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	st := &stack{nc: nc, reg: prometheus.NewRegistry()}
+	var rec atomic.Pointer[recovery.Recovery]
+	st.ix = index.New(index.Options{OnUncertain: func(s events.Stream, r events.Reason) {
+		if p := rec.Load(); p != nil {
+			p.OnUncertain(s, r)
+		}
+	}}, st.reg)
+	ro := o.recovery
+	ro.Namespace, ro.Pool, ro.Logger = testNS, testPool, quietLog
+	if ro.Pod == nil {
+		// As the EPP's datastore does, from discovery.
+		ro.Pod = func(addr string) (string, bool) {
+			for _, s := range w.slots {
+				if s.addr == addr {
+					return s.pod, true
+				}
+			}
+			return "", false
+		}
+	}
+	if ro.MinBackoff == 0 {
+		ro.MinBackoff, ro.MaxBackoff = 20*time.Millisecond, 200*time.Millisecond
+	}
+	if ro.Timeout == 0 {
+		ro.Timeout = 3 * time.Second
+	}
+	st.rec, err = recovery.New(ro, st.ix, nc, st.reg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	rec.Store(st.rec)
+	co := o.consumer
+	co.Namespace, co.Pool, co.Logger, co.JetStream = testNS, testPool, quietLog, co.JetStream || w.js
+	st.consumer, err = consumer.New(nc, co, st.rec, st.reg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	members := o.members
+	if members == nil {
+		for _, s := range w.slots {
+			members = append(members, s.addr)
+		}
+	}
+	for _, a := range members {
+		st.ix.AddEndpoint(a)
+		st.rec.AddEndpoint(a)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st.cancel = cancel
+	st.done.Add(2)
+	go func() {
+		defer st.done.Done()
+		if err := st.consumer.Run(ctx); err != nil {
+			w.t.Errorf("consumer: %v", err)
+		}
+	}()
+	go func() {
+		defer st.done.Done()
+		_ = st.rec.Run(ctx)
+	}()
+	deadline := time.Now().Add(waitLimit)
+	for !st.consumer.Connected() {
+		if time.Now().After(deadline) {
+			w.t.Fatal("consumer never connected")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	w.t.Cleanup(st.stop)
+	return st
+}
+
+func (st *stack) stop() {
+	if st.cancel == nil {
+		return
+	}
+	st.cancel()
+	st.done.Wait()
+	st.nc.Close()
+	st.cancel = nil
+}
+
+// mismatch compares the index with the engines' caches for every prompt of
+// the workload on every endpoint; it returns the first difference, or ""
+// when the index is exact and equal to the ground truth.
+func (w *world) mismatch(st *stack) string {
+	addrs := make([]string, len(w.slots))
+	for i, s := range w.slots {
+		addrs[i] = s.addr
+		if state, _ := st.ix.State(s.addr); state != datalayer.StreamExact {
+			return fmt.Sprintf("%s is %s", s.addr, state)
+		}
+	}
+	out := make([]index.Match, len(addrs))
+	for _, p := range w.prompt {
+		keys := index.AppendBlockKeys(nil, index.RootKey(testModel, "", ""), p.Tokens, blockSize)
+		st.ix.Lookup(keys, addrs, out)
+		for i, s := range w.slots {
+			want := s.eng.Held(p)
+			got := blockpool.Held{Blocks: out[i].Blocks, ByTier: out[i].ByTier}
+			if got != want {
+				return fmt.Sprintf("%s prompt %s: index %+v, engine %+v", s.addr, p.ID, got, want)
+			}
+		}
+	}
+	return ""
+}
+
+// converge waits until the index equals the ground truth.
+func (w *world) converge(st *stack) {
+	w.t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		m := w.mismatch(st)
+		if m == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.dump(st)
+			w.t.Fatalf("index never converged to the engines' caches: %s (pending resyncs %d)", m, st.rec.Pending())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// heldTotal is how many prompt blocks the engines hold, so that a test can
+// check it is not vacuous.
+func (w *world) heldTotal() int {
+	n := 0
+	for _, s := range w.slots {
+		for _, p := range w.prompt {
+			n += s.eng.Held(p).Blocks
+		}
+	}
+	return n
+}
+
+func counter(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue metric
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+var _ = testutil.ToFloat64
+
+// dropProxy is a TCP proxy between NATS clients and the server that drops
+// a share of the clients' publishes on kv.events subjects, as a lossy path
+// between a relay and NATS would. Everything else passes unchanged.
+type dropProxy struct {
+	ln      net.Listener
+	target  string
+	every   atomic.Int64 // drop one publish in every; 0 drops none
+	n       atomic.Int64
+	dropped atomic.Int64
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func newDropProxy(t testing.TB, target string) *dropProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &dropProxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *dropProxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *dropProxy) close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *dropProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() {
+			defer p.wg.Done()
+			_, _ = io.Copy(c, s)
+			_ = c.Close()
+		}()
+		go func() {
+			defer p.wg.Done()
+			p.filter(c, s)
+			_ = s.Close()
+		}()
+	}
+}
+
+// filter copies the client's protocol to the server, leaving out the
+// chosen publishes: PUB/HPUB lines are parsed for their payload size so
+// that the whole message is skipped.
+func (p *dropProxy) filter(c, s net.Conn) {
+	r := bufio.NewReaderSize(c, 1<<16)
+	wr := bufio.NewWriterSize(s, 1<<16)
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			return
+		}
+		f := strings.Fields(string(line))
+		if len(f) < 3 || (f[0] != "PUB" && f[0] != "HPUB") {
+			if _, err := wr.Write(line); err != nil {
+				return
+			}
+			if r.Buffered() == 0 {
+				if err := wr.Flush(); err != nil {
+					return
+				}
+			}
+			continue
+		}
+		total, err := strconv.Atoi(f[len(f)-1])
+		if err != nil {
+			return
+		}
+		head := append([]byte(nil), line...)
+		body := make([]byte, total+2)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
+		if strings.HasPrefix(f[1], events.SubjectPrefix+".") {
+			if every := p.every.Load(); every > 0 && p.n.Add(1)%every == 0 {
+				p.dropped.Add(1)
+				continue
+			}
+		}
+		if _, err := wr.Write(head); err != nil {
+			return
+		}
+		if _, err := wr.Write(body); err != nil {
+			return
+		}
+		if r.Buffered() == 0 {
+			if err := wr.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func recoveryOptions(pod func(string) (string, bool)) recovery.Options {
+	return recovery.Options{Pod: pod}
+}
+
+// dump logs the recovery and consumer counters, for a failure's diagnosis.
+func (w *world) dump(st *stack) {
+	mfs, _ := st.reg.Gather()
+	for _, mf := range mfs {
+		n := mf.GetName()
+		if !strings.HasPrefix(n, "kvroute_recovery_") && !strings.HasPrefix(n, "kvroute_events_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			if v != 0 {
+				w.t.Logf("%s %v = %v", n, m.GetLabel(), v)
+			}
+		}
+	}
+}

@@ -1,0 +1,260 @@
+// Package prefixmatch is the PrepareData producer that answers, for every
+// candidate of a request, how much of the request's prompt the candidate
+// already holds in its KV cache, and in which tier: the exact answer from the
+// event-fed index where the candidate's event stream is in order, and the
+// approximate routing-history answer, marked not exact, where it is not.
+package prefixmatch
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/approx"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/prepare"
+)
+
+// Type is the producer's registered plugin type.
+const Type = "precise-prefix-cache-producer"
+
+// RequestBlockKeysKey is where the producer publishes, per candidate, the
+// request's block keys at that candidate's block size (a []uint64 shared by
+// candidates of the same block size and model), so that a post-pick hook can
+// record speculative holdings for the picked endpoint.
+const RequestBlockKeysKey = "RequestBlockKeysKey"
+
+// ApproxHashesKey is where the producer publishes the request's approximate
+// (routing-history) hashes, a []uint64, so that a post-pick hook can teach
+// the approximate index where the request went.
+const ApproxHashesKey = "ApproxPrefixHashesKey"
+
+// Index is what the producer needs of the exact index.
+type Index interface {
+	Lookup(keys []uint64, addrs []string, out []index.Match)
+	State(addr string) (datalayer.StreamState, time.Time)
+	BlockSize(addr string) int
+}
+
+// Approx is what the producer needs of the approximate fallback.
+type Approx interface {
+	Match(hashes []uint64, addrs []string, out []int)
+}
+
+// Params are the producer's configuration parameters.
+type Params struct {
+	// DefaultBlockSizeTokens is the block size assumed for an endpoint whose
+	// events and metrics have not told it yet (vLLM's default, 16).
+	DefaultBlockSizeTokens int `json:"defaultBlockSizeTokens"`
+	// MaxPrefixBlocks caps the blocks looked up per request (0: no cap). The
+	// walk stops at the longest match anyway, so this only bounds hashing.
+	MaxPrefixBlocks int `json:"maxPrefixBlocks"`
+	// ApproxBlockSizeTokens and ApproxMaxBlocks tune the approximate
+	// fallback, as the upstream approximate producer's blockSizeTokens and
+	// maxPrefixBlocksToMatch do.
+	ApproxBlockSizeTokens int `json:"approxBlockSizeTokens"`
+	ApproxMaxBlocks       int `json:"approxMaxBlocks"`
+}
+
+// DefaultParams are the parameters of a producer configured without any.
+func DefaultParams() Params {
+	return Params{
+		DefaultBlockSizeTokens: 16,
+		ApproxBlockSizeTokens:  approx.DefaultBlockSizeTokens,
+		ApproxMaxBlocks:        approx.DefaultMaxBlocks,
+	}
+}
+
+// Producer publishes a datalayer.PrefixCacheInfo under
+// datalayer.PrefixCacheMatchInfoKey for every candidate.
+type Producer struct {
+	name   string
+	params Params
+	index  Index
+	approx Approx
+}
+
+var _ prepare.DataProducer = (*Producer)(nil)
+
+// New returns a producer reading index, with approx (which may be nil) as
+// the fallback for endpoints whose event stream is missing or uncertain.
+func New(name string, p Params, index Index, approx Approx) *Producer {
+	d := DefaultParams()
+	if p.DefaultBlockSizeTokens <= 0 {
+		p.DefaultBlockSizeTokens = d.DefaultBlockSizeTokens
+	}
+	if p.ApproxBlockSizeTokens <= 0 {
+		p.ApproxBlockSizeTokens = d.ApproxBlockSizeTokens
+	}
+	if p.ApproxMaxBlocks <= 0 {
+		p.ApproxMaxBlocks = d.ApproxMaxBlocks
+	}
+	if name == "" {
+		name = Type
+	}
+	return &Producer{name: name, params: p, index: index, approx: approx}
+}
+
+// TypedName implements plugin.Plugin.
+func (p *Producer) TypedName() plugin.TypedName { return plugin.TypedName{Type: Type, Name: p.name} }
+
+// Produces implements plugin.Producer.
+func (p *Producer) Produces() map[string]any {
+	return map[string]any{
+		datalayer.PrefixCacheMatchInfoKey: datalayer.PrefixCacheInfo{},
+		RequestBlockKeysKey:               []uint64(nil),
+		ApproxHashesKey:                   []uint64(nil),
+	}
+}
+
+// Consumes implements plugin.Consumer: the producer reads only the request
+// and the index.
+func (p *Producer) Consumes() map[string]any { return nil }
+
+// group is the candidates that share a block size and a model, and so share
+// the request's block keys.
+type group struct {
+	blockSize int
+	model     string
+	members   []int
+}
+
+// Produce implements datalayer.DataProducer.
+func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error {
+	infos := make([]datalayer.PrefixCacheInfo, len(cands))
+	addrs := make([]string, 0, len(cands))
+	matches := make([]index.Match, len(cands))
+	var textHashes []uint64 // approximate hashes of the text, when tokens are unknown
+
+	for _, g := range p.groups(cands) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if req.NoReproduciblePrefix {
+			// Blocks keyed with multimodal extras never match a plain
+			// request: nobody holds any of it, and nobody can be said to.
+			for _, i := range g.members {
+				infos[i] = datalayer.PrefixCacheInfo{BlockSizeTokens: g.blockSize}
+			}
+			continue
+		}
+		if !req.TokensKnown() {
+			if textHashes == nil {
+				textHashes = approx.Hashes(nil, req, p.params.ApproxBlockSizeTokens, p.params.ApproxMaxBlocks)
+			}
+			p.approximate(textHashes, p.params.ApproxBlockSizeTokens, len(textHashes), g.members, cands, infos)
+			continue
+		}
+
+		total := len(req.TokenIDs) / g.blockSize
+		if p.params.MaxPrefixBlocks > 0 {
+			total = min(total, p.params.MaxPrefixBlocks)
+		}
+		root := index.RootKey(g.model, req.LoRA, req.CacheSalt)
+		keys := index.AppendBlockKeys(make([]uint64, 0, total), root, req.TokenIDs[:total*g.blockSize], g.blockSize)
+		addrs = addrs[:0]
+		for _, i := range g.members {
+			addrs = append(addrs, cands[i].Address)
+		}
+		p.index.Lookup(keys, addrs, matches)
+
+		// Boxed once: converting the slice to an interface for each Put
+		// would allocate a copy of its header per candidate.
+		var sharedKeys any = keys
+		var streamless []int
+		for j, i := range g.members {
+			state, _ := p.index.State(cands[i].Address)
+			cands[i].Put(RequestBlockKeysKey, sharedKeys)
+			if state == datalayer.StreamNone {
+				streamless = append(streamless, i)
+				continue
+			}
+			// An uncertain stream keeps the index's answer, which is still
+			// mostly right, but says it is not exact.
+			m := matches[j]
+			infos[i] = datalayer.PrefixCacheInfo{
+				MatchBlocks:       m.Blocks,
+				TotalBlocks:       total,
+				BlockSizeTokens:   g.blockSize,
+				MatchTokens:       m.Blocks * g.blockSize,
+				BlocksByTier:      m.ByTier,
+				SpeculativeBlocks: m.Speculative,
+				Exact:             state == datalayer.StreamExact,
+			}
+		}
+		if len(streamless) > 0 {
+			// The routing history remembers picks by these same block keys
+			// (the speculative recorder records them), so they are what it
+			// is asked about.
+			p.approximate(keys[:min(len(keys), p.params.ApproxMaxBlocks)], g.blockSize, total, streamless, cands, infos)
+		}
+	}
+	for i, c := range cands {
+		c.Put(datalayer.PrefixCacheMatchInfoKey, infos[i])
+	}
+	return nil
+}
+
+// approximate answers, from the routing-history fallback, for candidates
+// that have no event stream (or when the request's tokens are unknown), and
+// publishes the hashes a post-pick hook records for the picked one. Such an
+// answer is never exact, and it knows no tiers: a remembered block counts as
+// GPU, where the engine put it when it computed it.
+func (p *Producer) approximate(hashes []uint64, blockSize, total int, members []int, cands []*datalayer.Candidate, infos []datalayer.PrefixCacheInfo) {
+	out := make([]int, len(members))
+	if p.approx != nil && len(hashes) > 0 {
+		addrs := make([]string, len(members))
+		for j, i := range members {
+			addrs[j] = cands[i].Address
+		}
+		p.approx.Match(hashes, addrs, out)
+	}
+	var shared any = hashes // boxed once, as the keys are in Produce
+	for j, i := range members {
+		info := datalayer.PrefixCacheInfo{
+			MatchBlocks:     out[j],
+			TotalBlocks:     total,
+			BlockSizeTokens: blockSize,
+			MatchTokens:     out[j] * blockSize,
+		}
+		info.BlocksByTier[events.TierGPU] = out[j]
+		infos[i] = info
+		cands[i].Put(ApproxHashesKey, shared)
+	}
+}
+
+// groups partitions the candidates by block size and model, in candidate
+// order, so that keys are computed once per distinct pair.
+func (p *Producer) groups(cands []*datalayer.Candidate) []group {
+	var gs []group
+	for i, c := range cands {
+		bs := p.blockSize(c)
+		k := 0
+		for k < len(gs) && (gs[k].blockSize != bs || gs[k].model != c.Model) {
+			k++
+		}
+		if k == len(gs) {
+			// Room for every candidate left: there is usually one group
+			// holding them all, and growing it one append at a time cost
+			// several allocations per request.
+			gs = append(gs, group{blockSize: bs, model: c.Model, members: make([]int, 0, len(cands)-i)})
+		}
+		gs[k].members = append(gs[k].members, i)
+	}
+	return gs
+}
+
+// blockSize is the candidate's block size: what its events say, else what
+// its metrics say, else the default.
+func (p *Producer) blockSize(c *datalayer.Candidate) int {
+	if bs := p.index.BlockSize(c.Address); bs > 0 {
+		return bs
+	}
+	if c.Metrics.BlockSize > 0 {
+		return c.Metrics.BlockSize
+	}
+	return p.params.DefaultBlockSizeTokens
+}

@@ -1,0 +1,92 @@
+package prefixmatch_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+)
+
+// store tells ix that the engine at addr holds the first blocks of prompt.
+func store(ix *index.Index, addr, model string, blockSize, blocks int, prompt []uint32) {
+	hashes := make([]uint64, blocks)
+	for i := range hashes {
+		hashes[i] = uint64(len(addr))<<40 | uint64(i+1)
+	}
+	ix.Apply(events.Origin{Stream: events.Stream{Endpoint: addr}, Model: model, BlockSize: blockSize, Instance: "i"},
+		&events.Batch{Events: []events.Event{{
+			Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: prompt[:blocks*blockSize], BlockSize: blockSize,
+		}}})
+}
+
+func TestProduceAnswersEachCandidateAtItsOwnBlockSizeAndModel(t *testing.T) {
+	t.Parallel()
+	prompt := make([]uint32, 256)
+	for i := range prompt {
+		prompt[i] = uint32(1000 + i)
+	}
+	ix := index.New(index.Options{}, nil)
+	// Candidates that share a block size and model are interleaved with
+	// others, so that groups are not runs of neighbours.
+	type want struct {
+		blocks, blockSize, total int
+		exact                    bool
+	}
+	endpoints := []struct {
+		name, model string
+		blockSize   int
+		held        int // blocks stored; -1: no event stream at all
+		want        want
+	}{
+		{"a", "m", 16, 4, want{4, 16, 16, true}},
+		{"b", "m", 32, 2, want{2, 32, 8, true}},
+		{"c", "m2", 16, -1, want{0, 16, 16, false}},
+		{"d", "m", 16, 1, want{1, 16, 16, true}},
+		{"e", "m2", 16, 3, want{3, 16, 16, true}},
+		{"f", "m", 32, 5, want{5, 32, 8, true}},
+	}
+	var cands []*datalayer.Candidate
+	for i, e := range endpoints {
+		addr := fmt.Sprintf("10.0.0.%d:8000", i+1)
+		ix.AddEndpoint(addr)
+		if e.held >= 0 {
+			store(ix, addr, e.model, e.blockSize, e.held, prompt)
+		}
+		cands = append(cands, datalayer.NewCandidate(&datalayer.Endpoint{Name: e.name, Address: addr, Model: e.model},
+			datalayer.Metrics{BlockSize: e.blockSize}, datalayer.StreamExact))
+	}
+	p := prefixmatch.New("", prefixmatch.Params{}, ix, nil)
+	if err := p.Produce(context.Background(), &request.Request{Model: "m", TokenIDs: prompt}, cands); err != nil {
+		t.Fatal(err)
+	}
+	keysOf := map[string][]uint64{}
+	for i, e := range endpoints {
+		v, ok := cands[i].Get(datalayer.PrefixCacheMatchInfoKey)
+		if !ok {
+			t.Fatalf("%s: no prefix info published", e.name)
+		}
+		info := v.(datalayer.PrefixCacheInfo)
+		got := want{info.MatchBlocks, info.BlockSizeTokens, info.TotalBlocks, info.Exact}
+		if got != e.want {
+			t.Errorf("%s: got %+v, want %+v", e.name, got, e.want)
+		}
+		if e.held < 0 {
+			continue
+		}
+		k, _ := cands[i].Get(prefixmatch.RequestBlockKeysKey)
+		keys := k.([]uint64)
+		group := fmt.Sprintf("%s/%d", e.model, e.blockSize)
+		if prev, seen := keysOf[group]; seen && &prev[0] != &keys[0] {
+			t.Errorf("%s: block keys computed again for group %s", e.name, group)
+		}
+		keysOf[group] = keys
+	}
+	if len(keysOf) != 3 {
+		t.Errorf("%d distinct key sets, want one per block size and model (3)", len(keysOf))
+	}
+}

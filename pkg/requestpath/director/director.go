@@ -1,0 +1,276 @@
+// Package director is the request path's core, shared by the ext_proc
+// server and the standalone proxy: parse the request, find its token ids,
+// run PrepareData over the candidates, schedule, and report the pick; then,
+// on the response path, account for what the endpoint served.
+package director
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
+	"github.com/kvroute/kvroute/pkg/scheduling"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+)
+
+// Headers the request path reads and writes, as the Gateway API Inference
+// Extension's endpoint picker protocol names them.
+const (
+	HeaderRequestID     = "x-request-id"
+	HeaderModelRewrite  = "x-gateway-model-name-rewrite"
+	HeaderObjective     = "x-gateway-inference-objective"
+	HeaderDestination   = "x-gateway-destination-endpoint"
+	HeaderSubsetHint    = "x-gateway-destination-endpoint-subset"
+	HeaderServed        = "x-gateway-destination-endpoint-served"
+	MetadataDestination = "envoy.lb"
+	MetadataSubsetHint  = "envoy.lb.subset_hint"
+)
+
+// Error is a request-path failure with the HTTP status the client gets.
+type Error struct {
+	Status int
+	Err    error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// StatusOf is the HTTP status for err: its Error's, else 500.
+func StatusOf(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return http.StatusInternalServerError
+}
+
+// Input is one request as the gateway or proxy received it.
+type Input struct {
+	// Path is the request's :path (it selects the API).
+	Path string
+	// Headers are the request headers, names lower-cased.
+	Headers map[string]string
+	Body    []byte
+	// Subset, when non-empty, restricts candidates to these ip:port
+	// addresses (the gateway's subset hint).
+	Subset []string
+}
+
+// Pick is the director's answer: where the request goes.
+type Pick struct {
+	Request *request.Request
+	// RequestedModel is the model the client named, before any rewrite.
+	RequestedModel string
+	Result         *framework.Result
+	// Targets are the picked endpoints' ip:port addresses, primary first,
+	// then fallbacks.
+	Targets []string
+	// Candidates are the request's candidates with what PrepareData put on them.
+	Candidates []*datalayer.Candidate
+	Start      time.Time
+}
+
+// Options wire a Director.
+type Options struct {
+	Datastore *datalayer.Datastore
+	// Graph runs the PrepareData producers; nil runs none.
+	Graph     *prepare.Graph
+	Scheduler *scheduling.Scheduler
+	// Tokenizer finds token ids for requests that carry none; nil means
+	// such requests are matched approximately.
+	Tokenizer tokenize.Tokenizer
+	// PrepareDataTimeout bounds PrepareData (default 400ms, as upstream).
+	PrepareDataTimeout time.Duration
+	// TokenizeTimeout bounds tokenization (default 200ms).
+	TokenizeTimeout time.Duration
+	// Objectives maps an objective name (x-gateway-inference-objective) to
+	// its priority; unknown objectives get priority 0.
+	Objectives map[string]int
+	Metrics    *Metrics
+	Logger     *slog.Logger
+}
+
+// Director runs the request path. It is safe for concurrent use.
+type Director struct {
+	o Options
+}
+
+// New returns a director.
+func New(o Options) (*Director, error) {
+	if o.Datastore == nil || o.Scheduler == nil {
+		return nil, errors.New("director needs a datastore and a scheduler")
+	}
+	if o.PrepareDataTimeout <= 0 {
+		o.PrepareDataTimeout = 400 * time.Millisecond
+	}
+	if o.TokenizeTimeout <= 0 {
+		o.TokenizeTimeout = 200 * time.Millisecond
+	}
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &Director{o: o}, nil
+}
+
+// HandleRequest decides where a request goes. Its errors are *Error with
+// the status to answer: 400 for a malformed request, 503 when no endpoint
+// can serve it, 429 when it is shed, 500 otherwise.
+func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) {
+	start := time.Now()
+	req, err := openai.ParseRequest(in.Path, in.Body)
+	if err != nil {
+		d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
+		return nil, &Error{Status: http.StatusBadRequest, Err: err}
+	}
+	req.Headers = in.Headers
+	req.ID = in.Headers[HeaderRequestID]
+	requested := req.Model
+	if m := in.Headers[HeaderModelRewrite]; m != "" {
+		req.Model = m
+	}
+	if obj := in.Headers[HeaderObjective]; obj != "" {
+		req.Priority = d.o.Objectives[obj]
+	}
+	if req.LoRA == "" && !d.servesBaseModel(req.Model) {
+		// A model name no endpoint serves as its base model names a LoRA
+		// adapter: vLLM keys the adapter's blocks by its name.
+		req.LoRA = req.Model
+	}
+	p, err := d.route(ctx, req, in.Subset, requested)
+	if err != nil {
+		return nil, err
+	}
+	p.Start = start
+	return p, nil
+}
+
+// Route schedules an already parsed request: it finds the prompt's token
+// ids if the request lacks them, runs PrepareData over the candidates (the
+// endpoints in subset, or all when subset is empty), and schedules. Its
+// errors are as HandleRequest's.
+func (d *Director) Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error) {
+	return d.route(ctx, req, subset, req.Model)
+}
+
+func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string) (*Pick, error) {
+	start := time.Now()
+	if req.ID == "" {
+		req.ID = uuid.NewString()
+	}
+	d.tokenize(ctx, req)
+
+	cands := d.o.Datastore.Candidates(subsetFilter(subset))
+	if len(cands) == 0 {
+		d.o.Metrics.errors.WithLabelValues(requested, req.Model, "503").Inc()
+		return nil, &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("no ready endpoint%s", subsetNote(subset))}
+	}
+	if d.o.Graph != nil {
+		if err := d.o.Graph.Run(ctx, d.o.PrepareDataTimeout, req, cands); err != nil {
+			// Producers' failures are logged by the graph; the request is
+			// still scheduled on whatever data did arrive.
+			d.o.Metrics.prepareFailures.Inc()
+		}
+	}
+	res, err := d.o.Scheduler.Schedule(ctx, req, cands)
+	if err != nil {
+		status := http.StatusInternalServerError
+		switch {
+		case errors.Is(err, scheduling.ErrNoCandidates):
+			status = http.StatusServiceUnavailable
+		case errors.Is(err, scheduling.ErrShed):
+			status = http.StatusTooManyRequests
+		}
+		d.o.Metrics.errors.WithLabelValues(requested, req.Model, fmt.Sprint(status)).Inc()
+		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
+	}
+	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start}
+	for _, c := range res.Targets() {
+		p.Targets = append(p.Targets, c.Address)
+	}
+	if len(p.Targets) == 0 {
+		d.o.Metrics.errors.WithLabelValues(requested, req.Model, "503").Inc()
+		return nil, &Error{Status: http.StatusServiceUnavailable, Err: errors.New("scheduler picked no endpoint")}
+	}
+	d.o.Metrics.observePick(p)
+	return p, nil
+}
+
+// tokenize fills in req's token ids when the request did not carry them
+// and a tokenizer is configured. A failure leaves them unknown: the request
+// is still routed, with approximate prefix answers.
+func (d *Director) tokenize(ctx context.Context, req *request.Request) {
+	if req.TokensKnown() || req.NoReproduciblePrefix || d.o.Tokenizer == nil || req.API == request.APIOther {
+		return
+	}
+	tctx, cancel := context.WithTimeout(ctx, d.o.TokenizeTimeout)
+	defer cancel()
+	ids, err := d.o.Tokenizer.Tokenize(tctx, req)
+	if err != nil {
+		d.o.Metrics.tokenizeFailures.Inc()
+		d.o.Logger.LogAttrs(ctx, slog.LevelDebug, "tokenization failed; routing approximately",
+			slog.String("request", req.ID), slog.Any("error", err))
+		return
+	}
+	req.TokenIDs = ids
+}
+
+// Served is what the response path learned about a request.
+type Served struct {
+	// Endpoint is the ip:port that served it (x-gateway-destination-endpoint-served),
+	// or the primary target when the gateway did not say.
+	Endpoint string
+	Status   int
+	Usage    openai.Usage
+	// FirstByte is when the response's first body bytes arrived (zero if never).
+	FirstByte time.Time
+	End       time.Time
+}
+
+// HandleResponse accounts for a finished response.
+func (d *Director) HandleResponse(p *Pick, s Served) {
+	d.o.Metrics.observeResponse(p, s)
+}
+
+// servesBaseModel reports whether some endpoint serves model as its base
+// model (or no endpoint says what it serves).
+func (d *Director) servesBaseModel(model string) bool {
+	empty := true
+	for ep := range d.o.Datastore.All() {
+		if ep.Model == model || ep.Model == "" {
+			return true
+		}
+		empty = false
+	}
+	return empty
+}
+
+func subsetFilter(subset []string) func(*datalayer.Endpoint) bool {
+	if len(subset) == 0 {
+		return nil
+	}
+	allowed := make(map[string]bool, len(subset))
+	for _, a := range subset {
+		allowed[a] = true
+	}
+	return func(ep *datalayer.Endpoint) bool { return allowed[ep.Address] }
+}
+
+func subsetNote(subset []string) string {
+	if len(subset) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" among the %d endpoints of the subset hint", len(subset))
+}

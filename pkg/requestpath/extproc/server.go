@@ -1,0 +1,285 @@
+// Package extproc is the Envoy External Processing (ext_proc v3) server
+// through which a gateway asks kvroute where each inference request goes.
+// It speaks the Gateway API Inference Extension's endpoint picker protocol:
+// the request body is gathered, the director picks, and the answer travels
+// back both as the x-gateway-destination-endpoint header and as envoy.lb
+// dynamic metadata; on the way back the response is passed through
+// unchanged while its usage is read for accounting. A request without a
+// body (a GET of /v1/models) goes, as upstream routes it, to a random ready
+// endpoint within the subset hint.
+package extproc
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+)
+
+// Health service names, as the upstream EPP registers them.
+const (
+	HealthLiveness  = "liveness"
+	HealthReadiness = "readiness"
+	HealthExtProc   = "envoy.service.ext_proc.v3.ExternalProcessor"
+)
+
+// DefaultMaxBodyBytes bounds a request body when Options leave it zero.
+const DefaultMaxBodyBytes = 16 << 20
+
+// maxChunk is the largest body chunk sent back to Envoy: its docs recommend
+// no more than 64 KiB per StreamedBodyResponse.
+const maxChunk = 64 << 10
+
+// BodyMode is how Envoy sends a body, when it does not say so itself in the
+// stream's protocol_config.
+type BodyMode int
+
+const (
+	// FullDuplexStreamed is the upstream EPP's mode: chunks arrive as they
+	// come and go back as StreamedBodyResponses.
+	FullDuplexStreamed BodyMode = iota
+	// Buffered: Envoy sends the whole body in one message and waits for one
+	// answer.
+	Buffered
+)
+
+// Director is the request path the server drives; *director.Director is one.
+type Director interface {
+	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
+	// PickAny routes a request without a body.
+	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
+	HandleResponse(p *director.Pick, s director.Served)
+}
+
+var _ Director = (*director.Director)(nil)
+
+// Options configure a Server. The zero value listens on :9002 with a
+// self-signed certificate, serves health on the same port and on none other,
+// takes bodies up to 16 MiB, and is always ready.
+type Options struct {
+	// Addr is the ext_proc listen address (":9002" when empty; port 0
+	// picks a free one).
+	Addr string
+	// HealthAddr, when set, also serves the gRPC health service in
+	// plaintext on its own listener, as upstream's --grpc-health-port does.
+	// Health is always served on Addr as well.
+	HealthAddr string
+	// MaxBodyBytes bounds a request body; a larger one is refused with 413.
+	MaxBodyBytes int
+	// DefaultMode is the body mode assumed when Envoy's first message
+	// carries no protocol_config (older Envoys).
+	DefaultMode BodyMode
+	// Plaintext serves without TLS. Otherwise CertFile and KeyFile are
+	// used, or, when they are empty, a self-signed certificate made at start.
+	Plaintext         bool
+	CertFile, KeyFile string
+	// Ready gates the readiness health services; nil means always ready.
+	Ready func() bool
+	// ReadyPoll is how often Ready is asked (1s when zero).
+	ReadyPoll time.Duration
+	// ShutdownGrace bounds a graceful stop before streams are cut (5s when zero).
+	ShutdownGrace time.Duration
+	Logger        *slog.Logger
+	// Registerer takes the server's metrics; nil means don't register.
+	Registerer prometheus.Registerer
+}
+
+// BufferPool is the gRPC buffer pool the server uses; a client streaming
+// large bodies benefits from it too (grpc/experimental.WithBufferPool).
+func BufferPool() mem.BufferPool { return sharedPool }
+
+// Server is the ext_proc gRPC server.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	d       Director
+	o       Options
+	log     *slog.Logger
+	m       *metrics
+	grpc    *grpc.Server
+	ln      net.Listener
+	hgrpc   *grpc.Server
+	hln     net.Listener
+	health  *health.Server
+	ranOnce sync.Once
+}
+
+// New binds the listeners (so Addr is known before Run) and prepares TLS.
+func New(d Director, o Options) (*Server, error) {
+	if d == nil {
+		return nil, errors.New("extproc: a director is required")
+	}
+	if o.Addr == "" {
+		o.Addr = ":9002"
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.ReadyPoll <= 0 {
+		o.ReadyPoll = time.Second
+	}
+	if o.ShutdownGrace <= 0 {
+		o.ShutdownGrace = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), health: health.NewServer()}
+
+	opts := []grpc.ServerOption{experimental.BufferPool(BufferPool())}
+	if !o.Plaintext {
+		cert, err := loadOrMakeCert(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("extproc: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{cert},
+			MinVersion:   tls.VersionTLS12,
+		})))
+	}
+	var err error
+	if s.ln, err = net.Listen("tcp", o.Addr); err != nil {
+		return nil, fmt.Errorf("extproc: listen on %s: %w", o.Addr, err)
+	}
+	if o.HealthAddr != "" {
+		if s.hln, err = net.Listen("tcp", o.HealthAddr); err != nil {
+			_ = s.ln.Close()
+			return nil, fmt.Errorf("extproc: listen for health on %s: %w", o.HealthAddr, err)
+		}
+		s.hgrpc = grpc.NewServer()
+		healthpb.RegisterHealthServer(s.hgrpc, s.health)
+	}
+	s.grpc = grpc.NewServer(opts...)
+	extprocv3.RegisterExternalProcessorServer(s.grpc, s)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+	s.setReady(false)
+	return s, nil
+}
+
+// Addr is the ext_proc listener's address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// HealthAddr is the separate health listener's address, or "" when there is none.
+func (s *Server) HealthAddr() string {
+	if s.hln == nil {
+		return ""
+	}
+	return s.hln.Addr().String()
+}
+
+func (s *Server) setReady(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus(HealthReadiness, st)
+	s.health.SetServingStatus(HealthExtProc, st)
+}
+
+// Run serves until ctx is done, then stops gracefully: streams in flight
+// get ShutdownGrace to finish before they are cut. It may be called once.
+func (s *Server) Run(ctx context.Context) error {
+	ran := false
+	s.ranOnce.Do(func() { ran = true })
+	if !ran {
+		return errors.New("extproc: Run called twice")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	serve := func(g *grpc.Server, ln net.Listener, what string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := g.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				errs <- fmt.Errorf("extproc: %s server: %w", what, err)
+				cancel()
+			}
+		}()
+	}
+	serve(s.grpc, s.ln, "ext_proc")
+	if s.hgrpc != nil {
+		serve(s.hgrpc, s.hln, "health")
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); s.pollReady(ctx) }()
+
+	<-ctx.Done()
+	s.health.Shutdown()
+	s.stop(s.grpc)
+	if s.hgrpc != nil {
+		s.hgrpc.Stop()
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+// Close releases the listeners of a server that will never Run.
+func (s *Server) Close() {
+	_ = s.ln.Close()
+	if s.hln != nil {
+		_ = s.hln.Close()
+	}
+}
+
+// stop lets streams finish within the grace period, then cuts them.
+func (s *Server) stop(g *grpc.Server) {
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	t := time.NewTimer(s.o.ShutdownGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		g.Stop()
+		<-done
+	}
+}
+
+func (s *Server) pollReady(ctx context.Context) {
+	check := func() {
+		s.setReady(s.o.Ready == nil || s.o.Ready())
+	}
+	check()
+	t := time.NewTicker(s.o.ReadyPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			check()
+		}
+	}
+}
+
+// Process serves one HTTP request's ext_proc stream.
+func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
+	st := newStream(s, ps)
+	return st.run()
+}

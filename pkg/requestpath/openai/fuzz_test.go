@@ -1,0 +1,187 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/framework/request"
+)
+
+var requestSeeds = []struct{ path, body string }{
+	{"/v1/completions", `{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Once upon a time","max_tokens":64,"temperature":0.7}`},
+	{"/v1/completions", `{"model":"m","prompt":["a","b"],"stream":true,"stream_options":{"include_usage":true}}`},
+	{"/v1/completions", `{"model":"m","prompt":[128000,9906,1917],"add_special_tokens":false,"cache_salt":"tenant-a"}`},
+	{"/v1/completions", `{"model":"m","prompt":[[1,2],[3]]}`},
+	{"/v1/completions", `{"model":"m","prompt":[0,1,22,333,4444,55555,666666,7777777,88888888,999999999,4294967295,01,12 ,3]}`},
+	{"/v1/completions", `{"model":"m","prompt":[4294967295,1234567,1]}`},
+	{"/v1/completions", `{"model":"m","prompt":[1,-1]}`},
+	{"/v1/completions", `{"model":"m","prompt":[99999999999999999999]}`},
+	{"/v1/completions", `{"model":"m","prompt_embeds":"AAAA"}`},
+	{"/v1/chat/completions", `{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":"Hi"}],"stream":true}`},
+	{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}`},
+	{"/v1/chat/completions", `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true}`},
+	{"/v1/chat/completions", `{"model":"m","messages":[]}`},
+	{"/v1/chat/completions?x=1", `{"model":"m","messages":[{"role":"user","content":[{"text":"untyped"}]}]}`},
+	{"/v1/embeddings", `{"model":"e","input":"x"}`},
+	{"/v1/completions", ``},
+	{"/v1/completions", `{"model":"m","prompt":"x"} trailing`},
+	{"/v1/chat/completions", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}"},
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range requestSeeds {
+		f.Add(s.path, []byte(s.body))
+	}
+	f.Fuzz(func(t *testing.T, path string, body []byte) {
+		req, err := ParseRequest(path, body)
+		if err != nil {
+			if !errors.Is(err, ErrBadRequest) {
+				t.Fatalf("error %q does not wrap ErrBadRequest", err)
+			}
+			return
+		}
+		if string(req.Body) != string(body) {
+			t.Fatal("Body is not the body as received")
+		}
+		if req.Chat != nil && len(req.Chat.Messages) == 0 {
+			t.Fatal("a chat request without messages was accepted")
+		}
+		if req.API != 0 && req.Model == "" {
+			t.Fatal("a completions or chat request without a model was accepted")
+		}
+		// Token ids read from a flat prompt array must be encoding/json's.
+		var fields map[string]json.RawMessage
+		var want []uint32
+		if req.API == request.APICompletions && json.Unmarshal(body, &fields) == nil && json.Unmarshal(fields["prompt"], &want) == nil && len(want) > 0 {
+			if !slices.Equal(req.TokenIDs, want) {
+				t.Fatalf("token ids %v, encoding/json reads %v", req.TokenIDs, want)
+			}
+		}
+	})
+}
+
+func FuzzParseUsage(f *testing.F) {
+	for _, s := range []string{
+		`{"usage":{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":96}}}`,
+		`{"usage":null}`,
+		`{"usage":{"prompt_tokens":-1}}`,
+		`{"usage":"x"}`,
+		`[]`,
+		``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		u, found, err := ParseUsage(body)
+		if err != nil && !errors.Is(err, ErrBadUsage) {
+			t.Fatalf("error %q does not wrap ErrBadUsage", err)
+		}
+		if found && (u.PromptTokens < 0 || u.CachedTokens < 0 || u.CompletionTokens < 0 || u.CachedTokens > u.PromptTokens) {
+			t.Fatalf("accepted an impossible usage %+v", u)
+		}
+	})
+}
+
+func FuzzSSEUsageScanner(f *testing.F) {
+	f.Add([]byte(stream), uint16(7))
+	f.Add([]byte("data: {\"usage\":\r\ndata: {\"prompt_tokens\":9}}\r\n\r\n"), uint16(1))
+	f.Add([]byte("data: [DONE]\r"), uint16(3))
+	f.Fuzz(func(t *testing.T, body []byte, step uint16) {
+		const maxLine = 128
+		n := int(step%64) + 1
+		whole := SSEUsageScanner{MaxLine: maxLine}
+		whole.Write(body)
+		split := SSEUsageScanner{MaxLine: maxLine}
+		for i := 0; i < len(body); i += n {
+			split.Write(body[i:min(i+n, len(body))])
+		}
+		// How the body is cut must not change what is seen, and memory
+		// stays bounded.
+		wu, wok := whole.Usage()
+		su, sok := split.Usage()
+		if wu != su || wok != sok || whole.Done() != split.Done() {
+			t.Fatalf("whole %+v %v done %v; split by %d %+v %v done %v", wu, wok, whole.Done(), n, su, sok, split.Done())
+		}
+		if len(split.line) > maxLine || len(split.data) > maxLine {
+			t.Fatalf("held %d and %d bytes, more than %d", len(split.line), len(split.data), maxLine)
+		}
+	})
+}
+
+// FuzzSplitObject checks the splitter of validated JSON against
+// encoding/json: same members, same raw values, same element boundaries.
+func FuzzSplitObject(f *testing.F) {
+	for _, s := range requestSeeds {
+		f.Add([]byte(s.body))
+	}
+	f.Add([]byte(`{"a\"b":"x\\\"y","a\u0062":[1,"]",{"}":"\\"}],"e":-1.5e3,"t":true , "n" : null }`))
+	f.Add([]byte(`{"k":"v","k":"w"}`))
+	f.Add([]byte(`{"prompt":[0,1,4294967295],"prompt":[01]}`))
+	f.Add([]byte(`{"prompt":[1 , 2 ,3] , "x":[1e5,-0,0.5E+2,"\u00e9\ud83d"]}`))
+	f.Add([]byte(`{"prompt":[1,2,],"a":[tru]}`))
+	f.Add([]byte("{\"a\":\"\x01\"}"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		// The validating splitter of the whole body accepts exactly what
+		// encoding/json accepts, reads the same members, and reads a flat
+		// token-id prompt as parseTokenIDs does.
+		valid := json.Valid(body)
+		if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) > 0 && trimmed[0] == '{' {
+			obj, ok, err := splitBody(trimmed)
+			if err != nil || ok != valid {
+				t.Fatalf("splitBody: ok %v, error %v; json.Valid says %v", ok, err, valid)
+			}
+			var members map[string]json.RawMessage
+			if ok && json.Unmarshal(body, &members) == nil {
+				if len(obj.fields) != len(members) {
+					t.Fatalf("splitBody: %d members, encoding/json finds %d", len(obj.fields), len(members))
+				}
+				for k, v := range members {
+					if !bytes.Equal(obj.fields[k], bytes.TrimSpace(v)) {
+						t.Fatalf("splitBody: member %q = %q, encoding/json reads %q", k, obj.fields[k], v)
+					}
+				}
+			}
+			if obj.promptIDs != nil {
+				ids, err := parseTokenIDs(obj.fields["prompt"], "prompt")
+				if err != nil || !slices.Equal(ids, obj.promptIDs) {
+					t.Fatalf("prompt read while validating as %v; parseTokenIDs reads %v, %v", obj.promptIDs, ids, err)
+				}
+			}
+		}
+		var want map[string]json.RawMessage
+		if !valid || json.Unmarshal(body, &want) != nil || want == nil {
+			return
+		}
+		got, err := splitObject(bytes.TrimSpace(body))
+		if err != nil {
+			t.Fatalf("splitObject: %v", err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%d members, encoding/json finds %d", len(got), len(want))
+		}
+		for k, v := range want {
+			if !bytes.Equal(bytes.TrimSpace(got[k]), bytes.TrimSpace(v)) {
+				t.Fatalf("member %q = %q, encoding/json reads %q", k, got[k], v)
+			}
+			if kindOf(v) != '[' {
+				continue
+			}
+			var elems []json.RawMessage
+			if err := json.Unmarshal(v, &elems); err != nil {
+				t.Fatal(err)
+			}
+			split := splitArray(got[k])
+			if len(split) != len(elems) {
+				t.Fatalf("member %q has %d elements, encoding/json finds %d", k, len(split), len(elems))
+			}
+			for i := range elems {
+				if !bytes.Equal(bytes.TrimSpace(split[i]), bytes.TrimSpace(elems[i])) {
+					t.Fatalf("element %d of %q = %q, encoding/json reads %q", i, k, split[i], elems[i])
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,486 @@
+// Package openai reads the OpenAI-compatible requests and responses that pass
+// through the request path: what a request asks for (model, prompt or token
+// ids, chat messages) and what a response says it cost (token usage).
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/kvroute/kvroute/pkg/framework/request"
+)
+
+// ErrBadRequest is wrapped by every error ParseRequest returns; the rest of
+// the message says what is wrong and is meant for the client as a 400 reason.
+var ErrBadRequest = errors.New("bad request")
+
+// Paths of the APIs whose prompt is understood, matched as suffixes so that a
+// gateway prefix in front of /v1 does not matter.
+const (
+	pathCompletions     = "/v1/completions"
+	pathChatCompletions = "/v1/chat/completions"
+)
+
+// ParseRequest reads an OpenAI-compatible request body sent to path. For the
+// completions and chat completions APIs the body must be a JSON object with
+// the fields those APIs require; for any other path the model (and stream
+// flag) are read when the body happens to be a JSON object, and nothing else
+// is required. The caller enforces the body size limit. The returned
+// request's Body is body itself, not a copy.
+func ParseRequest(path string, body []byte) (*request.Request, error) {
+	req := &request.Request{API: apiOf(path), Body: body}
+	if req.API == request.APIOther {
+		parseOther(req, body)
+		return req, nil
+	}
+	obj, err := objectFields(body)
+	if err != nil {
+		return nil, err
+	}
+	fields := obj.fields
+	if req.Model, err = requiredString(fields, "model"); err != nil {
+		return nil, err
+	}
+	if req.Stream, err = optionalBool(fields, "stream", false); err != nil {
+		return nil, err
+	}
+	if req.CacheSalt, err = optionalString(fields, "cache_salt"); err != nil {
+		return nil, err
+	}
+	if req.API == request.APICompletions {
+		err = parseCompletions(req, obj)
+	} else {
+		err = parseChat(req, fields)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+func apiOf(path string) request.API {
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	switch {
+	case strings.HasSuffix(path, pathChatCompletions):
+		return request.APIChatCompletions
+	case strings.HasSuffix(path, pathCompletions):
+		return request.APICompletions
+	}
+	return request.APIOther
+}
+
+// parseOther reads what it can from a request to an API whose prompt is not
+// understood; such requests are routed without a prefix, so a body that is
+// not JSON is not an error.
+func parseOther(req *request.Request, body []byte) {
+	obj, err := objectFields(body)
+	if err != nil {
+		return
+	}
+	fields := obj.fields
+	req.Model, _ = optionalString(fields, "model")
+	req.Stream, _ = optionalBool(fields, "stream", false)
+	req.CacheSalt, _ = optionalString(fields, "cache_salt")
+}
+
+// objectFields checks that body is one valid JSON object and splits it into
+// its members. Keys are matched exactly, as the model server matches them:
+// encoding/json's struct decoding would also accept "Model" for "model" and
+// so disagree with the server about which field counts.
+func objectFields(b []byte) (body, error) {
+	trimmed := bytes.TrimLeft(b, " \t\r\n")
+	if len(trimmed) == 0 {
+		return body{}, fmt.Errorf("%w: the body is empty; expected a JSON object", ErrBadRequest)
+	}
+	if trimmed[0] != '{' {
+		return body{}, fmt.Errorf("%w: the body is %s; expected a JSON object", ErrBadRequest, describe(trimmed))
+	}
+	obj, ok, err := splitBody(trimmed)
+	if err != nil {
+		return body{}, fmt.Errorf("%w: the body is not valid JSON: %v", ErrBadRequest, err)
+	}
+	if !ok {
+		// Decoding again is slow, but only bad requests pay for a precise reason.
+		var v any
+		err := json.Unmarshal(trimmed, &v)
+		return body{}, fmt.Errorf("%w: the body is not valid JSON: %v", ErrBadRequest, err)
+	}
+	return obj, nil
+}
+
+func parseCompletions(req *request.Request, obj body) error {
+	fields := obj.fields
+	var err error
+	if req.AddSpecialTokens, err = optionalBool(fields, "add_special_tokens", true); err != nil {
+		return err
+	}
+	prompt := fields["prompt"]
+	if isAbsent(prompt) {
+		// Prompts given as embeddings cannot be keyed by tokens or text.
+		if !isAbsent(fields["prompt_embeds"]) {
+			req.NoReproduciblePrefix = true
+			return nil
+		}
+		return fmt.Errorf("%w: prompt is required", ErrBadRequest)
+	}
+	switch kindOf(prompt) {
+	case '"':
+		return unmarshalString(prompt, "prompt", &req.Prompt)
+	case '[':
+	default:
+		return fmt.Errorf("%w: prompt is %s; expected a string, an array of strings, an array of token ids or an array of arrays of token ids",
+			ErrBadRequest, describe(prompt))
+	}
+	switch first := firstElement(prompt); {
+	case first == nil:
+		return fmt.Errorf("%w: prompt is an empty array", ErrBadRequest)
+	case first[0] == '"':
+		// A batch of prompts: the model server runs each as its own request
+		// on the chosen endpoint, and the first is the one routed by. The
+		// rest are still checked, so that a 400 here matches the server's.
+		prompts := splitArray(prompt)
+		for i, p := range prompts {
+			if kindOf(p) != '"' {
+				return fmt.Errorf("%w: prompt[%d] is %s; expected a string like the first element", ErrBadRequest, i, describe(p))
+			}
+		}
+		return unmarshalString(prompts[0], "prompt[0]", &req.Prompt)
+	case first[0] == '[':
+		for i, l := range splitArray(prompt) {
+			ids, err := parseTokenIDs(l, fmt.Sprintf("prompt[%d]", i))
+			if err != nil {
+				return err
+			}
+			if i == 0 {
+				req.TokenIDs = ids
+			}
+		}
+	case obj.promptIDs != nil:
+		req.TokenIDs = obj.promptIDs
+	default:
+		ids, err := parseTokenIDs(prompt, "prompt")
+		if err != nil {
+			return err
+		}
+		req.TokenIDs = ids
+	}
+	return nil
+}
+
+// parseTokenIDs reads a JSON array of token ids: integers that are not
+// negative and fit in uint32, as the model server's vocabulary ids do. raw
+// is already known to be valid JSON. encoding/json would take null for 0
+// and accept ids beyond uint32 into wider types, so the array is read here.
+func parseTokenIDs(raw json.RawMessage, name string) ([]uint32, error) {
+	raw = bytes.TrimSpace(raw)
+	if kindOf(raw) != '[' {
+		return nil, fmt.Errorf("%w: %s is %s; expected an array of token ids", ErrBadRequest, name, describe(raw))
+	}
+	ids := make([]uint32, 0, bytes.Count(raw, []byte{','})+1)
+	i := skipSpace(raw, 1)
+	if i < len(raw) && raw[i] == ']' {
+		return nil, fmt.Errorf("%w: %s is an empty array of token ids", ErrBadRequest, name)
+	}
+	for n := 0; i < len(raw); n++ {
+		start := i
+		var v uint64
+		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
+			v = v*10 + uint64(raw[i]-'0')
+			if v > math.MaxUint32 {
+				return nil, fmt.Errorf("%w: %s[%d] is larger than a token id can be (at most %d)", ErrBadRequest, name, n, uint32(math.MaxUint32))
+			}
+			i++
+		}
+		if i == start || (i < len(raw) && (raw[i] == '.' || raw[i] == 'e' || raw[i] == 'E')) {
+			return nil, fmt.Errorf("%w: %s[%d] is %s; expected a token id (an integer from 0 to %d)",
+				ErrBadRequest, name, n, describe(raw[start:]), uint32(math.MaxUint32))
+		}
+		ids = append(ids, uint32(v))
+		i = skipSpace(raw, i)
+		if i < len(raw) && raw[i] == ']' {
+			return ids, nil
+		}
+		// Valid JSON has a comma here.
+		i = skipSpace(raw, i+1)
+	}
+	return nil, fmt.Errorf("%w: %s is not a complete array", ErrBadRequest, name)
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+func parseChat(req *request.Request, fields map[string]json.RawMessage) error {
+	chat := &request.Chat{}
+	var err error
+	if chat.AddGenerationPrompt, err = optionalBool(fields, "add_generation_prompt", true); err != nil {
+		return err
+	}
+	if chat.ContinueFinalMessage, err = optionalBool(fields, "continue_final_message", false); err != nil {
+		return err
+	}
+	if chat.AddSpecialTokens, err = optionalBool(fields, "add_special_tokens", false); err != nil {
+		return err
+	}
+	if chat.ChatTemplate, err = optionalString(fields, "chat_template"); err != nil {
+		return err
+	}
+	if chat.ChatTemplateKwargs, err = optionalRaw(fields, "chat_template_kwargs", '{', "an object"); err != nil {
+		return err
+	}
+	if chat.Tools, err = optionalRaw(fields, "tools", '[', "an array"); err != nil {
+		return err
+	}
+	messages := fields["messages"]
+	if isAbsent(messages) {
+		return fmt.Errorf("%w: messages is required", ErrBadRequest)
+	}
+	if kindOf(messages) != '[' {
+		return fmt.Errorf("%w: messages is %s; expected an array of message objects", ErrBadRequest, describe(messages))
+	}
+	list := splitArray(messages)
+	if len(list) == 0 {
+		return fmt.Errorf("%w: messages is an empty array", ErrBadRequest)
+	}
+	var prompt strings.Builder
+	if chat.Tools != nil {
+		prompt.WriteString("<tools>\n")
+		writeCompact(&prompt, chat.Tools)
+		prompt.WriteString("\n")
+	}
+	for i, m := range list {
+		multimodal, err := renderMessage(&prompt, m, i)
+		if err != nil {
+			return err
+		}
+		req.NoReproduciblePrefix = req.NoReproduciblePrefix || multimodal
+	}
+	chat.Messages = messages
+	req.Chat = chat
+	req.AddSpecialTokens = chat.AddSpecialTokens
+	req.Prompt = prompt.String()
+	return nil
+}
+
+// renderMessage checks one chat message and appends a deterministic text
+// form of it to b. The form is not the model's chat template, which only the
+// model server knows; it only has to give the same text for the same
+// conversation prefix. It reports whether the message has non-text content.
+func renderMessage(b *strings.Builder, raw json.RawMessage, i int) (multimodal bool, err error) {
+	if kindOf(raw) != '{' {
+		return false, fmt.Errorf("%w: messages[%d] is %s; expected an object", ErrBadRequest, i, describe(raw))
+	}
+	m, err := splitObject(raw)
+	if err != nil {
+		return false, fmt.Errorf("%w: messages[%d]: %v", ErrBadRequest, i, err)
+	}
+	if isAbsent(m["role"]) {
+		return false, fmt.Errorf("%w: messages[%d].role is required", ErrBadRequest, i)
+	}
+	var role string
+	if err := unmarshalString(m["role"], fmt.Sprintf("messages[%d].role", i), &role); err != nil {
+		return false, err
+	}
+	b.WriteString("<")
+	b.WriteString(role)
+	if name, err := optionalString(m, "name"); err == nil && name != "" {
+		b.WriteString(" ")
+		b.WriteString(name)
+	}
+	b.WriteString(">\n")
+	content := m["content"]
+	switch kindOf(content) {
+	case 0, 'n':
+	case '"':
+		var s string
+		if err := unmarshalString(content, fmt.Sprintf("messages[%d].content", i), &s); err != nil {
+			return false, err
+		}
+		b.WriteString(s)
+	case '[':
+		for j, p := range splitArray(content) {
+			text, isText, err := contentPart(p)
+			if err != nil {
+				return false, fmt.Errorf("%w: messages[%d].content[%d] %v", ErrBadRequest, i, j, err)
+			}
+			if !isText {
+				multimodal = true
+			}
+			b.WriteString(text)
+		}
+	default:
+		return false, fmt.Errorf("%w: messages[%d].content is %s; expected a string, null or an array of content parts",
+			ErrBadRequest, i, describe(content))
+	}
+	if calls := m["tool_calls"]; !isAbsent(calls) {
+		b.WriteString("\n<tool_calls>")
+		writeCompact(b, calls)
+	}
+	b.WriteString("\n")
+	return multimodal, nil
+}
+
+// contentPart reads one part of a message's content. A part without a type
+// is classified by its keys, as the model server does for such parts. The
+// text of a non-text part is a placeholder naming its type.
+func contentPart(raw json.RawMessage) (text string, isText bool, err error) {
+	if kindOf(raw) != '{' {
+		return "", false, fmt.Errorf("is %s; expected an object", describe(raw))
+	}
+	p, err := splitObject(raw)
+	if err != nil {
+		return "", false, err
+	}
+	typ, err := optionalString(p, "type")
+	if err != nil {
+		return "", false, errors.New("has a type that is not a string")
+	}
+	if typ == "" {
+		if _, ok := p["text"]; ok && len(p) == 1 {
+			typ = "text"
+		}
+	}
+	if typ != "text" {
+		if typ == "" {
+			typ = "untyped"
+		}
+		return "<" + typ + ">", false, nil
+	}
+	if kindOf(p["text"]) != '"' {
+		return "", false, fmt.Errorf("is a text part whose text is %s; expected a string", describe(p["text"]))
+	}
+	text, err = stringValue(p["text"])
+	return text, err == nil, err
+}
+
+func writeCompact(b *strings.Builder, raw json.RawMessage) {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		b.Write(raw)
+		return
+	}
+	b.Write(buf.Bytes())
+}
+
+// isAbsent reports whether a member is missing or null, which the model
+// server treats alike.
+func isAbsent(raw json.RawMessage) bool {
+	k := kindOf(raw)
+	return k == 0 || k == 'n'
+}
+
+// kindOf returns the first byte of a JSON value, which says its type, or 0
+// for a missing value.
+func kindOf(raw []byte) byte {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 {
+		return 0
+	}
+	return raw[0]
+}
+
+// describe names the type of a JSON value for error messages.
+func describe(raw []byte) string {
+	switch k := kindOf(raw); {
+	case k == 0:
+		return "missing"
+	case k == '"':
+		return "a string"
+	case k == '{':
+		return "an object"
+	case k == '[':
+		return "an array"
+	case k == 't' || k == 'f':
+		return "a boolean"
+	case k == 'n':
+		return "null"
+	case k == '-':
+		return "a negative number"
+	case k >= '0' && k <= '9':
+		return "a number"
+	}
+	return "not valid JSON"
+}
+
+// firstElement returns the start of a JSON array's first element, or nil
+// when the array is empty.
+func firstElement(array []byte) []byte {
+	array = bytes.TrimLeft(array, " \t\r\n")
+	i := skipSpace(array, 1)
+	if i >= len(array) || array[i] == ']' {
+		return nil
+	}
+	return array[i:]
+}
+
+func requiredString(fields map[string]json.RawMessage, name string) (string, error) {
+	raw := fields[name]
+	if isAbsent(raw) {
+		return "", fmt.Errorf("%w: %s is required", ErrBadRequest, name)
+	}
+	var s string
+	if err := unmarshalString(raw, name, &s); err != nil {
+		return "", err
+	}
+	if s == "" {
+		return "", fmt.Errorf("%w: %s is an empty string", ErrBadRequest, name)
+	}
+	return s, nil
+}
+
+func optionalString(fields map[string]json.RawMessage, name string) (string, error) {
+	raw := fields[name]
+	if isAbsent(raw) {
+		return "", nil
+	}
+	var s string
+	err := unmarshalString(raw, name, &s)
+	return s, err
+}
+
+func unmarshalString(raw json.RawMessage, name string, s *string) error {
+	if kindOf(raw) != '"' {
+		return fmt.Errorf("%w: %s is %s; expected a string", ErrBadRequest, name, describe(raw))
+	}
+	v, err := stringValue(raw)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrBadRequest, name, err)
+	}
+	*s = v
+	return nil
+}
+
+func optionalBool(fields map[string]json.RawMessage, name string, def bool) (bool, error) {
+	raw := bytes.TrimSpace(fields[name])
+	switch {
+	case isAbsent(raw):
+		return def, nil
+	case bytes.Equal(raw, []byte("true")):
+		return true, nil
+	case bytes.Equal(raw, []byte("false")):
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: %s is %s; expected a boolean", ErrBadRequest, name, describe(raw))
+}
+
+// optionalRaw returns a member of JSON kind want unchanged, or nil when it
+// is missing or null.
+func optionalRaw(fields map[string]json.RawMessage, name string, want byte, wantName string) (json.RawMessage, error) {
+	raw := fields[name]
+	if isAbsent(raw) {
+		return nil, nil
+	}
+	if kindOf(raw) != want {
+		return nil, fmt.Errorf("%w: %s is %s; expected %s", ErrBadRequest, name, describe(raw), wantName)
+	}
+	return raw, nil
+}

@@ -1,0 +1,360 @@
+// Package proxy is kvroute's standalone OpenAI-compatible HTTP proxy: for
+// deployments without Envoy, it reads each request, asks the director where
+// it goes, forwards it there (falling back to the next pick only when the
+// connection cannot be made), and streams the response back unchanged while
+// reading its usage for accounting.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+)
+
+// DefaultMaxBodyBytes bounds a request body when Options leave it zero.
+const DefaultMaxBodyBytes = 16 << 20
+
+// maxUsageBody bounds how much of a non-streamed response is kept to read
+// its usage; a larger response is passed on without accounting.
+const maxUsageBody = 8 << 20
+
+// ErrAllTargetsDown is wrapped by the error of a request none of whose
+// picked endpoints accepted a connection.
+var ErrAllTargetsDown = errors.New("no picked endpoint accepted a connection")
+
+// Director is the request path the proxy drives; *director.Director is one.
+type Director interface {
+	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
+	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
+	HandleResponse(p *director.Pick, s director.Served)
+}
+
+var _ Director = (*director.Director)(nil)
+
+// Options configure a Server. The zero value listens on :8080, takes
+// bodies up to 16 MiB and forwards over plain HTTP.
+type Options struct {
+	// Addr is the listen address (":8080" when empty; port 0 picks one).
+	Addr string
+	// MaxBodyBytes bounds a request body; a larger one is refused with 413.
+	MaxBodyBytes int64
+	// Transport forwards requests; a clone of http.DefaultTransport without
+	// environment proxies when nil.
+	Transport http.RoundTripper
+	// ShutdownGrace bounds a graceful stop before connections are cut (5s when zero).
+	ShutdownGrace time.Duration
+	Logger        *slog.Logger
+	// Registerer takes the proxy's metrics; nil means don't register.
+	Registerer prometheus.Registerer
+}
+
+// Server is the proxy.
+type Server struct {
+	d   Director
+	o   Options
+	log *slog.Logger
+	m   *metrics
+	rp  *httputil.ReverseProxy
+	ln  net.Listener
+	srv *http.Server
+}
+
+// New binds the listener, so that Addr is known before Run.
+func New(d Director, o Options) (*Server, error) {
+	if d == nil {
+		return nil, errors.New("proxy: a director is required")
+	}
+	if o.Addr == "" {
+		o.Addr = ":8080"
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.ShutdownGrace <= 0 {
+		o.ShutdownGrace = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.Proxy = nil
+		t.MaxIdleConnsPerHost = 64
+		o.Transport = t
+	}
+	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer)}
+	s.rp = &httputil.ReverseProxy{
+		Rewrite:        rewrite,
+		Transport:      &fallbackTransport{next: o.Transport, m: s.m},
+		FlushInterval:  -1, // SSE events reach the client as the model server writes them
+		ModifyResponse: s.modifyResponse,
+		ErrorHandler:   s.upstreamError,
+		ErrorLog:       slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
+	}
+	ln, err := net.Listen("tcp", o.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: listen on %s: %w", o.Addr, err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	return s, nil
+}
+
+// Addr is the listener's address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Run serves until ctx is done, then shuts down: requests in flight get
+// ShutdownGrace to finish before their connections are closed.
+func (s *Server) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("proxy: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.o.ShutdownGrace)
+	defer cancel()
+	if err := s.srv.Shutdown(sctx); err != nil {
+		_ = s.srv.Close()
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("proxy: serve: %w", err)
+	}
+	return nil
+}
+
+// Close releases the listener of a server that will never Run.
+func (s *Server) Close() { _ = s.ln.Close() }
+
+// exchange is one request's state, shared by the handler, the transport
+// and the response hooks through the request context.
+type exchange struct {
+	pick   *director.Pick
+	body   []byte
+	served director.Served
+
+	mu       sync.Mutex
+	sse      *openai.SSEUsageScanner
+	respBuf  []byte
+	overflow bool
+}
+
+type exchangeKey struct{}
+
+func exchangeOf(ctx context.Context) *exchange {
+	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return ex
+}
+
+// ServeHTTP routes and forwards one request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.m.active.Inc()
+	defer s.m.active.Dec()
+	if !strings.HasPrefix(r.URL.Path, "/v1/") {
+		s.refuse(w, http.StatusNotFound, fmt.Errorf("no route for %s: kvroute serves the OpenAI API under /v1/", r.URL.Path))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.refuse(w, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
+			return
+		}
+		s.refuse(w, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
+		return
+	}
+	in := &director.Input{Path: r.URL.RequestURI(), Headers: make(map[string]string, len(r.Header)), Body: body}
+	for k, v := range r.Header {
+		in.Headers[strings.ToLower(k)] = v[0]
+	}
+	if hint := r.Header.Get(director.HeaderSubsetHint); hint != "" {
+		for _, a := range strings.Split(hint, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				in.Subset = append(in.Subset, a)
+			}
+		}
+	}
+	var pick *director.Pick
+	if len(body) == 0 && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		pick, err = s.d.PickAny(r.Context(), in)
+	} else {
+		pick, err = s.d.HandleRequest(r.Context(), in)
+	}
+	if err != nil {
+		s.refuse(w, director.StatusOf(err), err)
+		return
+	}
+	ex := &exchange{pick: pick, body: body}
+	ex.served.Endpoint = pick.Targets[0]
+	defer s.finish(ex)
+	r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex))
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	s.rp.ServeHTTP(w, r)
+}
+
+func (s *Server) refuse(w http.ResponseWriter, code int, err error) {
+	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	s.log.LogAttrs(context.Background(), slog.LevelDebug, "request refused", slog.Int("status", code), slog.Any("error", err))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(director.ErrorJSON(code, err.Error()))
+}
+
+// finish accounts for the response once, after the proxy has copied it (or
+// given up, the client having gone).
+func (s *Server) finish(ex *exchange) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.served.End = time.Now()
+	if ex.sse != nil {
+		ex.served.Usage, _ = ex.sse.Usage()
+	} else if len(ex.respBuf) > 0 && !ex.overflow {
+		if u, ok, err := openai.ParseUsage(ex.respBuf); err == nil && ok {
+			ex.served.Usage = u
+		}
+	}
+	ex.respBuf = nil
+	code := ex.served.Status
+	if code == 0 {
+		code = 499 // the client went away before any answer
+	}
+	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
+	s.d.HandleResponse(ex.pick, ex.served)
+}
+
+func rewrite(pr *httputil.ProxyRequest) {
+	ex := exchangeOf(pr.In.Context())
+	pr.SetURL(&url.URL{Scheme: "http", Host: ex.pick.Targets[0]})
+	pr.SetXForwarded()
+	pr.Out.Header.Set(director.HeaderRequestID, ex.pick.Request.ID)
+	pr.Out.Header.Del(director.HeaderSubsetHint)
+}
+
+func (s *Server) modifyResponse(resp *http.Response) error {
+	ex := exchangeOf(resp.Request.Context())
+	ex.mu.Lock()
+	ex.served.Status = resp.StatusCode
+	if strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream") {
+		ex.sse = &openai.SSEUsageScanner{}
+	}
+	ex.mu.Unlock()
+	resp.Header.Set(director.HeaderServed, ex.served.Endpoint)
+	resp.Body = &observedBody{rc: resp.Body, ex: ex}
+	return nil
+}
+
+func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	ex := exchangeOf(r.Context())
+	if r.Context().Err() != nil {
+		return // the client is gone; there is no one to answer
+	}
+	code := http.StatusBadGateway
+	if ex != nil {
+		ex.mu.Lock()
+		if ex.served.Status == 0 {
+			ex.served.Status = code
+		}
+		ex.mu.Unlock()
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream failed", slog.Any("error", err))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(director.ErrorJSON(code, err.Error()))
+}
+
+// observedBody reads the usage and the first byte's time off a response
+// body as the proxy copies it to the client, holding back nothing.
+type observedBody struct {
+	rc io.ReadCloser
+	ex *exchange
+}
+
+func (b *observedBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		ex := b.ex
+		ex.mu.Lock()
+		if ex.served.FirstByte.IsZero() {
+			ex.served.FirstByte = time.Now()
+		}
+		switch {
+		case ex.sse != nil:
+			ex.sse.Write(p[:n])
+		case !ex.overflow && len(ex.respBuf)+n <= maxUsageBody:
+			ex.respBuf = append(ex.respBuf, p[:n]...)
+		default:
+			ex.overflow, ex.respBuf = true, nil
+		}
+		ex.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *observedBody) Close() error { return b.rc.Close() }
+
+// fallbackTransport tries the pick's targets in order, moving on only when
+// the request cannot have been served: a connection to the target could
+// not be made, or a kept-alive connection turned out to be closed while the
+// request was being written (EPIPE: the target never had all of it).
+type fallbackTransport struct {
+	next http.RoundTripper
+	m    *metrics
+}
+
+func (t *fallbackTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ex := exchangeOf(req.Context())
+	if ex == nil {
+		return t.next.RoundTrip(req)
+	}
+	var errs []error
+	for i, target := range ex.pick.Targets {
+		if i > 0 {
+			req = req.Clone(req.Context())
+			req.URL.Host, req.Host = target, target
+			req.Body = io.NopCloser(bytes.NewReader(ex.body))
+			t.m.fallbacks.Inc()
+		}
+		resp, err := t.next.RoundTrip(req)
+		if err == nil {
+			ex.mu.Lock()
+			ex.served.Endpoint = target
+			ex.mu.Unlock()
+			return resp, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", target, err))
+		if !notSent(err) || req.Context().Err() != nil {
+			return nil, fmt.Errorf("forward to %s: %w", target, err)
+		}
+	}
+	return nil, fmt.Errorf("%w: %w", ErrAllTargetsDown, errors.Join(errs...))
+}
+
+// notSent reports whether err shows that a request never fully reached its
+// target, so that sending it elsewhere cannot serve it twice.
+func notSent(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.EPIPE)
+}

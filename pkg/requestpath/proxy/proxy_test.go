@@ -1,0 +1,384 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
+	"github.com/kvroute/kvroute/pkg/testkit"
+	"github.com/kvroute/kvroute/pkg/testkit/fleet"
+)
+
+// twoTargets picks a primary and one fallback.
+const twoTargets = `
+plugins:
+- type: precise-prefix-cache-scorer
+- type: queue-scorer
+- type: max-score-picker
+  parameters: {maxNumOfEndpoints: 2}
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 3
+  - pluginRef: queue-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+`
+
+func startProxy(t testing.TB, d proxy.Director, o proxy.Options) (string, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	o.Addr, o.Registerer = "127.0.0.1:0", reg
+	s, err := proxy.New(d, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("proxy: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("proxy did not stop within 10s of cancel")
+		}
+	})
+	return "http://" + s.Addr(), reg
+}
+
+func completion(base uint32, n int, stream bool) string {
+	ids := make([]uint32, n)
+	for i := range ids {
+		ids[i] = base + uint32(i)
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids, "stream": stream})
+	return string(b)
+}
+
+func post(t testing.TB, url, body string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+func TestCompletionsAreForwardedAndFollowTheCache(t *testing.T) {
+	t.Parallel()
+	f := fleet.Start(t, fleet.Options{Endpoints: 4, NoTokenizer: true})
+	base, _ := startProxy(t, f.Director, proxy.Options{})
+	body := completion(1000, 48, false)
+	resp, got := post(t, base+"/v1/completions", body)
+	if resp.StatusCode != 200 || !strings.Contains(got, `"prompt_tokens":48`) {
+		t.Fatalf("first request: %d %s", resp.StatusCode, got)
+	}
+	first := resp.Header.Get("x-gateway-destination-endpoint-served")
+	if first == "" || first != resp.Header.Get("X-Served-By") {
+		t.Fatalf("served header %q, model server says %q", first, resp.Header.Get("X-Served-By"))
+	}
+	ids := make([]uint32, 48)
+	for i := range ids {
+		ids[i] = 1000 + uint32(i)
+	}
+	f.WaitHeld(t, first, ids)
+	for i := range 5 {
+		resp, got := post(t, base+"/v1/completions", body)
+		if served := resp.Header.Get("x-gateway-destination-endpoint-served"); served != first {
+			t.Fatalf("repeat %d served by %s; %s holds the prompt", i, served, first)
+		}
+		// All but the last block, which the engine recomputes as vLLM does.
+		if !strings.Contains(got, `"cached_tokens":44`) {
+			t.Errorf("repeat %d: %s: the engine did not find the prefix cached", i, got)
+		}
+	}
+	// Usage is accounted once the response is copied through, which may be
+	// after the client has read its last byte.
+	testkit.WaitFor(t, "6 responses accounted with usage", func() bool {
+		return histCount(t, f.Metrics, "inference_objective_input_tokens") == 6
+	})
+}
+
+func TestSSEStreamsThroughEventByEvent(t *testing.T) {
+	t.Parallel()
+	f := fleet.Start(t, fleet.Options{NoTokenizer: true})
+	base, _ := startProxy(t, f.Director, proxy.Options{})
+	gate := make(chan struct{})
+	for _, s := range f.Servers {
+		s.SetGate(gate)
+	}
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(completion(7, 16, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	if err != nil || !strings.Contains(line, `"text":"one"`) {
+		t.Fatalf("first event %q, %v", line, err)
+	}
+	// The model server is holding the rest behind the gate: the first event
+	// arrived before the last was written.
+	close(gate)
+	rest, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"text":"three"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("rest of the stream %q", rest)
+	}
+	testkit.WaitFor(t, "the stream's usage to be accounted", func() bool {
+		return histSum(t, f.Metrics, "inference_objective_input_tokens") == 16
+	})
+}
+
+func TestErrorsAreAnsweredAsOpenAIErrors(t *testing.T) {
+	t.Parallel()
+	f := fleet.Start(t, fleet.Options{NoTokenizer: true})
+	base, _ := startProxy(t, f.Director, proxy.Options{MaxBodyBytes: 2048})
+	tests := []struct {
+		name, method, path, body string
+		headers                  map[string]string
+		status                   int
+		reason                   string
+	}{
+		{"a body that is not JSON", "POST", "/v1/completions", "prompt=hi", nil, 400, ""},
+		{"a completion without a model", "POST", "/v1/completions", `{"prompt":"hi"}`, nil, 400, "model"},
+		{"a body over the limit", "POST", "/v1/completions", completion(1, 1000, false), nil, 413, "2048 bytes"},
+		{"a path outside the API", "GET", "/metrics", "", nil, 404, "/v1/"},
+		{"a subset naming no endpoint", "POST", "/v1/completions", completion(1, 8, false),
+			map[string]string{"x-gateway-destination-endpoint-subset": "10.0.0.1:80"}, 503, "subset"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			req, _ := http.NewRequest(tt.method, base+tt.path, strings.NewReader(tt.body))
+			for k, v := range tt.headers {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			checkError(t, resp, tt.status, tt.reason)
+		})
+	}
+}
+
+func TestModelServerErrorsPassThrough(t *testing.T) {
+	t.Parallel()
+	f := fleet.Start(t, fleet.Options{Endpoints: 1, NoTokenizer: true})
+	base, reg := startProxy(t, f.Director, proxy.Options{})
+	for _, code := range []int32{429, 500, 503} {
+		f.Servers[0].Status.Store(code)
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(completion(1, 8, false)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkError(t, resp, int(code), "unhappy")
+		resp.Body.Close()
+	}
+	// A request is accounted after its response is written; the handler
+	// has done so once it is no longer active.
+	testkit.WaitFor(t, "every request to end", func() bool { return value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	if got := value(t, reg, "kvroute_proxy_requests_total"); got != 3 {
+		t.Errorf("requests counted = %v, want 3", got)
+	}
+	if got := counterWithLabel(t, f.Metrics, "inference_objective_request_error_total", "error_code", "503"); got != 1 {
+		t.Errorf("503s accounted by the director = %v, want 1", got)
+	}
+}
+
+func TestAFallbackServesWhenThePrimaryRefusesConnections(t *testing.T) {
+	t.Parallel()
+	f := fleet.Start(t, fleet.Options{Endpoints: 2, NoTokenizer: true, Config: twoTargets})
+	base, reg := startProxy(t, f.Director, proxy.Options{})
+
+	body := completion(50, 32, false)
+	resp, _ := post(t, base+"/v1/completions", body)
+	holder := resp.Header.Get("x-gateway-destination-endpoint-served")
+	ids := make([]uint32, 32)
+	for i := range ids {
+		ids[i] = 50 + uint32(i)
+	}
+	f.WaitHeld(t, holder, ids)
+	// The holder goes away but is still listed: it is picked first, for the
+	// prompt it holds, and its address refuses connections.
+	f.Server(holder).Close()
+
+	resp, got := post(t, base+"/v1/completions", body)
+	served := resp.Header.Get("x-gateway-destination-endpoint-served")
+	if resp.StatusCode != 200 || served == holder || served == "" {
+		t.Fatalf("got %d from %q (%s); want 200 from the live endpoint", resp.StatusCode, served, got)
+	}
+	if value(t, reg, "kvroute_proxy_fallbacks_total") < 1 {
+		t.Error("no fallback was counted")
+	}
+	// With every pick down, the client gets a 502 naming the failures.
+	f.Servers[0].Close()
+	f.Servers[1].Close()
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	checkError(t, resp, http.StatusBadGateway, "no picked endpoint accepted a connection")
+}
+
+func TestAClientThatLeavesMidStreamLeaksNothing(t *testing.T) {
+	f := fleet.Start(t, fleet.Options{NoTokenizer: true})
+	base, reg := startProxy(t, f.Director, proxy.Options{})
+	post(t, base+"/v1/completions", completion(1, 8, false)) // warm the connection pools
+	before := settledGoroutines(0)
+	accounted := histCount(t, f.Metrics, "inference_objective_request_duration_seconds")
+
+	gate := make(chan struct{})
+	defer close(gate)
+	for _, s := range f.Servers {
+		s.SetGate(gate)
+	}
+	const n = 10
+	for i := range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/completions", strings.NewReader(completion(uint32(i*100), 8, true)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		resp.Body.Close()
+	}
+	testkit.WaitFor(t, "every request to end", func() bool { return value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	if got := histCount(t, f.Metrics, "inference_objective_request_duration_seconds") - accounted; got != n {
+		t.Errorf("responses accounted = %d, want %d", got, n)
+	}
+	for _, s := range f.Servers {
+		s.SetGate(nil)
+	}
+	http.DefaultClient.CloseIdleConnections()
+	if after := settledGoroutines(before); after > before {
+		t.Errorf("goroutines: %d before, %d after %d abandoned streams", before, after, n)
+	}
+}
+
+func checkError(t *testing.T, resp *http.Response, status int, reason string) {
+	t.Helper()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Fatalf("status %d (%s), want %d", resp.StatusCode, b, status)
+	}
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    int    `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatalf("error body %q is not JSON: %v", b, err)
+	}
+	if e.Error.Code != status || e.Error.Type == "" || !strings.Contains(e.Error.Message, reason) {
+		t.Errorf("error body %s: want code %d, a type, and a message mentioning %q", b, status, reason)
+	}
+}
+
+func settledGoroutines(target int) int {
+	n := runtime.NumGoroutine()
+	for range 100 {
+		if target > 0 && n <= target {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+		m := runtime.NumGoroutine()
+		if target == 0 && m == n {
+			return n
+		}
+		n = m
+	}
+	return n
+}
+
+func family(t testing.TB, g prometheus.Gatherer, name string) *dto.MetricFamily {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf
+		}
+	}
+	return nil
+}
+
+func histCount(t testing.TB, g prometheus.Gatherer, name string) int {
+	var n uint64
+	if mf := family(t, g, name); mf != nil {
+		for _, m := range mf.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return int(n)
+}
+
+func histSum(t testing.TB, g prometheus.Gatherer, name string) float64 {
+	var s float64
+	if mf := family(t, g, name); mf != nil {
+		for _, m := range mf.GetMetric() {
+			s += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return s
+}
+
+func value(t testing.TB, g prometheus.Gatherer, name string) float64 {
+	var v float64
+	if mf := family(t, g, name); mf != nil {
+		for _, m := range mf.GetMetric() {
+			v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return v
+}
+
+func counterWithLabel(t testing.TB, g prometheus.Gatherer, name, label, want string) float64 {
+	var v float64
+	if mf := family(t, g, name); mf != nil {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == want {
+					v += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return v
+}

@@ -1,0 +1,117 @@
+package hftokenizer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/testkit"
+)
+
+// benchText returns about n bytes of text: English-like prose with code
+// and numbers, or the golden corpus (Unicode-heavy) when mixed.
+func benchText(b *testing.B, model string, mixed bool, n int) string {
+	var sb strings.Builder
+	if mixed {
+		t := &testing.T{}
+		for sb.Len() < n {
+			for _, c := range readGolden(t, model).Texts {
+				sb.WriteString(c.Text)
+			}
+		}
+		return sb.String()[:n]
+	}
+	words := strings.Fields(`the model server keeps a cache of key and value blocks for every prompt prefix it
+		has seen recently so that a request whose prompt begins like an earlier one skips recomputing them
+		routing sends each request to the pod that holds the longest prefix while balancing load across pods
+		func main() { fmt.Println("hello", 42) } return err != nil; x := map[string]int{"a": 1}
+		In 2024 the cluster served 1,234,567 requests at 99.9% availability with p50 latency of 180ms.`)
+	r := rand.New(rand.NewPCG(9, 9))
+	for sb.Len() < n {
+		sb.WriteString(words[r.IntN(len(words))])
+		if r.IntN(12) == 0 {
+			sb.WriteString(".\n")
+		} else {
+			sb.WriteByte(' ')
+		}
+	}
+	return sb.String()
+}
+
+// BenchmarkEncodeCold measures tokens per second per core on text the
+// tokenizer has never seen: no segment cache, and the word cache either off
+// (every pre-token merged from bytes) or warm from other text.
+func BenchmarkEncodeCold(b *testing.B) {
+	for _, model := range goldenModels {
+		for _, kind := range []string{"prose", "mixed"} {
+			for _, words := range []string{"nowordcache", "wordcache"} {
+				b.Run(fmt.Sprintf("%s/%s/%s", model, kind, words), func(b *testing.B) {
+					realTokenizer(b, model)
+					opts := Options{SegmentCacheBytes: -1, WordCacheEntries: -1}
+					if words == "wordcache" {
+						opts.WordCacheEntries = 0
+					}
+					tok, err := Load(modelDir(model), opts)
+					if err != nil {
+						b.Fatal(err)
+					}
+					text := benchText(b, model, kind == "mixed", 256<<10)
+					ids, _ := tok.Encode(text, false)
+					b.SetBytes(int64(len(text)))
+					b.ResetTimer()
+					cpu0 := testkit.CPUTime()
+					for b.Loop() {
+						if _, err := tok.Encode(text, false); err != nil {
+							b.Fatal(err)
+						}
+					}
+					cpuPerOp := (testkit.CPUTime() - cpu0).Seconds() / float64(b.N)
+					perOp := b.Elapsed().Seconds() / float64(b.N)
+					b.ReportMetric(float64(len(ids))/perOp, "tokens/s")
+					b.ReportMetric(perOp*1e9/float64(len(ids)), "ns/token")
+					b.ReportMetric(float64(len(ids))/cpuPerOp, "tokens/cpu-s")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkSystemPrompt8k tokenizes a chat prompt whose 8k-token system
+// prompt was seen before (cached) against the same prompt with the segment
+// cache off (cold).
+func BenchmarkSystemPrompt8k(b *testing.B) {
+	realTokenizer(b, "qwen3")
+	var system string
+	for n := 30 << 10; ; n += 2 << 10 {
+		system = benchText(b, "qwen3", false, n)
+		tok := realTokenizer(b, "qwen3")
+		if ids, _ := tok.Encode(system, false); len(ids) >= 8192 {
+			break
+		}
+	}
+	prompt := "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\nWhat is the cluster's availability?<|im_end|>\n<|im_start|>assistant\n"
+	for _, mode := range []string{"cold", "cached"} {
+		b.Run(mode, func(b *testing.B) {
+			opts := Options{WordCacheEntries: -1}
+			if mode == "cold" {
+				opts.SegmentCacheBytes = -1
+			}
+			tok, err := Load(modelDir("qwen3"), opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids, _ := tok.Encode(prompt, false)
+			b.ResetTimer()
+			cpu0 := testkit.CPUTime()
+			for b.Loop() {
+				if _, err := tok.Encode(prompt, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cpuPerOp := (testkit.CPUTime() - cpu0).Seconds() / float64(b.N)
+			b.ReportMetric(float64(len(ids)), "tokens/op")
+			b.ReportMetric(cpuPerOp*1e9, "cpu-ns/op")
+		})
+	}
+}

@@ -1,0 +1,24 @@
+// Package tokenize says what a tokenizer is on the request path: something
+// that finds a request's prompt token ids as the model server computes them,
+// so that its block keys match the keys built from the server's KV events.
+// The implementations are its subpackages: hftokenizer (in process) and
+// remotetokenizer (the model server's /tokenize).
+package tokenize
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvroute/kvroute/pkg/framework/request"
+)
+
+// Tokenizer returns the token ids the model server would compute for the
+// request's prompt (for chat, the messages rendered with the chat template
+// and the same special-token rules the chat endpoint applies).
+type Tokenizer interface {
+	Tokenize(ctx context.Context, req *request.Request) ([]uint32, error)
+}
+
+// ErrUnsupported is returned for a request the tokenizer cannot handle
+// (an unknown model, an API without a prompt).
+var ErrUnsupported = errors.New("tokenization not supported for this request")

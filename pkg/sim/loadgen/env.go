@@ -1,0 +1,298 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+)
+
+// Scheduler configurations of the EPP-routed policies.
+const (
+	// PreciseConfig scores by the exact index only (plus the speculative
+	// recorder, so a burst of one prefix follows the first pick before
+	// its events land).
+	PreciseConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 1
+  - pluginRef: speculative-prefix-recorder
+`
+	// PrefillCostConfig scores by the estimated prefill work a pick adds
+	// and finds queued: the exact index's uncached tokens plus the queue.
+	PrefillCostConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-cost-scorer
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefill-cost-scorer
+    weight: 1
+  - pluginRef: speculative-prefix-recorder
+`
+	// ApproxConfig is upstream's default profile (prefix 3, queue 2, KV
+	// usage 2) on its approximate prefix scorer; the EPP receives no KV
+	// events, so prefix answers come from its routing history alone.
+	ApproxConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: speculative-prefix-recorder
+`
+)
+
+// FleetOptions shape the simulated fleet of a benchmark environment.
+type FleetOptions struct {
+	Engines int
+	Model   string
+	Pool    blockpool.Config
+	Timing  sim.Timing
+	// Encoding of the engines' events; Mixed alternates array and map.
+	Encoding events.Encoding
+	Mixed    bool
+}
+
+// Env is one policy's world: a fresh fleet with cold caches and, for the
+// policies routed by kvroute, an EPP on an embedded NATS server that the
+// engines publish their KV events to and whose proxy fronts them.
+type Env struct {
+	Policy string
+	Fleet  *sim.Fleet
+	EPP    *epp.EPP
+	router router
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	eppErr chan error
+}
+
+// StartEnv starts the environment for policy; Close stops it.
+func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) (*Env, error) {
+	env := &Env{Policy: policy}
+	ctx, env.cancel = context.WithCancel(ctx)
+	fc := fo.fleetConfig(seed)
+	if !viaEPP(policy) {
+		f, err := sim.StartFleet(ctx, fc)
+		if err != nil {
+			env.cancel()
+			return nil, err
+		}
+		env.Fleet = f
+		env.router, err = newDirect(policy, f.Replicas(), fo.Model, seed)
+		if err != nil {
+			env.Close()
+			return nil, err
+		}
+		return env, nil
+	}
+	cfg := eppConfig(policy)
+	e, err := epp.New(epp.Options{
+		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		ConfigText: cfg, Scrape: true,
+		ScrapeOptions: scrape.Options{Interval: 50 * time.Millisecond},
+		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
+		RequestPath:   epp.RequestPathOptions{ProxyAddr: "127.0.0.1:0", Tokenize: true, TokenizeTimeout: 5 * time.Second},
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		env.cancel()
+		return nil, fmt.Errorf("loadgen: EPP: %w", err)
+	}
+	env.EPP = e
+	env.eppErr = make(chan error, 1)
+	go func() { env.eppErr <- e.Run(ctx) }()
+	if policy != PolicyApproxEPP {
+		// The approximate policy's EPP hears no events: that is the point.
+		env.nc, err = nats.Connect(e.NATSURL(), nats.Name("kvsim-fleet"))
+		if err != nil {
+			env.Close()
+			return nil, fmt.Errorf("loadgen: connect fleet to NATS: %w", err)
+		}
+		fc.Publisher = events.NewPublisher(env.nc, e.Namespace(), e.Pool())
+	}
+	env.Fleet, err = sim.StartFleet(ctx, fc)
+	if err != nil {
+		env.Close()
+		return nil, err
+	}
+	for _, s := range env.Fleet.Servers {
+		cfg := s.Replica().Engine().Config()
+		e.Datastore().Upsert(&datalayer.Endpoint{
+			Name: cfg.Pod, Address: cfg.Address, Pod: cfg.Pod, Namespace: e.Namespace(), Model: cfg.Model,
+		})
+	}
+	env.router = viaProxy{url: "http://" + e.ProxyAddr()}
+	if err := env.waitReady(ctx); err != nil {
+		env.Close()
+		return nil, err
+	}
+	return env, nil
+}
+
+// waitReady waits for the EPP to be ready and to have scraped every engine.
+func (env *Env) waitReady(ctx context.Context) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ready := env.EPP.Ready()
+		for _, ep := range env.EPP.Datastore().List() {
+			if _, ok := env.EPP.Datastore().Metrics(ep.Name); !ok {
+				ready = false
+			}
+		}
+		if ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("loadgen: the EPP did not become ready in 10s")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// URL is where a client sends a request with these tokens under the
+// environment's policy.
+func (env *Env) URL(prompt string, tokens []uint32) string { return env.router.pick(prompt, tokens) }
+
+// Close stops the fleet and the EPP and returns the first error either
+// ended with.
+func (env *Env) Close() error {
+	env.cancel()
+	var err error
+	if env.Fleet != nil {
+		err = env.Fleet.Close()
+	}
+	if env.nc != nil {
+		env.nc.Close()
+	}
+	if env.eppErr != nil {
+		if e := <-env.eppErr; e != nil && err == nil {
+			err = fmt.Errorf("loadgen: EPP: %w", e)
+		}
+	}
+	return err
+}
+
+// Run drives the environment with one open-loop run.
+func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
+	if o.Client == nil {
+		o.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	}
+	return run(ctx, w, env.router, o)
+}
+
+// SamplePrompts returns the token ids of the first n completion prompts a
+// run of w with this seed sends (a multi-turn workload gives none).
+func SamplePrompts(w Workload, seed uint64, n int) [][]uint32 {
+	if w.Kind == KindMultiTurn {
+		return nil
+	}
+	g := newGenerator(w, seed)
+	out := make([][]uint32, 0, n)
+	for range n {
+		out = append(out, sim.Tokenize(g.next().Users[0]))
+	}
+	return out
+}
+
+// IndexCheck is the comparison of the EPP's prefix answers with the
+// engines' true caches.
+type IndexCheck struct {
+	Agree, Total int
+	// FirstMiss describes the first disagreement, if any.
+	FirstMiss string
+}
+
+// CheckIndex asks the EPP's index who holds each prompt and compares every
+// (prompt, endpoint) answer with that engine's ground truth. Call it when
+// the fleet is idle, so that no events are in flight.
+func (env *Env) CheckIndex(ctx context.Context, prompts [][]uint32) (IndexCheck, error) {
+	var c IndexCheck
+	if env.EPP == nil {
+		return c, errors.New("loadgen: this policy runs no EPP")
+	}
+	byAddr := map[string]*sim.Engine{}
+	for _, s := range env.Fleet.Servers {
+		byAddr[s.Addr()] = s.Replica().Engine()
+	}
+	for _, p := range prompts {
+		ans, err := env.EPP.Lookup(ctx, epp.PrefixQuery{Model: env.Fleet.Servers[0].Replica().Engine().Config().Model, TokenIDs: p})
+		if err != nil {
+			return c, fmt.Errorf("loadgen: index lookup: %w", err)
+		}
+		for _, a := range ans.Endpoints {
+			eng := byAddr[a.Address]
+			if eng == nil {
+				continue
+			}
+			truth := eng.Held(blockpool.Request{Tokens: p})
+			c.Total++
+			if truth.Blocks == a.Prefix.MatchBlocks && truth.ByTier == a.Prefix.BlocksByTier {
+				c.Agree++
+			} else if c.FirstMiss == "" {
+				c.FirstMiss = fmt.Sprintf("%s holds %d blocks %v, the index says %d %v",
+					a.Address, truth.Blocks, truth.ByTier, a.Prefix.MatchBlocks, a.Prefix.BlocksByTier)
+			}
+		}
+	}
+	return c, nil
+}
+
+// eppConfig is the scheduling configuration of an EPP-routed policy.
+func eppConfig(policy string) string {
+	switch policy {
+	case PolicyPrecise:
+		return PreciseConfig
+	case PolicyApproxEPP:
+		return ApproxConfig
+	case PolicyPrefillCost:
+		return PrefillCostConfig
+	}
+	return epp.DefaultConfigText
+}
+
+// fleetConfig is the simulated fleet the options describe, its pools
+// seeded from seed.
+func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
+	fc := sim.FleetConfig{
+		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing,
+		Encoding: fo.Encoding, MixedEncodings: fo.Mixed,
+	}
+	fc.Pool.Seed = seed
+	return fc
+}

@@ -1,0 +1,348 @@
+package loadgen
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
+	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+)
+
+// RunVirtual runs w under policy on a fleet simulated in virtual time: one
+// clock advances through arrivals, engine steps and think times, with no
+// HTTP, no NATS and no sleeping, so a run costs only its computation. The
+// client-side policies give the same result every run; kvroute's pickers
+// break ties at random, so theirs vary a little.
+//
+// The engines are the real-time ones (block pools, scheduler loop, timing
+// model). The client-side policies are those of real time. kvroute's run its
+// real index, PrepareData and scheduler in process, from an EPP that is
+// built but not served. Each engine step's KV batch is applied to the index
+// as the step ends, and each pick sees the engines' queues and KV usage as
+// they are at that moment. In real time the events take a NATS hop and the
+// metrics a 50ms scrape; here both are exact, so this mode shows what
+// routing could do with perfect information, and the real-time mode what
+// it does through the real transport.
+func RunVirtual(ctx context.Context, policy string, fo FleetOptions, w Workload, o RunOptions) (Result, error) {
+	v, err := newVirtualRun(policy, fo, o.Seed)
+	if err != nil {
+		return Result{}, err
+	}
+	defer v.close()
+	return v.run(ctx, w, o)
+}
+
+type virtualRun struct {
+	clock    *virtualClock
+	replicas []*sim.Replica
+	addrs    map[string]int
+	// Exactly one of these picks.
+	router router
+	eppSrv *epp.EPP
+	dir    *director.Director
+}
+
+// virtualClock is the run's time: a fixed origin plus the simulated time
+// elapsed, so that the index's speculative holdings expire in virtual time.
+type virtualClock struct {
+	mu   sync.Mutex
+	base time.Time
+	now  time.Duration
+}
+
+func (c *virtualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.base.Add(c.now)
+}
+
+func (c *virtualClock) set(d time.Duration) {
+	c.mu.Lock()
+	c.now = d
+	c.mu.Unlock()
+}
+
+func newVirtualRun(policy string, fo FleetOptions, seed uint64) (*virtualRun, error) {
+	v := &virtualRun{clock: &virtualClock{base: time.Unix(1e9, 0)}, addrs: map[string]int{}}
+	if viaEPP(policy) {
+		e, err := epp.New(epp.Options{
+			Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+			ConfigText: eppConfig(policy), NoRecovery: true,
+			Prefix: prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
+			Index:  index.Options{Now: v.clock.Now},
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: EPP: %w", err)
+		}
+		v.eppSrv, v.dir = e, e.Director()
+	}
+	fc := fo.fleetConfig(seed)
+	for i := range max(fo.Engines, 1) {
+		// The real-time fleet's engines, at addresses nothing listens on.
+		ec := fc.EngineConfig(i, fmt.Sprintf("10.0.0.%d:8000", i+1))
+		if v.eppSrv != nil {
+			if policy != PolicyApproxEPP {
+				// The approximate policy's EPP hears no events: that is the point.
+				ec.Sink = v.eppSrv.Index()
+			}
+			v.eppSrv.Datastore().Upsert(&datalayer.Endpoint{Name: ec.Pod, Address: ec.Address, Pod: ec.Pod, Model: fo.Model})
+		}
+		v.replicas = append(v.replicas, sim.NewReplica(sim.NewEngine(ec, nil), fo.Timing))
+		v.addrs[ec.Address] = i
+	}
+	if v.eppSrv == nil {
+		r, err := newDirect(policy, v.replicas, fo.Model, seed)
+		if err != nil {
+			return nil, err
+		}
+		v.router = r
+	}
+	return v, nil
+}
+
+func (v *virtualRun) close() {
+	if v.eppSrv != nil {
+		v.eppSrv.Close()
+	}
+}
+
+// pick chooses the replica for a parsed request.
+func (v *virtualRun) pick(ctx context.Context, path string, body []byte) (int, []uint32, error) {
+	req, err := openai.ParseRequest(path, body)
+	if err != nil {
+		return 0, nil, fmt.Errorf("loadgen: own request refused: %w", err)
+	}
+	tokens := sim.Tokenize(req.Prompt)
+	if v.dir == nil {
+		url := v.router.pick(req.Prompt, tokens)
+		return v.addrs[strings.TrimPrefix(url, "http://")], tokens, nil
+	}
+	ds := v.eppSrv.Datastore()
+	for _, r := range v.replicas {
+		waiting, running := r.Load()
+		cfg := r.Engine().Config()
+		// Wall-clock stamped: the scorers judge staleness by the wall clock.
+		ds.SetMetrics(cfg.Pod, datalayer.Metrics{
+			WaitingQueueSize: waiting, RunningRequests: running, KVCacheUsage: r.Engine().Usage(),
+			BlockSize: cfg.Pool.BlockSize, NumGPUBlocks: cfg.Pool.GPUBlocks, UpdateTime: time.Now(),
+		})
+	}
+	req.TokenIDs = tokens // as the engines' /tokenize would answer
+	p, err := v.dir.Route(ctx, req, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	i, ok := v.addrs[p.Targets[0]]
+	if !ok {
+		return 0, nil, fmt.Errorf("loadgen: picked %s, no engine's address", p.Targets[0])
+	}
+	return i, tokens, nil
+}
+
+// vreq is a request in flight in virtual time.
+type vreq struct {
+	conv    *vconv
+	seq     *sim.Seq
+	sample  Sample
+	started time.Duration
+	out     int
+}
+
+// vconv is a conversation: its turns so far and their replies.
+type vconv struct {
+	conv    Conversation
+	turn    int
+	replies []string
+}
+
+type vevent struct {
+	at      time.Duration
+	order   uint64 // ties go first in, first out
+	replica int    // a step's end when conv is nil
+	conv    *vconv // an arrival of conv's next turn
+	step    time.Duration
+}
+
+type vqueue []vevent
+
+func (q vqueue) Len() int { return len(q) }
+func (q vqueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].order < q[j].order
+}
+func (q vqueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *vqueue) Push(x any)   { *q = append(*q, x.(vevent)) }
+func (q *vqueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result, error) {
+	var (
+		q       vqueue
+		order   uint64
+		now     time.Duration
+		busy    = make([]bool, len(v.replicas))
+		flight  = make([][]*vreq, len(v.replicas))
+		samples []Sample
+		end     = o.Duration + o.Drain
+	)
+	push := func(e vevent) {
+		order++
+		e.order = order
+		heap.Push(&q, e)
+	}
+	// Arrivals as in real time: the same generator, seeds and gaps.
+	turns := max(w.Turns, 1)
+	if w.Kind != KindMultiTurn {
+		turns = 1
+	}
+	gen := newGenerator(w, o.Seed)
+	arrivals := rand.New(rand.NewPCG(o.Seed, 0xa771))
+	convRate := o.Rate / float64(turns)
+	for t := time.Duration(0); ; {
+		t += time.Duration(arrivals.ExpFloat64() / convRate * float64(time.Second))
+		if t >= o.Duration {
+			break
+		}
+		push(vevent{at: t, conv: &vconv{conv: gen.next()}})
+	}
+
+	step := func(i int) {
+		if busy[i] {
+			return
+		}
+		work, ok := v.replicas[i].Plan()
+		v.collect(i, now, flight, &samples, push, o)
+		if !ok {
+			return
+		}
+		busy[i] = true
+		d := v.replicas[i].Timing().Step(work)
+		push(vevent{at: now + d, replica: i, step: d})
+	}
+	for q.Len() > 0 {
+		if err := ctx.Err(); err != nil {
+			return Result{}, err
+		}
+		e := heap.Pop(&q).(vevent)
+		if e.at > end {
+			break
+		}
+		now = e.at
+		v.clock.set(now)
+		if e.conv == nil {
+			if err := v.replicas[e.replica].Finish(e.step); err != nil {
+				return Result{}, fmt.Errorf("loadgen: %w", err)
+			}
+			busy[e.replica] = false
+			v.collect(e.replica, now, flight, &samples, push, o)
+			step(e.replica)
+			continue
+		}
+		c := e.conv
+		if c.turn > 0 && now >= o.Duration {
+			continue // the run's arrivals are over
+		}
+		path, body, err := c.conv.body(o.Model, c.turn, c.replies, o.MaxTokens)
+		if err != nil {
+			return Result{}, err
+		}
+		i, tokens, err := v.pick(ctx, path, body)
+		r := &vreq{conv: c, started: now, sample: Sample{Start: now, PromptTokens: len(tokens)}}
+		if err != nil {
+			r.sample.Err = err
+			samples = append(samples, r.sample)
+			continue
+		}
+		r.seq, err = v.replicas[i].Submit(blockpool.Request{Tokens: tokens}, o.MaxTokens)
+		if err != nil {
+			return Result{}, fmt.Errorf("loadgen: %w", err)
+		}
+		flight[i] = append(flight[i], r)
+		step(i)
+	}
+	// What is still in flight at the cut is counted with its time so far.
+	for i := range flight {
+		for _, r := range flight[i] {
+			r.sample.Cut = true
+			if r.sample.TTFT == 0 {
+				r.sample.TTFT = end - r.started
+			}
+			r.sample.E2E = end - r.started
+			samples = append(samples, r.sample)
+		}
+	}
+	return Result{Samples: samples, Makespan: min(now, end)}, nil
+}
+
+// collect takes the tokens replica i's sequences produced, records the
+// requests that ended, and schedules their conversations' next turns.
+func (v *virtualRun) collect(i int, now time.Duration, flight [][]*vreq, samples *[]Sample, push func(vevent), o RunOptions) {
+	kept := flight[i][:0]
+	for _, r := range flight[i] {
+		done := false
+	drain:
+		for {
+			select {
+			case t, ok := <-r.seq.Tokens:
+				if !ok {
+					done = true
+					break drain
+				}
+				if t.Err != nil {
+					r.sample.Err = t.Err
+					done = true
+					break drain
+				}
+				if t.Done {
+					done = true
+					break drain
+				}
+				if r.out == 0 {
+					r.sample.TTFT = now - r.started
+				}
+				r.out++
+			default:
+				break drain
+			}
+		}
+		if !done {
+			kept = append(kept, r)
+			continue
+		}
+		r.sample.E2E = now - r.started
+		r.sample.CachedTokens, r.sample.OutputTokens = r.seq.Cached(), r.out
+		*samples = append(*samples, r.sample)
+		if r.sample.Err != nil && errors.Is(r.sample.Err, sim.ErrStopped) {
+			continue
+		}
+		c := r.conv
+		if r.sample.Err == nil && c.turn+1 < len(c.conv.Users) {
+			c.replies = append(c.replies, sim.ReplyText(r.out))
+			c.turn++
+			push(vevent{at: now + o.ThinkTime, conv: c})
+		}
+	}
+	clear(flight[i][len(kept):])
+	flight[i] = kept
+}

@@ -1,0 +1,382 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/remotetokenizer"
+	"github.com/kvroute/kvroute/pkg/scheduling"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+)
+
+// FleetOptions shape a Fleet. The zero value is three endpoints serving
+// model "m" with 4-token blocks, the default scheduling config, and remote
+// tokenization through the first endpoint's /tokenize.
+type Options struct {
+	Endpoints int
+	Model     string
+	BlockSize int
+	GPUBlocks int
+	// Config is the scheduling configuration (the default when empty).
+	Config string
+	// NoTokenizer leaves the director without a tokenizer.
+	NoTokenizer bool
+	// ScrapeInterval is how often the EPP scrapes each stand-in's /metrics
+	// (20ms when zero).
+	ScrapeInterval time.Duration
+}
+
+// Fleet is a complete request path on loopback: an EPP (embedded NATS,
+// event consumer, exact index, metrics scraping) fed by simulated vLLM
+// engines that publish real KV events, each behind an HTTP server that
+// answers /metrics, /tokenize and /v1/* as vLLM does, and a director built
+// on all of it.
+type Fleet struct {
+	EPP      *epp.EPP
+	Director *director.Director
+	Servers  []*ModelServer
+	// Metrics holds the director's metrics (what HandleResponse accounted).
+	Metrics *prometheus.Registry
+	model   string
+}
+
+// ModelServer is one vLLM stand-in.
+type ModelServer struct {
+	Engine *sim.Engine
+	Addr   string
+	// Requests counts /v1/* requests served.
+	Requests atomic.Int64
+	// Status, when set, is answered to every /v1/* request instead of a
+	// completion, with an OpenAI-style error body.
+	Status atomic.Int32
+	// Waiting is reported as vllm:num_requests_waiting.
+	Waiting atomic.Int32
+
+	srv  *httptest.Server
+	mu   sync.Mutex
+	gate chan struct{}
+}
+
+// StartFleet starts a fleet that lives until the test ends.
+func Start(t testing.TB, o Options) *Fleet {
+	t.Helper()
+	if o.Endpoints <= 0 {
+		o.Endpoints = 3
+	}
+	if o.Model == "" {
+		o.Model = "m"
+	}
+	if o.BlockSize <= 0 {
+		o.BlockSize = 4
+	}
+	if o.GPUBlocks <= 0 {
+		o.GPUBlocks = 256
+	}
+	if o.ScrapeInterval <= 0 {
+		o.ScrapeInterval = 20 * time.Millisecond
+	}
+	e, err := epp.New(epp.Options{
+		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Scrape: true, ScrapeOptions: scrape.Options{Interval: o.ScrapeInterval},
+		Prefix: prefixmatch.Params{DefaultBlockSizeTokens: o.BlockSize},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	var stopOnce sync.Once
+	stop := func() {
+		stopOnce.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("EPP: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+
+	nc, err := nats.Connect(e.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pub := events.NewPublisher(nc, e.Namespace(), e.Pool())
+	f := &Fleet{EPP: e, model: o.Model}
+	for i := range o.Endpoints {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms := &ModelServer{Addr: ln.Addr().String()}
+		ms.Engine = sim.NewEngine(sim.EngineConfig{
+			Pod: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Model: o.Model,
+			Pool: blockpool.Config{BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, Seed: uint64(i + 1)},
+		}, pub)
+		ms.srv = httptest.NewUnstartedServer(ms.routes(o))
+		ms.srv.Listener = ln
+		ms.srv.Start()
+		t.Cleanup(ms.srv.Close)
+		f.Servers = append(f.Servers, ms)
+		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Pod: fmt.Sprintf("pod-%d", i), Model: o.Model})
+	}
+
+	reg := config.NewInTreeRegistry()
+	if err := reg.Register(prefixmatch.Type, func(string, json.RawMessage, framework.Handle) (plugin.Plugin, error) {
+		return e.Producer(), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.RegisterDefaultProducer(datalayer.PrefixCacheMatchInfoKey, prefixmatch.Type); err != nil {
+		t.Fatal(err)
+	}
+	l, err := reg.Load([]byte(o.Config), &config.Handle{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := scheduling.New(l.SchedulerOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	graph, err := prepare.BuildGraph(l.Plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Metrics = prometheus.NewRegistry()
+	dopts := director.Options{Datastore: e.Datastore(), Graph: graph, Scheduler: sched, Metrics: director.NewMetrics(f.Metrics)}
+	if !o.NoTokenizer {
+		first := "http://" + f.Servers[0].Addr
+		tok := remotetokenizer.New(remotetokenizer.Options{
+			Endpoint: func(string) (string, bool) { return first, true },
+			Timeout:  2 * time.Second,
+		}, nil)
+		t.Cleanup(tok.Close)
+		dopts.Tokenizer = tok
+	}
+	if f.Director, err = director.New(dopts); err != nil {
+		t.Fatal(err)
+	}
+	// The EPP stops before the stand-ins, so that it does not scrape them gone.
+	t.Cleanup(stop)
+	return f
+}
+
+// Server returns the stand-in at addr, or nil.
+func (f *Fleet) Server(addr string) *ModelServer {
+	for _, s := range f.Servers {
+		if s.Addr == addr {
+			return s
+		}
+	}
+	return nil
+}
+
+// WaitHeld waits until the index says addr holds every full block of
+// tokens, which is when a pick can follow the cache there.
+func (f *Fleet) WaitHeld(t testing.TB, addr string, tokens []uint32) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ans, err := f.EPP.Lookup(context.Background(), epp.PrefixQuery{Model: f.model, TokenIDs: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range ans.Endpoints {
+			if a.Address == addr && a.Prefix.MatchBlocks > 0 && a.Prefix.MatchBlocks == a.Prefix.TotalBlocks {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the index never showed %s holding the prompt: %+v", addr, ans.Endpoints)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TokenizeText is the stand-ins' tokenizer: one token per
+// whitespace-separated word, a hash of the word below 50000.
+func TokenizeText(s string) []uint32 {
+	var ids []uint32
+	for _, w := range strings.Fields(s) {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(w))
+		ids = append(ids, h.Sum32()%50000)
+	}
+	return ids
+}
+
+func (ms *ModelServer) routes(o Options) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=%q} %d\n", o.Model, ms.Waiting.Load())
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=%q} 0\n", o.Model)
+		fmt.Fprintf(w, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=%q} %g\n", o.Model, ms.Engine.Usage())
+		fmt.Fprintf(w, "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", o.BlockSize, o.GPUBlocks)
+	})
+	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Prompt string `json:"prompt"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 16<<20)).Decode(&in); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		ids := TokenizeText(in.Prompt)
+		if ids == nil {
+			ids = []uint32{}
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": 131072, "tokens": ids})
+	})
+	mux.HandleFunc("/v1/", ms.serve)
+	return mux
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(director.ErrorJSON(code, msg))
+}
+
+// serve answers a completion as vLLM would, after running the prompt
+// through the engine so that its KV events are published.
+func (ms *ModelServer) serve(w http.ResponseWriter, r *http.Request) {
+	ms.Requests.Add(1)
+	w.Header().Set("X-Served-By", ms.Addr)
+	if code := ms.Status.Load(); code != 0 {
+		writeError(w, int(code), "the model server is unhappy")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if r.Method == http.MethodGet {
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []any{map[string]any{"id": ms.Engine.Config().Model}}})
+		return
+	}
+	req, err := openai.ParseRequest(r.URL.Path, body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	tokens := req.TokenIDs
+	if len(tokens) == 0 {
+		tokens = TokenizeText(req.Prompt)
+	}
+	hit, err := ms.Engine.Serve(blockpool.Request{Tokens: tokens})
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	usage := map[string]any{
+		"prompt_tokens": len(tokens), "completion_tokens": 3, "total_tokens": len(tokens) + 3,
+		"prompt_tokens_details": map[string]any{"cached_tokens": hit * ms.Engine.Config().Pool.BlockSize},
+	}
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"id": "cmpl-1", "object": "text_completion", "model": req.Model,
+			"choices": []any{map[string]any{"index": 0, "text": "one two three", "finish_reason": "length"}},
+			"usage":   usage,
+		})
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl, _ := w.(http.Flusher)
+	event := func(v any) {
+		b, _ := json.Marshal(v)
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	ms.mu.Lock()
+	gate := ms.gate
+	ms.mu.Unlock()
+	for i, word := range []string{"one", "two", "three"} {
+		event(map[string]any{"id": "cmpl-1", "object": "text_completion", "choices": []any{map[string]any{"index": 0, "text": word}}, "usage": nil})
+		if i == 0 && gate != nil {
+			select {
+			case <-gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}
+	event(map[string]any{"id": "cmpl-1", "object": "text_completion", "choices": []any{}, "usage": usage})
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// SetGate holds the next streaming responses after their first event
+// until g is closed (nil: no hold).
+func (ms *ModelServer) SetGate(g chan struct{}) {
+	ms.mu.Lock()
+	ms.gate = g
+	ms.mu.Unlock()
+}
+
+// Close stops the stand-in's HTTP server: its address then refuses
+// connections, as a pod that went away does.
+func (ms *ModelServer) Close() { ms.srv.Close() }
+
+// FillPrefixes has every server's engine compute a prefix of its own,
+// length tokens long, and returns the prefixes: server i's tokens are
+// i*length to (i+1)*length-1, so no two share a block.
+func (f *Fleet) FillPrefixes(tb testing.TB, length int) [][]uint32 {
+	tb.Helper()
+	prefixes := make([][]uint32, len(f.Servers))
+	for i, s := range f.Servers {
+		p := make([]uint32, length)
+		for j := range p {
+			p[j] = uint32(i*length + j)
+		}
+		prefixes[i] = p
+		if _, err := s.Engine.Serve(blockpool.Request{Tokens: p}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return prefixes
+}
+
+// PrefixBodies makes a completions body per prefix: a prompt of size token
+// ids that shares all but its last 16 with the prefix.
+func PrefixBodies(prefixes [][]uint32, size int) [][]byte {
+	bodies := make([][]byte, len(prefixes))
+	for i, p := range prefixes {
+		prompt := append(slices.Clone(p[:size-16]), make([]uint32, 16)...)
+		for j := size - 16; j < size; j++ {
+			prompt[j] = uint32(1<<30 + j)
+		}
+		bodies[i], _ = json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1})
+	}
+	return bodies
+}

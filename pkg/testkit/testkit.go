@@ -1,0 +1,66 @@
+// Package testkit is what the tests of every package share: waiting for an
+// observable condition instead of sleeping, loopback addresses, the
+// process's CPU time, metric values read from a registry, and an embedded
+// NATS server that can be restarted on its port and store. Its
+// subpackages are the larger rigs: an Envoy-like ext_proc client (envoy)
+// and a whole EPP fed by simulated engines (fleet).
+//
+// Only tests and benchmarks import it; `make lint` fails if a package a
+// binary links does.
+package testkit
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// WaitLimit bounds every wait. It is a deadlock guard, not a timing
+// assertion: on a loaded machine things take long, never this long.
+const WaitLimit = 20 * time.Second
+
+// WaitFor polls cond until it holds, failing the test after WaitLimit.
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(WaitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", WaitLimit, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// FreeAddr is a loopback address nothing listens on at the moment of the
+// call, for a server that must be told its address before it starts.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// LogBuffer is a log sink that a component's goroutines and the test may
+// use at once.
+type LogBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *LogBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String is everything written so far.
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
