@@ -36,7 +36,8 @@ bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virt
 fuzz-smoke: ## run each fuzz target briefly (FUZZTIME executions each)
 	./scripts/fuzz-smoke.sh $(FUZZTIME)
 
-lint: ## go vet and gofmt
+lint: ## go vet, gofmt, and the import rules of docs/architecture.md
 	$(GO) vet $(PKGS)
+	$(GO) run ./scripts/importcheck
 	@out="$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

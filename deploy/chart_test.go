@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/go-logr/logr"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -22,55 +21,20 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/testkit/apiserver"
 )
 
 const chartDir = "charts/kvroute"
 
-var apiServer struct {
-	cfg  *rest.Config
-	skip string
-}
+var apiServer apiserver.Server
 
-func TestMain(m *testing.M) { os.Exit(runTests(m)) }
-
-func runTests(m *testing.M) int {
-	ctrllog.SetLogger(logr.Discard())
-	klog.SetLogger(logr.Discard())
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		apiServer.skip = "KUBEBUILDER_ASSETS is unset: run `export KUBEBUILDER_ASSETS=\"$(scripts/envtest-assets.sh)\"` to dry-run the chart against a real API server"
-		return m.Run()
-	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		// The pool's CRD as users install it, and the published CRDs of
-		// the other projects whose kinds the chart renders.
-		CRDDirectoryPaths:     []string{"crds", "testdata/crds"},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "envtest: KUBEBUILDER_ASSETS=%q is set but the API server did not start: %v\n", assets, err)
-		return 1
-	}
-	apiServer.cfg = cfg
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "envtest: stop: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
+// The pool's CRD as users install it, and the published CRDs of the other
+// projects whose kinds the chart renders.
+func TestMain(m *testing.M) { os.Exit(apiServer.Main(m, "crds", "testdata/crds")) }
 
 // render renders the chart as `helm install` would, into namespace.
 func render(t *testing.T, values map[string]any, namespace string) []*unstructured.Unstructured {
@@ -228,10 +192,8 @@ func TestChartRendersTheExpectedObjects(t *testing.T) {
 // the chart renders: server-side dry run runs defaulting, validation
 // (OpenAPI schemas and CEL rules) and admission without persisting.
 func TestChartIsAcceptedByTheAPIServer(t *testing.T) {
-	if apiServer.cfg == nil {
-		t.Skip(apiServer.skip)
-	}
-	c, err := client.New(apiServer.cfg, client.Options{})
+	apiServer.Require(t)
+	c, err := client.New(apiServer.Config, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,10 +219,8 @@ func TestChartIsAcceptedByTheAPIServer(t *testing.T) {
 // The dry run must be able to fail: a pool the CRD's schema forbids is
 // rejected.
 func TestChartDryRunRejectsWhatTheSchemaForbids(t *testing.T) {
-	if apiServer.cfg == nil {
-		t.Skip(apiServer.skip)
-	}
-	c, err := client.New(apiServer.cfg, client.Options{})
+	apiServer.Require(t)
+	c, err := client.New(apiServer.Config, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -17,14 +16,13 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/discovery/k8s"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // The assembled EPP, as the chart runs it (--kubernetes), is ready only
 // once discovery has read the pool and its pods.
 func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
-	if apiServer.cfg == nil {
-		t.Skip(apiServer.skip)
-	}
+	apiServer.Require(t)
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -32,7 +30,7 @@ func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
 	if err := inferencev1.Install(scheme); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(apiServer.cfg, client.Options{Scheme: scheme})
+	c, err := client.New(apiServer.Config, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +42,7 @@ func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
 	e, err := epp.New(epp.Options{
 		Pool: "pool", Namespace: ns, EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Discovery: func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (epp.Discovery, error) {
-			return k8s.NewSource(k8s.SourceOptions{Namespace: ns, Pool: "pool", Config: apiServer.cfg, DefaultModel: "m"}, ds, reg, logger)
+			return k8s.NewSource(k8s.SourceOptions{Namespace: ns, Pool: "pool", Config: apiServer.Config, DefaultModel: "m"}, ds, reg, logger)
 		},
 	})
 	if err != nil {
@@ -71,7 +69,11 @@ func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
 	if err := c.Status().Update(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Once discovery has seen the pod, and with no pool to put it in, the
+	// EPP must still not be ready.
+	testkit.WaitFor(t, "discovery to reconcile the pod", func() bool {
+		return testkit.Value(t, e.Registry(), "kvroute_k8s_reconciles_total", "kind", "pod", "result", "ok") >= 1
+	})
 	if e.Ready() {
 		t.Fatal("ready before the InferencePool exists")
 	}
@@ -86,13 +88,7 @@ func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for !e.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready after the pool appeared; endpoints: %d", e.Datastore().Len())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the EPP to be ready once the pool appeared", e.Ready)
 	ep, ok := e.Datastore().Get("vllm-0")
 	if !ok || ep.Address != "10.9.0.1:8000" || ep.Model != "m" {
 		t.Errorf("endpoint vllm-0 = %+v, %t; want 10.9.0.1:8000 serving m", ep, ok)

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 )
 
 func init() {
@@ -30,7 +30,7 @@ func lookupCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lookup", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "http://127.0.0.1:9090", "the EPP's metrics/debug `URL`")
-	var q epp.PrefixQuery
+	var q prefixquery.Query
 	fs.StringVar(&q.Model, "model", "", "only endpoints serving this model (default: all)")
 	fs.StringVar(&q.LoRA, "lora", "", "the request's LoRA adapter")
 	fs.StringVar(&q.CacheSalt, "cache-salt", "", "the request's cache_salt")
@@ -54,7 +54,7 @@ func lookupCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			return fmt.Errorf("token ids on stdin: want a JSON array of non-negative integers: %w", err)
 		}
 	default:
-		ids, err := epp.ParseTokenList(*tokens)
+		ids, err := prefixquery.ParseTokenList(*tokens)
 		if err != nil {
 			return fmt.Errorf("--tokens: %w", err)
 		}
@@ -79,7 +79,7 @@ func lookupCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		_, err := stdout.Write(raw)
 		return err
 	}
-	var ans epp.PrefixAnswer
+	var ans prefixquery.Answer
 	if err := json.Unmarshal(raw, &ans); err != nil {
 		return fmt.Errorf("decode answer: %w", err)
 	}
@@ -87,7 +87,7 @@ func lookupCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func printLookup(w io.Writer, ans *epp.PrefixAnswer) {
+func printLookup(w io.Writer, ans *prefixquery.Answer) {
 	fmt.Fprintf(w, "%d tokens; %d endpoints\n", ans.Tokens, len(ans.Endpoints))
 	fmt.Fprintf(w, "%-24s %-22s %-9s %11s %7s %6s %6s %8s %5s\n",
 		"ENDPOINT", "ADDRESS", "STREAM", "MATCH/TOTAL", "TOKENS", "GPU", "CPU", "STORAGE", "SPEC")

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -33,6 +34,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
@@ -68,7 +70,7 @@ type Options struct {
 	ScrapeOptions scrape.Options
 
 	// ConfigFile or ConfigText is the scheduler's EndpointPickerConfig;
-	// neither means DefaultConfigText.
+	// neither means config.DefaultConfigText.
 	ConfigFile, ConfigText string
 	// MetricsStaleness is how old scraped metrics may be before an
 	// endpoint's load counts as unknown (default 2s).
@@ -76,6 +78,10 @@ type Options struct {
 	// PrepareDataTimeout bounds the PrepareData producers per request
 	// (default 400ms).
 	PrepareDataTimeout time.Duration
+	// Seed, when non-zero, seeds the scheduler's random choices (ties
+	// between equal endpoints, random pickers), so that a run in virtual
+	// time repeats exactly; zero seeds them from crypto/rand.
+	Seed uint64
 
 	// Recovery tunes the resynchronisation of uncertain streams from their
 	// relays' snapshots (docs/snapshot.md); Namespace, Pool and Pod are
@@ -87,7 +93,12 @@ type Options struct {
 	Index index.Options
 	// ApproxCapacity is blocks remembered per endpoint by the fallback.
 	ApproxCapacity int
-	Prefix         prefixmatch.Params
+	// Prefix are the defaults of the prefix producer the scheduling
+	// configuration runs (precise-prefix-cache-producer, or upstream's
+	// approx-prefix-cache-producer mapped onto it): the parameters the
+	// configuration gives override them field by field. Zero fields keep
+	// prefixmatch.DefaultParams.
+	Prefix prefixmatch.Params
 
 	// RequestPath says how requests reach the EPP.
 	RequestPath RequestPathOptions
@@ -122,10 +133,10 @@ type EPP struct {
 	consumer  *consumer.Consumer
 	recovery  *recovery.Recovery
 	scraper   *scrape.Scraper
-	producer  *prefixmatch.Producer
 	graph     *prepare.Graph
 	sched     *scheduling.Scheduler
 	director  *director.Director
+	tokenizer tokenize.Tokenizer
 	extproc   *extproc.Server
 	proxy     *proxy.Server
 	discovery Discovery
@@ -204,7 +215,6 @@ func New(opts Options) (*EPP, error) {
 			}
 		}
 	})
-	e.producer = prefixmatch.New("", opts.Prefix, e.index, e.approx)
 	if opts.EndpointsFile != "" {
 		// Loaded now, so that a bad file stops start-up and the endpoints
 		// are members before the first event arrives.
@@ -321,19 +331,13 @@ func (e *EPP) ensureStream(co consumer.Options) error {
 // buildScheduling loads the scheduler configuration, checks the data
 // dependencies of its plugins, and makes the director that runs them.
 func (e *EPP) buildScheduling() error {
-	reg, err := newRegistry(e.index, e.approx)
+	prefix := prefixParams(e.opts.Prefix)
+	reg, err := newRegistry(prefix, e.index, e.approx)
 	if err != nil {
 		return fmt.Errorf("epp: plugin registry: %w", err)
 	}
-	maxApprox := e.opts.Prefix.ApproxMaxBlocks
-	if maxApprox <= 0 {
-		maxApprox = approx.DefaultMaxBlocks
-	}
-	h := &config.Handle{
-		Staleness: e.opts.MetricsStaleness,
-		Spec:      &speculator{index: e.index, approx: e.approx, maxApprox: maxApprox},
-		Reg:       e.reg,
-	}
+	spec := &speculator{index: e.index, approx: e.approx, maxApprox: prefix.ApproxMaxBlocks}
+	h := &config.Handle{Staleness: e.opts.MetricsStaleness, Spec: spec, Reg: e.reg}
 	var loaded *config.Loaded
 	switch {
 	case e.opts.ConfigFile != "":
@@ -341,10 +345,17 @@ func (e *EPP) buildScheduling() error {
 	case e.opts.ConfigText != "":
 		loaded, err = reg.Load([]byte(e.opts.ConfigText), h)
 	default:
-		loaded, err = reg.Load([]byte(DefaultConfigText), h)
+		loaded, err = reg.Load([]byte(config.DefaultConfigText), h)
 	}
 	if err != nil {
 		return fmt.Errorf("epp: scheduler configuration: %w", err)
+	}
+	for _, p := range loaded.Plugins {
+		// The routing history learns picks as far as the configured
+		// producer asks it about them.
+		if pp, ok := p.(*prefixmatch.Producer); ok {
+			spec.maxApprox = pp.Params().ApproxMaxBlocks
+		}
 	}
 	e.graph, err = prepare.BuildGraph(loaded.Plugins, prepare.WithRegisterer(e.reg), prepare.WithLogger(e.logger))
 	if err != nil {
@@ -352,15 +363,19 @@ func (e *EPP) buildScheduling() error {
 	}
 	so := loaded.SchedulerOptions()
 	so.Registerer = e.reg
+	if e.opts.Seed != 0 {
+		so.Rand = rand.New(rand.NewPCG(e.opts.Seed, e.opts.Seed^0x9e3779b97f4a7c15))
+	}
 	if e.sched, err = scheduling.New(so); err != nil {
 		return fmt.Errorf("epp: scheduler: %w", err)
 	}
+	e.tokenizer = e.newTokenizer()
 	e.director, err = director.New(director.Options{
 		Datastore:          e.ds,
 		Graph:              e.graph,
 		Scheduler:          e.sched,
-		PrepareDataTimeout: e.opts.PrepareDataTimeout,
-		Tokenizer:          e.newTokenizer(),
+		PrepareDataTimeout: e.prepareDataTimeout(),
+		Tokenizer:          e.tokenizer,
 		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,
 		Metrics:            director.NewMetrics(e.reg),
 		Logger:             e.logger,
@@ -424,9 +439,6 @@ func (e *EPP) Datastore() *datalayer.Datastore { return e.ds }
 
 // Index is the exact prefix index.
 func (e *EPP) Index() *index.Index { return e.index }
-
-// Producer is the prefix producer that PrepareData runs.
-func (e *EPP) Producer() *prefixmatch.Producer { return e.producer }
 
 // Registry holds every metric the EPP exports.
 func (e *EPP) Registry() *prometheus.Registry { return e.reg }
@@ -522,9 +534,13 @@ func (e *EPP) awaitDiscovery(ctx context.Context) bool {
 	return true
 }
 
-// Close releases the NATS connection, the embedded server and the HTTP
-// listener. Run calls it; call it only for an EPP that is never run.
+// Close releases the NATS connection, the embedded server, the listeners
+// and the tokenizers' round trips in flight. Run calls it once every
+// component has stopped; call it only for an EPP that is never run.
 func (e *EPP) Close() {
+	if c, ok := e.tokenizer.(interface{ Close() }); ok {
+		c.Close()
+	}
 	if e.httpLn != nil {
 		_ = e.httpLn.Close()
 	}
@@ -541,4 +557,12 @@ func (e *EPP) Close() {
 		e.nats.Shutdown()
 		e.nats = nil
 	}
+}
+
+// prepareDataTimeout bounds the PrepareData producers of one request.
+func (e *EPP) prepareDataTimeout() time.Duration {
+	if e.opts.PrepareDataTimeout > 0 {
+		return e.opts.PrepareDataTimeout
+	}
+	return director.DefaultPrepareDataTimeout
 }

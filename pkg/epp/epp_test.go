@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
@@ -89,13 +90,13 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 	// pod-0 holds all 4 blocks of A; pod-1 the 3 shared ones; pod-2 nothing.
 	want := map[string]int{"127.0.0.1:8000": 4, "127.0.0.1:8001": 3, "127.0.0.1:8002": 0}
 	q := url.Values{"model": {"m"}, "token_ids": {joinTokens(promptA.Tokens)}}
-	var ans PrefixAnswer
+	var ans prefixquery.Answer
 	testkit.WaitFor(t, "the index to reflect the published events", func() bool {
 		code, body := get(t, base+"/debug/prefix?"+q.Encode())
 		if code != http.StatusOK {
 			t.Fatalf("/debug/prefix = %d %s", code, body)
 		}
-		ans = PrefixAnswer{}
+		ans = prefixquery.Answer{}
 		if err := json.Unmarshal([]byte(body), &ans); err != nil {
 			t.Fatalf("decode %q: %v", body, err)
 		}

@@ -8,14 +8,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
-	"strconv"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/framework/request"
 )
 
@@ -55,33 +54,6 @@ func (e *EPP) routes() http.Handler {
 	return mux
 }
 
-// PrefixQuery is a /debug/prefix question: who holds this prompt? It comes
-// as a JSON body (POST) or as query parameters (GET, token_ids
-// comma-separated).
-type PrefixQuery struct {
-	Model     string   `json:"model"`
-	LoRA      string   `json:"lora,omitempty"`
-	CacheSalt string   `json:"cache_salt,omitempty"`
-	TokenIDs  []uint32 `json:"token_ids"`
-}
-
-// PrefixAnswer is the /debug/prefix answer: every candidate endpoint's
-// PrefixCacheInfo for the query.
-type PrefixAnswer struct {
-	Model     string           `json:"model"`
-	Tokens    int              `json:"tokens"`
-	Endpoints []EndpointAnswer `json:"endpoints"`
-}
-
-// EndpointAnswer is one endpoint's part of a PrefixAnswer.
-type EndpointAnswer struct {
-	Name    string                    `json:"name"`
-	Address string                    `json:"address"`
-	Model   string                    `json:"model"`
-	Stream  datalayer.StreamState     `json:"stream"`
-	Prefix  datalayer.PrefixCacheInfo `json:"prefix"`
-}
-
 func (e *EPP) debugPrefix(w http.ResponseWriter, r *http.Request) {
 	q, err := parsePrefixQuery(r)
 	if err != nil {
@@ -89,6 +61,10 @@ func (e *EPP) debugPrefix(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ans, err := e.Lookup(r.Context(), q)
+	if errors.Is(err, ErrNoPrefixProducer) {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -99,19 +75,27 @@ func (e *EPP) debugPrefix(w http.ResponseWriter, r *http.Request) {
 	_ = enc.Encode(ans)
 }
 
-// Lookup answers a PrefixQuery with the same producer PrepareData runs, over
-// the endpoints serving the query's model (every endpoint when it names none).
-func (e *EPP) Lookup(ctx context.Context, q PrefixQuery) (*PrefixAnswer, error) {
+// ErrNoPrefixProducer: the scheduling configuration runs no producer of
+// PrefixCacheInfo, so there is nothing PrepareData would tell about a prompt.
+var ErrNoPrefixProducer = errors.New("the scheduling configuration runs no producer of " + datalayer.PrefixCacheMatchInfoKey)
+
+// Lookup answers a prefix query as PrepareData would for a request with
+// those token ids: it runs the very producers the scheduler runs, over the
+// endpoints serving the query's model (every endpoint when it names none).
+func (e *EPP) Lookup(ctx context.Context, q prefixquery.Query) (*prefixquery.Answer, error) {
+	if !e.graph.Produces(datalayer.PrefixCacheMatchInfoKey) {
+		return nil, ErrNoPrefixProducer
+	}
 	cands := e.ds.Candidates(func(ep *datalayer.Endpoint) bool {
 		return q.Model == "" || ep.Model == q.Model
 	})
 	req := &request.Request{ID: "debug", Model: q.Model, LoRA: q.LoRA, CacheSalt: q.CacheSalt, TokenIDs: q.TokenIDs}
-	if err := e.producer.Produce(ctx, req, cands); err != nil {
+	if err := e.graph.Run(ctx, e.prepareDataTimeout(), req, cands); err != nil {
 		return nil, fmt.Errorf("prefix lookup: %w", err)
 	}
-	ans := &PrefixAnswer{Model: q.Model, Tokens: len(q.TokenIDs), Endpoints: make([]EndpointAnswer, 0, len(cands))}
+	ans := &prefixquery.Answer{Model: q.Model, Tokens: len(q.TokenIDs), Endpoints: make([]prefixquery.Endpoint, 0, len(cands))}
 	for _, c := range cands {
-		a := EndpointAnswer{Name: c.Name, Address: c.Address, Model: c.Model, Stream: c.Stream}
+		a := prefixquery.Endpoint{Name: c.Name, Address: c.Address, Model: c.Model, Stream: c.Stream}
 		if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
 			a.Prefix, _ = v.(datalayer.PrefixCacheInfo)
 		}
@@ -120,13 +104,13 @@ func (e *EPP) Lookup(ctx context.Context, q PrefixQuery) (*PrefixAnswer, error) 
 	return ans, nil
 }
 
-func parsePrefixQuery(r *http.Request) (PrefixQuery, error) {
-	var q PrefixQuery
+func parsePrefixQuery(r *http.Request) (prefixquery.Query, error) {
+	var q prefixquery.Query
 	switch r.Method {
 	case http.MethodGet:
 		v := r.URL.Query()
 		q.Model, q.LoRA, q.CacheSalt = v.Get("model"), v.Get("lora"), v.Get("cache_salt")
-		ids, err := ParseTokenList(v.Get("token_ids"))
+		ids, err := prefixquery.ParseTokenList(v.Get("token_ids"))
 		if err != nil {
 			return q, err
 		}
@@ -144,22 +128,4 @@ func parsePrefixQuery(r *http.Request) (PrefixQuery, error) {
 		return q, errors.New("token_ids is empty")
 	}
 	return q, nil
-}
-
-// ParseTokenList parses comma-separated token ids ("1,2,3"; spaces allowed).
-func ParseTokenList(s string) ([]uint32, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return nil, nil
-	}
-	parts := strings.Split(s, ",")
-	out := make([]uint32, 0, len(parts))
-	for i, p := range parts {
-		v, err := strconv.ParseUint(strings.TrimSpace(p), 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("token id %d (%q): not a non-negative 32-bit integer", i, p)
-		}
-		out = append(out, uint32(v))
-	}
-	return out, nil
 }

@@ -12,37 +12,14 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
-// DefaultConfigText is the scheduler configuration the EPP runs when given
-// none: upstream's default profile (prefix 3, queue 2, KV usage 2) with
-// kvroute's precise prefix scorer, and the speculative recorder, so that a
-// burst of same-prefix requests follows the first pick before its events
-// arrive.
-const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: precise-prefix-cache-scorer
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: speculative-prefix-recorder
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: precise-prefix-cache-scorer
-    weight: 3
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: speculative-prefix-recorder
-`
-
 // newRegistry is the in-tree plugin registry plus the plugins that need
 // this process's index: the precise prefix producer, registered as the
-// default producer of the keys it publishes.
-func newRegistry(index prefixmatch.Index, approx prefixmatch.Approx) (*config.Registry, error) {
+// default producer of the keys it publishes, whose parameters start from
+// defaults and are overridden by those its configuration gives.
+func newRegistry(defaults prefixmatch.Params, index prefixmatch.Index, approx prefixmatch.Approx) (*config.Registry, error) {
 	r := config.NewInTreeRegistry()
 	err := r.Register(prefixmatch.Type, func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
-		p := prefixmatch.DefaultParams()
+		p := defaults
 		if err := framework.DecodeParams(prefixmatch.Type, name, raw, &p); err != nil {
 			return nil, err
 		}
@@ -57,6 +34,25 @@ func newRegistry(index prefixmatch.Index, approx prefixmatch.Approx) (*config.Re
 		}
 	}
 	return r, nil
+}
+
+// prefixParams are the producer defaults o asks for, with its zero fields
+// taken from prefixmatch.DefaultParams.
+func prefixParams(o prefixmatch.Params) prefixmatch.Params {
+	p := prefixmatch.DefaultParams()
+	if o.DefaultBlockSizeTokens > 0 {
+		p.DefaultBlockSizeTokens = o.DefaultBlockSizeTokens
+	}
+	if o.MaxPrefixBlocks > 0 {
+		p.MaxPrefixBlocks = o.MaxPrefixBlocks
+	}
+	if o.ApproxBlockSizeTokens > 0 {
+		p.ApproxBlockSizeTokens = o.ApproxBlockSizeTokens
+	}
+	if o.ApproxMaxBlocks > 0 {
+		p.ApproxMaxBlocks = o.ApproxMaxBlocks
+	}
+	return p
 }
 
 // speculator records, after a pick, that the picked endpoint will soon hold

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
@@ -22,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
@@ -62,71 +62,29 @@ func runEPP(t *testing.T, o Options) (*EPP, func()) {
 // for every prompt.
 func waitExact(t *testing.T, e *EPP, engines []*sim.Engine, prompts []blockpool.Request) {
 	t.Helper()
-	deadline := time.Now().Add(recWait)
 	addrs := make([]string, len(engines))
 	for i, g := range engines {
 		addrs[i] = g.Config().Address
 	}
 	out := make([]index.Match, len(addrs))
-	for {
-		diff := ""
-		for i, a := range addrs {
+	testkit.Converge(t, "the index matching the engines", func() string {
+		for _, a := range addrs {
 			if s, _ := e.Index().State(a); s != datalayer.StreamExact {
-				diff = fmt.Sprintf("%s is %s", a, s)
+				return fmt.Sprintf("%s is %s", a, s)
 			}
-			_ = i
 		}
 		for _, p := range prompts {
-			if diff != "" {
-				break
-			}
 			e.Index().Lookup(index.AppendBlockKeys(nil, index.RootKey("m", "", ""), p.Tokens, 4), addrs, out)
 			for i, g := range engines {
 				want := g.Held(p)
 				if got := (blockpool.Held{Blocks: out[i].Blocks, ByTier: out[i].ByTier}); got != want {
-					diff = fmt.Sprintf("%s: index %+v, engine %+v", addrs[i], got, want)
-					break
+					return fmt.Sprintf("%s: index %+v, engine %+v", addrs[i], got, want)
 				}
 			}
 		}
-		if diff == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("index never matched the engines: %s", diff)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ""
+	})
 }
-
-func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				ok := false
-				for _, lp := range m.GetLabel() {
-					ok = ok || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
-				}
-				if !ok {
-					continue next
-				}
-			}
-			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return 0
-}
-
-var _ = testutil.ToFloat64
 
 func prompts() []blockpool.Request {
 	return sim.SharedPrefix{Groups: 4, PromptsPerGroup: 4, SystemTokens: 24, QuestionTokens: 12, Seed: 1}.Prompts()
@@ -183,10 +141,10 @@ func TestRestartedEPPReplaysTheJetStreamStream(t *testing.T) {
 	}
 	second, _ := runEPP(t, opts)
 	waitExact(t, second, engines, ps)
-	if got := metric(t, second.Registry(), "kvroute_events_batches_total", "result", "applied"); got == 0 {
+	if got := testkit.Value(t, second.Registry(), "kvroute_events_batches_total", "result", "applied"); got == 0 {
 		t.Fatal("the restarted EPP applied no replayed batch")
 	}
-	if got := metric(t, second.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 0 {
+	if got := testkit.Value(t, second.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 0 {
 		t.Errorf("resyncs ok = %v: with no relay the stream alone must have rebuilt the index", got)
 	}
 
@@ -199,7 +157,7 @@ func TestRestartedEPPReplaysTheJetStreamStream(t *testing.T) {
 	}
 	third, _ := runEPP(t, opts)
 	waitExact(t, third, engines, ps)
-	if got := metric(t, third.Registry(), "kvroute_index_events_dropped_total", "reason", "unknown_endpoint"); got != 0 {
+	if got := testkit.Value(t, third.Registry(), "kvroute_index_events_dropped_total", "reason", "unknown_endpoint"); got != 0 {
 		t.Errorf("%v events dropped as from unknown endpoints", got)
 	}
 }
@@ -289,7 +247,7 @@ func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
 	// Every batch is through the relay and the NATS server before the EPP
 	// subscribes: it has only the snapshot to catch up from.
 	last, _ := eng.LastSeq()
-	for r.Mirror().Position().Seq != last || metric(t, rreg, "kvroute_relay_buffer_depth_batches") != 0 {
+	for r.Mirror().Position().Seq != last || testkit.Value(t, rreg, "kvroute_relay_buffer_depth_batches") != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the relay never forwarded the engine's last batch %d", last)
 		}
@@ -303,10 +261,10 @@ func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
 	// The pod name, and so the snapshot subject, comes from discovery.
 	e.Datastore().Upsert(&datalayer.Endpoint{Name: "vllm-0", Address: "127.0.0.1:8200", Pod: "vllm-0", Model: "m"})
 	waitExact(t, e, []*sim.Engine{eng}, ps)
-	if got := metric(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
+	if got := testkit.Value(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
 		t.Errorf("resyncs ok = %v, want 1", got)
 	}
-	if got := metric(t, e.Registry(), "kvroute_events_batches_total", "result", "applied"); got != 0 {
+	if got := testkit.Value(t, e.Registry(), "kvroute_events_batches_total", "result", "applied"); got != 0 {
 		t.Errorf("applied %v live batches; the test wants the snapshot alone", got)
 	}
 }

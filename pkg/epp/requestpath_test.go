@@ -9,15 +9,16 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 )
 
@@ -83,16 +84,10 @@ func TestTheEPPRoutesByCacheOverExtProcAndTheProxy(t *testing.T) {
 	if _, err := engines[2].Serve(blockpool.Request{Tokens: prompt}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !func() bool {
-		ans, err := e.Lookup(context.Background(), epp.PrefixQuery{Model: "m", TokenIDs: prompt})
+	testkit.WaitFor(t, "the index to learn pod-2's blocks", func() bool {
+		ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: "m", TokenIDs: prompt})
 		return err == nil && ans.Endpoints[2].Prefix.MatchBlocks == 4
-	}() {
-		if time.Now().After(deadline) {
-			t.Fatal("the index never learned pod-2's blocks")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	})
 	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1})
 
 	client, err := envoy.Dial(e.ExtProcAddr(), true)

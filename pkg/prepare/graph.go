@@ -60,14 +60,14 @@ type graphNode struct {
 // GraphOption configures BuildGraph.
 type GraphOption func(*Graph)
 
-// WithGraphRegisterer registers the executor's metrics with reg. A graph
+// WithRegisterer registers the executor's metrics with reg. A graph
 // rebuilt later (on a configuration reload) with the same reg shares the
 // metrics already registered.
 func WithRegisterer(reg prometheus.Registerer) GraphOption {
 	return func(g *Graph) { g.reg = reg }
 }
 
-// WithGraphLogger sets where producer failures are logged (slog.Default
+// WithLogger sets where producer failures are logged (slog.Default
 // otherwise).
 func WithLogger(l *slog.Logger) GraphOption {
 	return func(g *Graph) {
@@ -331,6 +331,16 @@ func typeName(t reflect.Type) string {
 		return "nil"
 	}
 	return t.String()
+}
+
+// Produces reports whether one of the graph's producers publishes key.
+func (g *Graph) Produces(key string) bool {
+	for _, n := range g.nodes {
+		if slices.Contains(n.produces, key) {
+			return true
+		}
+	}
+	return false
 }
 
 // Order returns the DataProducers in the order their dependencies impose.

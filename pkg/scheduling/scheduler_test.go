@@ -28,7 +28,7 @@ import (
 // scheduler at schedtest.Now with the given seed.
 func newScheduler(t testing.TB, text string, seed uint64, reg prometheus.Registerer) *scheduling.Scheduler {
 	t.Helper()
-	l, err := config.NewInTreeRegistry().Load([]byte(text), nil)
+	l, err := config.NewInTreeRegistry().Load([]byte(text), &config.Handle{Spec: schedtest.NopSpeculator{}})
 	if err != nil {
 		t.Fatalf("load config: %v", err)
 	}

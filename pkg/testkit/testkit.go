@@ -12,6 +12,7 @@ package testkit
 import (
 	"bytes"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -63,4 +64,40 @@ func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// SettledGoroutines waits for the number of goroutines to fall to target,
+// or, with target 0, to stop changing, and returns it: a test compares the
+// count after shutdown with the count before.
+func SettledGoroutines(target int) int {
+	n := runtime.NumGoroutine()
+	for range 100 {
+		if target > 0 && n <= target {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+		m := runtime.NumGoroutine()
+		if target == 0 && m == n {
+			return n
+		}
+		n = m
+	}
+	return n
+}
+
+// Converge polls diff until it returns "", failing the test after
+// WaitLimit with the last difference it reported.
+func Converge(t testing.TB, what string, diff func() string) {
+	t.Helper()
+	deadline := time.Now().Add(WaitLimit)
+	for {
+		d := diff()
+		if d == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never happened within %v: %s", what, WaitLimit, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

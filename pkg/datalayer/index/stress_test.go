@@ -99,18 +99,17 @@ func TestConcurrentIngestLookupAndMembership(t *testing.T) {
 			}
 		})
 	}
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			ix.RemoveEndpoint(addrs[0])
-			time.Sleep(time.Millisecond)
-			ix.AddEndpoint(addrs[0])
-			clk.Advance(20 * time.Millisecond)
-			ix.Expire()
-			_, _ = ix.State(addrs[1])
-			time.Sleep(time.Millisecond)
-		}
-	})
-	time.Sleep(500 * time.Millisecond)
+	// The membership churn sets the length of the run: a count of cycles,
+	// not a duration, so that a slow machine does as much work as a fast one.
+	for range 200 {
+		ix.RemoveEndpoint(addrs[0])
+		time.Sleep(time.Millisecond)
+		ix.AddEndpoint(addrs[0])
+		clk.Advance(20 * time.Millisecond)
+		ix.Expire()
+		_, _ = ix.State(addrs[1])
+		time.Sleep(time.Millisecond)
+	}
 	cancel()
 	wg.Wait()
 	close(errs)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
+	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
@@ -57,7 +58,7 @@ func startBus(t *testing.T, namespace, pool string, e *epp) *bus {
 			t.Errorf("consumer Run: %v", err)
 		}
 	})
-	eventually(t, "the consumer to subscribe", c.Connected)
+	testkit.WaitFor(t, "the consumer to subscribe", c.Connected)
 	return b
 }
 
@@ -88,7 +89,7 @@ func (b *bus) drain(n int) {
 	if err := b.nc.Flush(); err != nil {
 		b.t.Fatalf("flush: %v", err)
 	}
-	eventually(b.t, "the consumer to take every batch", func() bool {
-		return gauge(b.t, b.reg, "kvroute_events_batches_total") >= float64(n)
+	testkit.WaitFor(b.t, "the consumer to take every batch", func() bool {
+		return testkit.Value(b.t, b.reg, "kvroute_events_batches_total") >= float64(n)
 	})
 }

@@ -8,15 +8,16 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // epp is the part of an EPP that discovery feeds: a datastore whose
@@ -49,7 +50,7 @@ func startEPP(t *testing.T, cl *cluster, opts Options) *epp {
 	opts.Namespace = cl.ns
 	opts.Registerer = e.reg
 	opts.Logger = slog.New(slog.DiscardHandler)
-	d, err := New(apiServer.cfg, e.ds, opts)
+	d, err := New(apiServer.Config, e.ds, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -87,7 +88,7 @@ func (e *epp) endpoints() map[string]string {
 func (e *epp) waitEndpoints(want map[string]string) {
 	e.t.Helper()
 	var got map[string]string
-	eventually(e.t, fmt.Sprintf("endpoints %v", want), func() bool {
+	testkit.WaitFor(e.t, fmt.Sprintf("endpoints %v", want), func() bool {
 		got = e.endpoints()
 		return maps.Equal(got, want)
 	})
@@ -123,35 +124,7 @@ func (e *epp) held(addr string, tokens []uint32) int {
 
 // holdings is the index's total (block, endpoint) holdings, from its metrics.
 func (e *epp) holdings() float64 {
-	return gauge(e.t, e.reg, "kvroute_index_holdings")
-}
-
-func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += value(m)
-		}
-	}
-	return sum
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	}
-	return 0
+	return testkit.Value(e.t, e.reg, "kvroute_index_holdings")
 }
 
 var vllm = map[string]string{"app": "vllm"}
@@ -165,8 +138,11 @@ func TestPoolCreatedMakesOneEndpointPerReadyPodAndPort(t *testing.T) {
 	cl.pod("other-app", "10.0.0.4", true, map[string]string{"app": "other"})
 	e := startEPP(t, cl, Options{PoolName: "pool", Model: "fallback"})
 
-	// No pool yet: nothing to route to, and not ready.
-	time.Sleep(200 * time.Millisecond)
+	// No pool yet: once discovery has seen every pod, there is still
+	// nothing to route to, and it is not ready.
+	testkit.WaitFor(t, "every pod reconciled", func() bool {
+		return testkit.Value(t, e.reg, "kvroute_k8s_reconciles_total", "kind", "pod", "result", "ok") >= 4
+	})
 	if e.disc.Synced() || e.ds.Len() != 0 {
 		t.Fatalf("before the pool exists: synced=%t endpoints=%v", e.disc.Synced(), e.endpoints())
 	}
@@ -175,7 +151,7 @@ func TestPoolCreatedMakesOneEndpointPerReadyPodAndPort(t *testing.T) {
 		"ready-a-rank-0": "10.0.0.1:8000", "ready-a-rank-1": "10.0.0.1:8001",
 		"ready-b-rank-0": "10.0.0.2:8000", "ready-b-rank-1": "10.0.0.2:8001",
 	})
-	eventually(t, "synced", e.disc.Synced)
+	testkit.WaitFor(t, "synced", e.disc.Synced)
 	ep, _ := e.ds.Get("ready-a-rank-1")
 	if ep.Pod != "ready-a" || ep.Namespace != cl.ns || ep.Model != "org/model-a" || ep.Labels["app"] != "vllm" {
 		t.Errorf("endpoint = %+v, want pod ready-a in %s serving org/model-a with its labels", ep, cl.ns)
@@ -185,10 +161,10 @@ func TestPoolCreatedMakesOneEndpointPerReadyPodAndPort(t *testing.T) {
 		!slices.Equal(info.TargetPorts, []int32{8000, 8001}) {
 		t.Errorf("Pool() = %+v, %t; want http, epp:9002, FailClose, ports 8000 and 8001", info, ok)
 	}
-	if got := gauge(t, e.reg, "kvroute_k8s_synced"); got != 1 {
+	if got := testkit.Value(t, e.reg, "kvroute_k8s_synced"); got != 1 {
 		t.Errorf("kvroute_k8s_synced = %v, want 1", got)
 	}
-	if got := gauge(t, e.reg, "kvroute_k8s_pods"); got != 2 {
+	if got := testkit.Value(t, e.reg, "kvroute_k8s_pods"); got != 2 {
 		t.Errorf("kvroute_k8s_pods = %v, want 2", got)
 	}
 
@@ -258,28 +234,30 @@ func TestDeletedPodWithEventsInFlightIsNotReAdded(t *testing.T) {
 	for range 20 {
 		publish("doomed", "10.0.2.1:8000")
 	}
-	eventually(t, "the doomed pod's first batches applied", func() bool { return e.holdings() > 0 })
+	testkit.WaitFor(t, "the doomed pod's first batches applied", func() bool { return e.holdings() > 0 })
 
 	// Delete while a publisher keeps the pod's batches flowing.
 	stop := make(chan struct{})
 	flowing := make(chan int)
+	var sent atomic.Int64
 	go func() {
-		n := 0
-		defer func() { flowing <- n }()
+		defer func() { flowing <- int(sent.Load()) }()
 		for {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			n++
+			n := sent.Add(1)
 			bus.publish("doomed", "10.0.2.1:8000", uint64(1000+n))
 			time.Sleep(time.Millisecond)
 		}
 	}()
 	cl.delete(doomed)
 	e.waitEndpoints(map[string]string{"stays": "10.0.2.2:8000"})
-	time.Sleep(100 * time.Millisecond)
+	// Twenty more batches after the endpoint left, all of them late.
+	after := sent.Load()
+	testkit.WaitFor(t, "late batches to be published", func() bool { return sent.Load() >= after+20 })
 	close(stop)
 	late := <-flowing
 	bus.drain(published + late)
@@ -293,7 +271,7 @@ func TestDeletedPodWithEventsInFlightIsNotReAdded(t *testing.T) {
 	if got := e.holdings(); got != 0 {
 		t.Errorf("after late events: %v holdings remain, want 0", got)
 	}
-	if got := gauge(t, e.reg, "kvroute_index_endpoints"); got != 1 {
+	if got := testkit.Value(t, e.reg, "kvroute_index_endpoints"); got != 1 {
 		t.Errorf("index endpoints = %v, want 1", got)
 	}
 }
@@ -359,7 +337,7 @@ func TestRestartRebuildsStateFromTheAPIServer(t *testing.T) {
 	cl.pod("c", "10.0.5.3", true, vllm)
 	second := startEPP(t, cl, Options{PoolName: "pool"})
 	second.waitEndpoints(map[string]string{"a": "10.0.5.1:8000", "c": "10.0.5.3:8000"})
-	eventually(t, "the restarted EPP synced", second.disc.Synced)
+	testkit.WaitFor(t, "the restarted EPP synced", second.disc.Synced)
 }
 
 func TestStandaloneModeSelectsPodsWithoutTheCRD(t *testing.T) {
@@ -374,7 +352,7 @@ func TestStandaloneModeSelectsPodsWithoutTheCRD(t *testing.T) {
 	}
 	e := startEPP(t, cl, Options{Selector: sel, TargetPorts: []int32{8000}})
 	e.waitEndpoints(map[string]string{"a": "10.0.6.1:8000", "b": "[fd00::6:2]:8000"})
-	eventually(t, "synced", e.disc.Synced)
+	testkit.WaitFor(t, "synced", e.disc.Synced)
 	cl.pod("d", "10.0.6.4", true, vllm)
 	e.waitEndpoints(map[string]string{"a": "10.0.6.1:8000", "b": "[fd00::6:2]:8000", "d": "10.0.6.4:8000"})
 }
@@ -401,7 +379,7 @@ func TestLeaderElectionElectsOneReplicaAndAllServe(t *testing.T) {
 	want := map[string]string{"a": "10.0.7.1:8000"}
 	r1.waitEndpoints(want)
 	r2.waitEndpoints(want)
-	eventually(t, "a leader", func() bool { return r1.disc.Leader() || r2.disc.Leader() })
+	testkit.WaitFor(t, "a leader", func() bool { return r1.disc.Leader() || r2.disc.Leader() })
 	if r1.disc.Leader() && r2.disc.Leader() {
 		t.Fatal("both replicas lead")
 	}
@@ -417,7 +395,7 @@ func TestLeaderElectionElectsOneReplicaAndAllServe(t *testing.T) {
 	// The leader steps down on shutdown; the other takes over and keeps
 	// serving throughout.
 	leader.stop()
-	eventually(t, "the follower to take over", follower.disc.Leader)
+	testkit.WaitFor(t, "the follower to take over", follower.disc.Leader)
 	if got := follower.endpoints(); !maps.Equal(got, want) {
 		t.Errorf("follower endpoints %v, want %v", got, want)
 	}
@@ -444,7 +422,7 @@ func TestNewRejectsOptionsThatCannotWork(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := apiServer.cfg
+			cfg := apiServer.Config
 			if cfg == nil {
 				cfg = &restConfigForValidation
 			}

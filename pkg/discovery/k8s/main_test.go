@@ -2,7 +2,6 @@ package k8s
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -10,17 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/kvroute/kvroute/pkg/testkit/apiserver"
 )
 
 // waitLimit bounds every wait in these tests. It guards against hangs; it
@@ -30,50 +27,9 @@ const waitLimit = 60 * time.Second
 
 // apiServer is the envtest API server shared by the package's tests; each
 // test works in a namespace of its own.
-var apiServer struct {
-	cfg  *rest.Config
-	skip string
-}
+var apiServer apiserver.Server
 
-func TestMain(m *testing.M) { os.Exit(runTests(m)) }
-
-func runTests(m *testing.M) int {
-	ctrllog.SetLogger(logr.Discard())
-	klog.SetLogger(logr.Discard())
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	flag.Parse()
-	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
-		// Fuzzing runs only the parsers' fuzz targets, in several worker
-		// processes: none needs an API server, and one per worker would
-		// only slow the fuzzer's start.
-		apiServer.skip = "fuzzing: no API server"
-		return m.Run()
-	}
-	if assets == "" {
-		apiServer.skip = "KUBEBUILDER_ASSETS is unset: run `export KUBEBUILDER_ASSETS=\"$(scripts/envtest-assets.sh)\"` to test against a real API server"
-		return m.Run()
-	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{"../../../deploy/crds"},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		// Set but broken is a failure, never a skip: CI sets it on purpose.
-		fmt.Fprintf(os.Stderr, "envtest: KUBEBUILDER_ASSETS=%q is set but the API server did not start: %v\n", assets, err)
-		return 1
-	}
-	apiServer.cfg = cfg
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "envtest: stop: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
+func TestMain(m *testing.M) { os.Exit(apiServer.Main(m, "../../../deploy/crds")) }
 
 // cluster is a test's view of the API server: a client and a namespace of
 // its own.
@@ -87,9 +43,7 @@ var nsSeq atomic.Int64
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	if apiServer.cfg == nil {
-		t.Skip(apiServer.skip)
-	}
+	apiServer.Require(t)
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -97,7 +51,7 @@ func newCluster(t *testing.T) *cluster {
 	if err := inferencev1.Install(scheme); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(apiServer.cfg, client.Options{Scheme: scheme})
+	c, err := client.New(apiServer.Config, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatalf("client: %v", err)
 	}
@@ -188,17 +142,6 @@ func (cl *cluster) delete(o client.Object) {
 }
 
 // eventually polls cond until it holds or waitLimit passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // restConfigForValidation is never dialled: options are checked first.
 var restConfigForValidation = rest.Config{Host: "https://127.0.0.1:1"}
 

@@ -2,10 +2,10 @@ package recovery_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // The fault tests run the whole event path on loopback: simulated engines
@@ -29,10 +29,10 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				return w.newStack(stackOptions{})
 			},
 			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
-				if got := counter(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got < float64(len(w.slots)) {
+				if got := testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got < float64(len(w.slots)) {
 					t.Errorf("resyncs ok = %v, want one per endpoint at least", got)
 				}
-				if got := counter(t, st.reg, "kvroute_events_batches_total", "result", "applied"); got != 0 {
+				if got := testkit.Value(t, st.reg, "kvroute_events_batches_total", "result", "applied"); got != 0 {
 					t.Errorf("the new EPP applied %v live batches; the test wants snapshots alone", got)
 				}
 			},
@@ -45,10 +45,10 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				return st
 			},
 			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
-				if got := counter(t, st.reg, "kvroute_events_uncertain_total", "reason", "reconnect"); got == 0 {
+				if got := testkit.Value(t, st.reg, "kvroute_events_uncertain_total", "reason", "reconnect"); got == 0 {
 					t.Error("no stream was reported uncertain after the reconnect")
 				}
-				if got := counter(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got-okBefore < float64(len(w.slots)) {
+				if got := testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got-okBefore < float64(len(w.slots)) {
 					t.Errorf("resyncs ok after the reconnect = %v, want one per endpoint at least", got-okBefore)
 				}
 			},
@@ -63,10 +63,10 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				return st
 			},
 			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
-				if got := counter(t, w.slots[0].relayReg, "kvroute_relay_gaps_filled_total"); got == 0 {
+				if got := testkit.Value(t, w.slots[0].relayReg, "kvroute_relay_gaps_filled_total"); got == 0 {
 					t.Error("the restarted relay did not fill the engine's history from its replay ring")
 				}
-				if got := counter(t, st.reg, "kvroute_events_engine_restarts_total"); got == 0 {
+				if got := testkit.Value(t, st.reg, "kvroute_events_engine_restarts_total"); got == 0 {
 					t.Error("the relay's new instance was not seen as a restart of the stream")
 				}
 			},
@@ -79,13 +79,13 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				// one; until then the new engine's batches are lost to it,
 				// and it learns of the restart from the first it receives.
 				w.serveUntil(func() bool {
-					return counter(t, w.slots[1].relayReg, "kvroute_relay_engine_restarts_total") > 0
+					return testkit.Value(t, w.slots[1].relayReg, "kvroute_relay_engine_restarts_total") > 0
 				})
 				w.serve(60)
 				return st
 			},
 			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
-				if got := counter(t, st.reg, "kvroute_events_engine_restarts_total"); got == 0 {
+				if got := testkit.Value(t, st.reg, "kvroute_events_engine_restarts_total"); got == 0 {
 					t.Error("the engine restart was not seen")
 				}
 			},
@@ -97,7 +97,7 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 			st := w.newStack(stackOptions{})
 			w.serve(120)
 			w.converge(st)
-			okBefore := counter(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok")
+			okBefore := testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok")
 			st = tt.fault(t, w, st)
 			w.converge(st)
 			if w.heldTotal() == 0 {
@@ -129,10 +129,10 @@ func TestDroppedBatchesAreHealedAndReplicasConverge(t *testing.T) {
 		t.Fatal("the proxy dropped nothing")
 	}
 	for name, st := range map[string]*stack{"a": a, "b": b} {
-		if got := counter(t, st.reg, "kvroute_events_gaps_total"); got == 0 {
+		if got := testkit.Value(t, st.reg, "kvroute_events_gaps_total"); got == 0 {
 			t.Errorf("replica %s saw no gap", name)
 		}
-		if got := counter(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got <= float64(len(w.slots)) {
+		if got := testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got <= float64(len(w.slots)) {
 			t.Errorf("replica %s: resyncs ok = %v, want more than the start's", name, got)
 		}
 	}
@@ -154,7 +154,7 @@ func TestSlowConsumerOverrunIsHealed(t *testing.T) {
 	}
 	w.serve(30)
 	w.converge(st)
-	if got := counter(t, st.reg, "kvroute_events_uncertain_total", "reason", "slow_consumer"); got == 0 {
+	if got := testkit.Value(t, st.reg, "kvroute_events_uncertain_total", "reason", "slow_consumer"); got == 0 {
 		t.Error("no slow consumer was reported")
 	}
 }
@@ -175,13 +175,9 @@ func TestEndpointWithoutRelayStaysUncertainAndIsRetried(t *testing.T) {
 	w.converge(st)
 	// Joining asks once; a stream found uncertain is retried until it heals.
 	st.rec.Uncertain(events.Stream{Endpoint: orphan}, events.ReasonReconnect)
-	deadline := time.Now().Add(waitLimit)
-	for counter(t, st.reg, "kvroute_recovery_resyncs_total", "result", "no_responders") < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the endpoint without a relay was not retried")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the endpoint without a relay to be retried", func() bool {
+		return testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "no_responders") >= 3
+	})
 	if state, _ := st.ix.State(orphan); state.String() != "uncertain" {
 		t.Errorf("endpoint without a relay is %s, want uncertain", state)
 	}
@@ -201,12 +197,8 @@ func TestJetStreamReplaysToARestartedEPPAndSurvivesAServerRestart(t *testing.T) 
 	// A new EPP replays what the stream retained; its join snapshots may
 	// make it exact first, and the replayed batches are then duplicates.
 	again := w.newStack(stackOptions{})
-	deadline := time.Now().Add(waitLimit)
-	for counter(t, again.reg, "kvroute_events_batches_total", "result", "applied") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the restarted EPP replayed nothing from the stream")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the restarted EPP to replay the stream", func() bool {
+		return testkit.Value(t, again.reg, "kvroute_events_batches_total", "result", "applied") > 0
+	})
 	w.converge(again)
 }

@@ -233,7 +233,7 @@ func TestHeldBatchesFollowTheSnapshotInOrder(t *testing.T) {
 	for i := 26; i < 40; i++ {
 		u.rec.Apply(tape.origin("inst-a", i), tape.batches[i])
 	}
-	if got := counter(t, u.reg, "kvroute_recovery_buffered_batches"); got != 14 {
+	if got := testkit.Value(t, u.reg, "kvroute_recovery_buffered_batches"); got != 14 {
 		t.Errorf("buffered batches = %v while the snapshot is awaited, want 14", got)
 	}
 	if s, _ := u.ix.State(unitAddr); s != datalayer.StreamUncertain {
@@ -244,13 +244,13 @@ func TestHeldBatchesFollowTheSnapshotInOrder(t *testing.T) {
 	if d := tape.diff(u.ix, tape.reference(39)); d != "" {
 		t.Fatal(d)
 	}
-	if got := counter(t, u.reg, "kvroute_recovery_buffered_batches"); got != 0 {
+	if got := testkit.Value(t, u.reg, "kvroute_recovery_buffered_batches"); got != 0 {
 		t.Errorf("buffered batches = %v after the install, want 0", got)
 	}
-	if got := counter(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
+	if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
 		t.Errorf("resyncs ok = %v, want 1", got)
 	}
-	if got := counter(t, u.reg, "kvroute_recovery_snapshot_blocks"); got != 1 {
+	if got := float64(testkit.HistCount(t, u.reg, "kvroute_recovery_snapshot_blocks")); got != 1 {
 		t.Errorf("snapshot_blocks observations = %v, want 1", got)
 	}
 }
@@ -311,12 +311,12 @@ func TestFailedResyncsLeaveTheStreamUncertain(t *testing.T) {
 			u.run(t)
 			u.rec.Uncertain(unitStream, events.ReasonReconnect)
 			testkit.WaitFor(t, tt.result+" twice", func() bool {
-				return counter(t, u.reg, "kvroute_recovery_resyncs_total", "result", tt.result) >= 2
+				return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", tt.result) >= 2
 			})
 			if s, _ := u.ix.State(unitAddr); s != datalayer.StreamUncertain {
 				t.Errorf("state = %s, want uncertain", s)
 			}
-			if got := counter(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got != 0 {
+			if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got != 0 {
 				t.Errorf("resyncs ok = %v, want 0", got)
 			}
 		})
@@ -340,7 +340,7 @@ func TestHeldBatchesPastTheBoundRestartTheResync(t *testing.T) {
 	for i := 1; i < 20; i++ {
 		u.rec.Apply(tape.origin("inst-a", i), tape.batches[i])
 	}
-	if got := counter(t, u.reg, "kvroute_recovery_resyncs_total", "result", "overflow"); got != 1 {
+	if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "overflow"); got != 1 {
 		t.Errorf("overflow = %v, want 1", got)
 	}
 	close(release)
@@ -367,7 +367,7 @@ func TestARestartDuringAResyncAbandonsIt(t *testing.T) {
 	u.rec.Apply(tape.origin("inst-b", 0), tape.batches[0])
 	close(release)
 	testkit.WaitFor(t, "the abandoned resync", func() bool {
-		return counter(t, u.reg, "kvroute_recovery_resyncs_total", "result", "aborted") == 1
+		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "aborted") == 1
 	})
 	if d := tape.diff(u.ix, tape.reference(0)); d != "" {
 		t.Fatal(d)
@@ -413,7 +413,7 @@ func TestRunStopsWithAResyncInFlight(t *testing.T) {
 	u.rec.AddEndpoint(unitAddr)
 	<-resp.requests
 	stop()
-	if got := counter(t, u.reg, "kvroute_recovery_in_flight"); got != 0 {
+	if got := testkit.Value(t, u.reg, "kvroute_recovery_in_flight"); got != 0 {
 		t.Errorf("in flight after Run returned = %v, want 0", got)
 	}
 }
@@ -464,7 +464,7 @@ func TestAJoinRefusedByARelayWithNothingYetIsAskedAgain(t *testing.T) {
 	if d := tape.diff(u.ix, tape.reference(11)); d != "" {
 		t.Fatal(d)
 	}
-	if got := counter(t, u.reg, "kvroute_recovery_resyncs_total", "result", "refused"); got != 1 {
+	if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "refused"); got != 1 {
 		t.Errorf("resyncs refused = %v, want 1", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/ingest/relay"
+	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsauth"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
@@ -77,7 +78,7 @@ func TestAuthorizationConfinesEachRelayToItsPodAndTheEPPStillWorks(t *testing.T)
 	eppErrs := make(chan error, 4)
 	st := w.newStack(stackOptions{natsOpts: []nats.Option{nats.UserInfo("epp", "epp-pw")}, errs: eppErrs})
 	w.converge(st)
-	if got := counter(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got < 2 {
+	if got := testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got < 2 {
 		t.Fatalf("resyncs ok = %v, want one per relay", got)
 	}
 
@@ -118,14 +119,10 @@ func TestAuthorizationConfinesEachRelayToItsPodAndTheEPPStillWorks(t *testing.T)
 	if err := pub.Publish(events.Origin{Stream: events.Stream{Endpoint: stranger}, Pod: "vllm-0", Model: testModel, Seq: 0}, stored); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(waitLimit)
-	for counter(t, st.reg, "kvroute_index_events_dropped_total", "reason", "unknown_endpoint") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the non-member's batch never reached the index")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if got := counter(t, st.reg, "kvroute_index_events_applied_total", "kind", "AllBlocksCleared"); got != 0 {
+	testkit.WaitFor(t, "the non-member's batch to reach the index", func() bool {
+		return testkit.Value(t, st.reg, "kvroute_index_events_dropped_total", "reason", "unknown_endpoint") > 0
+	})
+	if got := testkit.Value(t, st.reg, "kvroute_index_events_applied_total", "kind", "AllBlocksCleared"); got != 0 {
 		t.Fatalf("the refused AllBlocksCleared was applied %v times", got)
 	}
 	if m := w.mismatch(st); m != "" {

@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
@@ -28,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
@@ -227,13 +227,7 @@ func (w *world) startRelay(s *slot) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.relayCancel, s.relayNC, s.relayDone = cancel, nc, make(chan error, 1)
 	go func() { s.relayDone <- r.Run(ctx) }()
-	deadline := time.Now().Add(waitLimit)
-	for !r.Ready() {
-		if time.Now().After(deadline) {
-			w.t.Fatal("relay never became ready")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(w.t, "the relay to be ready", r.Ready)
 }
 
 func (w *world) stopRelay(s *slot) {
@@ -380,13 +374,7 @@ func (w *world) newStack(o stackOptions) *stack {
 		defer st.done.Done()
 		_ = st.rec.Run(ctx)
 	}()
-	deadline := time.Now().Add(waitLimit)
-	for !st.consumer.Connected() {
-		if time.Now().After(deadline) {
-			w.t.Fatal("consumer never connected")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(w.t, "the consumer to connect", st.consumer.Connected)
 	w.t.Cleanup(st.stop)
 	return st
 }
@@ -455,44 +443,6 @@ func (w *world) heldTotal() int {
 	}
 	return n
 }
-
-func counter(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue metric
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				return m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				return m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return 0
-}
-
-var _ = testutil.ToFloat64
 
 // dropProxy is a TCP proxy between NATS clients and the server that drops
 // a share of the clients' publishes on kv.events subjects, as a lossy path

@@ -140,13 +140,9 @@ func newEngine(t testing.TB, ctx context.Context) *engine {
 // publisher, before which a PUB drops everything.
 func (e *engine) waitSubscribed(t testing.TB) {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for len(e.pub.(zmq4.Topics).Topics()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no subscriber reached the engine's publisher")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "a subscriber to reach the engine's publisher", func() bool {
+		return len(e.pub.(zmq4.Topics).Topics()) > 0
+	})
 }
 
 // send publishes payload as batch seq; publish false only keeps it for replay.

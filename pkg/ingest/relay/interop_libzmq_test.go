@@ -34,7 +34,10 @@ func TestRelayTakesBatchesFromLibzmq(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer zctx.Term()
-			pub, err := zctx.NewSocket(zmq.PUB)
+			// XPUB sends exactly as vLLM's PUB does, and also hands the test
+			// the subscription when it arrives, so that nothing is sent
+			// before anyone listens (a PUB drops it, silently).
+			pub, err := zctx.NewSocket(zmq.XPUB)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,10 +66,12 @@ func TestRelayTakesBatchesFromLibzmq(t *testing.T) {
 				}
 			}
 			testkit.WaitFor(t, "the relay's socket", r.Ready)
-			// A PUB socket cannot tell when a subscription has reached it,
-			// and drops whatever it sends before; vLLM's publisher has the
-			// same blind spot. Give the subscription time to arrive.
-			time.Sleep(time.Second)
+			if err := pub.SetRcvtimeo(testkit.WaitLimit); err != nil {
+				t.Fatal(err)
+			}
+			if sub, err := pub.RecvBytes(0); err != nil || len(sub) == 0 || sub[0] != 1 {
+				t.Fatalf("the relay's subscription never reached the publisher: %q, %v", sub, err)
+			}
 
 			bm := newBatchMaker(11, 16, 32)
 			payloads := map[uint64][]byte{}

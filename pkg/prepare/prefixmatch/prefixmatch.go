@@ -98,6 +98,9 @@ func New(name string, p Params, index Index, approx Approx) *Producer {
 	return &Producer{name: name, params: p, index: index, approx: approx}
 }
 
+// Params are the producer's parameters, defaults filled in.
+func (p *Producer) Params() Params { return p.params }
+
 // TypedName implements plugin.Plugin.
 func (p *Producer) TypedName() plugin.TypedName { return plugin.TypedName{Type: Type, Name: p.name} }
 

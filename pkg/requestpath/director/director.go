@@ -80,6 +80,10 @@ type Pick struct {
 	Start      time.Time
 }
 
+// DefaultPrepareDataTimeout bounds PrepareData when Options leave it zero:
+// upstream's 400ms.
+const DefaultPrepareDataTimeout = 400 * time.Millisecond
+
 // Options wire a Director.
 type Options struct {
 	Datastore *datalayer.Datastore
@@ -111,7 +115,7 @@ func New(o Options) (*Director, error) {
 		return nil, errors.New("director needs a datastore and a scheduler")
 	}
 	if o.PrepareDataTimeout <= 0 {
-		o.PrepareDataTimeout = 400 * time.Millisecond
+		o.PrepareDataTimeout = DefaultPrepareDataTimeout
 	}
 	if o.TokenizeTimeout <= 0 {
 		o.TokenizeTimeout = 200 * time.Millisecond

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -152,7 +150,7 @@ func TestPicksFollowTheCacheEndToEnd(t *testing.T) {
 		})
 	}
 	// Every routed request was accounted once with its usage.
-	if n := histCount(t, f.Metrics, "inference_objective_input_tokens"); n != 18 {
+	if n := testkit.HistCount(t, f.Metrics, "inference_objective_input_tokens"); n != 18 {
 		t.Errorf("responses accounted with usage = %d, want 18", n)
 	}
 }
@@ -360,10 +358,10 @@ func TestSSEResponsesPassThroughAndAreAccounted(t *testing.T) {
 	if res.ResponseChunks != 9 || !strings.HasSuffix(string(res.ResponseBody), "data: [DONE]\n\n") {
 		t.Errorf("response passed back in %d chunks as %q", res.ResponseChunks, res.ResponseBody)
 	}
-	if got := histSum(t, f.Metrics, "inference_objective_prompt_cached_tokens"); got != 16 {
+	if got := testkit.HistSum(t, f.Metrics, "inference_objective_prompt_cached_tokens"); got != 16 {
 		t.Errorf("cached tokens accounted = %v, want 16 from the SSE usage", got)
 	}
-	if got := value(t, reg, "kvroute_extproc_response_body_bytes_total"); got != float64(len(res.ResponseBody)) {
+	if got := testkit.Value(t, reg, "kvroute_extproc_response_body_bytes_total"); got != float64(len(res.ResponseBody)) {
 		t.Errorf("response bytes counted = %v, want %d", got, len(res.ResponseBody))
 	}
 }
@@ -376,8 +374,8 @@ func TestCancelledStreamsLeakNothingAndAreAccountedOnce(t *testing.T) {
 	if _, err := c.Do(context.Background(), envoy.Request{Path: "/v1/completions", Body: body}, nil); err != nil {
 		t.Fatal(err)
 	}
-	before := settledGoroutines(0)
-	picksBefore := histCount(t, f.Metrics, "inference_objective_request_duration_seconds")
+	before := testkit.SettledGoroutines(0)
+	picksBefore := testkit.HistCount(t, f.Metrics, "inference_objective_request_duration_seconds")
 
 	const n = 40
 	for i := range n {
@@ -409,13 +407,13 @@ func TestCancelledStreamsLeakNothingAndAreAccountedOnce(t *testing.T) {
 		cancel()
 	}
 	testkit.WaitFor(t, "every stream to end", func() bool {
-		return value(t, reg, "kvroute_extproc_active_streams") == 0
+		return testkit.Value(t, reg, "kvroute_extproc_active_streams") == 0
 	})
-	if after := settledGoroutines(before); after > before {
+	if after := testkit.SettledGoroutines(before); after > before {
 		t.Errorf("goroutines: %d before, %d after %d cancelled streams", before, after, n)
 	}
 	// Each of the n/2 streams that were picked was accounted exactly once.
-	if got := histCount(t, f.Metrics, "inference_objective_request_duration_seconds") - picksBefore; got != n/2 {
+	if got := testkit.HistCount(t, f.Metrics, "inference_objective_request_duration_seconds") - picksBefore; got != n/2 {
 		t.Errorf("responses accounted = %d, want %d", got, n/2)
 	}
 }
@@ -427,69 +425,6 @@ func hasHeader(hs []*corev3.HeaderValueOption, k, v string) bool {
 		}
 	}
 	return false
-}
-
-// settledGoroutines waits for the goroutine count to fall to target (or
-// stop falling) and returns it.
-func settledGoroutines(target int) int {
-	n := runtime.NumGoroutine()
-	for range 100 {
-		if target > 0 && n <= target {
-			return n
-		}
-		time.Sleep(20 * time.Millisecond)
-		m := runtime.NumGoroutine()
-		if target == 0 && m == n {
-			return n
-		}
-		n = m
-	}
-	return n
-}
-
-func family(t testing.TB, g prometheus.Gatherer, name string) *dto.MetricFamily {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf
-		}
-	}
-	return nil
-}
-
-func histCount(t testing.TB, g prometheus.Gatherer, name string) int {
-	var n uint64
-	if mf := family(t, g, name); mf != nil {
-		for _, m := range mf.GetMetric() {
-			n += m.GetHistogram().GetSampleCount()
-		}
-	}
-	return int(n)
-}
-
-func histSum(t testing.TB, g prometheus.Gatherer, name string) float64 {
-	var s float64
-	if mf := family(t, g, name); mf != nil {
-		for _, m := range mf.GetMetric() {
-			s += m.GetHistogram().GetSampleSum()
-		}
-	}
-	return s
-}
-
-// value sums a counter's or gauge's series.
-func value(t testing.TB, g prometheus.Gatherer, name string) float64 {
-	var v float64
-	if mf := family(t, g, name); mf != nil {
-		for _, m := range mf.GetMetric() {
-			v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return v
 }
 
 func headersOnly(path string) *extprocv3.ProcessingRequest {

@@ -28,7 +28,8 @@ func plainDirector(t testing.TB, n int) *director.Director {
 	for i := range n {
 		ds.Upsert(&datalayer.Endpoint{Name: "pod-" + string(rune('a'+i)), Address: "10.0.0." + string(rune('1'+i)) + ":8000", Model: "m"})
 	}
-	l, err := config.NewInTreeRegistry().Load(nil, nil)
+	// A load scorer alone: the protocol, not the routing, is under test.
+	l, err := config.NewInTreeRegistry().Load([]byte("plugins:\n- type: queue-scorer\n"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

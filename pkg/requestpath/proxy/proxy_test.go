@@ -6,13 +6,11 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/testkit"
@@ -115,7 +113,7 @@ func TestCompletionsAreForwardedAndFollowTheCache(t *testing.T) {
 	// Usage is accounted once the response is copied through, which may be
 	// after the client has read its last byte.
 	testkit.WaitFor(t, "6 responses accounted with usage", func() bool {
-		return histCount(t, f.Metrics, "inference_objective_input_tokens") == 6
+		return testkit.HistCount(t, f.Metrics, "inference_objective_input_tokens") == 6
 	})
 }
 
@@ -151,7 +149,7 @@ func TestSSEStreamsThroughEventByEvent(t *testing.T) {
 		t.Fatalf("rest of the stream %q", rest)
 	}
 	testkit.WaitFor(t, "the stream's usage to be accounted", func() bool {
-		return histSum(t, f.Metrics, "inference_objective_input_tokens") == 16
+		return testkit.HistSum(t, f.Metrics, "inference_objective_input_tokens") == 16
 	})
 }
 
@@ -204,11 +202,11 @@ func TestModelServerErrorsPassThrough(t *testing.T) {
 	}
 	// A request is accounted after its response is written; the handler
 	// has done so once it is no longer active.
-	testkit.WaitFor(t, "every request to end", func() bool { return value(t, reg, "kvroute_proxy_active_requests") == 0 })
-	if got := value(t, reg, "kvroute_proxy_requests_total"); got != 3 {
+	testkit.WaitFor(t, "every request to end", func() bool { return testkit.Value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	if got := testkit.Value(t, reg, "kvroute_proxy_requests_total"); got != 3 {
 		t.Errorf("requests counted = %v, want 3", got)
 	}
-	if got := counterWithLabel(t, f.Metrics, "inference_objective_request_error_total", "error_code", "503"); got != 1 {
+	if got := testkit.Value(t, f.Metrics, "inference_objective_request_error_total", "error_code", "503"); got != 1 {
 		t.Errorf("503s accounted by the director = %v, want 1", got)
 	}
 }
@@ -235,7 +233,7 @@ func TestAFallbackServesWhenThePrimaryRefusesConnections(t *testing.T) {
 	if resp.StatusCode != 200 || served == holder || served == "" {
 		t.Fatalf("got %d from %q (%s); want 200 from the live endpoint", resp.StatusCode, served, got)
 	}
-	if value(t, reg, "kvroute_proxy_fallbacks_total") < 1 {
+	if testkit.Value(t, reg, "kvroute_proxy_fallbacks_total") < 1 {
 		t.Error("no fallback was counted")
 	}
 	// With every pick down, the client gets a 502 naming the failures.
@@ -253,8 +251,8 @@ func TestAClientThatLeavesMidStreamLeaksNothing(t *testing.T) {
 	f := fleet.Start(t, fleet.Options{NoTokenizer: true})
 	base, reg := startProxy(t, f.Director, proxy.Options{})
 	post(t, base+"/v1/completions", completion(1, 8, false)) // warm the connection pools
-	before := settledGoroutines(0)
-	accounted := histCount(t, f.Metrics, "inference_objective_request_duration_seconds")
+	before := testkit.SettledGoroutines(0)
+	accounted := testkit.HistCount(t, f.Metrics, "inference_objective_request_duration_seconds")
 
 	gate := make(chan struct{})
 	defer close(gate)
@@ -275,15 +273,15 @@ func TestAClientThatLeavesMidStreamLeaksNothing(t *testing.T) {
 		cancel()
 		resp.Body.Close()
 	}
-	testkit.WaitFor(t, "every request to end", func() bool { return value(t, reg, "kvroute_proxy_active_requests") == 0 })
-	if got := histCount(t, f.Metrics, "inference_objective_request_duration_seconds") - accounted; got != n {
+	testkit.WaitFor(t, "every request to end", func() bool { return testkit.Value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	if got := testkit.HistCount(t, f.Metrics, "inference_objective_request_duration_seconds") - accounted; got != n {
 		t.Errorf("responses accounted = %d, want %d", got, n)
 	}
 	for _, s := range f.Servers {
 		s.SetGate(nil)
 	}
 	http.DefaultClient.CloseIdleConnections()
-	if after := settledGoroutines(before); after > before {
+	if after := testkit.SettledGoroutines(before); after > before {
 		t.Errorf("goroutines: %d before, %d after %d abandoned streams", before, after, n)
 	}
 }
@@ -307,78 +305,4 @@ func checkError(t *testing.T, resp *http.Response, status int, reason string) {
 	if e.Error.Code != status || e.Error.Type == "" || !strings.Contains(e.Error.Message, reason) {
 		t.Errorf("error body %s: want code %d, a type, and a message mentioning %q", b, status, reason)
 	}
-}
-
-func settledGoroutines(target int) int {
-	n := runtime.NumGoroutine()
-	for range 100 {
-		if target > 0 && n <= target {
-			return n
-		}
-		time.Sleep(20 * time.Millisecond)
-		m := runtime.NumGoroutine()
-		if target == 0 && m == n {
-			return n
-		}
-		n = m
-	}
-	return n
-}
-
-func family(t testing.TB, g prometheus.Gatherer, name string) *dto.MetricFamily {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf
-		}
-	}
-	return nil
-}
-
-func histCount(t testing.TB, g prometheus.Gatherer, name string) int {
-	var n uint64
-	if mf := family(t, g, name); mf != nil {
-		for _, m := range mf.GetMetric() {
-			n += m.GetHistogram().GetSampleCount()
-		}
-	}
-	return int(n)
-}
-
-func histSum(t testing.TB, g prometheus.Gatherer, name string) float64 {
-	var s float64
-	if mf := family(t, g, name); mf != nil {
-		for _, m := range mf.GetMetric() {
-			s += m.GetHistogram().GetSampleSum()
-		}
-	}
-	return s
-}
-
-func value(t testing.TB, g prometheus.Gatherer, name string) float64 {
-	var v float64
-	if mf := family(t, g, name); mf != nil {
-		for _, m := range mf.GetMetric() {
-			v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return v
-}
-
-func counterWithLabel(t testing.TB, g prometheus.Gatherer, name, label, want string) float64 {
-	var v float64
-	if mf := family(t, g, name); mf != nil {
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == want {
-					v += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return v
 }

@@ -15,6 +15,7 @@ import (
 	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
 )
 
@@ -97,11 +98,12 @@ func TestLoadGoodConfigs(t *testing.T) {
 		wantHandler string
 	}{
 		{
-			name: "no config gives the default profile with the precise prefix scorer",
+			name: "no config gives the default profile with the precise prefix scorer and the recorder",
 			text: "",
 			wantPlugins: []string{
 				"precise-prefix-cache-scorer/precise-prefix-cache-scorer", "queue-scorer/queue-scorer",
-				"kv-cache-utilization-scorer/kv-cache-utilization-scorer", "max-score-picker/max-score-picker",
+				"kv-cache-utilization-scorer/kv-cache-utilization-scorer",
+				"speculative-prefix-recorder/speculative-prefix-recorder", "max-score-picker/max-score-picker",
 				"single-profile-handler/single-profile-handler", "precise-prefix-cache-producer/precise-prefix-cache-producer",
 			},
 			wantProfile: map[string][]string{"default": {
@@ -109,6 +111,7 @@ func TestLoadGoodConfigs(t *testing.T) {
 				"scorer:queue-scorer/queue-scorer*2",
 				"scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2",
 				"picker:max-score-picker/max-score-picker",
+				"postpick:speculative-prefix-recorder/speculative-prefix-recorder",
 			}},
 			wantHandler: "single-profile-handler/single-profile-handler",
 		},
@@ -202,7 +205,7 @@ saturationDetector: {pluginRef: strict}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			l, err := registryWithProducer(t).Load([]byte(tt.text), nil)
+			l, err := registryWithProducer(t).Load([]byte(tt.text), &config.Handle{Spec: schedtest.NopSpeculator{}})
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
@@ -366,7 +369,7 @@ func TestLoadFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte(config.DefaultConfigText), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := &config.Handle{}
+	h := &config.Handle{Spec: schedtest.NopSpeculator{}}
 	if _, err := config.NewInTreeRegistry().LoadFile(path, h); err != nil {
 		t.Fatal(err)
 	}
@@ -480,17 +483,13 @@ func TestUpstreamApproxProducerTuningCarriesOver(t *testing.T) {
 	}
 }
 
-type nopSpeculator struct{}
-
-func (nopSpeculator) Speculate(string, []uint64, int) {}
-
 func TestSpeculativeRecorderLoadsWithTheProcessSpeculator(t *testing.T) {
 	t.Parallel()
 	l, err := registryWithProducer(t).Load([]byte(`
 plugins:
 - type: precise-prefix-cache-scorer
 - type: speculative-prefix-recorder
-`), &config.Handle{Spec: nopSpeculator{}})
+`), &config.Handle{Spec: schedtest.NopSpeculator{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 )
 
 // FuzzLoad feeds arbitrary configuration text to the loader: it must
@@ -28,7 +29,7 @@ func FuzzLoad(f *testing.F) {
 	}
 	r := registryWithProducerF(f)
 	f.Fuzz(func(t *testing.T, text []byte) {
-		l, err := r.Load(text, nil)
+		l, err := r.Load(text, &config.Handle{Spec: schedtest.NopSpeculator{}})
 		if err != nil {
 			return
 		}

@@ -62,15 +62,18 @@ type PluginRef struct {
 	PluginRef string `json:"pluginRef"`
 }
 
-// DefaultConfigText is the configuration used when none is given: upstream's
-// default profile (prefix 3, queue 2, KV usage 2) with kvroute's precise
-// prefix scorer in place of upstream's approximate one.
+// DefaultConfigText is the configuration the EPP runs when given none:
+// upstream's default profile (prefix 3, queue 2, KV usage 2) with kvroute's
+// precise prefix scorer in place of upstream's approximate one, and the
+// speculative recorder, so that a burst of same-prefix requests follows the
+// first pick before its KV events arrive.
 const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: precise-prefix-cache-scorer
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
+- type: speculative-prefix-recorder
 schedulingProfiles:
 - name: default
   plugins:
@@ -80,4 +83,5 @@ schedulingProfiles:
     weight: 2
   - pluginRef: kv-cache-utilization-scorer
     weight: 2
+  - pluginRef: speculative-prefix-recorder
 `

@@ -31,7 +31,10 @@ func translateApproxPrefix(name string, raw json.RawMessage) (json.RawMessage, e
 	if err := framework.DecodeParams(typ, name, raw, &up); err != nil {
 		return nil, err
 	}
-	out := producer.DefaultParams()
+	// Only what the upstream parameters say is passed on: kvroute's own
+	// parameters and the process's defaults stay as they are.
+	out := map[string]int{}
+	approxBlockSize := producer.DefaultParams().ApproxBlockSizeTokens
 	if up.BlockSize != nil {
 		return nil, framework.ParamError(typ, name, "blockSize (in characters) is deprecated upstream and not supported; use blockSizeTokens")
 	}
@@ -39,16 +42,16 @@ func translateApproxPrefix(name string, raw json.RawMessage) (json.RawMessage, e
 		if *v < 1 {
 			return nil, framework.ParamError(typ, name, "blockSizeTokens = %d, want ≥ 1", *v)
 		}
-		out.ApproxBlockSizeTokens = *v
+		out["approxBlockSizeTokens"], approxBlockSize = *v, *v
 	}
 	if v := up.MaxPrefixBlocksToMatch; v != nil {
 		if *v < 1 {
 			return nil, framework.ParamError(typ, name, "maxPrefixBlocksToMatch = %d, want ≥ 1", *v)
 		}
-		out.ApproxMaxBlocks = *v
+		out["approxMaxBlocks"] = *v
 	}
 	if v := up.MaxPrefixTokensToMatch; v != nil && *v > 0 {
-		out.ApproxMaxBlocks = max(*v/out.ApproxBlockSizeTokens, 1)
+		out["approxMaxBlocks"] = max(*v/approxBlockSize, 1)
 	}
 	if v := up.LRUCapacityPerServer; v != nil && *v != approx.DefaultCapacity {
 		return nil, framework.ParamError(typ, name, "lruCapacityPerServer = %d: kvroute's approximate fallback keeps %d blocks per endpoint, which is not configurable", *v, approx.DefaultCapacity)

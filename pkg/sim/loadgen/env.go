@@ -14,8 +14,10 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
@@ -251,7 +253,7 @@ func (env *Env) CheckIndex(ctx context.Context, prompts [][]uint32) (IndexCheck,
 		byAddr[s.Addr()] = s.Replica().Engine()
 	}
 	for _, p := range prompts {
-		ans, err := env.EPP.Lookup(ctx, epp.PrefixQuery{Model: env.Fleet.Servers[0].Replica().Engine().Config().Model, TokenIDs: p})
+		ans, err := env.EPP.Lookup(ctx, prefixquery.Query{Model: env.Fleet.Servers[0].Replica().Engine().Config().Model, TokenIDs: p})
 		if err != nil {
 			return c, fmt.Errorf("loadgen: index lookup: %w", err)
 		}
@@ -283,7 +285,7 @@ func eppConfig(policy string) string {
 	case PolicyPrefillCost:
 		return PrefillCostConfig
 	}
-	return epp.DefaultConfigText
+	return config.DefaultConfigText
 }
 
 // fleetConfig is the simulated fleet the options describe, its pools

@@ -2,6 +2,7 @@ package loadgen_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -13,10 +14,12 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // TestTheIndexMatchesTheEnginesCachesForRandomWorkloads runs random
@@ -74,9 +77,7 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 		c := s.Replica().Engine().Config()
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
 	}
-	for !e.Ready() {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the EPP to be ready", e.Ready)
 
 	rng := rand.New(rand.NewPCG(seed, 99))
 	var prefixes [][]uint32
@@ -109,20 +110,16 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 		}
 	}
 	// The engines are idle now; give their last events time to land.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Converge(t, "every answer to be exact", func() string {
 		agree, total, miss := compare(t, e, f, prompts)
-		if agree == total {
-			if total != len(prompts)*len(f.Servers) {
-				t.Fatalf("%d answers for %d prompts on %d engines", total, len(prompts), len(f.Servers))
-			}
-			return
+		if agree != total {
+			return fmt.Sprintf("%d/%d answers exact; first difference: %s", agree, total, miss)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d/%d answers exact; first difference: %s", agree, total, miss)
+		if total != len(prompts)*len(f.Servers) {
+			t.Fatalf("%d answers for %d prompts on %d engines", total, len(prompts), len(f.Servers))
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ""
+	})
 }
 
 func compare(t *testing.T, e *epp.EPP, f *sim.Fleet, prompts [][]uint32) (agree, total int, miss string) {
@@ -131,7 +128,7 @@ func compare(t *testing.T, e *epp.EPP, f *sim.Fleet, prompts [][]uint32) (agree,
 		byAddr[s.Addr()] = s.Replica().Engine()
 	}
 	for _, p := range prompts {
-		ans, err := e.Lookup(context.Background(), epp.PrefixQuery{Model: "m", TokenIDs: p})
+		ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: "m", TokenIDs: p})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -81,7 +81,7 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64) (*virtualRun, er
 	if viaEPP(policy) {
 		e, err := epp.New(epp.Options{
 			Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-			ConfigText: eppConfig(policy), NoRecovery: true,
+			ConfigText: eppConfig(policy), NoRecovery: true, Seed: seed,
 			Prefix: prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
 			Index:  index.Options{Now: v.clock.Now},
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

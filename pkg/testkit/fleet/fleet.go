@@ -22,23 +22,19 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/remotetokenizer"
-	"github.com/kvroute/kvroute/pkg/scheduling"
-	"github.com/kvroute/kvroute/pkg/scheduling/config"
-	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
-// FleetOptions shape a Fleet. The zero value is three endpoints serving
-// model "m" with 4-token blocks, the default scheduling config, and remote
-// tokenization through the first endpoint's /tokenize.
+// Options shape a Fleet. The zero value is three endpoints serving model
+// "m" with 4-token blocks, the default scheduling configuration, and remote
+// tokenization through a stand-in's /tokenize.
 type Options struct {
 	Endpoints int
 	Model     string
@@ -46,23 +42,26 @@ type Options struct {
 	GPUBlocks int
 	// Config is the scheduling configuration (the default when empty).
 	Config string
-	// NoTokenizer leaves the director without a tokenizer.
+	// NoTokenizer runs the EPP without tokenization.
 	NoTokenizer bool
 	// ScrapeInterval is how often the EPP scrapes each stand-in's /metrics
 	// (20ms when zero).
 	ScrapeInterval time.Duration
+	// EPP, when set, adjusts the EPP's options before it is built.
+	EPP func(*epp.Options)
 }
 
 // Fleet is a complete request path on loopback: an EPP (embedded NATS,
-// event consumer, exact index, metrics scraping) fed by simulated vLLM
-// engines that publish real KV events, each behind an HTTP server that
-// answers /metrics, /tokenize and /v1/* as vLLM does, and a director built
-// on all of it.
+// event consumer, exact index, metrics scraping, its director) fed by
+// simulated vLLM engines that publish real KV events, each behind an HTTP
+// server that answers /metrics, /tokenize and /v1/* as vLLM does.
 type Fleet struct {
-	EPP      *epp.EPP
+	EPP *epp.EPP
+	// Director is the EPP's own: what its ext_proc server and proxy run.
 	Director *director.Director
 	Servers  []*ModelServer
-	// Metrics holds the director's metrics (what HandleResponse accounted).
+	// Metrics is the EPP's registry (what the director accounted, among
+	// everything else).
 	Metrics *prometheus.Registry
 	model   string
 }
@@ -84,7 +83,7 @@ type ModelServer struct {
 	gate chan struct{}
 }
 
-// StartFleet starts a fleet that lives until the test ends.
+// Start starts a fleet that lives until the test ends.
 func Start(t testing.TB, o Options) *Fleet {
 	t.Helper()
 	if o.Endpoints <= 0 {
@@ -102,11 +101,19 @@ func Start(t testing.TB, o Options) *Fleet {
 	if o.ScrapeInterval <= 0 {
 		o.ScrapeInterval = 20 * time.Millisecond
 	}
-	e, err := epp.New(epp.Options{
+	eo := epp.Options{
 		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Scrape: true, ScrapeOptions: scrape.Options{Interval: o.ScrapeInterval},
-		Prefix: prefixmatch.Params{DefaultBlockSizeTokens: o.BlockSize},
-	})
+		Prefix:     prefixmatch.Params{DefaultBlockSizeTokens: o.BlockSize},
+		ConfigText: o.Config,
+		RequestPath: epp.RequestPathOptions{
+			Tokenize: !o.NoTokenizer, TokenizeTimeout: 2 * time.Second,
+		},
+	}
+	if o.EPP != nil {
+		o.EPP(&eo)
+	}
+	e, err := epp.New(eo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +137,7 @@ func Start(t testing.TB, o Options) *Fleet {
 	}
 	t.Cleanup(nc.Close)
 	pub := events.NewPublisher(nc, e.Namespace(), e.Pool())
-	f := &Fleet{EPP: e, model: o.Model}
+	f := &Fleet{EPP: e, Director: e.Director(), Metrics: e.Registry(), model: o.Model}
 	for i := range o.Endpoints {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -147,42 +154,6 @@ func Start(t testing.TB, o Options) *Fleet {
 		t.Cleanup(ms.srv.Close)
 		f.Servers = append(f.Servers, ms)
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Pod: fmt.Sprintf("pod-%d", i), Model: o.Model})
-	}
-
-	reg := config.NewInTreeRegistry()
-	if err := reg.Register(prefixmatch.Type, func(string, json.RawMessage, framework.Handle) (plugin.Plugin, error) {
-		return e.Producer(), nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := reg.RegisterDefaultProducer(datalayer.PrefixCacheMatchInfoKey, prefixmatch.Type); err != nil {
-		t.Fatal(err)
-	}
-	l, err := reg.Load([]byte(o.Config), &config.Handle{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sched, err := scheduling.New(l.SchedulerOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	graph, err := prepare.BuildGraph(l.Plugins)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Metrics = prometheus.NewRegistry()
-	dopts := director.Options{Datastore: e.Datastore(), Graph: graph, Scheduler: sched, Metrics: director.NewMetrics(f.Metrics)}
-	if !o.NoTokenizer {
-		first := "http://" + f.Servers[0].Addr
-		tok := remotetokenizer.New(remotetokenizer.Options{
-			Endpoint: func(string) (string, bool) { return first, true },
-			Timeout:  2 * time.Second,
-		}, nil)
-		t.Cleanup(tok.Close)
-		dopts.Tokenizer = tok
-	}
-	if f.Director, err = director.New(dopts); err != nil {
-		t.Fatal(err)
 	}
 	// The EPP stops before the stand-ins, so that it does not scrape them gone.
 	t.Cleanup(stop)
@@ -203,22 +174,18 @@ func (f *Fleet) Server(addr string) *ModelServer {
 // tokens, which is when a pick can follow the cache there.
 func (f *Fleet) WaitHeld(t testing.TB, addr string, tokens []uint32) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ans, err := f.EPP.Lookup(context.Background(), epp.PrefixQuery{Model: f.model, TokenIDs: tokens})
+	testkit.WaitFor(t, "the index to show "+addr+" holding the prompt", func() bool {
+		ans, err := f.EPP.Lookup(context.Background(), prefixquery.Query{Model: f.model, TokenIDs: tokens})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, a := range ans.Endpoints {
 			if a.Address == addr && a.Prefix.MatchBlocks > 0 && a.Prefix.MatchBlocks == a.Prefix.TotalBlocks {
-				return
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the index never showed %s holding the prompt: %+v", addr, ans.Endpoints)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 // TokenizeText is the stand-ins' tokenizer: one token per

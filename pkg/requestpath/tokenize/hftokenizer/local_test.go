@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/remotetokenizer"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // modelServer is a loopback /tokenize endpoint that answers every prompt
@@ -173,9 +175,7 @@ func TestCloseStopsDriftChecksInFlight(t *testing.T) {
 	if _, err := l.Tokenize(context.Background(), completion("tiny", "hello")); err != nil {
 		t.Fatal(err)
 	}
-	for server.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, "the drift check to reach the server", func() bool { return server.calls.Load() > 0 })
 	done := make(chan struct{})
 	go func() { l.Close(); close(done) }()
 	select {
@@ -205,18 +205,11 @@ func TestLoadModelsRejectsBadSpecs(t *testing.T) {
 // result.
 func waitForChecks(t *testing.T, l *Local, n float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	finished := func() float64 {
+	testkit.WaitFor(t, fmt.Sprintf("%v drift checks to finish", n), func() bool {
 		var sum float64
 		for _, result := range []string{"match", "mismatch", "error"} {
 			sum += testutil.ToFloat64(l.m.checks.WithLabelValues("tiny", result))
 		}
-		return sum
-	}
-	for finished() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%v drift checks finished, want %v", finished(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return sum >= n
+	})
 }

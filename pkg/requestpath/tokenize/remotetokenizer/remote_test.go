@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // Token ids of the test server's vocabulary: every other word is hashed
@@ -354,9 +355,7 @@ func TestRemoteSharesOneRoundTripAmongConcurrentCallers(t *testing.T) {
 			results[i], errs[i] = r.Tokenize(context.Background(), completion("m", "one two three", true))
 		})
 	}
-	for r.waiting.Load() < callers {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, "every caller to wait on the round trip", func() bool { return r.waiting.Load() >= callers })
 	close(release)
 	wg.Wait()
 	if got := srv.calls.Load(); got != 1 {
@@ -545,21 +544,14 @@ func TestRemoteStopsWaitingWhenTheCallerGivesUp(t *testing.T) {
 		_, err := r.Tokenize(ctx, completion("m", "late answer", true))
 		done <- err
 	}()
-	for r.waiting.Load() < 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, "the caller to wait on the round trip", func() bool { return r.waiting.Load() >= 1 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Tokenize = %v, want context.Canceled", err)
 	}
 	// The round trip went on without the caller and its answer is kept.
 	close(release)
-	for {
-		if n, _ := r.cache.len(); n == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, "the late answer to be cached", func() bool { n, _ := r.cache.len(); return n == 1 })
 	if _, err := r.Tokenize(context.Background(), completion("m", "late answer", true)); err != nil || srv.calls.Load() != 1 {
 		t.Errorf("after the late answer: err %v, server calls %d; want a cache hit", err, srv.calls.Load())
 	}
@@ -661,9 +653,7 @@ func TestRemoteCloseCancelsRoundTripsInFlight(t *testing.T) {
 		_, err := r.Tokenize(context.Background(), completion("m", "never answered", true))
 		done <- err
 	}()
-	for r.waiting.Load() < 1 {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, "the caller to wait on the round trip", func() bool { return r.waiting.Load() >= 1 })
 	r.Close()
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Errorf("in-flight Tokenize = %v, want ErrClosed", err)

@@ -3,11 +3,15 @@
 package schedtest
 
 import (
+	"context"
 	"fmt"
+	"math"
+	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
@@ -108,4 +112,37 @@ func Fleet(n int) []*datalayer.Candidate {
 		}
 	}
 	return Cands(cs...)
+}
+
+// NopSpeculator is a framework.Speculator that records nothing, for
+// loading configurations with a speculative recorder (the default one).
+type NopSpeculator struct{}
+
+// Speculate implements framework.Speculator.
+func (NopSpeculator) Speculate(string, []uint64, int) {}
+
+// ScoreCase is one row of a scorer's table test: the candidates, and the
+// score each must get, within 1e-12.
+type ScoreCase struct {
+	Name  string
+	Cands []C
+	Want  []float64
+}
+
+// RunScoreCases scores each case's candidates with s, in a subtest of its
+// own, for an empty request.
+func RunScoreCases(t *testing.T, s framework.Scorer, cases []ScoreCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			t.Parallel()
+			out := make([]float64, len(tc.Cands))
+			s.Score(context.Background(), Cycle(), &request.Request{}, Cands(tc.Cands...), out)
+			for i := range out {
+				if math.Abs(out[i]-tc.Want[i]) > 1e-12 {
+					t.Fatalf("scores = %v, want %v", out, tc.Want)
+				}
+			}
+		})
+	}
 }

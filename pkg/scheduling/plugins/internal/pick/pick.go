@@ -108,3 +108,19 @@ func Factory[P framework.Picker](typ string, newPicker func(name string, n int) 
 		return newPicker(name, n), nil
 	}
 }
+
+// Base is what every picker is: its typed name, and how many endpoints it
+// picks (the primary and fallbacks). A picker embeds it.
+type Base struct {
+	name plugin.TypedName
+	// N is how many endpoints to pick, at least 1.
+	N int
+}
+
+// NewBase makes the base of a picker of type typ; n below 1 picks one.
+func NewBase(typ, name string, n int) Base {
+	return Base{name: plugin.TypedName{Type: typ, Name: name}, N: max(n, 1)}
+}
+
+// TypedName implements plugin.Plugin.
+func (b *Base) TypedName() plugin.TypedName { return b.name }

@@ -5,7 +5,6 @@ package maxscore
 import (
 	"context"
 
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/pick"
 )
@@ -15,24 +14,20 @@ const Type = "max-score-picker"
 
 // Picker picks the maxNumOfEndpoints highest-scored candidates.
 type Picker struct {
-	name plugin.TypedName
-	n    int
+	pick.Base
 }
 
 var _ framework.Picker = (*Picker)(nil)
 
 // New makes the picker; n is how many endpoints it picks (at least 1).
 func New(name string, n int) *Picker {
-	return &Picker{name: plugin.TypedName{Type: Type, Name: name}, n: max(n, 1)}
+	return &Picker{Base: pick.NewBase(Type, name, n)}
 }
 
 // Factory makes the picker from its parameters (maxNumOfEndpoints).
 var Factory = pick.Factory(Type, New)
 
-// TypedName implements plugin.Plugin.
-func (p *Picker) TypedName() plugin.TypedName { return p.name }
-
 // Pick implements framework.Picker.
 func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []framework.ScoredCandidate) *framework.ProfileResult {
-	return pick.TopK(scored, p.n, func(i int) float64 { return scored[i].Score }, cs.Rand())
+	return pick.TopK(scored, p.N, func(i int) float64 { return scored[i].Score }, cs.Rand())
 }

@@ -5,7 +5,6 @@ package random
 import (
 	"context"
 
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/pick"
 )
@@ -15,25 +14,21 @@ const Type = "random-picker"
 
 // Picker picks maxNumOfEndpoints distinct candidates uniformly at random.
 type Picker struct {
-	name plugin.TypedName
-	n    int
+	pick.Base
 }
 
 var _ framework.Picker = (*Picker)(nil)
 
 // New makes the picker; n is how many endpoints it picks (at least 1).
 func New(name string, n int) *Picker {
-	return &Picker{name: plugin.TypedName{Type: Type, Name: name}, n: max(n, 1)}
+	return &Picker{Base: pick.NewBase(Type, name, n)}
 }
 
 // Factory makes the picker from its parameters (maxNumOfEndpoints).
 var Factory = pick.Factory(Type, New)
 
-// TypedName implements plugin.Plugin.
-func (p *Picker) TypedName() plugin.TypedName { return p.name }
-
 // Pick implements framework.Picker: every key is equal, so the random
 // tie-break is the whole choice.
 func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []framework.ScoredCandidate) *framework.ProfileResult {
-	return pick.TopK(scored, p.n, func(int) float64 { return 0 }, cs.Rand())
+	return pick.TopK(scored, p.N, func(int) float64 { return 0 }, cs.Rand())
 }

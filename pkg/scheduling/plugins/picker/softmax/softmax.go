@@ -29,8 +29,7 @@ type Params struct {
 
 // Picker samples maxNumOfEndpoints distinct candidates by softmax.
 type Picker struct {
-	name plugin.TypedName
-	n    int
+	pick.Base
 	temp float64
 }
 
@@ -39,7 +38,7 @@ var _ framework.Picker = (*Picker)(nil)
 // New makes the picker; n is how many endpoints it picks (at least 1), temp
 // the temperature (> 0).
 func New(name string, n int, temp float64) *Picker {
-	return &Picker{name: plugin.TypedName{Type: Type, Name: name}, n: max(n, 1), temp: temp}
+	return &Picker{Base: pick.NewBase(Type, name, n), temp: temp}
 }
 
 // Factory makes the picker from its parameters (temperature, maxNumOfEndpoints).
@@ -62,9 +61,6 @@ func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugi
 	return New(name, n, t), nil
 }
 
-// TypedName implements plugin.Plugin.
-func (p *Picker) TypedName() plugin.TypedName { return p.name }
-
 // Pick implements framework.Picker with Gumbel-top-k on score/temperature,
 // which samples without replacement from the softmax distribution.
 func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []framework.ScoredCandidate) *framework.ProfileResult {
@@ -73,5 +69,5 @@ func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []fram
 	for i, s := range scored {
 		keys[i] = s.Score/p.temp + pick.Gumbel(rng)
 	}
-	return pick.TopK(scored, p.n, func(i int) float64 { return keys[i] }, rng)
+	return pick.TopK(scored, p.N, func(i int) float64 { return keys[i] }, rng)
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"math"
 
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/pick"
 )
@@ -19,22 +18,18 @@ const Type = "weighted-random-picker"
 // scoring 0 come only after every positive one, in random order, so with all
 // scores 0 the pick is uniform.
 type Picker struct {
-	name plugin.TypedName
-	n    int
+	pick.Base
 }
 
 var _ framework.Picker = (*Picker)(nil)
 
 // New makes the picker; n is how many endpoints it picks (at least 1).
 func New(name string, n int) *Picker {
-	return &Picker{name: plugin.TypedName{Type: Type, Name: name}, n: max(n, 1)}
+	return &Picker{Base: pick.NewBase(Type, name, n)}
 }
 
 // Factory makes the picker from its parameters (maxNumOfEndpoints).
 var Factory = pick.Factory(Type, New)
-
-// TypedName implements plugin.Plugin.
-func (p *Picker) TypedName() plugin.TypedName { return p.name }
 
 // Pick implements framework.Picker with Gumbel-top-k on log-scores: the
 // same distribution as drawing one at a time without replacement, in one
@@ -48,5 +43,5 @@ func (p *Picker) Pick(_ context.Context, cs *framework.CycleState, scored []fram
 			keys[i] = math.Log(s.Score) + pick.Gumbel(rng)
 		}
 	}
-	return pick.TopK(scored, p.n, func(i int) float64 { return keys[i] }, rng)
+	return pick.TopK(scored, p.N, func(i int) float64 { return keys[i] }, rng)
 }

@@ -1,38 +1,21 @@
 package runningrequests_test
 
 import (
-	"context"
-	"slices"
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/runningrequests"
 )
 
 func TestScoreIsMinMaxOfRunningRequests(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name  string
-		cands []schedtest.C
-		want  []float64
-	}{
-		{"the fewest running requests score 1 and the most 0",
-			[]schedtest.C{{Name: "a", Running: 4}, {Name: "b", Running: 8}, {Name: "c", Running: 12}}, []float64{1, 0.5, 0}},
-		{"waiting requests do not count",
-			[]schedtest.C{{Name: "a", Running: 4, Queue: 50}, {Name: "b", Running: 8}}, []float64{1, 0}},
-		{"a stale candidate scores the mean of the fresh ones",
-			[]schedtest.C{{Name: "a", Running: 1}, {Name: "b", Running: 3}, {Name: "c", Running: 0, Stale: true}}, []float64{1, 0, 0.5}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			out := make([]float64, len(tt.cands))
-			runningrequests.New("r", time.Second).Score(context.Background(), schedtest.Cycle(), &request.Request{}, schedtest.Cands(tt.cands...), out)
-			if !slices.Equal(out, tt.want) {
-				t.Errorf("scores = %v, want %v", out, tt.want)
-			}
-		})
-	}
+	schedtest.RunScoreCases(t, runningrequests.New("r", time.Second), []schedtest.ScoreCase{
+		{Name: "the fewest running requests score 1 and the most 0",
+			Cands: []schedtest.C{{Name: "a", Running: 4}, {Name: "b", Running: 8}, {Name: "c", Running: 12}}, Want: []float64{1, 0.5, 0}},
+		{Name: "waiting requests do not count",
+			Cands: []schedtest.C{{Name: "a", Running: 4, Queue: 50}, {Name: "b", Running: 8}}, Want: []float64{1, 0}},
+		{Name: "a stale candidate scores the mean of the fresh ones",
+			Cands: []schedtest.C{{Name: "a", Running: 1}, {Name: "b", Running: 3}, {Name: "c", Running: 0, Stale: true}}, Want: []float64{1, 0, 0.5}},
+	})
 }
