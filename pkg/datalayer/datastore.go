@@ -48,6 +48,9 @@ type dsSnapshot struct {
 	// sorted is byName's entries ordered by name, so List and Candidates are
 	// deterministic.
 	sorted []*dsEntry
+	// byAddr finds an endpoint by the address its events name; of two
+	// endpoints at one address, the first by name.
+	byAddr map[string]*dsEntry
 }
 
 type changeHook struct {
@@ -65,7 +68,7 @@ func NewDatastore(reg prometheus.Registerer) *Datastore {
 			Help: "Endpoints currently in the datastore.",
 		}),
 	}
-	ds.snap.Store(&dsSnapshot{byName: map[string]*dsEntry{}})
+	ds.snap.Store(&dsSnapshot{byName: map[string]*dsEntry{}, byAddr: map[string]*dsEntry{}})
 	if reg != nil {
 		reg.MustRegister(ds.endpoints)
 	}
@@ -147,7 +150,13 @@ func (ds *Datastore) Remove(name string) {
 func (ds *Datastore) publish(byName map[string]*dsEntry) {
 	sorted := slices.Collect(maps.Values(byName))
 	slices.SortFunc(sorted, func(a, b *dsEntry) int { return cmp.Compare(a.ep.Name, b.ep.Name) })
-	ds.snap.Store(&dsSnapshot{byName: byName, sorted: sorted})
+	byAddr := make(map[string]*dsEntry, len(sorted))
+	for _, e := range sorted {
+		if _, dup := byAddr[e.ep.Address]; !dup {
+			byAddr[e.ep.Address] = e
+		}
+	}
+	ds.snap.Store(&dsSnapshot{byName: byName, sorted: sorted, byAddr: byAddr})
 	ds.endpoints.Set(float64(len(sorted)))
 }
 
@@ -161,6 +170,16 @@ func (ds *Datastore) notify(added, removed []*Endpoint) {
 // Get returns the endpoint named name.
 func (ds *Datastore) Get(name string) (*Endpoint, bool) {
 	e, ok := ds.snap.Load().byName[name]
+	if !ok {
+		return nil, false
+	}
+	return e.ep, true
+}
+
+// ByAddress returns the endpoint at addr (ip:port), the one an event's
+// Kv-Endpoint names; of two at one address, the first by name.
+func (ds *Datastore) ByAddress(addr string) (*Endpoint, bool) {
+	e, ok := ds.snap.Load().byAddr[addr]
 	if !ok {
 		return nil, false
 	}

@@ -235,6 +235,9 @@ func New(opts Options) (*EPP, error) {
 
 	co := opts.Consumer
 	co.Namespace, co.Pool, co.JetStream = opts.Namespace, opts.Pool, opts.JetStream
+	// Each batch's endpoint must be one discovery gives the pod whose
+	// subject it came on: nobody but a pod's own relay can speak for it.
+	co.Membership = consumer.MembershipFunc(e.podOf)
 	if co.Logger == nil {
 		co.Logger = e.logger
 	}
@@ -384,17 +387,16 @@ func (e *EPP) buildScheduling() error {
 }
 
 // podOf is the pod discovery names for the endpoint at addr: the subject
-// its relay answers snapshot requests on.
+// its relay publishes on and answers snapshot requests on.
 func (e *EPP) podOf(addr string) (string, bool) {
-	for _, ep := range e.ds.List() {
-		if ep.Address == addr {
-			if ep.Pod != "" {
-				return ep.Pod, true
-			}
-			return ep.Name, true
-		}
+	ep, ok := e.ds.ByAddress(addr)
+	if !ok {
+		return "", false
 	}
-	return "", false
+	if ep.Pod != "" {
+		return ep.Pod, true
+	}
+	return ep.Name, true
 }
 
 // Recovery resynchronises uncertain streams; nil with NoRecovery.

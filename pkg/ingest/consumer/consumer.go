@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/pkg/events"
@@ -58,6 +59,20 @@ type Options struct {
 	// batch (default 1h), which bounds memory as pods come and go. A stream
 	// that returns after that is treated as new.
 	IdleTimeout time.Duration
+	// Membership, when set, is what each batch's identity is held to: its
+	// Kv-Endpoint must be an endpoint discovery assigns to the pod its
+	// subject names. Batches of other endpoints are rejected before they
+	// are queued, so they leave no state behind. Without it only the
+	// subject and Kv-Pod are compared.
+	Membership Membership
+	// MaxRanksPerEndpoint bounds the data-parallel streams of one endpoint
+	// (default DefaultMaxRanksPerEndpoint); batches naming further ranks
+	// are rejected.
+	MaxRanksPerEndpoint int
+	// MaxQueuedBytes bounds the payload bytes waiting in the workers'
+	// queues together (default 256 MiB). Past it the NATS client buffers
+	// and, past its own limits, drops and reports a slow consumer.
+	MaxQueuedBytes int64
 	// Logger receives rate-limited reports of rejected messages (default
 	// slog.Default()).
 	Logger *slog.Logger
@@ -77,6 +92,8 @@ type item struct {
 	data   []byte
 	recv   time.Time
 	reason events.Reason
+	// held is the payload bytes this item holds of MaxQueuedBytes.
+	held int64
 }
 
 // Consumer receives KV-event batches from NATS and hands them to a Sink.
@@ -92,6 +109,14 @@ type item struct {
 //   - the first batch of a stream, or of a restarted engine, whose seq is
 //     not 0 is preceded by Uncertain(ReasonGap): the engine published
 //     batches the sink never saw.
+//
+// Before anything else, each batch is bound to the pod its subject names
+// (the part of a message the server's permissions vouch for): Kv-Pod may
+// only agree with it, Kv-Endpoint must be an endpoint discovery gives that
+// pod (Options.Membership), and an endpoint has at most
+// MaxRanksPerEndpoint data-parallel streams. A batch that breaks any of
+// these is counted by reason (kvroute_events_rejected_total) and dropped
+// before it is queued, so it changes nothing and leaves no state behind.
 //
 // A reconnect or a slow-consumer report from the NATS client makes every
 // known stream uncertain (ReasonReconnect, ReasonSlowConsumer), delivered
@@ -124,7 +149,10 @@ type Consumer struct {
 	slowMu      sync.Mutex
 	slowDropped int
 
-	headerLog, decodeLog, consumeLog *rate.Limiter
+	admit  *admitter
+	queued *semaphore.Weighted
+
+	headerLog, decodeLog, consumeLog, rejectLog *rate.Limiter
 }
 
 // NewConsumer returns a Consumer for the pool opts names, delivering to
@@ -140,8 +168,14 @@ func New(nc *nats.Conn, opts Options, sink events.Sink, reg prometheus.Registere
 	if opts.Namespace == "" || opts.Pool == "" {
 		return nil, fmt.Errorf("%w: namespace and pool are required", ErrOptions)
 	}
-	if opts.Workers < 0 || opts.QueueLen < 0 || opts.PendingLimit < 0 || opts.IdleTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative workers, queue length, pending limit or idle timeout", ErrOptions)
+	if opts.Workers < 0 || opts.QueueLen < 0 || opts.PendingLimit < 0 || opts.IdleTimeout < 0 || opts.MaxRanksPerEndpoint < 0 || opts.MaxQueuedBytes < 0 {
+		return nil, fmt.Errorf("%w: negative workers, queue length, pending limit, idle timeout, rank or byte bound", ErrOptions)
+	}
+	if opts.MaxRanksPerEndpoint == 0 {
+		opts.MaxRanksPerEndpoint = DefaultMaxRanksPerEndpoint
+	}
+	if opts.MaxQueuedBytes == 0 {
+		opts.MaxQueuedBytes = DefaultMaxQueuedBytes
 	}
 	if opts.Workers == 0 {
 		opts.Workers = 4
@@ -169,9 +203,12 @@ func New(nc *nats.Conn, opts Options, sink events.Sink, reg prometheus.Registere
 		log:        log.With("component", "kv-events-consumer", "subject", events.PoolSubject(opts.Namespace, opts.Pool)),
 		m:          newConsumerMetrics(),
 		queues:     make([]chan item, opts.Workers),
+		admit:      newAdmitter(opts.Membership, opts.MaxRanksPerEndpoint, opts.IdleTimeout),
+		queued:     semaphore.NewWeighted(opts.MaxQueuedBytes),
 		headerLog:  rate.NewLimiter(rate.Every(time.Second), 1),
 		decodeLog:  rate.NewLimiter(rate.Every(time.Second), 1),
 		consumeLog: rate.NewLimiter(rate.Every(time.Second), 1),
+		rejectLog:  rate.NewLimiter(rate.Every(time.Second), 1),
 	}
 	for i := range c.queues {
 		c.queues[i] = make(chan item, opts.QueueLen)
@@ -187,7 +224,7 @@ func New(nc *nats.Conn, opts Options, sink events.Sink, reg prometheus.Registere
 				}
 				return 0
 			}),
-			newQueueDepth(c.queues))
+			newQueueDepth(c.queues), c.admit.vec)
 		for _, col := range cs {
 			if err := reg.Register(col); err != nil {
 				return nil, fmt.Errorf("register kv-event consumer metrics: %w", err)
@@ -363,7 +400,7 @@ func (c *Consumer) countSlowDrops(sub *nats.Subscription) bool {
 // subscribe starts the core NATS subscription and returns its stopper.
 func (c *Consumer) subscribe(ctx context.Context) (func(), error) {
 	subj := events.PoolSubject(c.opts.Namespace, c.opts.Pool)
-	sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) { c.dispatch(m.Header, m.Data) })
+	sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) { c.dispatch(m.Subject, m.Header, m.Data) })
 	if err != nil {
 		return nil, fmt.Errorf("subscribe %s: %w", subj, err)
 	}
@@ -413,7 +450,7 @@ func (c *Consumer) consumeJetStream(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("ordered consumer on stream %s: %w", c.opts.Stream, err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { c.dispatch(m.Headers(), m.Data()) },
+	cc, err := cons.Consume(func(m jetstream.Msg) { c.dispatch(m.Subject(), m.Headers(), m.Data()) },
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if c.consumeLog.Allow() {
 				c.log.Warn("jetstream consume error", "stream", c.opts.Stream, "err", err)
@@ -445,9 +482,10 @@ func (c *Consumer) consumeJetStream(ctx context.Context) (func(), error) {
 }
 
 // dispatch runs on the NATS delivery goroutine: it reads the headers, which
-// is all sharding needs, and queues the message for its stream's worker.
-// Decoding is left to the workers so that it runs in parallel.
-func (c *Consumer) dispatch(h nats.Header, data []byte) {
+// is all sharding needs, holds them to the subject's pod (see admitter),
+// and queues the message for its stream's worker. Decoding is left to the
+// workers so that it runs in parallel.
+func (c *Consumer) dispatch(subject string, h nats.Header, data []byte) {
 	recv := time.Now()
 	o, err := events.ParseOrigin(h)
 	if err != nil {
@@ -458,12 +496,38 @@ func (c *Consumer) dispatch(h nats.Header, data []byte) {
 		}
 		return
 	}
+	if r := c.admit.admit(subject, &o, recv); r != admitted {
+		c.admit.rejected[r].Inc()
+		if c.rejectLog.Allow() {
+			c.log.Warn("rejected kv-event message", "reason", rejectionNames[r], "subject", truncate(subject),
+				"endpoint", truncate(o.Endpoint), "pod", truncate(o.Pod), "rank", o.DPRank)
+		}
+		return
+	}
+	// A message larger than the whole bound takes all of it, so that it
+	// waits for an empty queue rather than forever.
+	held := min(int64(len(data)), c.opts.MaxQueuedBytes)
+	_ = c.queued.Acquire(context.Background(), held)
 	q := c.queues[shard(o.Stream, len(c.queues))]
 	c.mu.RLock()
 	if c.accepting {
-		q <- item{origin: o, data: data, recv: recv}
+		q <- item{origin: o, data: data, recv: recv, held: held}
+	} else {
+		c.queued.Release(held)
 	}
 	c.mu.RUnlock()
+}
+
+// DefaultMaxQueuedBytes is Options.MaxQueuedBytes when zero.
+const DefaultMaxQueuedBytes = 256 << 20
+
+// truncate keeps a value from the network short enough for a log line.
+func truncate(s string) string {
+	const limit = 128
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit] + "…"
 }
 
 // broadcast queues an uncertainty notice for every worker, so that each
@@ -496,6 +560,9 @@ func (c *Consumer) work(q <-chan item) {
 	w := worker{c: c, streams: make(map[events.Stream]*seqState)}
 	for it := range q {
 		w.handle(it)
+		if it.held > 0 {
+			c.queued.Release(it.held)
+		}
 	}
 }
 
