@@ -89,7 +89,8 @@ func run(args []string) error {
 	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
 	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "age after which an endpoint's scraped metrics count as unknown load")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on the metrics address")
-	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 50_000_000, "bound on (block, endpoint, tier) holdings in the prefix index")
+	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 0, "bound on (block, endpoint, tier) holdings in the prefix index; 0 sizes it from GOMEMLIMIT or the container's memory limit (half of it, at 96 bytes a holding)")
+	fs.IntVar(&o.Index.MaxHoldingsPerEndpoint, "index-max-holdings-per-endpoint", 0, "bound on one endpoint's holdings; 0 means an eighth of --index-max-holdings")
 	fs.DurationVar(&o.Index.TierMaxAge[1], "index-cpu-max-age", 0, "evict CPU-tier holdings this long after their last store (for publishers that never remove them, such as LMCache); 0 keeps them")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

@@ -90,6 +90,9 @@ type Options struct {
 	Recovery   recovery.Options
 	NoRecovery bool
 
+	// Index tunes the exact index. MaxHoldings zero sizes it from the
+	// memory the process may use (see MemoryBudget, DefaultMaxHoldings);
+	// negative means no bound.
 	Index index.Options
 	// ApproxCapacity is blocks remembered per endpoint by the fallback.
 	ApproxCapacity int
@@ -172,6 +175,20 @@ func New(opts Options) (*EPP, error) {
 
 	e.ds = datalayer.NewDatastore(e.reg)
 	idxOpts := opts.Index
+	if idxOpts.MaxHoldings == 0 || opts.Consumer.MaxQueuedBytes == 0 {
+		mem, source := MemoryBudget()
+		if idxOpts.MaxHoldings == 0 {
+			idxOpts.MaxHoldings = DefaultMaxHoldings(mem)
+		}
+		if opts.Consumer.MaxQueuedBytes == 0 {
+			opts.Consumer.MaxQueuedBytes = min(consumer.DefaultMaxQueuedBytes, mem/maxQueuedShare)
+		}
+		e.logger.Info("memory bounds", "memory", mem, "from", source,
+			"index_max_holdings", idxOpts.MaxHoldings, "consumer_max_queued_bytes", opts.Consumer.MaxQueuedBytes)
+	}
+	if idxOpts.MaxHoldings < 0 {
+		idxOpts.MaxHoldings = 0 // no bound, asked for
+	}
 	if !opts.NoRecovery {
 		// The index reports parents it never saw; recovery resyncs those
 		// streams. e.recovery is set before any event can arrive (Run).

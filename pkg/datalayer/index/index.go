@@ -19,6 +19,11 @@ type Options struct {
 	// store beyond it is dropped and its stream marked uncertain, since the
 	// index then no longer mirrors that engine. Zero means no bound.
 	MaxHoldings int
+	// MaxHoldingsPerEndpoint bounds one endpoint's holdings the same way,
+	// so that no one stream, however many blocks it names, can take the
+	// room of the others. Zero means MaxHoldings/8 when MaxHoldings is
+	// set, else no bound; negative means no bound.
+	MaxHoldingsPerEndpoint int
 	// TierMaxAge evicts a tier's holdings that long after their last store;
 	// zero keeps them until removed. It is for tiers whose publishers never
 	// send removals (LMCache's CPU tier).
@@ -35,6 +40,10 @@ type Options struct {
 
 // DefaultSpeculativeTTL is the SpeculativeTTL of a zero IndexOptions.
 const DefaultSpeculativeTTL = 2 * time.Second
+
+// DefaultEndpointShare is the share of MaxHoldings one endpoint may hold
+// when MaxHoldingsPerEndpoint is left zero: one eighth.
+const DefaultEndpointShare = 8
 
 // Index is the exact prefix index: which endpoint holds which block key, in
 // which cache tier, built from the endpoints' KV events. It is an
@@ -96,6 +105,9 @@ type ixEndpoint struct {
 	// blockSize is the engine's block size in tokens, from the
 	// Kv-Block-Size header or its stores; read without mu by BlockSize.
 	blockSize atomic.Int32
+	// held counts the endpoint's holdings, all streams and tiers, for
+	// MaxHoldingsPerEndpoint. Guarded by mu.
+	held int64
 }
 
 // NewIndex returns an empty index. Its metrics are registered with reg unless
@@ -103,6 +115,9 @@ type ixEndpoint struct {
 func New(opts Options, reg prometheus.Registerer) *Index {
 	if opts.SpeculativeTTL <= 0 {
 		opts.SpeculativeTTL = DefaultSpeculativeTTL
+	}
+	if opts.MaxHoldingsPerEndpoint == 0 && opts.MaxHoldings > 0 {
+		opts.MaxHoldingsPerEndpoint = max(1, opts.MaxHoldings/DefaultEndpointShare)
 	}
 	ix := &Index{opts: opts, now: opts.Now}
 	if ix.now == nil {
@@ -327,9 +342,11 @@ func (ix *Index) Expire() {
 	for _, ep := range *ix.members.Load() {
 		ep.mu.Lock()
 		if !ep.gone {
+			before := d.held()
 			for _, st := range ep.streams {
 				ix.expireAged(ep, st, now, &d)
 			}
+			ep.held += d.held() - before
 		}
 		ep.mu.Unlock()
 	}

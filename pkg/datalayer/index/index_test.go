@@ -365,6 +365,7 @@ func checkGaugesMatchContents(t *testing.T, ix *Index) {
 	t.Helper()
 	var holdings [events.NumTiers]int64
 	var blocks, spec int64
+	perEP := map[uint16]int64{}
 	for i := range ix.shards {
 		sh := &ix.shards[i]
 		sh.mu.RLock()
@@ -396,11 +397,19 @@ func checkGaugesMatchContents(t *testing.T, ix *Index) {
 				for tier := events.Tier(0); tier < events.NumTiers; tier++ {
 					if holderRefs(h, tier) > 0 {
 						holdings[tier]++
+						perEP[holderEP(h)]++
 					}
 				}
 			}
 		}
 		sh.mu.RUnlock()
+	}
+	for _, ep := range *ix.members.Load() {
+		ep.mu.Lock()
+		if ep.held != perEP[ep.id] {
+			t.Errorf("endpoint %s counts %d holdings, store has %d", ep.addr, ep.held, perEP[ep.id])
+		}
+		ep.mu.Unlock()
 	}
 	for tier := range holdings {
 		if got := ix.stats.holdings[tier].Load(); got != holdings[tier] {
@@ -716,7 +725,7 @@ func TestTierMaxAgeEvictsBlocksNeverRemoved(t *testing.T) {
 
 func TestMaxHoldingsDropsStoresAndMarksUncertain(t *testing.T) {
 	t.Parallel()
-	ix := New(Options{MaxHoldings: 3}, nil)
+	ix := New(Options{MaxHoldings: 3, MaxHoldingsPerEndpoint: -1}, nil)
 	ix.AddEndpoint(ixTestAddr)
 	f := newIxFeeder(ix, ixTestAddr, 0)
 	f.apply(evStore([]uint64{1, 2, 3, 4, 5}, blockToks(1, 2, 3, 4, 5)))
@@ -728,6 +737,55 @@ func TestMaxHoldingsDropsStoresAndMarksUncertain(t *testing.T) {
 	}
 	if n := ix.stats.dropped[dropCapacity].Load(); n != 2 {
 		t.Fatalf("capacity drops = %d", n)
+	}
+}
+
+func TestOneEndpointCannotTakeTheRoomOfTheOthers(t *testing.T) {
+	t.Parallel()
+	const total, perEndpoint = 64, 8
+	ix := New(Options{MaxHoldings: total}, nil)
+	const flooder, other = "10.0.0.66:8000", "10.0.0.7:8000"
+	ix.AddEndpoint(flooder)
+	ix.AddEndpoint(other)
+	// One stream names far more blocks than its share, in one batch and
+	// then in many, on several ranks.
+	var hashes []uint64
+	var bases []uint32
+	for i := range 40 {
+		hashes = append(hashes, uint64(1000+i))
+		bases = append(bases, uint32(1000+i))
+	}
+	feeders := []*ixFeeder{newIxFeeder(ix, flooder, 0), newIxFeeder(ix, flooder, 1), newIxFeeder(ix, flooder, 2)}
+	for _, f := range feeders {
+		f.apply(evStore(hashes, blockToks(bases...)))
+	}
+	for i := range 20 {
+		feeders[0].apply(evStore([]uint64{uint64(5000 + i)}, blockToks(uint32(5000+i))))
+	}
+	if n := ix.stats.dropped[dropEndpointCapacity].Load(); n == 0 {
+		t.Fatal("no endpoint_capacity drops")
+	}
+	if st, _ := ix.State(flooder); st != datalayer.StreamUncertain {
+		t.Fatalf("the flooding endpoint's state = %v, want uncertain: it no longer mirrors its engine", st)
+	}
+	// The other endpoint still indexes everything up to its own share.
+	f := newIxFeeder(ix, other, 0)
+	f.apply(evStore([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, blockToks(1, 2, 3, 4, 5, 6, 7, 8)))
+	if got := ixLookupOne(ix, ixReq{tokens: blockToks(1, 2, 3, 4, 5, 6, 7, 8)}, other); got != gpuMatch(8) {
+		t.Fatalf("the other endpoint's stores: %+v, want all eight", got)
+	}
+	if st, _ := ix.State(other); st != datalayer.StreamExact {
+		t.Fatalf("the other endpoint's state = %v, want exact", st)
+	}
+	checkGaugesMatchContents(t, ix)
+	// Clearing gives the flooder its room back.
+	for _, f := range feeders {
+		f.apply(events.Event{Kind: events.KindAllBlocksCleared})
+	}
+	checkGaugesMatchContents(t, ix)
+	feeders[0].apply(evStore([]uint64{9}, blockToks(9)))
+	if got := ixLookupOne(ix, ixReq{tokens: blockToks(9)}, flooder); got != gpuMatch(1) {
+		t.Fatalf("after clearing, the flooder's store: %+v", got)
 	}
 }
 

@@ -95,6 +95,7 @@ func (ix *Index) Apply(o events.Origin, b *events.Batch) {
 		st.state = datalayer.StreamUncertain
 	}
 	ix.expireAged(ep, st, now, &d)
+	ep.held += d.held()
 	ep.refreshState()
 	ep.last.Store(now.UnixNano())
 	ep.mu.Unlock()
@@ -203,8 +204,8 @@ func (ix *Index) applyStored(ep *ixEndpoint, st *ixStream, o events.Origin, e *e
 	// a request, so its blocks must never match one.
 	anonLoRA := e.LoRAName == "" && e.HasLoRAID && e.LoRAID != 0
 	for i := 0; i < n; i++ {
-		if ix.full(d) {
-			ix.stats.dropped[dropCapacity].Add(int64(n - i))
+		if reason, full := ix.full(ep, d); full {
+			ix.stats.dropped[reason].Add(int64(n - i))
 			st.state = datalayer.StreamUncertain
 			return true
 		}
@@ -233,17 +234,21 @@ func (ix *Index) applyStored(ep *ixEndpoint, st *ixStream, o events.Origin, e *e
 	return true
 }
 
-// full reports whether the holding bound is reached, counting the changes
-// of the batch under way.
-func (ix *Index) full(d *delta) bool {
-	if ix.opts.MaxHoldings <= 0 {
-		return false
+// full reports whether a holding bound is reached, the endpoint's or the
+// index's, counting the changes of the batch under way (d holds only ep's),
+// and which: the drop reason.
+func (ix *Index) full(ep *ixEndpoint, d *delta) (reason int, full bool) {
+	if per := ix.opts.MaxHoldingsPerEndpoint; per > 0 && ep.held+d.held() >= int64(per) {
+		return dropEndpointCapacity, true
 	}
-	n := d.holdings[0] + d.holdings[1] + d.holdings[2]
+	if ix.opts.MaxHoldings <= 0 {
+		return 0, false
+	}
+	n := d.held()
 	for t := range ix.stats.holdings {
 		n += ix.stats.holdings[t].Load()
 	}
-	return n >= int64(ix.opts.MaxHoldings)
+	return dropCapacity, n >= int64(ix.opts.MaxHoldings)
 }
 
 // ref adds a reference to (stream, hash, tier) for the block with key k.
@@ -403,6 +408,7 @@ func (ix *Index) Restart(s events.Stream) {
 	if !ep.gone {
 		st := ep.stream(s.DPRank)
 		ix.clearStream(ep, st, &d)
+		ep.held += d.held()
 		st.hasSeq, st.instance = false, ""
 		st.state = datalayer.StreamExact
 		ep.refreshState()

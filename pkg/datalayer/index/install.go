@@ -60,6 +60,7 @@ func (ix *Index) InstallSnapshot(o events.Origin, chunks []*events.Batch) error 
 		}
 	}
 	incomplete := unknownParent || st.state == datalayer.StreamUncertain
+	ep.held += d.held()
 	st.instance, st.seq, st.hasSeq = o.Instance, o.Seq, true
 	st.state = datalayer.StreamUncertain
 	ep.refreshState()

@@ -22,6 +22,7 @@ const (
 	dropCapacity
 	dropRefOverflow
 	dropNoEndpointID
+	dropEndpointCapacity
 	numDropReasons
 )
 
@@ -37,6 +38,8 @@ var dropReasonNames = [numDropReasons]string{
 	dropCapacity:        "capacity",
 	dropRefOverflow:     "ref_overflow",
 	dropNoEndpointID:    "no_endpoint_id",
+	// endpoint_capacity: the endpoint's own bound (MaxHoldingsPerEndpoint).
+	dropEndpointCapacity: "endpoint_capacity",
 }
 
 // Why holdings were evicted rather than removed by an event.

@@ -101,6 +101,15 @@ type delta struct {
 	spec     int64
 }
 
+// held is the change in holdings, all tiers.
+func (d *delta) held() int64 {
+	var n int64
+	for _, h := range d.holdings {
+		n += h
+	}
+	return n
+}
+
 type keyShard struct {
 	mu   sync.RWMutex
 	m    keyTable

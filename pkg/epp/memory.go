@@ -1,0 +1,65 @@
+package epp
+
+import (
+	"math"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+)
+
+// The memory the index may take, as sizing rules: the index gets half of
+// what the process may use, at BytesPerHolding per holding. 57 bytes per
+// holding is measured (docs/benchmarks.md, BenchmarkIndexMemory); the rest
+// is room for a stream's handle map to double and for the batch in flight.
+const (
+	BytesPerHolding  = 96
+	indexMemoryShare = 2
+	// fallbackMemory is what the process is assumed to have when neither
+	// GOMEMLIMIT nor a container limit says.
+	fallbackMemory = 4 << 30
+	// maxQueuedShare bounds the consumer's queued payloads at a sixteenth
+	// of memory.
+	maxQueuedShare = 16
+)
+
+// MemoryBudget is the memory the process may use and where that figure
+// comes from: GOMEMLIMIT when set, else the container's cgroup limit, else
+// a fixed fallback.
+func MemoryBudget() (bytes int64, source string) {
+	if lim := debug.SetMemoryLimit(-1); lim > 0 && lim < math.MaxInt64 {
+		return lim, "GOMEMLIMIT"
+	}
+	if lim, ok := cgroupLimit(); ok {
+		return lim, "cgroup"
+	}
+	return fallbackMemory, "default"
+}
+
+// cgroupLimit reads the memory limit of the process's cgroup, v2 first
+// (memory.max), then v1 (memory.limit_in_bytes); ok is false when there is
+// none (a v1 "unlimited" is a number near 2^63).
+func cgroupLimit() (int64, bool) {
+	for _, path := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		s := strings.TrimSpace(string(data))
+		if s == "max" {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 || n >= 1<<60 {
+			return 0, false
+		}
+		return n, true
+	}
+	return 0, false
+}
+
+// DefaultMaxHoldings is the index's holding bound for a process that may
+// use memory bytes.
+func DefaultMaxHoldings(memory int64) int {
+	return int(max(memory/indexMemoryShare/BytesPerHolding, 1<<16))
+}
