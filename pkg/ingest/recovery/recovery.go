@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/pkg/events"
 )
@@ -95,8 +96,13 @@ type Recovery struct {
 
 	mu      sync.Mutex
 	streams map[events.Stream]*stream
+	gates   map[string]*endpointGate
 	running int
 	wake    chan struct{}
+
+	// logs bounds the lines resync outcomes write: a relay's answers are
+	// input from the network.
+	logs *rate.Limiter
 }
 
 var _ events.Sink = (*Recovery)(nil)
@@ -196,7 +202,9 @@ func New(opts Options, target Target, nc *nats.Conn, reg prometheus.Registerer) 
 		log:     log.With("component", "kv-recovery"),
 		m:       m,
 		streams: make(map[events.Stream]*stream),
+		gates:   make(map[string]*endpointGate),
 		wake:    make(chan struct{}, 1),
+		logs:    rate.NewLimiter(rate.Every(time.Second), 4),
 	}, nil
 }
 
@@ -382,6 +390,7 @@ func (r *Recovery) RemoveEndpoint(addr string) {
 			delete(r.streams, s)
 		}
 	}
+	delete(r.gates, addr)
 	r.mu.Unlock()
 	for _, st := range gone {
 		st.mu.Lock()
@@ -483,6 +492,13 @@ func (r *Recovery) startDue(ctx context.Context, wg *sync.WaitGroup) time.Time {
 		if r.running >= r.opts.Concurrency {
 			continue // a finishing resync wakes Run
 		}
+		if blocked, until := r.gateBlocks(st.id.Endpoint, now); blocked {
+			if !until.IsZero() && (next.IsZero() || until.Before(next)) {
+				next = until
+			}
+			continue
+		}
+		r.gate(st.id.Endpoint).inFlight = true
 		once := !st.want
 		st.want, st.joined, st.inFlight = false, false, true
 		r.running++
@@ -506,6 +522,7 @@ func (r *Recovery) finish(st *stream, err error, once bool) {
 	r.running--
 	st.inFlight = false
 	failures := st.failures
+	failed := false
 	switch {
 	case err == nil:
 		st.failures = 0
@@ -513,22 +530,30 @@ func (r *Recovery) finish(st *stream, err error, once bool) {
 	case once && (errors.Is(err, ErrNoResponders) || errors.Is(err, ErrNoPod)):
 		failures = -1 // no relay to ask, nor a warning: see AddEndpoint
 	default:
+		failed = true
 		st.failures++
 		st.want = true
 		st.notBefore = time.Now().Add(r.backoff(st.failures))
 	}
+	r.gateDone(st.id.Endpoint, failed, time.Now())
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
 	// One line when a stream starts failing and one when it recovers; the
-	// retries between are counted, not logged.
+	// retries between are counted, not logged, and the lines of all
+	// streams together are rate-limited.
+	quiet := errors.Is(err, ErrAborted) || errors.Is(err, context.Canceled) || errors.Is(err, ErrInexact)
 	switch {
 	case err == nil && failures > 0:
-		r.log.Info("stream resynchronised", "stream", st.id.String(), "failed_attempts", failures)
-	case err != nil && failures == 0 && !errors.Is(err, ErrAborted) && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrInexact):
-		r.log.Warn("stream resync failed; answers for it stay approximate, retrying with backoff", "stream", st.id.String(), "err", err)
+		if r.logs.Allow() {
+			r.log.Info("stream resynchronised", "stream", st.id.String(), "failed_attempts", failures)
+		}
+	case err != nil && failures == 0 && !quiet:
+		if r.logs.Allow() {
+			r.log.Warn("stream resync failed; answers for it stay approximate, retrying with backoff", "stream", st.id.String(), "err", err)
+		}
 	case err != nil:
 		r.log.Debug("stream resync failed", "stream", st.id.String(), "err", err)
 	}

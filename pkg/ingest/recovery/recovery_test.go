@@ -152,7 +152,9 @@ func newUnit(t testing.TB, opts recovery.Options) *unit {
 	if opts.MinBackoff == 0 {
 		opts.MinBackoff, opts.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	}
-	opts.Pod = func(string) (string, bool) { return unitPod, true }
+	if opts.Pod == nil {
+		opts.Pod = func(string) (string, bool) { return unitPod, true }
+	}
 	u.rec, err = recovery.New(opts, u.ix, nc, u.reg)
 	if err != nil {
 		t.Fatal(err)
