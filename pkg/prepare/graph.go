@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/framework/plugin"
@@ -43,6 +44,9 @@ type Graph struct {
 
 	duration *prometheus.HistogramVec
 	errors   *prometheus.CounterVec
+	// failLog bounds the failure lines: requests decide how often
+	// producers fail (a flood of them times them out).
+	failLog *rate.Limiter
 }
 
 type graphNode struct {
@@ -87,7 +91,8 @@ func WithLogger(l *slog.Logger) GraphOption {
 // points) is counted once; plugins are told apart by their TypedName.
 func BuildGraph(plugins []plugin.Plugin, opts ...GraphOption) (*Graph, error) {
 	g := &Graph{
-		logger: slog.Default(),
+		logger:  slog.Default(),
+		failLog: rate.NewLimiter(rate.Every(time.Second), 5),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvroute_prepare_data_duration_seconds",
 			Help:    "Time each PrepareData producer took for one request.",
@@ -415,8 +420,10 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 		} else {
 			n.failures.Inc()
 		}
-		g.logger.LogAttrs(ctx, slog.LevelWarn, "data producer failed",
-			slog.String("plugin", n.name), slog.String("request", req.ID), slog.Any("error", err))
+		if g.failLog.Allow() {
+			g.logger.LogAttrs(ctx, slog.LevelWarn, "data producer failed",
+				slog.String("plugin", n.name), slog.String("request", req.ID), slog.Any("error", err))
+		}
 		errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
 	}
 	return errors.Join(errs...)

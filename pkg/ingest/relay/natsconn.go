@@ -73,6 +73,7 @@ func (o NATSOptions) options() ([]nats.Option, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	logger = slog.New(throttled(logger.Handler()))
 	opts = append(opts,
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			logger.Warn("NATS connection lost; buffering", "err", err)

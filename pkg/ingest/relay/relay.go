@@ -168,7 +168,7 @@ func New(cfg Config, nc *nats.Conn) (*Relay, error) {
 		m:         m,
 		mirror:    NewMirror(cfg.MirrorMaxBlocks),
 		box:       newOutbox(cfg.BufferBatches, cfg.BufferBytes, m),
-		log:       cfg.Logger.With("pod", cfg.Pod),
+		log:       slog.New(throttled(cfg.Logger.Handler())).With("pod", cfg.Pod),
 		endpoint:  net.JoinHostPort(cfg.PodIP, strconv.Itoa(cfg.ServingPort)),
 		in:        intake{endpoint: cfg.ZMQEndpoint, topic: cfg.Topic, bind: !cfg.Connect},
 		started:   time.Now(),

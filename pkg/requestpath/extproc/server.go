@@ -21,6 +21,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
@@ -117,6 +118,9 @@ type Server struct {
 	hln     net.Listener
 	health  *health.Server
 	ranOnce sync.Once
+	// failLog bounds the lines failed streams write: clients decide how
+	// many fail.
+	failLog *rate.Limiter
 }
 
 // New binds the listeners (so Addr is known before Run) and prepares TLS.
@@ -139,7 +143,8 @@ func New(d Director, o Options) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), health: health.NewServer()}
+	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), health: health.NewServer(),
+		failLog: rate.NewLimiter(rate.Every(time.Second), 5)}
 
 	opts := []grpc.ServerOption{experimental.BufferPool(BufferPool())}
 	if !o.Plaintext {

@@ -89,7 +89,9 @@ func (st *stream) run() error {
 		done, err := st.handle(req)
 		if err != nil {
 			st.result = resultError
-			st.s.log.LogAttrs(st.ctx, slog.LevelWarn, "ext_proc stream failed", slog.Any("error", err))
+			if st.s.failLog.Allow() {
+				st.s.log.LogAttrs(st.ctx, slog.LevelWarn, "ext_proc stream failed", slog.Any("error", err))
+			}
 			if errors.Is(err, ErrProtocol) {
 				return status.Error(codes.InvalidArgument, err.Error())
 			}

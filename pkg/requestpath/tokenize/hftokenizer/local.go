@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
@@ -56,6 +57,8 @@ type Local struct {
 	base   context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// driftLog bounds the drift lines, which requests trigger.
+	driftLog *rate.Limiter
 }
 
 var _ tokenize.Tokenizer = (*Local)(nil)
@@ -78,7 +81,7 @@ func NewLocal(opts LocalOptions, reg prometheus.Registerer) *Local {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	l := &Local{o: opts, sem: make(chan struct{}, maxDriftChecks)}
+	l := &Local{o: opts, sem: make(chan struct{}, maxDriftChecks), driftLog: rate.NewLimiter(rate.Every(time.Second), 1)}
 	l.m = localMetrics{
 		requests: registerOrReuse(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_tokenizer_requests_total",
@@ -199,6 +202,9 @@ func (l *Local) checkDrift(req *request.Request, local []uint32) {
 		default:
 			l.m.checks.WithLabelValues(probe.Model, "mismatch").Inc()
 			l.m.drift.WithLabelValues(probe.Model).Inc()
+			if !l.driftLog.Allow() {
+				return
+			}
 			at := firstDifference(want, remote)
 			l.o.Logger.LogAttrs(ctx, slog.LevelWarn, "local tokenization differs from the model server's",
 				slog.String("model", probe.Model), slog.String("request_id", probe.ID),
