@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/discovery/k8s"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
 	"github.com/kvroute/kvroute/pkg/transport/natsauth"
 )
@@ -80,6 +81,12 @@ func run(args []string) error {
 	certPath := fs.String("cert-path", "", "directory holding tls.crt and tls.key for ext_proc")
 	fs.StringVar(&o.RequestPath.ProxyAddr, "proxy-addr", "", "address of the OpenAI-compatible standalone proxy; empty disables it")
 	fs.IntVar(&o.RequestPath.MaxBodyBytes, "max-body-bytes", 16<<20, "largest request body accepted")
+	fs.BoolVar(&o.RequestPath.PassUnknownModels, "pass-unknown-models", false, "route requests for models no endpoint serves or reports as a loaded LoRA adapter, instead of refusing them with 404")
+	fs.DurationVar(&o.RequestPath.Proxy.ReadTimeout, "proxy-read-timeout", proxy.DefaultReadTimeout, "proxy: bound on reading a request, body included")
+	fs.DurationVar(&o.RequestPath.Proxy.WriteTimeout, "proxy-write-timeout", proxy.DefaultWriteTimeout, "proxy: bound on a non-streamed response, generation included")
+	fs.DurationVar(&o.RequestPath.Proxy.IdleTimeout, "proxy-idle-timeout", proxy.DefaultIdleTimeout, "proxy: how long a kept-alive connection may sit idle")
+	fs.IntVar(&o.RequestPath.Proxy.MaxConcurrent, "proxy-max-concurrent", proxy.DefaultMaxConcurrent, "proxy: requests in flight at once; more are refused with 429")
+	fs.Int64Var(&o.RequestPath.Proxy.MaxInFlightBytes, "proxy-max-inflight-bytes", proxy.DefaultMaxInFlightBytes, "proxy: request bodies held in memory at once; a request past it is refused with 503")
 	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", true, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
 	var tokenizers modelPaths
 	fs.Var(&tokenizers, "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the hftokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")

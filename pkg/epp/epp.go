@@ -397,6 +397,7 @@ func (e *EPP) buildScheduling() error {
 		PrepareDataTimeout: e.prepareDataTimeout(),
 		Tokenizer:          e.tokenizer,
 		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,
+		PassUnknownModels:  e.opts.RequestPath.PassUnknownModels,
 		Metrics:            director.NewMetrics(e.reg),
 		Logger:             e.logger,
 	})

@@ -31,6 +31,14 @@ type RequestPathOptions struct {
 	ProxyAddr string
 	// MaxBodyBytes bounds a request body (default 16 MiB).
 	MaxBodyBytes int
+	// Proxy bounds the standalone proxy's clients: read, write and idle
+	// timeouts, concurrent requests, body bytes in flight (zero fields
+	// mean proxy's defaults). Addr, MaxBodyBytes, Logger and Registerer
+	// are set from the above.
+	Proxy proxy.Options
+	// PassUnknownModels routes requests for models no endpoint serves or
+	// reports as a loaded adapter; by default they are refused with 404.
+	PassUnknownModels bool
 	// Tokenize asks a model server's /tokenize for the token ids of
 	// requests that carry text, so that their prefix answers are exact.
 	Tokenize        bool
@@ -110,9 +118,9 @@ func (e *EPP) startRequestPath() error {
 		e.extproc = s
 	}
 	if o.ProxyAddr != "" {
-		p, err := proxy.New(e.director, proxy.Options{
-			Addr: o.ProxyAddr, MaxBodyBytes: int64(o.MaxBodyBytes), Logger: e.logger, Registerer: e.reg,
-		})
+		po := o.Proxy
+		po.Addr, po.MaxBodyBytes, po.Logger, po.Registerer = o.ProxyAddr, int64(o.MaxBodyBytes), e.logger, e.reg
+		p, err := proxy.New(e.director, po)
 		if err != nil {
 			return fmt.Errorf("epp: proxy: %w", err)
 		}

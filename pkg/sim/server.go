@@ -188,6 +188,11 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	case g.MaxTokens != nil:
 		maxTokens = *g.MaxTokens
 	}
+	if len(tokens) >= MaxModelLen {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("this model's maximum context length is %d tokens, and the prompt alone is %d tokens; shorten the prompt",
+			MaxModelLen, len(tokens)))
+		return
+	}
 	if maxTokens < 1 || maxTokens > MaxModelLen-len(tokens) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens must be in [1, %d] for a %d-token prompt (max_model_len %d)",
 			MaxModelLen-len(tokens), len(tokens), MaxModelLen))

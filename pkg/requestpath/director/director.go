@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -40,7 +41,17 @@ const (
 type Error struct {
 	Status int
 	Err    error
+	// Param names the request field at fault, as vLLM's errors do
+	// ("model" for a model no endpoint serves).
+	Param string
 }
+
+// ErrUnknownModel: no endpoint serves the requested model, as its base
+// model or as a loaded LoRA adapter.
+var ErrUnknownModel = errors.New("unknown model")
+
+// ErrContextLength: the prompt does not fit the model's context.
+var ErrContextLength = errors.New("prompt longer than the model's context")
 
 func (e *Error) Error() string { return e.Err.Error() }
 func (e *Error) Unwrap() error { return e.Err }
@@ -78,6 +89,8 @@ type Pick struct {
 	// Candidates are the request's candidates with what PrepareData put on them.
 	Candidates []*datalayer.Candidate
 	Start      time.Time
+	// labels are the requested and target models as metric label values.
+	labels [2]string
 }
 
 // DefaultPrepareDataTimeout bounds PrepareData when Options leave it zero:
@@ -100,8 +113,12 @@ type Options struct {
 	// Objectives maps an objective name (x-gateway-inference-objective) to
 	// its priority; unknown objectives get priority 0.
 	Objectives map[string]int
-	Metrics    *Metrics
-	Logger     *slog.Logger
+	// PassUnknownModels routes requests for a model that no endpoint
+	// serves as its base model or reports as a loaded adapter; by default
+	// they are refused with 404, as vLLM refuses them.
+	PassUnknownModels bool
+	Metrics           *Metrics
+	Logger            *slog.Logger
 }
 
 // Director runs the request path. It is safe for concurrent use.
@@ -148,7 +165,13 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if obj := in.Headers[HeaderObjective]; obj != "" {
 		req.Priority = d.o.Objectives[obj]
 	}
-	if req.LoRA == "" && !d.servesBaseModel(req.Model) {
+	known := d.known(req.Model)
+	if !known.base && !known.adapter && !d.o.PassUnknownModels {
+		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
+		return nil, &Error{Status: http.StatusNotFound, Param: "model",
+			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, truncate(req.Model))}
+	}
+	if req.LoRA == "" && !known.base {
 		// A model name no endpoint serves as its base model names a LoRA
 		// adapter: vLLM keys the adapter's blocks by its name.
 		req.LoRA = req.Model
@@ -175,10 +198,15 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		req.ID = uuid.NewString()
 	}
 	d.tokenize(ctx, req)
+	labels := [2]string{d.modelLabel(requested), d.modelLabel(req.Model)}
+	if err := d.checkContext(req); err != nil {
+		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "400").Inc()
+		return nil, err
+	}
 
 	cands := d.o.Datastore.Candidates(subsetFilter(subset))
 	if len(cands) == 0 {
-		d.o.Metrics.errors.WithLabelValues(requested, req.Model, "503").Inc()
+		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("no ready endpoint%s", subsetNote(subset))}
 	}
 	if d.o.Graph != nil {
@@ -197,19 +225,37 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		case errors.Is(err, scheduling.ErrShed):
 			status = http.StatusTooManyRequests
 		}
-		d.o.Metrics.errors.WithLabelValues(requested, req.Model, fmt.Sprint(status)).Inc()
+		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
 		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
 	}
-	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start}
+	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels}
 	for _, c := range res.Targets() {
 		p.Targets = append(p.Targets, c.Address)
 	}
 	if len(p.Targets) == 0 {
-		d.o.Metrics.errors.WithLabelValues(requested, req.Model, "503").Inc()
+		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: errors.New("scheduler picked no endpoint")}
 	}
 	d.o.Metrics.observePick(p)
 	return p, nil
+}
+
+// checkContext refuses a prompt that cannot fit the model's context, when
+// the tokenizer has learned that context from the model server: the
+// client gets a message that says so instead of the model server's
+// arithmetic on a negative remainder.
+func (d *Director) checkContext(req *request.Request) error {
+	cl, ok := d.o.Tokenizer.(tokenize.ContextLengths)
+	if !ok || !req.TokensKnown() {
+		return nil
+	}
+	limit, ok := cl.MaxModelLen(req.Model)
+	if !ok || len(req.TokenIDs) < limit {
+		return nil
+	}
+	return &Error{Status: http.StatusBadRequest, Param: "prompt", Err: fmt.Errorf(
+		"%w: this model's maximum context length is %d tokens, and the prompt alone is %d tokens; shorten the prompt",
+		ErrContextLength, limit, len(req.TokenIDs))}
 }
 
 // tokenize fills in req's token ids when the request did not carry them
@@ -248,17 +294,67 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 	d.o.Metrics.observeResponse(p, s)
 }
 
-// servesBaseModel reports whether some endpoint serves model as its base
-// model (or no endpoint says what it serves).
-func (d *Director) servesBaseModel(model string) bool {
+// knownModel says how the pool knows a model name.
+type knownModel struct {
+	// base: some endpoint serves it as its base model (or some endpoint
+	// does not say what it serves, or there are none to ask).
+	base bool
+	// adapter: some endpoint reports it as a LoRA adapter, running or
+	// waiting.
+	adapter bool
+}
+
+// known looks model up among the endpoints and their scraped metrics.
+func (d *Director) known(model string) knownModel {
 	empty := true
 	for ep := range d.o.Datastore.All() {
 		if ep.Model == model || ep.Model == "" {
-			return true
+			return knownModel{base: true}
 		}
 		empty = false
 	}
-	return empty
+	if empty {
+		return knownModel{base: true}
+	}
+	for ep := range d.o.Datastore.All() {
+		if m, ok := d.o.Datastore.Metrics(ep.Name); ok && (slices.Contains(m.ActiveLoRAs, model) || slices.Contains(m.WaitingLoRAs, model)) {
+			return knownModel{adapter: true}
+		}
+	}
+	return knownModel{}
+}
+
+// labelOther is the label value every model name the pool does not know
+// folds into.
+const labelOther = "other"
+
+// modelLabel is model as a metric label value: the name when an endpoint
+// serves it or reports it as an adapter, else labelOther. A label value
+// is a series for good, and a model name is the client's text.
+func (d *Director) modelLabel(model string) string {
+	for ep := range d.o.Datastore.All() {
+		if ep.Model == model {
+			return model
+		}
+	}
+	if model != "" {
+		if k := d.known(model); k.adapter {
+			return model
+		}
+	}
+	if model == "" {
+		return ""
+	}
+	return labelOther
+}
+
+// truncate keeps a client's text short enough for an error message.
+func truncate(s string) string {
+	const limit = 256
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit] + "…"
 }
 
 func subsetFilter(subset []string) func(*datalayer.Endpoint) bool {

@@ -2,6 +2,7 @@ package director
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 )
@@ -12,6 +13,7 @@ type errorBody struct {
 	Error struct {
 		Message string `json:"message"`
 		Type    string `json:"type"`
+		Param   string `json:"param,omitempty"`
 		Code    int    `json:"code"`
 	} `json:"error"`
 }
@@ -20,8 +22,23 @@ type errorBody struct {
 // {"error":{"message":...,"type":...,"code":status}}, the type named as
 // OpenAI's client libraries name it (BadRequestError, RateLimitError, ...).
 func ErrorJSON(status int, message string) []byte {
+	return errorJSON(status, message, "")
+}
+
+// ErrorBody is ErrorJSON for a request-path error: its message, and the
+// request field it concerns when it names one (vLLM's "param").
+func ErrorBody(status int, err error) []byte {
+	var e *Error
+	if errors.As(err, &e) {
+		return errorJSON(status, err.Error(), e.Param)
+	}
+	return errorJSON(status, err.Error(), "")
+}
+
+func errorJSON(status int, message, param string) []byte {
 	var e errorBody
 	e.Error.Message = message
+	e.Error.Param = param
 	e.Error.Type = errorType(status)
 	e.Error.Code = status
 	b, err := json.Marshal(&e)

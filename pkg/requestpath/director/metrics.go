@@ -89,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 func (m *Metrics) observePick(p *Pick) {
-	m.requests.WithLabelValues(p.RequestedModel, p.Request.Model).Inc()
+	m.requests.WithLabelValues(p.labels[0], p.labels[1]).Inc()
 	picked := p.Result.Targets()
 	if len(picked) == 0 {
 		return
@@ -117,7 +117,7 @@ func (m *Metrics) observePick(p *Pick) {
 }
 
 func (m *Metrics) observeResponse(p *Pick, s Served) {
-	model := []string{p.RequestedModel, p.Request.Model}
+	model := p.labels[:]
 	if s.Status >= 400 {
 		m.errors.WithLabelValues(model[0], model[1], fmt.Sprint(s.Status)).Inc()
 	}

@@ -273,7 +273,7 @@ func (st *stream) refuse(code int, err error) (bool, error) {
 			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				setHeader("content-type", "application/json"),
 			}},
-			Body:    director.ErrorJSON(code, err.Error()),
+			Body:    director.ErrorBody(code, err),
 			Details: "kvroute_" + strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_"),
 		},
 	}}

@@ -6,6 +6,7 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	active    prometheus.Gauge
 	fallbacks prometheus.Counter
+	refused   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -22,9 +23,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvroute_proxy_fallbacks_total",
 			Help: "Forwarding attempts to a fallback endpoint after a connection to the previous pick failed.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_proxy_refused_total",
+			Help: "Requests the proxy refused before routing them, by reason: concurrency (429), body_bytes (503), method (405), content_type (415).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{refusedConcurrency, refusedBodyBytes, refusedMethod, refusedContentType} {
+		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.active, m.fallbacks)
+		reg.MustRegister(m.requests, m.active, m.fallbacks, m.refused)
 	}
 	return m
 }

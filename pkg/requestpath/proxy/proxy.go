@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -60,7 +62,19 @@ type Options struct {
 	Transport http.RoundTripper
 	// ShutdownGrace bounds a graceful stop before connections are cut (5s when zero).
 	ShutdownGrace time.Duration
-	Logger        *slog.Logger
+	// ReadTimeout bounds reading a request, body included; WriteTimeout a
+	// non-streamed response; IdleTimeout a kept-alive connection between
+	// requests. Zero means the Default* values; streamed responses have no
+	// write bound of the proxy's.
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxConcurrent bounds the requests in flight (DefaultMaxConcurrent
+	// when zero); one more is refused with 429.
+	MaxConcurrent int
+	// MaxInFlightBytes bounds the request bodies, and the response bodies
+	// kept to read their usage, held at once (DefaultMaxInFlightBytes when
+	// zero); a request that would pass it is refused with 503.
+	MaxInFlightBytes int64
+	Logger           *slog.Logger
 	// Registerer takes the proxy's metrics; nil means don't register.
 	Registerer prometheus.Registerer
 }
@@ -74,6 +88,9 @@ type Server struct {
 	rp  *httputil.ReverseProxy
 	ln  net.Listener
 	srv *http.Server
+	lim *limits
+	// upstreamLog bounds the lines upstream failures write.
+	upstreamLog *rate.Limiter
 }
 
 // New binds the listener, so that Addr is known before Run.
@@ -90,6 +107,21 @@ func New(d Director, o Options) (*Server, error) {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = 5 * time.Second
 	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if o.MaxInFlightBytes <= 0 {
+		o.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -99,7 +131,8 @@ func New(d Director, o Options) (*Server, error) {
 		t.MaxIdleConnsPerHost = 64
 		o.Transport = t
 	}
-	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer)}
+	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), lim: newLimits(o),
+		upstreamLog: rate.NewLimiter(rate.Every(time.Second), 5)}
 	s.rp = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
 		Transport:      &fallbackTransport{next: o.Transport, m: s.m},
@@ -113,7 +146,14 @@ func New(d Director, o Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: listen on %s: %w", o.Addr, err)
 	}
 	s.ln = ln
-	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	s.srv = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: min(10*time.Second, o.ReadTimeout),
+		ReadTimeout:       o.ReadTimeout,
+		IdleTimeout:       o.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelDebug),
+	}
 	return s, nil
 }
 
@@ -150,8 +190,12 @@ type exchange struct {
 	pick   *director.Pick
 	body   []byte
 	served director.Served
+	lim    *limits
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// held is the in-flight budget the request's body and kept response
+	// take, released when it is accounted for.
+	held     int64
 	sse      *openai.SSEUsageScanner
 	respBuf  []byte
 	overflow bool
@@ -169,19 +213,51 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.m.active.Inc()
 	defer s.m.active.Dec()
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
-		s.refuse(w, http.StatusNotFound, fmt.Errorf("no route for %s: kvroute serves the OpenAI API under /v1/", r.URL.Path))
+		s.refuse(w, http.StatusNotFound, fmt.Errorf("no route for %s: kvroute serves the OpenAI API under /v1/", truncate(r.URL.Path)))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			s.refuse(w, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
+	if allow, ok := admitMethod(r); !ok {
+		w.Header().Set("Allow", allow)
+		s.m.refused.WithLabelValues(refusedMethod).Inc()
+		s.refuse(w, http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed on %s: use %s", truncate(r.Method), truncate(r.URL.Path), allow))
+		return
+	}
+	if r.Method == http.MethodPost {
+		if err := admitContentType(r); err != nil {
+			s.m.refused.WithLabelValues(refusedContentType).Inc()
+			s.refuse(w, http.StatusUnsupportedMediaType, err)
 			return
 		}
-		s.refuse(w, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
+	}
+	if !s.lim.enter() {
+		s.m.refused.WithLabelValues(refusedConcurrency).Inc()
+		w.Header().Set("Retry-After", "1")
+		s.refuse(w, http.StatusTooManyRequests, fmt.Errorf("the proxy is serving its limit of %d concurrent requests; retry", s.o.MaxConcurrent))
 		return
 	}
+	defer s.lim.leave()
+	ex := &exchange{lim: s.lim}
+	defer ex.releaseHeld()
+	body, held, err := s.lim.readBody(w, r, s.o.MaxBodyBytes)
+	ex.held = held
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			s.refuse(w, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
+		case errors.Is(err, errBudget):
+			s.m.refused.WithLabelValues(refusedBodyBytes).Inc()
+			w.Header().Set("Retry-After", "1")
+			s.refuse(w, http.StatusServiceUnavailable, fmt.Errorf("%w: the proxy holds its limit of %d bytes of bodies; retry", errBudget, s.lim.maxBytes))
+		default:
+			s.refuse(w, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
+		}
+		return
+	}
+	// The body is read: from here the connection's read deadline would
+	// only cut a long response short.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
 	in := &director.Input{Path: r.URL.RequestURI(), Headers: make(map[string]string, len(r.Header)), Body: body}
 	for k, v := range r.Header {
 		in.Headers[strings.ToLower(k)] = v[0]
@@ -203,7 +279,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, director.StatusOf(err), err)
 		return
 	}
-	ex := &exchange{pick: pick, body: body}
+	if pick.Request != nil && pick.Request.Stream {
+		_ = rc.SetWriteDeadline(time.Time{})
+	} else {
+		_ = rc.SetWriteDeadline(time.Now().Add(s.o.WriteTimeout))
+	}
+	ex.pick, ex.body = pick, body
 	ex.served.Endpoint = pick.Targets[0]
 	defer s.finish(ex)
 	r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex))
@@ -217,7 +298,15 @@ func (s *Server) refuse(w http.ResponseWriter, code int, err error) {
 	s.log.LogAttrs(context.Background(), slog.LevelDebug, "request refused", slog.Int("status", code), slog.Any("error", err))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_, _ = w.Write(director.ErrorJSON(code, err.Error()))
+	_, _ = w.Write(director.ErrorBody(code, err))
+}
+
+// releaseHeld gives back the in-flight budget the exchange holds.
+func (ex *exchange) releaseHeld() {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.lim.release(ex.held)
+	ex.held = 0
 }
 
 // finish accounts for the response once, after the proxy has copied it (or
@@ -276,7 +365,9 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		}
 		ex.mu.Unlock()
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream failed", slog.Any("error", err))
+	if s.upstreamLog.Allow() {
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream failed", slog.Any("error", err))
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_, _ = w.Write(director.ErrorJSON(code, err.Error()))
@@ -300,7 +391,7 @@ func (b *observedBody) Read(p []byte) (int, error) {
 		switch {
 		case ex.sse != nil:
 			ex.sse.Write(p[:n])
-		case !ex.overflow && len(ex.respBuf)+n <= maxUsageBody:
+		case !ex.overflow && len(ex.respBuf)+n <= maxUsageBody && ex.keep(n):
 			ex.respBuf = append(ex.respBuf, p[:n]...)
 		default:
 			ex.overflow, ex.respBuf = true, nil
@@ -311,6 +402,22 @@ func (b *observedBody) Read(p []byte) (int, error) {
 }
 
 func (b *observedBody) Close() error { return b.rc.Close() }
+
+// keep charges n more bytes of kept response to the in-flight budget;
+// false means the budget is spent, and the response goes unaccounted.
+// Called with ex.mu held.
+func (ex *exchange) keep(n int) bool {
+	if cap(ex.respBuf)-len(ex.respBuf) >= n {
+		return true
+	}
+	grow := int64(max(n, cap(ex.respBuf), 4096))
+	if !ex.lim.hold(grow) {
+		return false
+	}
+	ex.held += grow
+	ex.respBuf = slices.Grow(ex.respBuf, int(grow))
+	return true
+}
 
 // fallbackTransport tries the pick's targets in order, moving on only when
 // the request cannot have been served: a connection to the target could

@@ -19,6 +19,13 @@ type Tokenizer interface {
 	Tokenize(ctx context.Context, req *request.Request) ([]uint32, error)
 }
 
+// ContextLengths is implemented by tokenizers that learn each model's
+// context length from its model server (vLLM's max_model_len), so that a
+// prompt that cannot fit is refused before it is routed.
+type ContextLengths interface {
+	MaxModelLen(model string) (tokens int, ok bool)
+}
+
 // ErrUnsupported is returned for a request the tokenizer cannot handle
 // (an unknown model, an API without a prompt).
 var ErrUnsupported = errors.New("tokenization not supported for this request")

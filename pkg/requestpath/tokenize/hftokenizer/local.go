@@ -61,7 +61,18 @@ type Local struct {
 	driftLog *rate.Limiter
 }
 
-var _ tokenize.Tokenizer = (*Local)(nil)
+var (
+	_ tokenize.Tokenizer      = (*Local)(nil)
+	_ tokenize.ContextLengths = (*Local)(nil)
+)
+
+// MaxModelLen is the fallback's, when it learns context lengths.
+func (l *Local) MaxModelLen(model string) (int, bool) {
+	if cl, ok := l.o.Fallback.(tokenize.ContextLengths); ok {
+		return cl.MaxModelLen(model)
+	}
+	return 0, false
+}
 
 type localMetrics struct {
 	requests *prometheus.CounterVec

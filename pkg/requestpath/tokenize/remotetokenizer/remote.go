@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -86,9 +87,41 @@ type Remote struct {
 	// waiting counts callers waiting on a round trip, so tests can tell
 	// when concurrent callers have joined one.
 	waiting atomic.Int64
+
+	// contexts is each model's max_model_len as its server last reported
+	// it. Only models the pool serves reach a server, and the map is
+	// bounded all the same.
+	ctxMu    sync.Mutex
+	contexts map[string]int
 }
 
-var _ tokenize.Tokenizer = (*Remote)(nil)
+var (
+	_ tokenize.Tokenizer      = (*Remote)(nil)
+	_ tokenize.ContextLengths = (*Remote)(nil)
+)
+
+// maxContexts bounds the models whose context length is remembered.
+const maxContexts = 1024
+
+// MaxModelLen returns the context length, in tokens, the model server of
+// model reported with its last tokenization.
+func (r *Remote) MaxModelLen(model string) (int, bool) {
+	r.ctxMu.Lock()
+	defer r.ctxMu.Unlock()
+	n, ok := r.contexts[model]
+	return n, ok
+}
+
+func (r *Remote) noteContext(model string, n int) {
+	if n <= 0 {
+		return
+	}
+	r.ctxMu.Lock()
+	defer r.ctxMu.Unlock()
+	if _, ok := r.contexts[model]; ok || len(r.contexts) < maxContexts {
+		r.contexts[model] = n
+	}
+}
 
 // NewRemote returns a remote tokenizer; its metrics are registered with reg
 // unless reg is nil. Call Close to cancel round trips in flight.
@@ -108,7 +141,7 @@ func New(opts Options, reg prometheus.Registerer) *Remote {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	r := &Remote{o: opts, m: newRemoteMetrics(reg)}
+	r := &Remote{o: opts, m: newRemoteMetrics(reg), contexts: map[string]int{}}
 	if r.o.HTTPClient == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = defaultMaxIdleConnsPerHost
@@ -226,10 +259,11 @@ func (r *Remote) roundTrip(url string, req *request.Request) ([]uint32, error) {
 	if int64(len(data)) > r.o.MaxResponseBytes {
 		return nil, fmt.Errorf("tokenize at %s: %w: more than %d bytes", url, ErrResponseTooLarge, r.o.MaxResponseBytes)
 	}
-	ids, err := decodeResponse(data)
+	ids, maxLen, err := decodeResponse(data)
 	if err != nil {
 		return nil, fmt.Errorf("tokenize at %s: %w", url, err)
 	}
+	r.noteContext(req.Model, maxLen)
 	return ids, nil
 }
 
@@ -341,22 +375,23 @@ func writeJSONString(b *bytes.Buffer, s string) error {
 // decodeResponse reads a /tokenize response: {"count", "max_model_len",
 // "tokens": [...]}. Token ids must be integers that fit uint32; encoding/json
 // would read null as 0, so the ids are checked here.
-func decodeResponse(data []byte) ([]uint32, error) {
+func decodeResponse(data []byte) (ids []uint32, maxModelLen int, err error) {
 	var resp struct {
-		Count  *int            `json:"count"`
-		Tokens json.RawMessage `json:"tokens"`
+		Count       *int            `json:"count"`
+		MaxModelLen int             `json:"max_model_len"`
+		Tokens      json.RawMessage `json:"tokens"`
 	}
 	if err := json.Unmarshal(data, &resp); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadResponse, err)
+		return nil, 0, fmt.Errorf("%w: %v", ErrBadResponse, err)
 	}
-	ids, err := decodeTokenIDs(resp.Tokens)
+	ids, err = decodeTokenIDs(resp.Tokens)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if resp.Count != nil && *resp.Count != len(ids) {
-		return nil, fmt.Errorf("%w: count %d but %d tokens", ErrBadResponse, *resp.Count, len(ids))
+		return nil, 0, fmt.Errorf("%w: count %d but %d tokens", ErrBadResponse, *resp.Count, len(ids))
 	}
-	return ids, nil
+	return ids, max(resp.MaxModelLen, 0), nil
 }
 
 // decodeTokenIDs reads a JSON array of token ids that encoding/json has

@@ -699,7 +699,7 @@ func FuzzDecodeResponse(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		ids, err := decodeResponse(data)
+		ids, _, err := decodeResponse(data)
 		if err != nil {
 			if !errors.Is(err, ErrBadResponse) {
 				t.Fatalf("error %q does not wrap ErrBadResponse", err)
