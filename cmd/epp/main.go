@@ -1,6 +1,7 @@
 // Command epp is kvroute's Endpoint Picker. It consumes a pool's KV events
 // from NATS (an embedded server when --nats-url is empty), keeps the exact
-// prefix index, and serves metrics, health and /debug/prefix. The simulated
+// prefix index, and serves metrics and health (and, on a listener of its own
+// when asked, /debug/prefix and pprof). The simulated
 // fleet it can run against lives in cmd/kvsim, which this binary does not link.
 package main
 
@@ -74,7 +75,8 @@ func run(args []string) error {
 	fs.BoolVar(&kso.LeaderElection, "ha-enable-leader-election", false, "elect one replica through a Lease in the pool's namespace; every replica still serves picks")
 	fs.BoolVar(&o.Scrape, "scrape-metrics", true, "scrape each endpoint's /metrics")
 	fs.DurationVar(&scrapeEvery, "refresh-metrics-interval", 50*time.Millisecond, "interval between scrapes of an endpoint's metrics")
-	fs.StringVar(&o.HTTPAddr, "http-addr", ":9090", "address of /metrics, /healthz, /readyz and /debug/prefix (upstream's --metrics-port)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", ":9090", "address of /metrics, /healthz and /readyz (upstream's --metrics-port)")
+	fs.StringVar(&o.DebugAddr, "debug-addr", "", "address of /debug/prefix (and /debug/pprof with --enable-pprof); empty serves neither. It tells whoever reaches it which prompts the engines hold: bind it to loopback (127.0.0.1:9091) and port-forward")
 	fs.StringVar(&o.RequestPath.ExtProcAddr, "grpc-addr", ":9002", "address of Envoy's ext_proc gRPC service; empty disables it")
 	fs.StringVar(&o.RequestPath.HealthAddr, "grpc-health-addr", ":9003", "address of the plaintext gRPC health service")
 	secure := fs.Bool("secure-serving", true, "serve ext_proc over TLS (a self-signed certificate unless --cert-path is given)")
@@ -95,7 +97,7 @@ func run(args []string) error {
 	fs.StringVar(&o.ConfigFile, "config-file", "", "EndpointPickerConfig YAML file")
 	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
 	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "age after which an endpoint's scraped metrics count as unknown load")
-	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on the metrics address")
+	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on --debug-addr")
 	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 0, "bound on (block, endpoint, tier) holdings in the prefix index; 0 sizes it from GOMEMLIMIT or the container's memory limit (half of it, at 96 bytes a holding)")
 	fs.IntVar(&o.Index.MaxHoldingsPerEndpoint, "index-max-holdings-per-endpoint", 0, "bound on one endpoint's holdings; 0 means an eighth of --index-max-holdings")
 	fs.DurationVar(&o.Index.TierMaxAge[1], "index-cpu-max-age", 0, "evict CPU-tier holdings this long after their last store (for publishers that never remove them, such as LMCache); 0 keeps them")

@@ -29,7 +29,7 @@ func init() {
 func lookupCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lookup", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", "http://127.0.0.1:9090", "the EPP's metrics/debug `URL`")
+	addr := fs.String("addr", "http://127.0.0.1:9091", "the EPP's --debug-addr `URL` (port-forward it: it is never on a Service)")
 	var q prefixquery.Query
 	fs.StringVar(&q.Model, "model", "", "only endpoints serving this model (default: all)")
 	fs.StringVar(&q.LoRA, "lora", "", "the request's LoRA adapter")

@@ -12,7 +12,7 @@ import (
 )
 
 func TestLookupShowsWhoHoldsAPrompt(t *testing.T) {
-	e, err := epp.New(epp.Options{Pool: "p", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+	e, err := epp.New(epp.Options{Pool: "p", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +28,7 @@ func TestLookupShowsWhoHoldsAPrompt(t *testing.T) {
 	e.Index().Apply(events.Origin{Stream: events.Stream{Endpoint: "10.0.0.1:8000"}, Model: "m", BlockSize: 2, Instance: "a"},
 		&events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{11, 12}, TokenIDs: []uint32{5, 6, 7, 8}, BlockSize: 2}}})
 
-	addr := "http://" + e.HTTPAddr()
+	addr := "http://" + e.DebugAddr()
 	var out, errOut bytes.Buffer
 	if err := lookupCmd([]string{"--addr", addr, "--model", "m", "--tokens", "5,6,7,8,9"}, strings.NewReader(""), &out, &errOut); err != nil {
 		t.Fatalf("lookup: %v (%s)", err, errOut.String())

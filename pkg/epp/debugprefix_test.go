@@ -69,7 +69,7 @@ schedulingProfiles:
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			e, err := epp.New(epp.Options{
-				Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+				Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
 				ConfigText: tt.config,
 				Prefix:     prefixmatch.Params{DefaultBlockSizeTokens: 8},
 			})
@@ -93,6 +93,8 @@ schedulingProfiles:
 				name := fmt.Sprintf("pod-%d", i)
 				e.Datastore().Upsert(&datalayer.Endpoint{Name: name, Address: addr, Pod: name, Model: "m"})
 			}
+			// Core NATS keeps nothing for a subscriber that is not there yet.
+			testkit.WaitFor(t, "the EPP to consume", e.Ready)
 			prompt := make([]uint32, 128)
 			for i := range prompt {
 				prompt[i] = uint32(1000 + i)
@@ -108,7 +110,7 @@ schedulingProfiles:
 			// Asked before the pick: the default configuration's recorder makes
 			// the pick's own blocks speculatively held afterwards.
 			q := url.Values{"model": {"m"}, "token_ids": {joinTokens(prompt)}}
-			resp, err := http.Get("http://" + e.HTTPAddr() + "/debug/prefix?" + q.Encode())
+			resp, err := http.Get("http://" + e.DebugAddr() + "/debug/prefix?" + q.Encode())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,14 +153,14 @@ schedulingProfiles:
 func TestDebugPrefixSaysWhenNoProducerRuns(t *testing.T) {
 	t.Parallel()
 	e, err := epp.New(epp.Options{
-		Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
 		ConfigText: "plugins:\n- type: queue-scorer\n",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runEPP(t, e)
-	resp, err := http.Get("http://" + e.HTTPAddr() + "/debug/prefix?token_ids=1,2,3")
+	resp, err := http.Get("http://" + e.DebugAddr() + "/debug/prefix?token_ids=1,2,3")
 	if err != nil {
 		t.Fatal(err)
 	}

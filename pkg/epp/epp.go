@@ -112,11 +112,17 @@ type Options struct {
 	// this package, and every binary built on it, free of client-go.
 	Discovery func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (Discovery, error)
 
-	// EnablePprof serves /debug/pprof on HTTPAddr.
+	// DebugAddr serves /debug/prefix (and, with EnablePprof,
+	// /debug/pprof) on a listener of its own; empty, the default, serves
+	// neither. /debug/prefix tells whoever reaches it which prompts the
+	// engines hold, that is what other users sent: keep the address off
+	// any network clients reach (docs/security.md).
+	DebugAddr string
+	// EnablePprof adds /debug/pprof to DebugAddr's listener.
 	EnablePprof bool
 
-	// HTTPAddr serves /metrics, /healthz, /readyz and /debug/prefix
-	// (default 127.0.0.1:9090; port 0 picks a free one).
+	// HTTPAddr serves /metrics, /healthz and /readyz (default
+	// 127.0.0.1:9090; port 0 picks a free one).
 	HTTPAddr string
 
 	Logger *slog.Logger
@@ -147,6 +153,9 @@ type EPP struct {
 
 	httpLn  net.Listener
 	httpSrv *http.Server
+	// debugLn and debugSrv serve /debug/*; nil without DebugAddr.
+	debugLn  net.Listener
+	debugSrv *http.Server
 }
 
 // New builds an EPP: it starts the embedded NATS server when no URL is
@@ -287,7 +296,14 @@ func New(opts Options) (*EPP, error) {
 		e.Close()
 		return nil, err
 	}
-	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 5 * time.Second}
+	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	if opts.DebugAddr != "" {
+		if e.debugLn, err = net.Listen("tcp", opts.DebugAddr); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("epp: listen for /debug on %s: %w", opts.DebugAddr, err)
+		}
+		e.debugSrv = &http.Server{Handler: e.debugRoutes(), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+	}
 	return e, nil
 }
 
@@ -429,6 +445,14 @@ func (e *EPP) NATSURL() string { return e.nc.ConnectedUrl() }
 // HTTPAddr is the address the HTTP server listens on.
 func (e *EPP) HTTPAddr() string { return e.httpLn.Addr().String() }
 
+// DebugAddr is the address /debug/* is served on, empty when it is not.
+func (e *EPP) DebugAddr() string {
+	if e.debugLn == nil {
+		return ""
+	}
+	return e.debugLn.Addr().String()
+}
+
 // Discovery is an endpoint discovery source that runs with the EPP.
 type Discovery interface {
 	Run(ctx context.Context) error
@@ -528,6 +552,20 @@ func (e *EPP) Run(ctx context.Context) error {
 		defer scancel()
 		return e.httpSrv.Shutdown(sctx)
 	})
+	if e.debugSrv != nil {
+		goRun(func() error {
+			if err := e.debugSrv.Serve(e.debugLn); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("epp: debug HTTP server: %w", err)
+			}
+			return nil
+		})
+		goRun(func() error {
+			<-ctx.Done()
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			return e.debugSrv.Shutdown(sctx)
+		})
+	}
 	wg.Wait()
 	return runErr
 }
@@ -563,6 +601,9 @@ func (e *EPP) Close() {
 	}
 	if e.httpLn != nil {
 		_ = e.httpLn.Close()
+	}
+	if e.debugLn != nil {
+		_ = e.debugLn.Close()
 	}
 	if e.extproc != nil {
 		e.extproc.Close()

@@ -25,7 +25,7 @@ import (
 // the test ends.
 func startEPP(t *testing.T) *EPP {
 	t.Helper()
-	e, err := New(Options{Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+	e, err := New(Options{Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 	q := url.Values{"model": {"m"}, "token_ids": {joinTokens(promptA.Tokens)}}
 	var ans prefixquery.Answer
 	testkit.WaitFor(t, "the index to reflect the published events", func() bool {
-		code, body := get(t, base+"/debug/prefix?"+q.Encode())
+		code, body := get(t, "http://"+e.DebugAddr()+"/debug/prefix?"+q.Encode())
 		if code != http.StatusOK {
 			t.Fatalf("/debug/prefix = %d %s", code, body)
 		}
@@ -141,7 +141,7 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 
 func TestDebugPrefixRejectsMalformedQueries(t *testing.T) {
 	e := startEPP(t)
-	base := "http://" + e.HTTPAddr() + "/debug/prefix"
+	base := "http://" + e.DebugAddr() + "/debug/prefix"
 	tests := []struct {
 		name, method, query, body, reason string
 	}{

@@ -43,6 +43,13 @@ func (e *EPP) routes() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	return mux
+}
+
+// debugRoutes are what DebugAddr serves: /debug/prefix, and pprof when
+// enabled.
+func (e *EPP) debugRoutes() http.Handler {
+	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/prefix", e.debugPrefix)
 	if e.opts.EnablePprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

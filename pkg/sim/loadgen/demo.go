@@ -76,7 +76,7 @@ func Demo(ctx context.Context, o DemoOptions) error {
 	}
 	fmt.Fprintf(out, "\nserving until interrupted; try:\n  curl -s http://%s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"prompt\":\"hello kvroute hello kvroute\",\"max_tokens\":8}'\n",
 		kv.EPP.ProxyAddr(), o.Fleet.Model)
-	fmt.Fprintf(out, "EPP metrics and /debug/prefix: http://%s   engines:", kv.EPP.HTTPAddr())
+	fmt.Fprintf(out, "EPP metrics: http://%s/metrics   /debug/prefix: http://%s/debug/prefix   engines:", kv.EPP.HTTPAddr(), kv.EPP.DebugAddr())
 	for _, s := range kv.Fleet.Servers {
 		fmt.Fprintf(out, " http://%s", s.Addr())
 	}

@@ -121,7 +121,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 	}
 	cfg := eppConfig(policy)
 	e, err := epp.New(epp.Options{
-		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
 		ConfigText: cfg, Scrape: true,
 		ScrapeOptions: scrape.Options{Interval: 50 * time.Millisecond},
 		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
