@@ -26,6 +26,10 @@ type RequestPathOptions struct {
 	// a self-signed certificate made at start when they are empty.
 	Plaintext         bool
 	CertFile, KeyFile string
+	// ClientCAFile turns on mutual TLS for ext_proc: only gateways whose
+	// certificate this CA signed may ask for picks. The key pair and the
+	// CA are read again when their files change.
+	ClientCAFile string
 	// ProxyAddr serves the OpenAI-compatible standalone proxy; empty
 	// disables it.
 	ProxyAddr string
@@ -109,7 +113,7 @@ func (e *EPP) startRequestPath() error {
 	if o.ExtProcAddr != "" {
 		s, err := extproc.New(e.director, extproc.Options{
 			Addr: o.ExtProcAddr, HealthAddr: o.HealthAddr, MaxBodyBytes: o.MaxBodyBytes,
-			Plaintext: o.Plaintext, CertFile: o.CertFile, KeyFile: o.KeyFile,
+			Plaintext: o.Plaintext, CertFile: o.CertFile, KeyFile: o.KeyFile, ClientCAFile: o.ClientCAFile,
 			Ready: e.Ready, Logger: e.logger, Registerer: e.reg,
 		})
 		if err != nil {

@@ -11,10 +11,11 @@ const (
 )
 
 type metrics struct {
-	streams   *prometheus.CounterVec
-	active    prometheus.Gauge
-	bodyBytes prometheus.Histogram
-	respBytes prometheus.Counter
+	streams    *prometheus.CounterVec
+	active     prometheus.Gauge
+	bodyBytes  prometheus.Histogram
+	respBytes  prometheus.Counter
+	tlsReloads *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -36,9 +37,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvroute_extproc_response_body_bytes_total",
 			Help: "Response body bytes passed through ext_proc.",
 		}),
+		tlsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_extproc_tls_reloads_total",
+			Help: "Times the ext_proc TLS files (key pair, client CA) changed and were read again, by result (ok, error: the previous ones stay in use).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.active, m.bodyBytes, m.respBytes)
+		reg.MustRegister(m.streams, m.active, m.bodyBytes, m.respBytes, m.tlsReloads)
 	}
 	return m
 }

@@ -11,7 +11,6 @@ package extproc
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,6 +88,10 @@ type Options struct {
 	// used, or, when they are empty, a self-signed certificate made at start.
 	Plaintext         bool
 	CertFile, KeyFile string
+	// ClientCAFile turns on mutual TLS: only clients (gateways) whose
+	// certificate this CA signed may open a stream. The key pair and the
+	// CA are read again when their files change.
+	ClientCAFile string
 	// Ready gates the readiness health services; nil means always ready.
 	Ready func() bool
 	// ReadyPoll is how often Ready is asked (1s when zero).
@@ -147,15 +150,15 @@ func New(d Director, o Options) (*Server, error) {
 		failLog: rate.NewLimiter(rate.Every(time.Second), 5)}
 
 	opts := []grpc.ServerOption{experimental.BufferPool(BufferPool())}
+	if o.Plaintext && o.ClientCAFile != "" {
+		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
+	}
 	if !o.Plaintext {
-		cert, err := loadOrMakeCert(o.CertFile, o.KeyFile)
+		files, err := newTLSFiles(o, s.m.tlsReloads, o.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("extproc: %w", err)
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
-			Certificates: []tls.Certificate{cert},
-			MinVersion:   tls.VersionTLS12,
-		})))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(files.serverConfig())))
 	}
 	var err error
 	if s.ln, err = net.Listen("tcp", o.Addr); err != nil {

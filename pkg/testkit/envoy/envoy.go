@@ -117,6 +117,16 @@ func Dial(addr string, plaintext bool) (*Client, error) {
 	return &Client{conn: conn, c: extprocv3.NewExternalProcessorClient(conn)}, nil
 }
 
+// DialTLS connects to addr over TLS as cfg says: the gateway of a server
+// that verifies its clients presents a certificate here.
+func DialTLS(addr string, cfg *tls.Config) (*Client, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)), experimental.WithBufferPool(extproc.BufferPool()))
+	if err != nil {
+		return nil, fmt.Errorf("extproctest: dial %s: %w", addr, err)
+	}
+	return &Client{conn: conn, c: extprocv3.NewExternalProcessorClient(conn)}, nil
+}
+
 // Conn is the client's gRPC connection (for health checks).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
