@@ -7,7 +7,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 )
@@ -18,10 +20,14 @@ var ErrConfig = errors.New("invalid NATS credentials")
 // Config says how a client proves who it is and checks the server. The zero
 // value is an anonymous client without TLS beyond what the URL asks for.
 type Config struct {
-	// At most one way to authenticate: User and Password, Token, an NKey
-	// seed file, or a creds file (a JWT and its NKey seed).
+	// At most one way to authenticate: User and Password, Token, a token
+	// file, an NKey seed file, or a creds file (a JWT and its NKey seed).
 	User, Password string
 	Token          string
+	// TokenFile is read at every connect, so that a token the kubelet
+	// refreshes (a projected ServiceAccount token, which the chart's NATS
+	// auth callout verifies) is always the current one.
+	TokenFile string
 	NKeySeedFile   string
 	CredsFile      string
 	// CAFile verifies the server's certificate (and turns TLS on);
@@ -47,6 +53,19 @@ func (c Config) Options() ([]nats.Option, error) {
 		auth++
 		opts = append(opts, nats.Token(c.Token))
 	}
+	if c.TokenFile != "" {
+		auth++
+		if _, err := readToken(c.TokenFile); err != nil {
+			return nil, fmt.Errorf("%w: token file: %w", ErrConfig, err)
+		}
+		path := c.TokenFile
+		opts = append(opts, nats.TokenHandler(func() string {
+			// A read that fails now sends no token: the server refuses the
+			// connection, and the client tries again with the next read.
+			tok, _ := readToken(path)
+			return tok
+		}))
+	}
 	if c.NKeySeedFile != "" {
 		auth++
 		opt, err := nats.NkeyOptionFromSeed(c.NKeySeedFile)
@@ -63,7 +82,7 @@ func (c Config) Options() ([]nats.Option, error) {
 		opts = append(opts, nats.UserCredentials(c.CredsFile))
 	}
 	if auth > 1 {
-		return nil, fmt.Errorf("%w: give one of user/password, token, nkey seed, creds file", ErrConfig)
+		return nil, fmt.Errorf("%w: give one of user/password, token, token file, nkey seed, creds file", ErrConfig)
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		return nil, fmt.Errorf("%w: a client certificate needs both its cert and key files", ErrConfig)
@@ -85,9 +104,34 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.User, "nats-user", os.Getenv("NATS_USER"), "NATS user (NATS_USER)")
 	fs.StringVar(&c.Password, "nats-password", os.Getenv("NATS_PASSWORD"), "NATS password (NATS_PASSWORD; prefer the environment to the flag)")
 	fs.StringVar(&c.Token, "nats-token", os.Getenv("NATS_TOKEN"), "NATS token (NATS_TOKEN; prefer the environment to the flag)")
+	fs.StringVar(&c.TokenFile, "nats-token-file", os.Getenv("NATS_TOKEN_FILE"), "file holding a NATS token, read at every connect: a projected ServiceAccount token (NATS_TOKEN_FILE)")
 	fs.StringVar(&c.NKeySeedFile, "nats-nkey-seed", os.Getenv("NATS_NKEY_SEED_FILE"), "file holding an NKey seed (NATS_NKEY_SEED_FILE)")
 	fs.StringVar(&c.CredsFile, "nats-creds", os.Getenv("NATS_CREDS_FILE"), "NATS creds file, a JWT and its seed (NATS_CREDS_FILE)")
 	fs.StringVar(&c.CAFile, "nats-ca", os.Getenv("NATS_CA_FILE"), "CA bundle to verify the NATS server (NATS_CA_FILE)")
 	fs.StringVar(&c.CertFile, "nats-cert", os.Getenv("NATS_CERT_FILE"), "client certificate for NATS TLS (NATS_CERT_FILE)")
 	fs.StringVar(&c.KeyFile, "nats-key", os.Getenv("NATS_KEY_FILE"), "client key for NATS TLS (NATS_KEY_FILE)")
+}
+
+// maxTokenBytes bounds a token file: a ServiceAccount token is a few KiB.
+const maxTokenBytes = 64 << 10
+
+// readToken reads a token file, its surrounding whitespace removed.
+func readToken(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTokenBytes+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > maxTokenBytes {
+		return "", fmt.Errorf("%s: more than %d bytes", path, maxTokenBytes)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return tok, nil
 }

@@ -101,6 +101,9 @@ func TestEachCredentialConnectsAndItsAbsenceIsRefused(t *testing.T) {
 		{"a token", func(*testing.T) *server.Options {
 			return &server.Options{Authorization: "s3cret"}
 		}, func(*testing.T) Config { return Config{Token: "s3cret"} }},
+		{"a token file", func(*testing.T) *server.Options {
+			return &server.Options{Authorization: "projected-token"}
+		}, func(t *testing.T) Config { return Config{TokenFile: writeFile(t, "token", []byte("projected-token\n"))} }},
 		{"an nkey seed file", func(*testing.T) *server.Options {
 			return &server.Options{Nkeys: []*server.NkeyUser{{Nkey: nkPub}}}
 		}, func(t *testing.T) Config { return Config{NKeySeedFile: writeFile(t, "user.nk", nkSeed)} }},
@@ -115,7 +118,7 @@ func TestEachCredentialConnectsAndItsAbsenceIsRefused(t *testing.T) {
 	}
 	// The creds case needs an operator, an account and a user signed in
 	// turn, as nsc would make them.
-	tests[3].server, tests[3].cfg = operatorServer()
+	tests[4].server, tests[4].cfg = operatorServer()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			url := startServer(t, tt.server(t))
@@ -190,6 +193,7 @@ func TestOptionsRefuseMistakes(t *testing.T) {
 		{"half a client certificate", Config{CertFile: "cert.pem"}},
 		{"an nkey seed file that is not there", Config{NKeySeedFile: "/nonexistent/seed"}},
 		{"a creds file that is not there", Config{CredsFile: "/nonexistent/creds"}},
+		{"a token file that is not there", Config{TokenFile: "/nonexistent/token"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -202,4 +206,28 @@ func TestOptionsRefuseMistakes(t *testing.T) {
 	if opts, err := (Config{}).Options(); err != nil || len(opts) != 0 {
 		t.Errorf("zero Config = %d options, %v; want none", len(opts), err)
 	}
+}
+
+// The kubelet rewrites a projected token before it expires: each connect
+// must send what the file holds then.
+func TestATokenFileIsReadAtEveryConnect(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, &server.Options{Authorization: "second"})
+	path := writeFile(t, "token", []byte("first"))
+	opts, err := Config{TokenFile: path}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc, err := nats.Connect(url, append(opts, nats.Timeout(2*time.Second))...); err == nil {
+		nc.Close()
+		t.Fatal("connected with the first token")
+	}
+	if err := os.WriteFile(path, []byte("second"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, append(opts, nats.Timeout(2*time.Second))...)
+	if err != nil {
+		t.Fatalf("the rewritten token was not sent: %v", err)
+	}
+	nc.Close()
 }
