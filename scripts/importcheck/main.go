@@ -46,6 +46,7 @@ var rules = []rule{
 	{Path: "pkg/framework", May: []string{"pkg/framework"}},
 	{Path: "pkg/events", May: []string{}},
 	{Path: "pkg/transport", May: []string{}},
+	{Path: "pkg/transport/natscallout", May: []string{"pkg/events"}},
 	{Path: "pkg/datalayer", May: []string{"pkg/datalayer", "pkg/events", "pkg/framework"}},
 	{Path: "pkg/ingest/consumer", May: []string{"pkg/events"}},
 	{Path: "pkg/ingest/relay", May: []string{"pkg/events", "pkg/transport"}},
@@ -60,6 +61,7 @@ var rules = []rule{
 	{Path: "pkg/testkit", AnyBut: []string{"cmd"}},
 	{Path: "cmd/epp", AnyBut: []string{"pkg/sim", "pkg/testkit"}, NeverLinks: []string{"pkg/sim", "pkg/testkit"}},
 	{Path: "cmd/kv-relay", May: []string{"pkg/ingest/relay", "pkg/events", "pkg/transport"}},
+	{Path: "cmd/kv-nats-auth", May: []string{"pkg/transport"}},
 	{
 		Path: "cmd/kvctl", AnyBut: []string{"pkg/epp", "pkg/sim", "pkg/testkit"},
 		NeverLinks: []string{"pkg/epp", "pkg/sim", "pkg/testkit", "pkg/requestpath/director", "pkg/requestpath/extproc", "pkg/requestpath/proxy", "pkg/scheduling"},

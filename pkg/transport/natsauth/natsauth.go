@@ -27,9 +27,9 @@ type Config struct {
 	// TokenFile is read at every connect, so that a token the kubelet
 	// refreshes (a projected ServiceAccount token, which the chart's NATS
 	// auth callout verifies) is always the current one.
-	TokenFile string
-	NKeySeedFile   string
-	CredsFile      string
+	TokenFile    string
+	NKeySeedFile string
+	CredsFile    string
 	// CAFile verifies the server's certificate (and turns TLS on);
 	// CertFile and KeyFile, both or neither, present the client's own.
 	CAFile            string

@@ -103,7 +103,9 @@ func TestEachCredentialConnectsAndItsAbsenceIsRefused(t *testing.T) {
 		}, func(*testing.T) Config { return Config{Token: "s3cret"} }},
 		{"a token file", func(*testing.T) *server.Options {
 			return &server.Options{Authorization: "projected-token"}
-		}, func(t *testing.T) Config { return Config{TokenFile: writeFile(t, "token", []byte("projected-token\n"))} }},
+		}, func(t *testing.T) Config {
+			return Config{TokenFile: writeFile(t, "token", []byte("projected-token\n"))}
+		}},
 		{"an nkey seed file", func(*testing.T) *server.Options {
 			return &server.Options{Nkeys: []*server.NkeyUser{{Nkey: nkPub}}}
 		}, func(t *testing.T) Config { return Config{NKeySeedFile: writeFile(t, "user.nk", nkSeed)} }},

@@ -1,0 +1,142 @@
+// Command kv-nats-auth is the NATS auth callout of the chart's NATS
+// server: `init` writes a fresh issuer key and callout password where the
+// server includes them, and `serve` answers the server's authorization
+// requests, giving each relay the rights of its own pod and the EPP the
+// rights to subscribe and request (pkg/transport/natscallout). It runs in
+// the NATS pod, an init container and a sidecar.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/kvroute/kvroute/pkg/transport/natscallout"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "kv-nats-auth:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: kv-nats-auth init  --dir DIR
+       kv-nats-auth serve --dir DIR [flags]`
+
+func run(args []string, stderr io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	switch args[0] {
+	case "init":
+		fs := flag.NewFlagSet("init", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		dir := fs.String("dir", "/etc/nats/auth", "directory the NATS server includes callout.conf from")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		return natscallout.GenerateKeys(*dir)
+	case "serve":
+		return serve(args[1:], stderr)
+	}
+	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+}
+
+func serve(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o natscallout.Options
+	dir := fs.String("dir", "/etc/nats/auth", "directory `init` wrote the keys into")
+	url := fs.String("nats-url", "nats://127.0.0.1:4222", "the NATS server whose requests are answered")
+	audience := fs.String("audience", natscallout.DefaultAudience, "audience the clients' projected tokens are issued for")
+	httpAddr := fs.String("http-addr", ":9200", "address of /metrics, /healthz and /readyz")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the pool and of every client's ServiceAccount (POD_NAMESPACE)")
+	fs.StringVar(&o.Pool, "pool", os.Getenv("KV_POOL"), "the InferencePool whose subjects are handed out (KV_POOL)")
+	fs.StringVar(&o.RelayServiceAccount, "relay-service-account", "", "ServiceAccount of the model-server pods: its pod-bound tokens get their pod's relay rights")
+	fs.StringVar(&o.EPPServiceAccount, "epp-service-account", "", "ServiceAccount of the EPP: its tokens may subscribe to the pool's events and request snapshots")
+	fs.BoolVar(&o.JetStream, "jetstream", false, "give the EPP the JetStream API of the pool's stream")
+	fs.StringVar(&o.Account, "account", natscallout.DefaultAccount, "account the admitted clients are placed in")
+	fs.Float64Var(&o.ReviewsPerSecond, "reviews-per-second", 50, "TokenReviews sent to the API server per second, at most")
+	fs.DurationVar(&o.UserTTL, "user-ttl", 0, "end every admitted connection after this long, so that it is reviewed again; 0 keeps connections")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	o.Logger = log
+	issuer, password, err := natscallout.LoadKeys(*dir)
+	if err != nil {
+		return err
+	}
+	o.Issuer = issuer
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	o.Reviewer = &natscallout.TokenReviewer{Client: cs.AuthenticationV1(), Audience: *audience}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	o.Registerer = reg
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	nc, err := nats.Connect(*url, nats.Name("kv-nats-auth"), nats.UserInfo(natscallout.AuthUser, password),
+		nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("connect to NATS at %s: %w", *url, err)
+	}
+	defer nc.Close()
+	svc, err := natscallout.New(nc, o)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *httpAddr)
+	if err != nil {
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !nc.IsConnected() {
+			http.Error(w, "NATS not connected", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("auth callout serving", "nats", *url, "namespace", o.Namespace, "pool", o.Pool,
+		"relay_service_account", o.RelayServiceAccount, "epp_service_account", o.EPPServiceAccount)
+	return svc.Run(ctx)
+}

@@ -1,0 +1,323 @@
+// Package natscallout is the NATS auth callout that gives each kvroute
+// client the rights of its pod and no more. The NATS server hands every
+// connection's credentials to it; it has the client's projected
+// ServiceAccount token checked by the Kubernetes API server (a
+// TokenReview), and answers with a user whose permissions name that pod's
+// subjects only: a relay may publish its own pod's events and answer its
+// own pod's snapshot requests; the EPP may subscribe and request, and
+// publish no events. No credential is made by hand for any pod.
+package natscallout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+)
+
+// Subject is where the NATS server sends authorization requests.
+const Subject = "$SYS.REQ.USER.AUTH"
+
+// DefaultAccount is the account the issued users are placed in: the one
+// the chart's configuration gives the pool's subjects.
+const DefaultAccount = "KV"
+
+// Options configure a Service. Zero values mean the documented defaults.
+type Options struct {
+	// Namespace and Pool name the pool whose subjects are handed out, and
+	// the namespace every token's ServiceAccount must be in. Required.
+	Namespace, Pool string
+	// RelayServiceAccount is the ServiceAccount of the model-server pods:
+	// a token of it, bound to a pod, gets that pod's relay rights.
+	// EPPServiceAccount is the EPP's: its tokens get the EPP's rights.
+	// At least one is required.
+	RelayServiceAccount, EPPServiceAccount string
+	// JetStream gives the EPP the JetStream API of the pool's stream
+	// (Stream, default events.StreamName).
+	JetStream bool
+	Stream    string
+	// Account is the account users are placed in (default DefaultAccount).
+	Account string
+	// Reviewer verifies tokens. Required.
+	Reviewer Reviewer
+	// Issuer signs the users and the answers: the account key the
+	// server's auth_callout block names as issuer. Required.
+	Issuer nkeys.KeyPair
+	// ReviewTimeout bounds one review (default 1.5s, within the server's
+	// default authorization timeout of 2s).
+	ReviewTimeout time.Duration
+	// ReviewsPerSecond and ReviewBurst bound the reviews sent to the API
+	// server (defaults 50 and 100): a flood of connects is refused here
+	// rather than passed on.
+	ReviewsPerSecond float64
+	ReviewBurst      int
+	// Workers is how many requests are served at once (default 8).
+	Workers int
+	// UserTTL, when set, ends each issued user's connection after that
+	// long, so that it connects (and is reviewed) again; zero keeps a
+	// connection for as long as it lasts.
+	UserTTL time.Duration
+	// QueueGroup shares the requests among replicas of the service
+	// (default "kvroute-natsauth").
+	QueueGroup string
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// ErrOptions: options that cannot describe a callout.
+var ErrOptions = errors.New("invalid auth callout options")
+
+// maxTokenBytes bounds a token worth sending to the API server; a
+// ServiceAccount token is a few KiB.
+const maxTokenBytes = 16 << 10
+
+// Why a connection was refused; the reason label of
+// kvroute_natsauth_denied_total.
+const (
+	denyNoToken              = "no_token"
+	denyTooLarge             = "token_too_large"
+	denyRateLimited          = "rate_limited"
+	denyReviewFailed         = "review_failed"
+	denyUnauthenticated      = "unauthenticated"
+	denyNotSA                = "not_service_account"
+	denyWrongNamespace       = "wrong_namespace"
+	denyUnknownAccount       = "unknown_service_account"
+	denyNotPodBound          = "not_pod_bound"
+	denyBadRequest           = "bad_request"
+	denyIssueFailed          = "issue_failed"
+	roleNone            Role = "none"
+)
+
+var denyReasons = []string{denyNoToken, denyTooLarge, denyRateLimited, denyReviewFailed, denyUnauthenticated,
+	denyNotSA, denyWrongNamespace, denyUnknownAccount, denyNotPodBound, denyBadRequest, denyIssueFailed}
+
+// Service answers the NATS server's authorization requests.
+type Service struct {
+	nc      *nats.Conn
+	o       Options
+	issuer  string
+	limiter *rate.Limiter
+	log     *slog.Logger
+	logs    *rate.Limiter
+
+	allowed  *prometheus.CounterVec
+	denied   *prometheus.CounterVec
+	duration prometheus.Histogram
+}
+
+// New returns a Service answering on nc, which must be a connection of
+// the server's auth_users (it bypasses the callout it serves).
+func New(nc *nats.Conn, o Options) (*Service, error) {
+	switch {
+	case nc == nil:
+		return nil, fmt.Errorf("%w: no NATS connection", ErrOptions)
+	case o.Namespace == "" || o.Pool == "":
+		return nil, fmt.Errorf("%w: namespace and pool are required", ErrOptions)
+	case o.RelayServiceAccount == "" && o.EPPServiceAccount == "":
+		return nil, fmt.Errorf("%w: name the relays' or the EPP's ServiceAccount", ErrOptions)
+	case o.Reviewer == nil:
+		return nil, fmt.Errorf("%w: no token reviewer", ErrOptions)
+	case o.Issuer == nil:
+		return nil, fmt.Errorf("%w: no issuer key", ErrOptions)
+	}
+	pub, err := o.Issuer.PublicKey()
+	if err != nil || !nkeys.IsValidPublicAccountKey(pub) {
+		return nil, fmt.Errorf("%w: the issuer must be an account key", ErrOptions)
+	}
+	if o.Account == "" {
+		o.Account = DefaultAccount
+	}
+	if o.ReviewTimeout <= 0 {
+		o.ReviewTimeout = 1500 * time.Millisecond
+	}
+	if o.ReviewsPerSecond <= 0 {
+		o.ReviewsPerSecond = 50
+	}
+	if o.ReviewBurst <= 0 {
+		o.ReviewBurst = 100
+	}
+	if o.Workers <= 0 {
+		o.Workers = 8
+	}
+	if o.QueueGroup == "" {
+		o.QueueGroup = "kvroute-natsauth"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Service{
+		nc: nc, o: o, issuer: pub,
+		limiter: rate.NewLimiter(rate.Limit(o.ReviewsPerSecond), o.ReviewBurst),
+		log:     o.Logger.With("component", "nats-auth-callout"),
+		logs:    rate.NewLimiter(rate.Every(time.Second), 5),
+		allowed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_natsauth_allowed_total",
+			Help: "NATS connections the auth callout admitted, by role (relay, epp).",
+		}, []string{"role"}),
+		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_natsauth_denied_total",
+			Help: "NATS connections the auth callout refused, by reason.",
+		}, []string{"reason"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvroute_natsauth_review_duration_seconds",
+			Help:    "Time to answer one authorization request, the TokenReview included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	for _, r := range denyReasons {
+		s.denied.WithLabelValues(r)
+	}
+	for _, r := range []Role{RoleRelay, RoleEPP} {
+		s.allowed.WithLabelValues(string(r))
+	}
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.allowed, s.denied, s.duration} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("register auth callout metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Run serves authorization requests until ctx is done; every goroutine it
+// starts has ended when it returns.
+func (s *Service) Run(ctx context.Context) error {
+	reqs := make(chan *nats.Msg, 4*s.o.Workers)
+	sub, err := s.nc.ChanQueueSubscribe(Subject, s.o.QueueGroup, reqs)
+	if err != nil {
+		return fmt.Errorf("auth callout: subscribe %s: %w", Subject, err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := s.nc.FlushWithContext(fctx); err != nil && ctx.Err() == nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("auth callout: subscribe %s: %w", Subject, err)
+	}
+	var wg sync.WaitGroup
+	for range s.o.Workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case m := <-reqs:
+					s.serve(ctx, m)
+				}
+			}
+		})
+	}
+	<-ctx.Done()
+	_ = sub.Unsubscribe()
+	wg.Wait()
+	return nil
+}
+
+// serve answers one request.
+func (s *Service) serve(ctx context.Context, m *nats.Msg) {
+	start := time.Now()
+	defer func() { s.duration.Observe(time.Since(start).Seconds()) }()
+	req, err := jwt.DecodeAuthorizationRequestClaims(string(m.Data))
+	if err != nil || req.UserNkey == "" || req.Server.ID == "" {
+		// Without the user key and server there is no answer to sign;
+		// the server times the connection out.
+		s.denied.WithLabelValues(denyBadRequest).Inc()
+		return
+	}
+	role, perms, name, reason, err := s.decide(ctx, req)
+	if reason != "" {
+		s.deny(m, req, reason, err)
+		return
+	}
+	uc := jwt.NewUserClaims(req.UserNkey)
+	uc.Name = name
+	uc.Audience = s.o.Account
+	uc.Permissions = perms
+	if s.o.UserTTL > 0 {
+		uc.Expires = time.Now().Add(s.o.UserTTL).Unix()
+	}
+	ujwt, err := uc.Encode(s.o.Issuer)
+	if err != nil {
+		s.deny(m, req, denyIssueFailed, err)
+		return
+	}
+	s.respond(m, req, ujwt, "")
+	s.allowed.WithLabelValues(string(role)).Inc()
+}
+
+// decide reviews the request's token and says what its bearer may do; a
+// non-empty reason is a refusal.
+func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaims) (role Role, perms jwt.Permissions, name, reason string, err error) {
+	token := req.ConnectOptions.Token
+	switch {
+	case token == "":
+		return roleNone, perms, "", denyNoToken, errors.New("no token: connect with a projected ServiceAccount token (--nats-token-file)")
+	case len(token) > maxTokenBytes:
+		return roleNone, perms, "", denyTooLarge, fmt.Errorf("a token of %d bytes", len(token))
+	case !s.limiter.Allow():
+		return roleNone, perms, "", denyRateLimited, errors.New("too many connection attempts; retry")
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.o.ReviewTimeout)
+	defer cancel()
+	id, err := s.o.Reviewer.Review(rctx, token)
+	switch {
+	case errors.Is(err, ErrUnauthenticated):
+		return roleNone, perms, "", denyUnauthenticated, err
+	case errors.Is(err, ErrNotServiceAccount):
+		return roleNone, perms, "", denyNotSA, err
+	case err != nil:
+		return roleNone, perms, "", denyReviewFailed, err
+	case id.Namespace != s.o.Namespace:
+		return roleNone, perms, "", denyWrongNamespace, fmt.Errorf("ServiceAccount %s/%s is outside namespace %s", id.Namespace, id.ServiceAccount, s.o.Namespace)
+	}
+	switch id.ServiceAccount {
+	case s.o.RelayServiceAccount:
+		if id.Pod == "" {
+			return roleNone, perms, "", denyNotPodBound, fmt.Errorf("a relay token of %s/%s bound to no pod", id.Namespace, id.ServiceAccount)
+		}
+		return RoleRelay, RelayPermissions(s.o.Namespace, s.o.Pool, id.Pod), "relay/" + id.Pod, "", nil
+	case s.o.EPPServiceAccount:
+		return RoleEPP, EPPPermissions(s.o.Namespace, s.o.Pool, s.o.JetStream, s.o.Stream), "epp/" + id.Pod, "", nil
+	}
+	return roleNone, perms, "", denyUnknownAccount, fmt.Errorf("ServiceAccount %s/%s has no NATS rights", id.Namespace, id.ServiceAccount)
+}
+
+func (s *Service) deny(m *nats.Msg, req *jwt.AuthorizationRequestClaims, reason string, err error) {
+	s.denied.WithLabelValues(reason).Inc()
+	if s.logs.Allow() {
+		s.log.Warn("NATS connection refused", "reason", reason, "client", req.ClientInformation.Host, "name", truncate(req.ConnectOptions.Name), "err", err)
+	}
+	s.respond(m, req, "", "not authorized: "+reason)
+}
+
+// respond signs and sends the answer: a user JWT, or an error.
+func (s *Service) respond(m *nats.Msg, req *jwt.AuthorizationRequestClaims, userJWT, denial string) {
+	rc := jwt.NewAuthorizationResponseClaims(req.UserNkey)
+	rc.Audience = req.Server.ID
+	rc.Jwt = userJWT
+	rc.Error = denial
+	token, err := rc.Encode(s.o.Issuer)
+	if err != nil {
+		if s.logs.Allow() {
+			s.log.Warn("authorization answer not signed", "err", err)
+		}
+		return
+	}
+	_ = m.Respond([]byte(token))
+}
+
+func truncate(s string) string {
+	const limit = 64
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit] + "…"
+}

@@ -1,0 +1,67 @@
+package natscallout
+
+import (
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+
+	"github.com/kvroute/kvroute/pkg/events"
+)
+
+// Role is what a verified token may do on NATS.
+type Role string
+
+const (
+	// RoleRelay is a pod's relay: it publishes that pod's events and
+	// answers that pod's snapshot requests, nothing else.
+	RoleRelay Role = "relay"
+	// RoleEPP subscribes to the pool's events and requests snapshots; it
+	// publishes no events.
+	RoleEPP Role = "epp"
+)
+
+// snapshotReplies bounds the replies a relay may send to one snapshot
+// request (one per chunk; the EPP accepts at most 65536) and how long it
+// may take.
+const (
+	snapshotReplies = 1 << 16
+	snapshotTTL     = time.Minute
+)
+
+// RelayPermissions are the rights of the relay of pod: publish on the
+// pod's event subject, subscribe to its snapshot subject, and reply to the
+// requests that arrive there.
+func RelayPermissions(namespace, pool, pod string) jwt.Permissions {
+	return jwt.Permissions{
+		Pub:  jwt.Permission{Allow: jwt.StringList{events.Subject(namespace, pool, pod)}},
+		Sub:  jwt.Permission{Allow: jwt.StringList{events.SnapshotSubject(namespace, pool, pod)}},
+		Resp: &jwt.ResponsePermission{MaxMsgs: snapshotReplies, Expires: snapshotTTL},
+	}
+}
+
+// EPPPermissions are the EPP's rights: subscribe to every event subject of
+// the pool and to its own reply inboxes, publish snapshot requests, and,
+// with jetStream, use the JetStream API of the pool's stream (create or
+// update it, and run ordered consumers on it). It publishes no event.
+func EPPPermissions(namespace, pool string, jetStream bool, stream string) jwt.Permissions {
+	p := jwt.Permissions{
+		Pub: jwt.Permission{Allow: jwt.StringList{events.SnapshotSubjectPrefix + "." + events.SubjectToken(namespace) + "." + events.SubjectToken(pool) + ".*"}},
+		Sub: jwt.Permission{Allow: jwt.StringList{events.PoolSubject(namespace, pool), "_INBOX.>"}},
+	}
+	if jetStream {
+		if stream == "" {
+			stream = events.StreamName(namespace, pool)
+		}
+		p.Pub.Allow.Add(
+			"$JS.API.STREAM.INFO."+stream,
+			"$JS.API.STREAM.CREATE."+stream,
+			"$JS.API.STREAM.UPDATE."+stream,
+			"$JS.API.CONSUMER.CREATE."+stream,
+			"$JS.API.CONSUMER.CREATE."+stream+".>",
+			"$JS.API.CONSUMER.INFO."+stream+".>",
+			"$JS.API.CONSUMER.DELETE."+stream+".>",
+			"$JS.API.CONSUMER.MSG.NEXT."+stream+".>",
+		)
+	}
+	return p
+}
