@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/testkit/apiserver"
+	"github.com/kvroute/kvroute/pkg/transport/natscallout"
 )
 
 const chartDir = "charts/kvroute"
@@ -121,15 +122,7 @@ func chartCases(t *testing.T) []chartCase {
 			name:   "defaults render the EPP, NATS, the example vLLM, the pool, its route and dashboards",
 			values: nil,
 			prefix: "kv-kvroute",
-			kinds: []string{
-				"ConfigMap/kv-kvroute-dashboard-epp", "ConfigMap/kv-kvroute-dashboard-index", "ConfigMap/kv-kvroute-dashboard-nats",
-				"ConfigMap/kv-kvroute-epp", "ConfigMap/kv-kvroute-nats",
-				"Deployment/kv-kvroute-epp", "Deployment/kv-kvroute-vllm",
-				"HTTPRoute/kv-kvroute", "InferencePool/kv-kvroute",
-				"Role/kv-kvroute-epp", "RoleBinding/kv-kvroute-epp",
-				"Service/kv-kvroute-epp", "Service/kv-kvroute-nats",
-				"ServiceAccount/kv-kvroute-epp", "StatefulSet/kv-kvroute-nats",
-			},
+			kinds:  defaultKinds,
 		},
 		{
 			name:   "every documented value set",
@@ -140,6 +133,7 @@ func chartCases(t *testing.T) []chartCase {
 				"ConfigMap/kvroute-full-epp", "ConfigMap/kvroute-full-nats",
 				"Deployment/kvroute-full-epp", "Deployment/kvroute-full-vllm",
 				"HTTPRoute/llama-pool", "InferencePool/llama-pool",
+				"NetworkPolicy/kvroute-full-epp", "NetworkPolicy/kvroute-full-nats", "NetworkPolicy/kvroute-full-vllm",
 				"PodMonitor/kvroute-full-epp", "PodMonitor/kvroute-full-nats", "PodMonitor/kvroute-full-vllm",
 				"Role/kvroute-full-epp", "RoleBinding/kvroute-full-epp",
 				"Service/kvroute-full-epp", "Service/kvroute-full-nats",
@@ -157,11 +151,37 @@ func chartCases(t *testing.T) []chartCase {
 				"monitoring":     map[string]any{"dashboards": map[string]any{"enabled": false}},
 				"serviceAccount": map[string]any{"create": false, "name": "existing"},
 				"rbac":           map[string]any{"create": false},
+				"networkPolicy":  map[string]any{"enabled": false},
 			},
 			prefix: "kv-kvroute",
 			kinds:  []string{"ConfigMap/kv-kvroute-epp", "Deployment/kv-kvroute-epp", "Service/kv-kvroute-epp"},
 		},
+		{
+			name: "JetStream behind the auth callout, ext_proc with mutual TLS",
+			values: map[string]any{
+				"epp":  map[string]any{"jetstream": true, "clientCASecret": "gateway-ca"},
+				"nats": map[string]any{"jetstream": map[string]any{"enabled": true}},
+			},
+			prefix: "kv-kvroute",
+			kinds:  defaultKinds,
+		},
 	}
+}
+
+// defaultKinds are what the defaults render: the EPP, NATS with its auth
+// callout, the example vLLM with its relays' ServiceAccount, the pool, its
+// route, the NetworkPolicies and the dashboards.
+var defaultKinds = []string{
+	"ClusterRole/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-nats-auth",
+	"ConfigMap/kv-kvroute-dashboard-epp", "ConfigMap/kv-kvroute-dashboard-index", "ConfigMap/kv-kvroute-dashboard-nats",
+	"ConfigMap/kv-kvroute-epp", "ConfigMap/kv-kvroute-nats",
+	"Deployment/kv-kvroute-epp", "Deployment/kv-kvroute-vllm",
+	"HTTPRoute/kv-kvroute", "InferencePool/kv-kvroute",
+	"NetworkPolicy/kv-kvroute-epp", "NetworkPolicy/kv-kvroute-nats", "NetworkPolicy/kv-kvroute-vllm",
+	"Role/kv-kvroute-epp", "RoleBinding/kv-kvroute-epp",
+	"Service/kv-kvroute-epp", "Service/kv-kvroute-nats",
+	"ServiceAccount/kv-kvroute-epp", "ServiceAccount/kv-kvroute-nats-auth", "ServiceAccount/kv-kvroute-relay",
+	"StatefulSet/kv-kvroute-nats",
 }
 
 func kindNames(objs []*unstructured.Unstructured) []string {
@@ -254,7 +274,8 @@ func TestEveryValueIsCovered(t *testing.T) {
 
 // freeForm values are maps whose keys are the user's (labels, resources).
 var freeForm = []string{"pool.selector", "epp.resources", "epp.nodeSelector", "epp.affinity", "epp.podAnnotations",
-	"serviceAccount.annotations", "nats.resources", "vllm.resources", "vllm.nodeSelector", "vllm.relay.resources",
+	"serviceAccount.annotations", "nats.resources", "nats.auth.resources", "vllm.resources", "vllm.nodeSelector", "vllm.relay.resources",
+	"networkPolicy.gatewayFrom", "networkPolicy.metricsFrom", "networkPolicy.natsClientsFrom",
 	"monitoring.podMonitor.labels", "monitoring.dashboards.labels"}
 
 func underFreeForm(path string) bool {
@@ -323,35 +344,62 @@ func TestChartEPPConfigLoadsInTheEPP(t *testing.T) {
 func TestChartNATSConfigLoadsInNATS(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		name      string
-		values    map[string]any
-		configMap string
-		jetStream bool
+		name               string
+		values             map[string]any
+		configMap          string
+		jetStream, callout bool
 	}{
-		{"defaults", nil, "kv-kvroute-nats", false},
-		{"every documented value set", readValues(t, "testdata/all-values.yaml"), "kvroute-full-nats", true},
+		{"defaults", nil, "kv-kvroute-nats", false, true},
+		{"every documented value set", readValues(t, "testdata/all-values.yaml"), "kvroute-full-nats", true, false},
+		{"JetStream behind the auth callout", map[string]any{"nats": map[string]any{"jetstream": map[string]any{"enabled": true}}}, "kv-kvroute-nats", true, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cm := find(t, render(t, tc.values, "ns"), "ConfigMap", tc.configMap)
-			text, _, _ := unstructured.NestedString(cm.Object, "data", "nats.conf")
-			path := filepath.Join(t.TempDir(), "nats.conf")
-			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			opts, err := natsserver.ProcessConfigFile(path)
-			if err != nil {
-				t.Fatalf("nats-server rejects the chart's config: %v\n%s", err, text)
-			}
+			opts, _ := chartNATSOptions(t, render(t, tc.values, "ns"), tc.configMap)
 			if opts.JetStream != tc.jetStream {
-				t.Errorf("JetStream = %t, want %t; nats.conf:\n%s", opts.JetStream, tc.jetStream, text)
+				t.Errorf("JetStream = %t, want %t", opts.JetStream, tc.jetStream)
 			}
-			if tc.jetStream && (opts.JetStreamMaxMemory != 512<<20 || opts.JetStreamMaxStore != 8<<30) {
+			if tc.jetStream && tc.values != nil && !tc.callout && (opts.JetStreamMaxMemory != 512<<20 || opts.JetStreamMaxStore != 8<<30) {
 				t.Errorf("JetStream limits = %d memory, %d file; want 512Mi and 8Gi", opts.JetStreamMaxMemory, opts.JetStreamMaxStore)
+			}
+			if got := opts.AuthCallout != nil; got != tc.callout {
+				t.Fatalf("auth callout configured: %t, want %t", got, tc.callout)
+			}
+			if tc.callout && (opts.AuthCallout.Account != "AUTH" || len(opts.AuthCallout.AuthUsers) != 1) {
+				t.Errorf("auth callout %+v", opts.AuthCallout)
 			}
 		})
 	}
+}
+
+// chartNATSOptions lays the rendered nats.conf out as the NATS pod does
+// (the ConfigMap in conf/, the keys kv-nats-auth init writes in auth/)
+// and has nats-server read it; dir is the pod's /etc/nats.
+func chartNATSOptions(t *testing.T, objs []*unstructured.Unstructured, configMap string) (opts *natsserver.Options, dir string) {
+	t.Helper()
+	cm := find(t, objs, "ConfigMap", configMap)
+	text, _, _ := unstructured.NestedString(cm.Object, "data", "nats.conf")
+	dir = t.TempDir()
+	for _, sub := range []string{"conf", "auth"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Contains(text, natscallout.ConfFile) {
+		if err := natscallout.GenerateKeys(filepath.Join(dir, "auth")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "conf", "nats.conf")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := natsserver.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("nats-server rejects the chart's config: %v\n%s", err, text)
+	}
+	return opts, dir
 }
 
 func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {

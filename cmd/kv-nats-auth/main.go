@@ -62,23 +62,13 @@ func run(args []string, stderr io.Writer) error {
 func serve(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o natscallout.Options
-	dir := fs.String("dir", "/etc/nats/auth", "directory `init` wrote the keys into")
-	url := fs.String("nats-url", "nats://127.0.0.1:4222", "the NATS server whose requests are answered")
-	audience := fs.String("audience", natscallout.DefaultAudience, "audience the clients' projected tokens are issued for")
-	httpAddr := fs.String("http-addr", ":9200", "address of /metrics, /healthz and /readyz")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the pool and of every client's ServiceAccount (POD_NAMESPACE)")
-	fs.StringVar(&o.Pool, "pool", os.Getenv("KV_POOL"), "the InferencePool whose subjects are handed out (KV_POOL)")
-	fs.StringVar(&o.RelayServiceAccount, "relay-service-account", "", "ServiceAccount of the model-server pods: its pod-bound tokens get their pod's relay rights")
-	fs.StringVar(&o.EPPServiceAccount, "epp-service-account", "", "ServiceAccount of the EPP: its tokens may subscribe to the pool's events and request snapshots")
-	fs.BoolVar(&o.JetStream, "jetstream", false, "give the EPP the JetStream API of the pool's stream")
-	fs.StringVar(&o.Account, "account", natscallout.DefaultAccount, "account the admitted clients are placed in")
-	fs.Float64Var(&o.ReviewsPerSecond, "reviews-per-second", 50, "TokenReviews sent to the API server per second, at most")
-	fs.DurationVar(&o.UserTTL, "user-ttl", 0, "end every admitted connection after this long, so that it is reviewed again; 0 keeps connections")
+	var f natscallout.Flags
+	f.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	o := f.Options
+	dir, url, audience, httpAddr, logLevel := &f.Dir, &f.NATSURL, &f.Audience, &f.HTTPAddr, &f.LogLevel
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)

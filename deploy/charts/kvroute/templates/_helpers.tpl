@@ -81,3 +81,44 @@ nats://{{ include "kvroute.nats" . }}.{{ .Release.Namespace }}.svc:{{ .Values.na
 {{- $tag := default .root.Chart.AppVersion .image.tag -}}
 {{ .image.repository }}:{{ $tag }}
 {{- end -}}
+
+{{/* The NATS auth callout runs with the chart's own NATS server. */}}
+{{- define "kvroute.callout" -}}
+{{- if and .Values.nats.enabled .Values.nats.auth.callout -}}true{{- end -}}
+{{- end -}}
+
+{{- define "kvroute.natsAuth" -}}{{ include "kvroute.fullname" . | trunc 53 | trimSuffix "-" }}-nats-auth{{- end -}}
+
+{{/* The ServiceAccount of the model-server pods, whose pod-bound tokens
+     the callout gives their pod's relay rights. */}}
+{{- define "kvroute.relayServiceAccount" -}}
+{{- default (printf "%s-relay" (include "kvroute.fullname" . | trunc 57 | trimSuffix "-")) .Values.vllm.serviceAccount.name -}}
+{{- end -}}
+
+{{/* Where the projected NATS token is mounted in the EPP and the relays. */}}
+{{- define "kvroute.natsTokenDir" -}}/var/run/secrets/kvroute/nats{{- end -}}
+
+{{/* The projected ServiceAccount token a client presents to NATS. */}}
+{{- define "kvroute.natsTokenVolume" -}}
+- name: nats-token
+  projected:
+    sources:
+    - serviceAccountToken:
+        audience: {{ .Values.nats.auth.audience }}
+        expirationSeconds: 3600
+        path: token
+{{- end -}}
+
+{{/* The hardened container security context every container of the
+     chart but vLLM's runs with; uid for images that run as root. */}}
+{{- define "kvroute.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- with .uid }}
+runAsUser: {{ . }}
+runAsGroup: {{ . }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,331 @@
+package deploy
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
+	"github.com/kvroute/kvroute/pkg/transport/natsauth"
+	"github.com/kvroute/kvroute/pkg/transport/natscallout"
+)
+
+// containerArgs are the arguments the rendered workload gives container.
+func containerArgs(t *testing.T, obj *unstructured.Unstructured, container string) []string {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+	for _, c := range cs {
+		m := c.(map[string]any)
+		if m["name"] != container {
+			continue
+		}
+		var args []string
+		for _, a := range m["args"].([]any) {
+			args = append(args, a.(string))
+		}
+		return args
+	}
+	t.Fatalf("%s has no container %s", obj.GetName(), container)
+	return nil
+}
+
+// projectedAudience is the audience of the NATS token the rendered
+// workload projects into its pods.
+func projectedAudience(t *testing.T, obj *unstructured.Unstructured) string {
+	t.Helper()
+	vols, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "volumes")
+	for _, v := range vols {
+		srcs, _, _ := unstructured.NestedSlice(v.(map[string]any), "projected", "sources")
+		for _, s := range srcs {
+			if aud, ok, _ := unstructured.NestedString(s.(map[string]any), "serviceAccountToken", "audience"); ok {
+				return aud
+			}
+		}
+	}
+	t.Fatalf("%s projects no ServiceAccount token", obj.GetName())
+	return ""
+}
+
+// The chart's NATS, as it runs: the rendered nats.conf with the keys its
+// init container makes, the auth callout with the arguments the chart
+// gives it, envtest's API server reviewing the tokens, and the EPP
+// consuming with its own token. A relay publishes its pod's events and
+// they are indexed; a forger is refused, and the index answers for the
+// pods what it answered before.
+func TestTheChartsNATSAdmitsEachRelayForItsPodOnlyAndRefusesForgers(t *testing.T) {
+	cfg := apiServer.Require(t)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const ns = "callout-e2e"
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	objs := render(t, nil, ns)
+	sts := find(t, objs, "StatefulSet", "kv-kvroute-nats")
+	var flags natscallout.Flags
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	flags.Register(fs)
+	args := containerArgs(t, sts, "nats-auth")
+	if args[0] != "serve" {
+		t.Fatalf("the callout container runs %q", args)
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		t.Fatalf("the callout rejects the chart's arguments %q: %v", args, err)
+	}
+	eppAudience := projectedAudience(t, find(t, objs, "Deployment", "kv-kvroute-epp"))
+	relayAudience := projectedAudience(t, find(t, objs, "Deployment", "kv-kvroute-vllm"))
+	if eppAudience != flags.Audience || relayAudience != flags.Audience {
+		t.Fatalf("tokens are projected for %q (EPP) and %q (relays), the callout expects %q", eppAudience, relayAudience, flags.Audience)
+	}
+
+	// The ServiceAccounts as rendered, and pods running under them.
+	for _, o := range objs {
+		if o.GetKind() == "ServiceAccount" {
+			var sa corev1.ServiceAccount
+			sa.Name = o.GetName()
+			if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &sa, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	pod := func(name, sa string) *corev1.Pod {
+		p, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{ServiceAccountName: sa, AutomountServiceAccountToken: new(false),
+				Containers: []corev1.Container{{Name: "c", Image: "x"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tokenFile := func(p *corev1.Pod) string {
+		tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, p.Spec.ServiceAccountName, &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
+			Audiences: []string{flags.Audience}, ExpirationSeconds: new(int64(3600)),
+			BoundObjectRef: &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(path, []byte(tr.Status.Token), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	vllm := []*corev1.Pod{pod("vllm-0", flags.RelayServiceAccount), pod("vllm-1", flags.RelayServiceAccount)}
+	eppPod := pod("epp-0", flags.EPPServiceAccount)
+
+	// NATS, configured by the chart; only its listeners move to free ports.
+	opts, dir := chartNATSOptions(t, objs, "kv-kvroute-nats")
+	opts.Host, opts.Port, opts.HTTPPort, opts.NoLog, opts.NoSigs = "127.0.0.1", natsserver.RANDOM_PORT, 0, true, true
+	srv, err := natsserver.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(testkit.WaitLimit) {
+		t.Fatal("NATS not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	url := srv.ClientURL()
+
+	// The callout, as the chart runs it.
+	issuer, password, err := natscallout.LoadKeys(filepath.Join(dir, "auth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acnc, err := nats.Connect(url, nats.UserInfo(natscallout.AuthUser, password))
+	if err != nil {
+		t.Fatalf("the callout's own user: %v", err)
+	}
+	t.Cleanup(acnc.Close)
+	co := flags.Options
+	co.Issuer = issuer
+	co.Reviewer = &natscallout.TokenReviewer{Client: cs.AuthenticationV1(), Audience: flags.Audience}
+	co.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := natscallout.New(acnc, co)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	calloutDone := make(chan error, 1)
+	go func() { calloutDone <- svc.Run(cctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-calloutDone
+	})
+
+	// The EPP, connecting with its own token, as the chart's Deployment
+	// says.
+	eppArgs := containerArgs(t, find(t, objs, "Deployment", "kv-kvroute-epp"), "epp")
+	pool := ""
+	for _, a := range eppArgs {
+		if v, ok := strings.CutPrefix(a, "--pool-name="); ok {
+			pool = v
+		}
+	}
+	auth := natsauth.Config{TokenFile: tokenFile(eppPod)}
+	natsOpts, err := auth.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := epp.New(epp.Options{
+		NATSURL: url, NATSOptions: natsOpts, Namespace: ns, Pool: pool, HTTPAddr: "127.0.0.1:0",
+		Prefix: prefixmatch.Params{DefaultBlockSizeTokens: 4},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ectx, ecancel := context.WithCancel(ctx)
+	eppDone := make(chan error, 1)
+	go func() { eppDone <- e.Run(ectx) }()
+	t.Cleanup(func() {
+		ecancel()
+		if err := <-eppDone; err != nil {
+			t.Errorf("EPP: %v", err)
+		}
+	})
+	addrs := []string{"127.0.0.1:18000", "127.0.0.1:18001"}
+	for i, p := range vllm {
+		e.Datastore().Upsert(&datalayer.Endpoint{Name: p.Name, Address: addrs[i], Pod: p.Name, Namespace: ns, Model: "m"})
+	}
+	testkit.WaitFor(t, "the EPP to consume through the callout", e.Ready)
+
+	// Each relay publishes its pod's events with its pod's token.
+	relayErrs := make([]chan error, len(vllm))
+	relayConns := make([]*nats.Conn, len(vllm))
+	prompts := make([][]uint32, len(vllm))
+	for i, p := range vllm {
+		a := natsauth.Config{TokenFile: tokenFile(p)}
+		o, err := a.Options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		relayErrs[i] = make(chan error, 8)
+		ch := relayErrs[i]
+		nc, err := nats.Connect(url, append(o, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case ch <- err:
+			default:
+			}
+		}))...)
+		if err != nil {
+			t.Fatalf("%s's relay: %v", p.Name, err)
+		}
+		t.Cleanup(nc.Close)
+		relayConns[i] = nc
+		engine := sim.NewEngine(sim.EngineConfig{Pod: p.Name, Address: addrs[i], Model: "m",
+			Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 64, Seed: uint64(i + 1)}}, events.NewPublisher(nc, ns, pool))
+		prompts[i] = make([]uint32, 32)
+		for j := range prompts[i] {
+			prompts[i][j] = uint32(1000*(i+1) + j)
+		}
+		if _, err := engine.Serve(blockpool.Request{Tokens: prompts[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answers := func() string {
+		var b strings.Builder
+		for i, prompt := range prompts {
+			ans, err := e.Lookup(ctx, prefixquery.Query{Model: "m", TokenIDs: prompt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range ans.Endpoints {
+				fmt.Fprintf(&b, "prompt %d on %s: %d/%d blocks, %s; ", i, a.Name, a.Prefix.MatchBlocks, a.Prefix.TotalBlocks, a.Stream)
+			}
+		}
+		return b.String()
+	}
+	want := "prompt 0 on vllm-0: 8/8 blocks, exact; prompt 0 on vllm-1: 0/8 blocks, exact; prompt 1 on vllm-0: 0/8 blocks, exact; prompt 1 on vllm-1: 8/8 blocks, exact; "
+	testkit.Converge(t, "both relays' events indexed", func() string {
+		if got := answers(); got != want {
+			return got
+		}
+		return ""
+	})
+
+	cleared, err := events.AppendBatch(nil, &events.Batch{Events: []events.Event{{Kind: events.KindAllBlocksCleared}}}, events.EncodingArray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := events.Origin{Stream: events.Stream{Endpoint: addrs[1]}, Pod: "vllm-1", Instance: "forged", Seq: 1 << 40}
+	// vllm-0's relay on vllm-1's subject: the server refuses it.
+	if err := relayConns[0].PublishMsg(&nats.Msg{Subject: events.Subject(ns, pool, "vllm-1"), Header: forged.Header(), Data: cleared}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-relayErrs[0]:
+		if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+			t.Fatalf("vllm-0 publishing on vllm-1's subject: %v", err)
+		}
+	case <-time.After(testkit.WaitLimit):
+		t.Fatal("the server let vllm-0's relay publish on vllm-1's subject")
+	}
+	// vllm-0's relay on its own subject, naming vllm-1's endpoint: the EPP
+	// refuses it.
+	forged.Pod = ""
+	if err := relayConns[0].PublishMsg(&nats.Msg{Subject: events.Subject(ns, pool, "vllm-0"), Header: forged.Header(), Data: cleared}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the EPP to reject vllm-0 speaking for vllm-1", func() bool {
+		return testkit.Value(t, e.Registry(), "kvroute_events_rejected_total", "reason", "endpoint_of_other_pod") == 1
+	})
+	// Nobody without a token of the pool's ServiceAccounts gets in.
+	if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("a client without a token connected")
+	}
+	other := pod("intruder", "kv-kvroute-epp")
+	otherOpts, _ := natsauth.Config{TokenFile: tokenFile(other)}.Options()
+	intruderErrs := make(chan error, 4)
+	intruder, err := nats.Connect(url, append(otherOpts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { intruderErrs <- err }))...)
+	if err != nil {
+		t.Fatalf("a second EPP pod: %v", err)
+	}
+	defer intruder.Close()
+	if err := intruder.PublishMsg(&nats.Msg{Subject: events.Subject(ns, pool, "vllm-1"), Header: forged.Header(), Data: cleared}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-intruderErrs:
+		if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+			t.Fatalf("an EPP publishing events: %v", err)
+		}
+	case <-time.After(testkit.WaitLimit):
+		t.Fatal("the server let an EPP publish events")
+	}
+	if got := answers(); got != want {
+		t.Fatalf("after the forgeries the index answers\n  %s\nwant\n  %s", got, want)
+	}
+	if got := testkit.Value(t, e.Registry(), "kvroute_index_events_applied_total", "kind", "AllBlocksCleared"); got != 0 {
+		t.Errorf("%v forged AllBlocksCleared applied", got)
+	}
+}

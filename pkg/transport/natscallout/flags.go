@@ -1,0 +1,42 @@
+package natscallout
+
+import (
+	"flag"
+	"os"
+)
+
+// Flags are the command line of `kv-nats-auth serve`: the Options that
+// flags can give, and where the keys, the server and the metrics are. The
+// chart's tests parse the arguments it renders with them, so that the
+// callout they run is the one the chart configures.
+type Flags struct {
+	Options
+	// Dir holds the keys `kv-nats-auth init` wrote.
+	Dir string
+	// NATSURL is the server whose requests are answered.
+	NATSURL string
+	// Audience the tokens must be issued for (the reviewer's).
+	Audience string
+	// HTTPAddr serves /metrics, /healthz and /readyz.
+	HTTPAddr string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+}
+
+// Register adds the flags to fs, with the environment a pod's downward
+// API gives as defaults where there is one.
+func (f *Flags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.Dir, "dir", "/etc/nats/auth", "directory `init` wrote the keys into")
+	fs.StringVar(&f.NATSURL, "nats-url", "nats://127.0.0.1:4222", "the NATS server whose requests are answered")
+	fs.StringVar(&f.Audience, "audience", DefaultAudience, "audience the clients' projected tokens are issued for")
+	fs.StringVar(&f.HTTPAddr, "http-addr", ":9200", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&f.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the pool and of every client's ServiceAccount (POD_NAMESPACE)")
+	fs.StringVar(&f.Pool, "pool", os.Getenv("KV_POOL"), "the InferencePool whose subjects are handed out (KV_POOL)")
+	fs.StringVar(&f.RelayServiceAccount, "relay-service-account", "", "ServiceAccount of the model-server pods: its pod-bound tokens get their pod's relay rights")
+	fs.StringVar(&f.EPPServiceAccount, "epp-service-account", "", "ServiceAccount of the EPP: its tokens may subscribe to the pool's events and request snapshots")
+	fs.BoolVar(&f.JetStream, "jetstream", false, "give the EPP the JetStream API of the pool's stream")
+	fs.StringVar(&f.Account, "account", DefaultAccount, "account the admitted clients are placed in")
+	fs.Float64Var(&f.ReviewsPerSecond, "reviews-per-second", 50, "TokenReviews sent to the API server per second, at most")
+	fs.DurationVar(&f.UserTTL, "user-ttl", 0, "end every admitted connection after this long, so that it is reviewed again; 0 keeps connections")
+}
