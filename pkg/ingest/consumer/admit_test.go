@@ -202,3 +202,40 @@ func TestAdmitterFillsInThePodFromDiscovery(t *testing.T) {
 		t.Errorf("a sanitised pod name: rejected as %s", rejectionNames[r])
 	}
 }
+
+// FuzzAdmit runs an event message's subject and headers, as anyone who
+// can publish makes them, through what the consumer checks before
+// queueing. No input may panic; what is admitted is bound to its subject's
+// pod, which discovery gives its endpoint, and within the rank bound.
+func FuzzAdmit(f *testing.F) {
+	f.Add("kv.events.ns.pool.vllm-1", "10.0.0.2:8000", "vllm-1", "0", "0", "inst")
+	f.Add("kv.events.ns.pool.evil", "10.0.0.2:8000", "", "7", "1", "")
+	f.Add("kv.events.ns.pool.vllm-2", "10.0.0.2:8000", "vllm-1", "1", "99999", "x")
+	f.Add("kv.events.ns.pool.a.b", "10.0.0.3:8000", "a.b", "", "-1", "")
+	f.Add("kv.events..pool.", "[::1]:1", "\x00", "18446744073709551615", "2147483647", "\xff")
+	f.Fuzz(func(t *testing.T, subject, endpoint, pod, seq, rank, instance string) {
+		h := nats.Header{events.HeaderEndpoint: {endpoint}, events.HeaderSeq: {seq}, events.HeaderPod: {pod}, events.HeaderInstance: {instance}}
+		if rank != "" {
+			h.Set(events.HeaderDPRank, rank)
+		}
+		o, err := events.ParseOrigin(h)
+		if err != nil {
+			return
+		}
+		a := newAdmitter(members(), 2, time.Hour)
+		if r := a.admit(subject, &o, time.Now()); r != admitted {
+			if int(r) >= len(rejectionNames) || rejectionNames[r] == "" {
+				t.Fatalf("rejection %d has no name", r)
+			}
+			return
+		}
+		_, _, subjectPod, ok := events.ParseSubject(subject)
+		owner, member := members().PodOf(o.Endpoint)
+		if !ok || !member || events.SubjectToken(owner) != subjectPod || events.SubjectToken(o.Pod) != subjectPod {
+			t.Fatalf("admitted %+v on %q: subject pod %q, discovery's %q", o, subject, subjectPod, owner)
+		}
+		if n := len(a.ranks[o.Endpoint].ranks); n > 2 {
+			t.Fatalf("%d ranks kept", n)
+		}
+	})
+}

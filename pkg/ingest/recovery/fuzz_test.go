@@ -6,6 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
 )
 
@@ -55,4 +56,49 @@ func TestResultLabelsNameEveryOutcome(t *testing.T) {
 	if got := resultLabel(nil); got != "ok" {
 		t.Errorf("resultLabel(nil) = %q, want ok", got)
 	}
+}
+
+// FuzzSnapshot feeds two reply messages through the assembly of a
+// snapshot, as they would come from a relay (or anyone who can answer the
+// request), and installs what completes into a real index. No input may
+// panic; an assembled snapshot is one stream's, with every chunk it
+// announced, in order, within the byte bound.
+func FuzzSnapshot(f *testing.F) {
+	batch, _ := hex.DecodeString("93cb3ff80000000000009198ab426c6f636b53746f72656491cf0102030405060708c0940102030404c0a3475055c000")
+	f.Add("12", "0", "2", "true", "inst-a", batch, "12", "1", "2", "true", "inst-a", batch)
+	f.Add("12", "0", "1", "false", "inst-a", batch, "", "", "", "", "", []byte{})
+	f.Add("12", "1", "2", "true", "inst-a", batch, "12", "0", "2", "true", "inst-a", batch)
+	f.Add("12", "0", "2", "true", "inst-a", batch, "13", "1", "2", "true", "inst-b", []byte{0x93})
+	f.Fuzz(func(t *testing.T, seq0, index0, total0, exact0, inst0 string, data0 []byte, seq1, index1, total1, exact1, inst1 string, data1 []byte) {
+		const addr = "10.0.0.7:8000"
+		msg := func(seq, index, total, exact, inst string, data []byte) *nats.Msg {
+			h := nats.Header{}
+			h.Set(events.HeaderEndpoint, addr)
+			h.Set(events.HeaderSeq, seq)
+			h.Set(events.HeaderInstance, inst)
+			h.Set(events.HeaderBlockSize, "4")
+			h.Set(events.HeaderSnapshotChunk, index)
+			h.Set(events.HeaderSnapshotChunks, total)
+			h.Set(events.HeaderSnapshotExact, exact)
+			return &nats.Msg{Header: h, Data: data}
+		}
+		a := assembly{stream: events.Stream{Endpoint: addr}, maxBytes: 1 << 20}
+		done := false
+		for _, m := range []*nats.Msg{msg(seq0, index0, total0, exact0, inst0, data0), msg(seq1, index1, total1, exact1, inst1, data1)} {
+			var err error
+			if done, err = a.add(m); err != nil || done {
+				break
+			}
+		}
+		if !done {
+			return
+		}
+		s := a.snap
+		if len(s.chunks) != a.want || s.bytes > a.maxBytes || s.origin.Stream != a.stream {
+			t.Fatalf("assembled %d of %d chunks, %d bytes, of %s", len(s.chunks), a.want, s.bytes, s.origin.Stream)
+		}
+		ix := index.New(index.Options{MaxHoldings: 1 << 12}, nil)
+		ix.AddEndpoint(addr)
+		_ = ix.InstallSnapshot(s.origin, s.chunks)
+	})
 }

@@ -62,52 +62,74 @@ func (r *Recovery) fetch(ctx context.Context, pod string, s events.Stream) (*sna
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
 
-	var snap *snapshot
-	want := 0
-	for snap == nil || len(snap.chunks) < want {
+	a := assembly{stream: s, maxBytes: r.opts.MaxSnapshotBytes}
+	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		switch {
 		case errors.Is(err, nats.ErrNoResponders), err == nil && isNoResponders(m):
 			return nil, fmt.Errorf("snapshot %s: %w", subj, ErrNoResponders)
 		case err != nil && ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
-			got := 0
-			if snap != nil {
-				got = len(snap.chunks)
-			}
-			return nil, fmt.Errorf("snapshot %s: %w after %s (%d of %d chunks)", subj, ErrTimeout, r.opts.Timeout, got, want)
+			return nil, fmt.Errorf("snapshot %s: %w after %s (%d of %d chunks)", subj, ErrTimeout, r.opts.Timeout, a.got(), a.want)
 		case err != nil:
 			return nil, fmt.Errorf("snapshot %s: %w", subj, err)
 		}
-		if reason := m.Header.Get(events.HeaderSnapshotError); reason != "" {
-			return nil, fmt.Errorf("snapshot %s: %w: %s", subj, ErrRefused, reason)
-		}
-		c, err := parseChunk(m)
+		done, err := a.add(m)
 		if err != nil {
 			return nil, fmt.Errorf("snapshot %s: %w", subj, err)
 		}
-		if c.origin.Stream != s {
-			return nil, fmt.Errorf("snapshot %s: %w: chunk describes %s, want %s", subj, ErrInvalid, c.origin.Stream, s)
+		if done {
+			return a.snap, nil
 		}
-		if snap == nil {
-			snap = &snapshot{origin: c.origin, exact: c.exact, chunks: make([]*events.Batch, 0, min(c.total, 64))}
-			want = c.total
-		} else if c.origin.Instance != snap.origin.Instance || c.origin.Seq != snap.origin.Seq || c.total != want || c.exact != snap.exact {
-			return nil, fmt.Errorf("snapshot %s: %w: chunk %d disagrees with chunk 0 on instance, seq, count or exactness", subj, ErrInvalid, c.index)
-		}
-		if c.index != len(snap.chunks) {
-			return nil, fmt.Errorf("snapshot %s: %w: chunk %d where %d was due", subj, ErrInvalid, c.index, len(snap.chunks))
-		}
-		if snap.bytes += len(m.Data); snap.bytes > r.opts.MaxSnapshotBytes {
-			return nil, fmt.Errorf("snapshot %s: %w: over %d bytes", subj, ErrTooLarge, r.opts.MaxSnapshotBytes)
-		}
-		b, err := events.Decode(m.Data)
-		if err != nil {
-			return nil, fmt.Errorf("snapshot %s: chunk %d: %w: %w", subj, c.index, ErrInvalid, err)
-		}
-		snap.blocks += b.Blocks()
-		snap.chunks = append(snap.chunks, b)
 	}
-	return snap, nil
+}
+
+// assembly collects one snapshot's reply messages, checking each as it
+// comes: the snapshot wire format (docs/snapshot.md), read from the network.
+type assembly struct {
+	stream   events.Stream
+	maxBytes int
+	snap     *snapshot
+	want     int
+}
+
+func (a *assembly) got() int {
+	if a.snap == nil {
+		return 0
+	}
+	return len(a.snap.chunks)
+}
+
+// add checks and decodes one reply; done says the snapshot is complete.
+func (a *assembly) add(m *nats.Msg) (done bool, err error) {
+	if reason := m.Header.Get(events.HeaderSnapshotError); reason != "" {
+		return false, fmt.Errorf("%w: %s", ErrRefused, reason)
+	}
+	c, err := parseChunk(m)
+	if err != nil {
+		return false, err
+	}
+	if c.origin.Stream != a.stream {
+		return false, fmt.Errorf("%w: chunk describes %s, want %s", ErrInvalid, c.origin.Stream, a.stream)
+	}
+	if a.snap == nil {
+		a.snap = &snapshot{origin: c.origin, exact: c.exact, chunks: make([]*events.Batch, 0, min(c.total, 64))}
+		a.want = c.total
+	} else if c.origin.Instance != a.snap.origin.Instance || c.origin.Seq != a.snap.origin.Seq || c.total != a.want || c.exact != a.snap.exact {
+		return false, fmt.Errorf("%w: chunk %d disagrees with chunk 0 on instance, seq, count or exactness", ErrInvalid, c.index)
+	}
+	if c.index != len(a.snap.chunks) {
+		return false, fmt.Errorf("%w: chunk %d where %d was due", ErrInvalid, c.index, len(a.snap.chunks))
+	}
+	if a.snap.bytes += len(m.Data); a.snap.bytes > a.maxBytes {
+		return false, fmt.Errorf("%w: over %d bytes", ErrTooLarge, a.maxBytes)
+	}
+	b, err := events.Decode(m.Data)
+	if err != nil {
+		return false, fmt.Errorf("chunk %d: %w: %w", c.index, ErrInvalid, err)
+	}
+	a.snap.blocks += b.Blocks()
+	a.snap.chunks = append(a.snap.chunks, b)
+	return len(a.snap.chunks) == a.want, nil
 }
 
 // isNoResponders recognises the server's status reply to a request nobody
