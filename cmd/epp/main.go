@@ -24,6 +24,8 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/discovery/k8s"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/ingest/consumer"
+	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
@@ -64,6 +66,8 @@ func run(args []string) error {
 	fs.BoolVar(&recoveryOn, "recovery", true, "resynchronise uncertain streams from their relays' snapshots")
 	fs.DurationVar(&o.Recovery.Timeout, "recovery-timeout", 10*time.Second, "bound on one snapshot, request to last chunk")
 	fs.IntVar(&o.Recovery.MaxHeldBatches, "recovery-max-held-batches", 4096, "live batches held back per stream while its snapshot is awaited")
+	fs.IntVar(&o.Recovery.MaxHeldBytes, "recovery-max-held-bytes", recovery.DefaultMaxHeldBytes, "memory the batches held back for one stream may take")
+	fs.IntVar(&o.Consumer.MaxRanksPerEndpoint, "max-ranks-per-endpoint", consumer.DefaultMaxRanksPerEndpoint, "data-parallel event streams one endpoint may have; batches naming further ranks are rejected")
 	fs.IntVar(&o.Recovery.Concurrency, "recovery-concurrency", 4, "snapshots in flight at once")
 	fs.DurationVar(&o.Recovery.MaxBackoff, "recovery-max-backoff", 30*time.Second, "longest wait before a failed resync is tried again")
 	fs.StringVar(&o.EndpointsFile, "endpoints-file", "", "static endpoints YAML, reloaded when it changes")

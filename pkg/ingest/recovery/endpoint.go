@@ -1,6 +1,10 @@
 package recovery
 
-import "time"
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/events"
+)
 
 // endpointGate spaces out the resyncs of one endpoint's streams: one at a
 // time, and after a failure of any of them none until the endpoint's own
@@ -52,4 +56,28 @@ func (r *Recovery) gateDone(addr string, failed bool, now time.Time) {
 	}
 	g.failures++
 	g.notBefore = now.Add(r.backoff(g.failures))
+}
+
+// DefaultMaxHeldBytes is Options.MaxHeldBytes when zero.
+const DefaultMaxHeldBytes = 64 << 20
+
+// batchBytes is about what a copy of b takes: its hashes and tokens, and
+// a fixed share per event.
+func batchBytes(b *events.Batch) int {
+	n := 64
+	for i := range b.Events {
+		e := &b.Events[i]
+		n += 128 + 8*len(e.BlockHashes) + 4*len(e.TokenIDs)
+	}
+	return n
+}
+
+// heldBytes sums batchBytes over what a stream holds back. It runs once
+// per batch held, over at most MaxHeldBatches.
+func heldBytes(held []heldBatch) int {
+	n := 0
+	for _, h := range held {
+		n += batchBytes(h.b)
+	}
+	return n
 }

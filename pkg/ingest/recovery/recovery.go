@@ -57,6 +57,10 @@ type Options struct {
 	// while its snapshot is awaited (default 4096). Past it the resync is
 	// abandoned, the held batches applied, and a new one started.
 	MaxHeldBatches int
+	// MaxHeldBytes bounds the same batches by the memory their copies
+	// take (default 64 MiB): a stream's own relay decides how large its
+	// batches are. Past it the resync is abandoned in the same way.
+	MaxHeldBytes int
 	// Concurrency bounds the snapshots in flight at once (default 4), so
 	// that an EPP that lost every stream does not ask every relay at once.
 	Concurrency int
@@ -165,7 +169,7 @@ func New(opts Options, target Target, nc *nats.Conn, reg prometheus.Registerer) 
 		return nil, fmt.Errorf("%w: nil target", ErrOptions)
 	case opts.Namespace == "" || opts.Pool == "":
 		return nil, fmt.Errorf("%w: namespace and pool are required", ErrOptions)
-	case opts.Timeout < 0 || opts.MaxSnapshotBytes < 0 || opts.MaxHeldBatches < 0 || opts.Concurrency < 0 || opts.MinBackoff < 0 || opts.MaxBackoff < 0:
+	case opts.Timeout < 0 || opts.MaxSnapshotBytes < 0 || opts.MaxHeldBatches < 0 || opts.MaxHeldBytes < 0 || opts.Concurrency < 0 || opts.MinBackoff < 0 || opts.MaxBackoff < 0:
 		return nil, fmt.Errorf("%w: negative bound", ErrOptions)
 	}
 	if opts.Timeout == 0 {
@@ -176,6 +180,9 @@ func New(opts Options, target Target, nc *nats.Conn, reg prometheus.Registerer) 
 	}
 	if opts.MaxHeldBatches == 0 {
 		opts.MaxHeldBatches = 4096
+	}
+	if opts.MaxHeldBytes == 0 {
+		opts.MaxHeldBytes = DefaultMaxHeldBytes
 	}
 	if opts.Concurrency == 0 {
 		opts.Concurrency = 4
@@ -256,7 +263,7 @@ func (r *Recovery) Apply(o events.Origin, b *events.Batch) {
 		}
 	}
 	if st.holding {
-		if len(st.held) < r.opts.MaxHeldBatches {
+		if len(st.held) < r.opts.MaxHeldBatches && heldBytes(st.held)+batchBytes(b) <= r.opts.MaxHeldBytes {
 			st.held = append(st.held, heldBatch{o: o, b: cloneBatch(b)})
 			r.m.held.Inc()
 			return

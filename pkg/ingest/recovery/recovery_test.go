@@ -327,8 +327,23 @@ func TestFailedResyncsLeaveTheStreamUncertain(t *testing.T) {
 
 func TestHeldBatchesPastTheBoundRestartTheResync(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opts recovery.Options
+	}{
+		{"past the batch bound", recovery.Options{MaxHeldBatches: 3}},
+		{"past the byte bound", recovery.Options{MaxHeldBytes: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			heldPastTheBound(t, tc.opts)
+		})
+	}
+}
+
+func heldPastTheBound(t *testing.T, opts recovery.Options) {
 	tape := recordEngine(t, 20)
-	u := newUnit(t, recovery.Options{MaxHeldBatches: 3})
+	u := newUnit(t, opts)
 	release := make(chan struct{})
 	var answered int
 	resp := u.respond(t, release, func() []*nats.Msg {
