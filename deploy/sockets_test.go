@@ -175,3 +175,65 @@ func assertLoopback(t *testing.T, what, endpoint string) {
 		t.Errorf("%s %q listens beyond the pod's loopback", what, endpoint)
 	}
 }
+
+// servicePorts are the names of a rendered Service's ports.
+func servicePorts(t *testing.T, svc *unstructured.Unstructured) []string {
+	t.Helper()
+	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+	var names []string
+	for _, p := range ports {
+		names = append(names, p.(map[string]any)["name"].(string))
+	}
+	return names
+}
+
+// The chart's Services carry what clients need and nothing that tells
+// more: no /debug, no NATS monitoring (it lists every connection); and
+// every container but the model server's runs with the hardened security
+// context.
+func TestTheChartExposesNeitherDebugNorMonitoringAndHardensItsContainers(t *testing.T) {
+	t.Parallel()
+	objs := render(t, nil, "ns")
+	for _, tc := range []struct {
+		service string
+		want    []string
+	}{
+		{"kv-kvroute-epp", []string{"grpc", "grpc-health", "metrics"}},
+		{"kv-kvroute-nats", []string{"client"}},
+	} {
+		if got := servicePorts(t, find(t, objs, "Service", tc.service)); strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("Service %s exposes %v, want %v", tc.service, got, tc.want)
+		}
+	}
+	args := strings.Join(containerArgs(t, find(t, objs, "Deployment", "kv-kvroute-epp"), "epp"), " ")
+	if strings.Contains(args, "--debug-addr") || strings.Contains(args, "--enable-pprof") {
+		t.Errorf("the EPP runs with /debug on by default: %s", args)
+	}
+	// Asked for, /debug listens on the pod's loopback, behind no port.
+	debugArgs := strings.Join(containerArgs(t, find(t, render(t, map[string]any{"epp": map[string]any{"debug": true}}, "ns"), "Deployment", "kv-kvroute-epp"), "epp"), " ")
+	if !strings.Contains(debugArgs, "--debug-addr=127.0.0.1:") {
+		t.Errorf("epp.debug: args %s, want --debug-addr on loopback", debugArgs)
+	}
+	for _, o := range objs {
+		kind := o.GetKind()
+		if kind != "Deployment" && kind != "StatefulSet" {
+			continue
+		}
+		for _, field := range []string{"initContainers", "containers"} {
+			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", field)
+			for _, c := range cs {
+				m := c.(map[string]any)
+				if m["name"] == "vllm" {
+					continue // the engine's image is vLLM's, and it needs its GPU
+				}
+				sc, _ := m["securityContext"].(map[string]any)
+				caps, _ := sc["capabilities"].(map[string]any)
+				drop, _ := caps["drop"].([]any)
+				if sc["allowPrivilegeEscalation"] != false || sc["readOnlyRootFilesystem"] != true || sc["runAsNonRoot"] != true ||
+					len(drop) != 1 || drop[0] != "ALL" {
+					t.Errorf("%s %s: container %s runs with security context %v", kind, o.GetName(), m["name"], sc)
+				}
+			}
+		}
+	}
+}

@@ -239,3 +239,39 @@ func FuzzAdmit(f *testing.F) {
 		}
 	})
 }
+
+// Large batches wait in the NATS client, not in the workers' queues, once
+// the queues hold MaxQueuedBytes: a publisher of huge batches cannot make
+// the consumer hold a queue length of them.
+func TestQueuedPayloadsStayWithinTheirByteBound(t *testing.T) {
+	t.Parallel()
+	env := newNATSEnv(t, false, true)
+	rec := &sinkRecorder{block: make(chan struct{})}
+	const bound, size = 1 << 20, 300 << 10
+	c := newTestConsumer(t, env.connect(t, "consumer"), Options{Namespace: "ns", Pool: "pool", Workers: 1, QueueLen: 1024, MaxQueuedBytes: bound}, rec)
+	runConsumer(t, c)
+	pc := env.connect(t, "publisher")
+	pub := events.NewPublisher(pc, "ns", "pool")
+	big := testBatch(1, 0, size/(4*16), 16) // 16-token blocks of 4-byte-ish ids
+	for seq := range uint64(40) {
+		b := *big
+		if err := pub.Publish(testOrigin(1, seq, "i"), encodeBatch(t, &b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The sink holds the first batch; the rest wait in the queue up to the
+	// bound, then in the client.
+	testkit.WaitFor(t, "the client to hold what the queue may not", func() bool {
+		n, _, _ := c.sub.Load().Pending()
+		return n > 20
+	})
+	if n := len(c.queues[0]); n*size > bound+size {
+		t.Errorf("%d batches of %d KiB queued, over the bound of %d KiB", n, size>>10, bound>>10)
+	}
+	close(rec.block)
+	s := testOrigin(1, 0, "").Stream
+	testkit.WaitFor(t, "every batch applied", func() bool { return len(applied(rec.of(s))) == 40 })
+}
