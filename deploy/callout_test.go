@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,17 +76,31 @@ func projectedAudience(t *testing.T, obj *unstructured.Unstructured) string {
 // they are indexed; a forger is refused, and the index answers for the
 // pods what it answered before.
 func TestTheChartsNATSAdmitsEachRelayForItsPodOnlyAndRefusesForgers(t *testing.T) {
-	cfg := apiServer.Require(t)
-	cs, err := kubernetes.NewForConfig(cfg)
+	apiServer.Require(t)
+	for i, tc := range []struct {
+		name      string
+		values    map[string]any
+		jetStream bool
+	}{
+		{"core NATS, the defaults", nil, false},
+		{"JetStream", map[string]any{"epp": map[string]any{"jetstream": true}, "nats": map[string]any{"jetstream": map[string]any{"enabled": true}}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			chartNATSEndToEnd(t, fmt.Sprintf("callout-e2e-%d", i), tc.values, tc.jetStream)
+		})
+	}
+}
+
+func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream bool) {
+	cs, err := kubernetes.NewForConfig(apiServer.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	const ns = "callout-e2e"
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	objs := render(t, nil, ns)
+	objs := render(t, values, ns)
 	sts := find(t, objs, "StatefulSet", "kv-kvroute-nats")
 	var flags natscallout.Flags
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -144,6 +159,12 @@ func TestTheChartsNATSAdmitsEachRelayForItsPodOnlyAndRefusesForgers(t *testing.T
 	// NATS, configured by the chart; only its listeners move to free ports.
 	opts, dir := chartNATSOptions(t, objs, "kv-kvroute-nats")
 	opts.Host, opts.Port, opts.HTTPPort, opts.NoLog, opts.NoSigs = "127.0.0.1", natsserver.RANDOM_PORT, 0, true, true
+	if opts.JetStream != jetStream {
+		t.Fatalf("the chart's NATS has JetStream %t, want %t", opts.JetStream, jetStream)
+	}
+	if jetStream {
+		opts.StoreDir = t.TempDir() // the pod's /data
+	}
 	srv, err := natsserver.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -195,8 +216,11 @@ func TestTheChartsNATSAdmitsEachRelayForItsPodOnlyAndRefusesForgers(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := slices.Contains(eppArgs, "--jetstream"); got != jetStream {
+		t.Fatalf("the EPP's --jetstream: %t, want %t", got, jetStream)
+	}
 	e, err := epp.New(epp.Options{
-		NATSURL: url, NATSOptions: natsOpts, Namespace: ns, Pool: pool, HTTPAddr: "127.0.0.1:0",
+		NATSURL: url, NATSOptions: natsOpts, Namespace: ns, Pool: pool, HTTPAddr: "127.0.0.1:0", JetStream: jetStream,
 		Prefix: prefixmatch.Params{DefaultBlockSizeTokens: 4},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

@@ -14,11 +14,14 @@ import (
 // kv.events.<namespace>.<pool>.<pod>.
 const SubjectPrefix = "kv.events"
 
-// The headers of the NATS contract. They carry a batch's identity and order
-// and are authoritative over the subject, which only routes: a pod's name can
-// be sanitised beyond recognition there, and an endpoint cannot be a token at
-// all. nats.Header is case-sensitive, so publishers must use these spellings;
-// ParseOrigin tolerates other cases all the same.
+// The headers of the NATS contract. They carry a batch's identity and order.
+// The subject names the pod, and it is the one part of a message the
+// server's permissions vouch for, so the headers may only agree with it: a
+// consumer holds Kv-Pod to the subject's pod token and Kv-Endpoint to the
+// endpoints discovery gives that pod (see the EPP's consumer). An endpoint
+// cannot be a subject token at all, hence the header. nats.Header is
+// case-sensitive, so publishers must use these spellings; ParseOrigin
+// tolerates other cases all the same.
 const (
 	// HeaderEndpoint is the ip:port (or host:port) the gateway routes to. Required.
 	HeaderEndpoint = "Kv-Endpoint"

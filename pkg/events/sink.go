@@ -4,7 +4,7 @@ import "fmt"
 
 // Stream identifies one engine's event stream: an endpoint the gateway routes
 // to, and the data-parallel rank of the engine behind it. Its fields come from
-// the NATS headers of the contract, which are authoritative over the subject.
+// the NATS headers of the contract, held to the pod the subject names.
 type Stream struct {
 	// Endpoint is the ip:port the gateway routes to (Kv-Endpoint).
 	Endpoint string
