@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,7 +14,6 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -29,27 +27,33 @@ import (
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 	"github.com/kvroute/kvroute/pkg/testkit"
+	"github.com/kvroute/kvroute/pkg/testkit/apiserver"
 	"github.com/kvroute/kvroute/pkg/transport/natsauth"
 	"github.com/kvroute/kvroute/pkg/transport/natscallout"
 )
 
-// containerArgs are the arguments the rendered workload gives container.
-func containerArgs(t *testing.T, obj *unstructured.Unstructured, container string) []string {
+// container is the rendered workload's container called name.
+func container(t *testing.T, obj *unstructured.Unstructured, name string) map[string]any {
 	t.Helper()
 	cs, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
 	for _, c := range cs {
-		m := c.(map[string]any)
-		if m["name"] != container {
-			continue
+		if m := c.(map[string]any); m["name"] == name {
+			return m
 		}
-		var args []string
-		for _, a := range m["args"].([]any) {
-			args = append(args, a.(string))
-		}
-		return args
 	}
-	t.Fatalf("%s has no container %s", obj.GetName(), container)
+	t.Fatalf("%s has no container %s", obj.GetName(), name)
 	return nil
+}
+
+// containerArgs are the arguments the rendered workload gives container name.
+func containerArgs(t *testing.T, obj *unstructured.Unstructured, name string) []string {
+	t.Helper()
+	var args []string
+	list, _ := container(t, obj, name)["args"].([]any)
+	for _, a := range list {
+		args = append(args, a.(string))
+	}
+	return args
 }
 
 // projectedAudience is the audience of the NATS token the rendered
@@ -128,30 +132,9 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 			}
 		}
 	}
-	pod := func(name, sa string) *corev1.Pod {
-		p, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: corev1.PodSpec{ServiceAccountName: sa, AutomountServiceAccountToken: new(false),
-				Containers: []corev1.Container{{Name: "c", Image: "x"}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	pod := func(name, sa string) *corev1.Pod { return apiserver.PodUnder(t, cs, ns, name, sa) }
 	tokenFile := func(p *corev1.Pod) string {
-		tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, p.Spec.ServiceAccountName, &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
-			Audiences: []string{flags.Audience}, ExpirationSeconds: new(int64(3600)),
-			BoundObjectRef: &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
-		}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(t.TempDir(), "token")
-		if err := os.WriteFile(path, []byte(tr.Status.Token), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
+		return apiserver.TokenFile(t, cs, ns, p.Spec.ServiceAccountName, flags.Audience, p)
 	}
 	vllm := []*corev1.Pod{pod("vllm-0", flags.RelayServiceAccount), pod("vllm-1", flags.RelayServiceAccount)}
 	eppPod := pod("epp-0", flags.EPPServiceAccount)
@@ -194,13 +177,7 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	if err != nil {
 		t.Fatal(err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	calloutDone := make(chan error, 1)
-	go func() { calloutDone <- svc.Run(cctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-calloutDone
-	})
+	testkit.Go(t, "the auth callout", svc.Run)
 
 	// The EPP, connecting with its own token, as the chart's Deployment
 	// says.
@@ -227,15 +204,7 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	if err != nil {
 		t.Fatal(err)
 	}
-	ectx, ecancel := context.WithCancel(ctx)
-	eppDone := make(chan error, 1)
-	go func() { eppDone <- e.Run(ectx) }()
-	t.Cleanup(func() {
-		ecancel()
-		if err := <-eppDone; err != nil {
-			t.Errorf("EPP: %v", err)
-		}
-	})
+	testkit.Go(t, "the EPP", e.Run)
 	addrs := []string{"127.0.0.1:18000", "127.0.0.1:18001"}
 	for i, p := range vllm {
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: p.Name, Address: addrs[i], Pod: p.Name, Namespace: ns, Model: "m"})

@@ -1,7 +1,6 @@
 package deploy
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -20,26 +19,17 @@ import (
 )
 
 // containerEnv is the env of the rendered container, name to value.
-func containerEnv(t *testing.T, obj *unstructured.Unstructured, container string) map[string]string {
+func containerEnv(t *testing.T, obj *unstructured.Unstructured, name string) map[string]string {
 	t.Helper()
-	cs, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
-	for _, c := range cs {
-		m := c.(map[string]any)
-		if m["name"] != container {
-			continue
+	env := map[string]string{}
+	list, _ := container(t, obj, name)["env"].([]any)
+	for _, e := range list {
+		em := e.(map[string]any)
+		if v, ok := em["value"].(string); ok {
+			env[em["name"].(string)] = v
 		}
-		env := map[string]string{}
-		list, _ := m["env"].([]any)
-		for _, e := range list {
-			em := e.(map[string]any)
-			if v, ok := em["value"].(string); ok {
-				env[em["name"].(string)] = v
-			}
-		}
-		return env
 	}
-	t.Fatalf("%s has no container %s", obj.GetName(), container)
-	return nil
+	return env
 }
 
 // nonLoopback is an address of this machine that other hosts could use,
@@ -140,13 +130,7 @@ func TestTheChartKeepsTheEngineSocketsOnThePodsLoopback(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- r.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			<-done
-		})
+		testkit.Go(t, "the relay", r.Run)
 		testkit.WaitFor(t, "the relay's socket to be up", r.Ready)
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)
 		if err != nil {

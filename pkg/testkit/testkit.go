@@ -11,6 +11,8 @@ package testkit
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"net"
 	"runtime"
 	"sync"
@@ -100,4 +102,25 @@ func Converge(t testing.TB, what string, diff func() string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// Go runs run with a context that ends when the test does, and waits for
+// it to return then: the owner of a component's Run in a test. An error
+// other than the context's own fails the test.
+func Go(t testing.TB, what string, run func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("%s: %v", what, err)
+			}
+		case <-time.After(WaitLimit):
+			t.Errorf("%s did not return within %v of its context's end", what, WaitLimit)
+		}
+	})
 }

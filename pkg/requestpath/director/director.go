@@ -169,7 +169,7 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if !known.base && !known.adapter && !d.o.PassUnknownModels {
 		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
 		return nil, &Error{Status: http.StatusNotFound, Param: "model",
-			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, truncate(req.Model))}
+			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, Shorten(req.Model, 256))}
 	}
 	if req.LoRA == "" && !known.base {
 		// A model name no endpoint serves as its base model names a LoRA
@@ -348,9 +348,9 @@ func (d *Director) modelLabel(model string) string {
 	return labelOther
 }
 
-// truncate keeps a client's text short enough for an error message.
-func truncate(s string) string {
-	const limit = 256
+// Shorten keeps a client's text (a model name, a path, a header) short
+// enough for an error message or a log line: its first limit bytes.
+func Shorten(s string, limit int) string {
 	if len(s) <= limit {
 		return s
 	}

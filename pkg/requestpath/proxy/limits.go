@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 )
 
 // Defaults of the server limits Options leave zero.
@@ -146,10 +148,4 @@ func admitContentType(r *http.Request) error {
 	return nil
 }
 
-func truncate(s string) string {
-	const limit = 128
-	if len(s) <= limit {
-		return s
-	}
-	return s[:limit] + "…"
-}
+func truncate(s string) string { return director.Shorten(s, 128) }

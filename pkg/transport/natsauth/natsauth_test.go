@@ -1,15 +1,8 @@
 package natsauth
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,6 +12,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 func startServer(t *testing.T, o *server.Options) string {
@@ -54,33 +49,13 @@ type certs struct{ ca, serverCert, serverKey, clientCert, clientKey string }
 
 func makeCerts(t *testing.T) certs {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvroute test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leaf := func(serial int64, usage x509.ExtKeyUsage) (string, string) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "127.0.0.1"},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			KeyUsage: x509.KeyUsageDigitalSignature}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, _ := x509.MarshalECPrivateKey(key)
-		return writeFile(t, "cert.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
-			writeFile(t, "key.pem", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
-	}
+	ca := testkit.NewCA(t, "kvroute test CA")
 	var c certs
-	c.ca = writeFile(t, "ca.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}))
-	c.serverCert, c.serverKey = leaf(2, x509.ExtKeyUsageServerAuth)
-	c.clientCert, c.clientKey = leaf(3, x509.ExtKeyUsageClientAuth)
+	c.ca = writeFile(t, "ca.pem", ca.PEM)
+	sc, sk := ca.Leaf(t, "127.0.0.1", x509.ExtKeyUsageServerAuth)
+	c.serverCert, c.serverKey = writeFile(t, "cert.pem", sc), writeFile(t, "key.pem", sk)
+	cc, ck := ca.Leaf(t, "127.0.0.1", x509.ExtKeyUsageClientAuth)
+	c.clientCert, c.clientKey = writeFile(t, "cert.pem", cc), writeFile(t, "key.pem", ck)
 	return c
 }
 

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -63,33 +62,14 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
-// pod creates a pod running under sa.
 func (c *cluster) pod(t *testing.T, name, sa string) *corev1.Pod {
 	t.Helper()
-	p, err := c.cs.CoreV1().Pods(c.ns).Create(context.Background(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PodSpec{ServiceAccountName: sa, AutomountServiceAccountToken: new(false),
-			Containers: []corev1.Container{{Name: "c", Image: "x"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return apiserver.PodUnder(t, c.cs, c.ns, name, sa)
 }
 
-// token asks the API server for a token of sa for audience, bound to pod
-// when it is given: what the kubelet projects into the pod.
 func (c *cluster) token(t *testing.T, sa, audience string, pod *corev1.Pod) string {
 	t.Helper()
-	req := &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: new(int64(3600))}}
-	if pod != nil {
-		req.Spec.BoundObjectRef = &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
-	}
-	tr, err := c.cs.CoreV1().ServiceAccounts(c.ns).CreateToken(context.Background(), sa, req, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr.Status.Token
+	return apiserver.Token(t, c.cs, c.ns, sa, audience, pod)
 }
 
 // rig is a NATS server whose every client is authorised by the callout,
@@ -134,15 +114,7 @@ func startRig(t *testing.T, c *cluster, o natscallout.Options) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("callout: %v", err)
-		}
-	})
+	testkit.Go(t, "the auth callout", svc.Run)
 	// Run has subscribed once a client is answered: wait for a refusal.
 	testkit.WaitFor(t, "the callout to answer", func() bool {
 		nc, err := nats.Connect(n.URL(), nats.Token("warm-up"), nats.Timeout(time.Second))
