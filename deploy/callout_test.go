@@ -164,7 +164,7 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	if err != nil {
 		t.Fatal(err)
 	}
-	acnc, err := nats.Connect(url, nats.UserInfo(natscallout.AuthUser, password))
+	acnc, err := nats.Connect(url, nats.UserInfo(natscallout.AuthUser, password), nats.Timeout(testkit.WaitLimit))
 	if err != nil {
 		t.Fatalf("the callout's own user: %v", err)
 	}

@@ -96,7 +96,7 @@ func serve(args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	nc, err := nats.Connect(*url, nats.Name("kv-nats-auth"), nats.UserInfo(natscallout.AuthUser, password),
-		nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+		nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond), nats.Timeout(10*time.Second))
 	if err != nil {
 		return fmt.Errorf("connect to NATS at %s: %w", *url, err)
 	}

@@ -76,6 +76,8 @@ func TestTheEPPRoutesByCacheOverExtProcAndTheProxy(t *testing.T) {
 		engines[i] = sim.NewEngine(cfg, pub)
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: cfg.Pod, Address: addr, Pod: cfg.Pod, Model: "m"})
 	}
+	// Core NATS keeps nothing for a subscriber that is not there yet.
+	testkit.WaitFor(t, "the EPP to consume", e.Ready)
 
 	prompt := make([]uint32, 64)
 	for i := range prompt {
