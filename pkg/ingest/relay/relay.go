@@ -19,7 +19,9 @@ import (
 
 // Defaults for the zero values of Config.
 const (
-	DefaultZMQEndpoint   = "tcp://*:5557"
+	// DefaultZMQEndpoint is on loopback: whatever arrives on it is
+	// published under the pod's identity, so only the pod may reach it.
+	DefaultZMQEndpoint   = "tcp://127.0.0.1:5557"
 	DefaultReplayTimeout = 2 * time.Second
 	DefaultBufferBatches = 10000
 	DefaultBufferBytes   = 64 << 20
