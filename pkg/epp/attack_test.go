@@ -183,6 +183,7 @@ func TestAttackForgedRanksOfOneEndpointKeepNoState(t *testing.T) {
 		return v.rejected(t, "rank_limit") + testkit.Value(t, v.f.Metrics, "kvroute_events_batches_total", "result", "applied")
 	})
 	grown := heap() - h0
+	t.Logf("heap grew by %d KiB after %d forged ranks", grown>>10, forged)
 	// The ranks admitted up to the cap are real streams now, and may have
 	// cleared: what the cap lets a pod's own relay do to its own pod.
 	// The other pods are untouched.
@@ -216,6 +217,7 @@ func TestAttackEndpointsOutsideThePoolKeepNoState(t *testing.T) {
 		return &nats.Msg{Subject: events.Subject(v.f.EPP.Namespace(), v.f.EPP.Pool(), pod), Header: o.Header(), Data: data}
 	}, func() float64 { return v.rejected(t, "unknown_endpoint") })
 	grown := heap() - h0
+	t.Logf("heap grew by %d KiB after %d endpoints outside the pool", grown>>10, forged)
 	if grown > 16<<20 {
 		t.Errorf("heap grew by %d MiB after %d endpoints outside the pool, want no state kept", grown>>20, forged)
 	}
@@ -250,6 +252,7 @@ func TestAttackAFloodOfBlocksFromOneEndpointStaysWithinItsShare(t *testing.T) {
 		return testkit.Value(t, v.f.Metrics, "kvroute_events_batches_total", "result", "applied")
 	})
 	grown := heap() - h0
+	t.Logf("heap grew by %d KiB for %d forged blocks (the endpoint's share: %d holdings)", grown>>10, batches*runBlocks, perEndpoint)
 	if limit := int64(perEndpoint*epp.BytesPerHolding*2 + 16<<20); grown > limit {
 		t.Errorf("heap grew by %d MiB for %d forged blocks, over the endpoint's share (%d holdings, %d MiB with slack)",
 			grown>>20, flood, perEndpoint, limit>>20)

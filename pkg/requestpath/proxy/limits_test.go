@@ -307,6 +307,7 @@ func TestBodyBytesInFlightStayWithinTheirBudget(t *testing.T) {
 		refused++
 	}
 	grown := int64(heapBytes()) - int64(before)
+	t.Logf("heap grew by %d MiB with %d bodies of 8 MiB in flight (budget %d MiB)", grown>>20, len(admitted), budget>>20)
 	if len(admitted) != budget/bodySize || refused != clients-budget/bodySize {
 		t.Errorf("%d admitted and %d refused, want %d and %d", len(admitted), refused, budget/bodySize, clients-budget/bodySize)
 	}
