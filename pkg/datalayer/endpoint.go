@@ -22,18 +22,40 @@ type Endpoint struct {
 	Labels map[string]string
 }
 
-// StreamState says how far the index can be trusted for an endpoint.
+// StreamState says how far the index can be trusted for an endpoint: what
+// its answers claim about the engine's cache. The states are ordered by
+// nothing; read them through their methods.
 type StreamState uint8
 
 const (
-	// StreamNone: no event has ever arrived; prefix answers are approximate.
+	// StreamNone: no event has ever arrived; prefix answers come from the
+	// routing history (approximate).
 	StreamNone StreamState = iota
-	// StreamExact: events arrive in order with no known gap.
+	// StreamExact: every block the engine holds is known, and every block
+	// the index says it holds, it holds (up to the events in flight).
 	StreamExact
-	// StreamUncertain: batches may have been lost; answers are approximate
-	// until the endpoint resynchronises.
+	// StreamUncertain: batches may have been lost and could not be made
+	// good (the resync failed or found the relay's mirror inexact), or the
+	// engine's own reports disagree with the index: the answers are the
+	// best known, and may be wrong either way.
 	StreamUncertain
+	// StreamPartial: every block the index says the engine holds, it holds,
+	// but blocks stored before the index's first sight of the stream may be
+	// missing (a late join: the stream's first batch was not its seq 0 and
+	// no complete snapshot was to be had). A match is a lower bound.
+	StreamPartial
+	// StreamRecovering: the stream broke (a gap, a reconnect, a relay
+	// restart, a lost tail) and a resync is under way or due; the index
+	// keeps what it knew, which is mostly right but may be stale either
+	// way, until the resync ends in another state, in seconds.
+	StreamRecovering
+
+	// NumStreamStates sizes arrays indexed by StreamState.
+	NumStreamStates
 )
+
+// AllStreamStates lists every state, in the order metrics and docs show them.
+var AllStreamStates = [...]StreamState{StreamNone, StreamExact, StreamPartial, StreamRecovering, StreamUncertain}
 
 func (s StreamState) String() string {
 	switch s {
@@ -43,16 +65,32 @@ func (s StreamState) String() string {
 		return "exact"
 	case StreamUncertain:
 		return "uncertain"
+	case StreamPartial:
+		return "partial"
+	case StreamRecovering:
+		return "recovering"
 	}
 	return "unknown"
 }
+
+// Exact reports whether the index knows the engine's cache exactly.
+func (s StreamState) Exact() bool { return s == StreamExact }
+
+// HoldsMatched reports whether every block the index credits the endpoint
+// with is held (exact and partial streams): a match is then at least what
+// the engine will hit, never a false claim.
+func (s StreamState) HoldsMatched() bool { return s == StreamExact || s == StreamPartial }
+
+// FromEvents reports whether answers come from the endpoint's events at
+// all, rather than from the routing history.
+func (s StreamState) FromEvents() bool { return s != StreamNone }
 
 // MarshalText writes the state's name.
 func (s StreamState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText reads a state's name.
 func (s *StreamState) UnmarshalText(b []byte) error {
-	for _, v := range []StreamState{StreamNone, StreamExact, StreamUncertain} {
+	for _, v := range AllStreamStates {
 		if string(b) == v.String() {
 			*s = v
 			return nil

@@ -28,10 +28,31 @@ type PrefixCacheInfo struct {
 	// SpeculativeBlocks counts matched blocks that are held only by a
 	// speculative holding recorded after an earlier pick.
 	SpeculativeBlocks int `json:"speculativeBlocks"`
-	// Exact is true when the answer comes from an in-order event stream, false
-	// when it is the approximate fallback (no stream, or an uncertain one, or
-	// a request whose token ids are unknown).
+	// Exact is true when the answer comes from an in-order event stream
+	// that knows the engine's whole cache (State is StreamExact), false
+	// otherwise. It is State.Exact(), kept for consumers of the upstream
+	// shape.
 	Exact bool `json:"exact"`
+	// State is how far the answer can be trusted, the endpoint's stream
+	// state when it was computed:
+	//   - exact: MatchBlocks is what the engine holds (up to events in
+	//     flight and evictions between pick and prefill);
+	//   - partial: the matched blocks are held, but the engine may hold
+	//     more of the prefix than the index saw (a late join): a lower
+	//     bound, never a false claim;
+	//   - recovering: the stream broke moments ago and is being
+	//     resynchronised; the answer is what was known before, likely
+	//     right, possibly stale either way, for seconds;
+	//   - uncertain: the break could not be healed, or the engine's own
+	//     cached-token reports disagree with the index: the best guess,
+	//     possibly wrong either way;
+	//   - none: no event stream; MatchBlocks comes from the routing
+	//     history (the approximate fallback), as upstream's approximate
+	//     producer would answer.
+	// A latency predictor should take exact and partial matches as
+	// cached tokens (partial as a lower bound), and discount recovering
+	// and uncertain ones, or widen its estimate, rather than trust them.
+	State StreamState `json:"state"`
 }
 
 // Ratio is MatchBlocks/TotalBlocks, 0 for a request with no full block.

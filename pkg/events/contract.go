@@ -39,6 +39,12 @@ const (
 	// HeaderBlockSize is the engine's block size in tokens, a non-negative
 	// int; absent means unknown (0).
 	HeaderBlockSize = "Kv-Block-Size"
+	// HeaderHeartbeat marks a heartbeat: a message on the stream's own
+	// subject, with no payload, whose Kv-Seq is the last batch the
+	// publisher sent under Kv-Instance. Publishers send one every few
+	// seconds, quiet or not, so that a consumer that lost the stream's last
+	// batches finds out (docs/nats.md). The value is "1".
+	HeaderHeartbeat = "Kv-Heartbeat"
 )
 
 // SnapshotSubjectPrefix starts the subject a relay answers snapshot
@@ -59,6 +65,14 @@ const (
 	// decode, or its mirror hit its bound): the snapshot is then its best
 	// knowledge, not the engine's exact state.
 	HeaderSnapshotExact = "Kv-Snapshot-Exact"
+	// HeaderSnapshotState refines Kv-Snapshot-Exact: "exact" (as
+	// Kv-Snapshot-Exact true), "partial" (the relay started after the
+	// engine and could not recover its history: everything in the snapshot
+	// is held, blocks stored before the relay's first batch may be
+	// missing), or "inexact" (batches were lost after the relay's first
+	// one: the snapshot may be wrong either way). Absent, Kv-Snapshot-Exact
+	// decides between exact and inexact.
+	HeaderSnapshotState = "Kv-Snapshot-State"
 	// HeaderSnapshotError is set, on a reply with no payload and no other
 	// snapshot headers, when the relay cannot answer (it has relayed no
 	// batch yet); the value says why.
@@ -115,6 +129,27 @@ func sanitizeToken(s string) string {
 
 func tokenByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// Snapshot states, the values of HeaderSnapshotState.
+const (
+	SnapshotExact   = "exact"
+	SnapshotPartial = "partial"
+	SnapshotInexact = "inexact"
+)
+
+// HeartbeatHeader returns the headers of a heartbeat for o: o's contract
+// headers, Kv-Seq the last batch sent, and Kv-Heartbeat.
+func (o Origin) HeartbeatHeader() nats.Header {
+	h := o.Header()
+	h.Set(HeaderHeartbeat, "1")
+	return h
+}
+
+// IsHeartbeat reports whether a message's headers mark it a heartbeat.
+func IsHeartbeat(h nats.Header) bool {
+	v, ok := header(h, HeaderHeartbeat)
+	return ok && v != "" && v != "0"
 }
 
 // Header returns the contract headers describing o. Optional headers whose

@@ -47,3 +47,24 @@ func (p *Publisher) Publish(o Origin, payload []byte) error {
 	}
 	return nil
 }
+
+// PublishHeartbeat sends a heartbeat for the stream o names: o.Seq is the
+// last batch published under o.Instance. It goes on the stream's own
+// subject, so that it reaches every consumer after the batches before it.
+func (p *Publisher) PublishHeartbeat(o Origin) error {
+	if p.nc == nil {
+		return ErrNoConn
+	}
+	if err := validateEndpoint(o.Endpoint); err != nil {
+		return fmt.Errorf("heartbeat %s: %w: %s %q: %v", o.Stream, ErrBadHeader, HeaderEndpoint, o.Endpoint, err)
+	}
+	pod := o.Pod
+	if pod == "" {
+		pod = o.Endpoint
+	}
+	msg := &nats.Msg{Subject: Subject(p.namespace, p.pool, pod), Header: o.HeartbeatHeader()}
+	if err := p.nc.PublishMsg(msg); err != nil {
+		return fmt.Errorf("heartbeat %s seq %d: %w", o.Stream, o.Seq, err)
+	}
+	return nil
+}

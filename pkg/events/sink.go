@@ -39,6 +39,21 @@ const (
 	ReasonSlowConsumer
 	// ReasonUnknownParent: a stored run named a parent the index never saw.
 	ReasonUnknownParent
+	// ReasonLateJoin: the first batch seen of the stream (or of a new
+	// engine instance) is not its seq 0: what the engine stored before is
+	// unknown, but nothing after it was missed, so everything applied from
+	// here on is held. The stream is partial, not uncertain.
+	ReasonLateJoin
+	// ReasonLostTail: the publisher's heartbeat names a seq past the last
+	// batch received: the last batches were lost, and no later seq would
+	// have shown it.
+	ReasonLostTail
+	// ReasonDisagreement: the engine's own reports of cached prompt tokens
+	// disagree with the index's predictions for it, sustainedly.
+	ReasonDisagreement
+
+	// NumReasons sizes arrays indexed by Reason (index 0 is unused).
+	NumReasons
 )
 
 func (r Reason) String() string {
@@ -51,6 +66,12 @@ func (r Reason) String() string {
 		return "slow_consumer"
 	case ReasonUnknownParent:
 		return "unknown_parent"
+	case ReasonLateJoin:
+		return "late_join"
+	case ReasonLostTail:
+		return "lost_tail"
+	case ReasonDisagreement:
+		return "disagreement"
 	}
 	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
@@ -71,4 +92,15 @@ type Sink interface {
 	// instance, or seq going back): everything it held is gone. It is called
 	// before the new engine's first batch is applied.
 	Restart(s Stream)
+}
+
+// TailSink is a Sink that also hears the publisher's heartbeats: o names
+// the last batch the publisher sent (Kv-Seq under Kv-Instance), so that a
+// sink whose own position is behind it knows its tail was lost. A sink
+// that has moved past the consumer (it installed a snapshot) judges from
+// its own position; the consumer calls Tail only for heartbeats ahead of
+// the last batch it delivered, in order with the stream's batches.
+type TailSink interface {
+	Sink
+	Tail(o Origin)
 }

@@ -251,19 +251,13 @@ func (ix *Index) MarkExact(addr string) {
 	ep.mu.Unlock()
 }
 
-// refreshState publishes the endpoint's state: uncertain if any stream is,
-// exact if any has seen events, none otherwise. Called with mu held.
+// refreshState publishes the endpoint's state: the least trustworthy of
+// its streams' (see worse), none when no stream has seen events. Called
+// with mu held.
 func (ep *ixEndpoint) refreshState() {
 	s := datalayer.StreamNone
 	for _, st := range ep.streams {
-		switch st.state {
-		case datalayer.StreamUncertain:
-			s = datalayer.StreamUncertain
-		case datalayer.StreamExact:
-			if s == datalayer.StreamNone {
-				s = datalayer.StreamExact
-			}
-		}
+		s = worse(s, st.state)
 	}
 	ep.state.Store(uint32(s))
 }

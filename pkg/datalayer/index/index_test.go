@@ -446,7 +446,10 @@ func TestUnknownParentCallsTheHookOnceAndCounts(t *testing.T) {
 	want := `
 # HELP kvroute_index_uncertain_total Times a stream was marked uncertain, by reason.
 # TYPE kvroute_index_uncertain_total counter
+kvroute_index_uncertain_total{reason="disagreement"} 0
 kvroute_index_uncertain_total{reason="gap"} 0
+kvroute_index_uncertain_total{reason="late_join"} 0
+kvroute_index_uncertain_total{reason="lost_tail"} 0
 kvroute_index_uncertain_total{reason="reconnect"} 0
 kvroute_index_uncertain_total{reason="slow_consumer"} 0
 kvroute_index_uncertain_total{reason="unknown_parent"} 1

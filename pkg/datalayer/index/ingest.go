@@ -91,6 +91,12 @@ func (ix *Index) Apply(o events.Origin, b *events.Batch) {
 		st.state = datalayer.StreamExact
 	}
 	unknownParent = ix.applyEvents(ep, st, o, b, now, &d)
+	if unknownParent && st.state == datalayer.StreamPartial {
+		// A late joiner meets the parents it never saw: the run is
+		// dropped, which is missing knowledge, not false knowledge, and
+		// no resync can be asked for again and again because of it.
+		unknownParent = false
+	}
 	if unknownParent {
 		st.state = datalayer.StreamUncertain
 	}
@@ -380,6 +386,8 @@ func (ix *Index) expireAged(ep *ixEndpoint, st *ixStream, now time.Time, d *delt
 }
 
 // Uncertain marks the stream's endpoint uncertain; it keeps what it holds.
+// A late join (events.ReasonLateJoin) marks it partial instead: nothing it
+// holds from then on can be false.
 func (ix *Index) Uncertain(s events.Stream, r events.Reason) {
 	ep := ix.member(s.Endpoint)
 	if ep == nil {
@@ -387,7 +395,12 @@ func (ix *Index) Uncertain(s events.Stream, r events.Reason) {
 	}
 	ep.mu.Lock()
 	if !ep.gone {
-		ep.stream(s.DPRank).state = datalayer.StreamUncertain
+		st := ep.stream(s.DPRank)
+		if r == events.ReasonLateJoin {
+			st.state = lateJoin(st.state)
+		} else {
+			st.state = datalayer.StreamUncertain
+		}
 		ep.refreshState()
 	}
 	ep.mu.Unlock()

@@ -26,11 +26,12 @@ var (
 // them), and sets the stream's position to o.Seq under o.Instance, so that
 // live batches up to o.Seq are then dropped as duplicates.
 //
-// The stream is left uncertain: its endpoint's State says StreamUncertain
-// from before the first holding is dropped until the caller, having applied
-// the live batches it held back, calls MarkStreamExact. A lookup that runs
-// during an install therefore sees a partly rebuilt endpoint, but flagged as
-// approximate, never a half-installed state claimed exact.
+// The stream is left recovering: its endpoint's State says
+// StreamRecovering from before the first holding is dropped until the
+// caller, having applied the live batches it held back, sets the state the
+// snapshot earned (MarkStreamExact, or SetStreamState). A lookup that runs
+// during an install therefore sees a partly rebuilt endpoint, but flagged
+// as not exact, never a half-installed state claimed exact.
 func (ix *Index) InstallSnapshot(o events.Origin, chunks []*events.Batch) error {
 	ep := ix.member(o.Endpoint)
 	if ep == nil {
@@ -44,7 +45,7 @@ func (ix *Index) InstallSnapshot(o events.Origin, chunks []*events.Batch) error 
 		return fmt.Errorf("install snapshot of %s: %w", o.Stream, ErrNotMember)
 	}
 	st := ep.stream(o.DPRank)
-	st.state = datalayer.StreamUncertain
+	st.state = datalayer.StreamRecovering
 	ep.refreshState()
 
 	ix.clearStream(ep, st, &d)
@@ -62,7 +63,7 @@ func (ix *Index) InstallSnapshot(o events.Origin, chunks []*events.Batch) error 
 	incomplete := unknownParent || st.state == datalayer.StreamUncertain
 	ep.held += d.held()
 	st.instance, st.seq, st.hasSeq = o.Instance, o.Seq, true
-	st.state = datalayer.StreamUncertain
+	st.state = datalayer.StreamRecovering
 	ep.refreshState()
 	ep.last.Store(now.UnixNano())
 	ep.mu.Unlock()

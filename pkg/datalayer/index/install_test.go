@@ -57,8 +57,8 @@ func TestInstallSnapshot(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
-			if s, _ := ix.State(ixTestAddr); s != datalayer.StreamUncertain {
-				t.Errorf("state after install = %s, want uncertain until marked exact", s)
+			if s, _ := ix.State(ixTestAddr); s != datalayer.StreamRecovering {
+				t.Errorf("state after install = %s, want recovering until marked exact", s)
 			}
 			for r, want := range tt.want {
 				if got := ixLookupOne(ix, *r, ixTestAddr); got != want {

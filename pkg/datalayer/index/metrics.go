@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 )
 
@@ -63,7 +64,7 @@ type indexStats struct {
 	applied   [events.KindAllBlocksCleared + 1]atomic.Int64
 	dropped   [numDropReasons]atomic.Int64
 	evictions [numEvictReasons]atomic.Int64
-	uncertain [events.ReasonUnknownParent + 1]atomic.Int64
+	uncertain [events.NumReasons]atomic.Int64
 	restarts  atomic.Int64
 }
 
@@ -100,13 +101,15 @@ var (
 		"Times a stream was marked uncertain, by reason.", []string{"reason"}, nil)
 	descRestarts = prometheus.NewDesc("kvroute_index_restarts_total",
 		"Engine restarts that cleared a stream.", nil, nil)
+	descStates = prometheus.NewDesc("kvroute_index_endpoint_states",
+		"Endpoints by the trust state of their event streams (none, exact, partial, recovering, uncertain).", []string{"state"}, nil)
 )
 
 type indexCollector struct{ ix *Index }
 
 func (c *indexCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descHoldings, descBlocks, descEndpoints, descSpec,
-		descApplied, descDropped, descEvictions, descUncertain, descRestarts} {
+		descApplied, descDropped, descEvictions, descUncertain, descRestarts, descStates} {
 		ch <- d
 	}
 }
@@ -128,8 +131,17 @@ func (c *indexCollector) Collect(ch chan<- prometheus.Metric) {
 	for r, name := range evictReasonNames {
 		ch <- prometheus.MustNewConstMetric(descEvictions, prometheus.CounterValue, float64(s.evictions[r].Load()), name)
 	}
-	for r := events.ReasonGap; r <= events.ReasonUnknownParent; r++ {
+	for r := events.ReasonGap; r < events.NumReasons; r++ {
 		ch <- prometheus.MustNewConstMetric(descUncertain, prometheus.CounterValue, float64(s.uncertain[r].Load()), r.String())
 	}
 	ch <- prometheus.MustNewConstMetric(descRestarts, prometheus.CounterValue, float64(s.restarts.Load()))
+	var states [datalayer.NumStreamStates]int
+	for _, ep := range *c.ix.members.Load() {
+		if st := datalayer.StreamState(ep.state.Load()); st < datalayer.NumStreamStates {
+			states[st]++
+		}
+	}
+	for _, st := range datalayer.AllStreamStates {
+		ch <- prometheus.MustNewConstMetric(descStates, prometheus.GaugeValue, float64(states[st]), st.String())
+	}
 }

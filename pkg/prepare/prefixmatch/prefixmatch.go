@@ -175,8 +175,8 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 				streamless = append(streamless, i)
 				continue
 			}
-			// An uncertain stream keeps the index's answer, which is still
-			// mostly right, but says it is not exact.
+			// A stream that is not exact keeps the index's answer, which
+			// is still mostly right, and says how far it can be trusted.
 			m := matches[j]
 			infos[i] = datalayer.PrefixCacheInfo{
 				MatchBlocks:       m.Blocks,
@@ -185,7 +185,8 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 				MatchTokens:       m.Blocks * g.blockSize,
 				BlocksByTier:      m.ByTier,
 				SpeculativeBlocks: m.Speculative,
-				Exact:             state == datalayer.StreamExact,
+				Exact:             state.Exact(),
+				State:             state,
 			}
 		}
 		if len(streamless) > 0 {

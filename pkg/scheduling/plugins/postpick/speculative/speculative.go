@@ -68,11 +68,12 @@ func (r *Recorder) PostPick(_ context.Context, _ *framework.CycleState, req *req
 	if v, ok := primary.Get(framework.RequestBlockKeysKey); ok {
 		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
 			// Blocks the endpoint already holds for real need no
-			// speculation: after an exact match with nothing speculative
+			// speculation: after a match that claims only held blocks
+			// (an exact or a partial stream's) with nothing speculative
 			// in it, the speculator is told how many lead the keys. This
 			// spares the index a write per held block on every pick.
 			held := 0
-			if info, ok := prefixinfo.Get(primary); ok && info.Exact && info.SpeculativeBlocks == 0 {
+			if info, ok := prefixinfo.Get(primary); ok && (info.Exact || info.State.HoldsMatched()) && info.SpeculativeBlocks == 0 {
 				held = min(max(info.MatchBlocks, 0), len(keys))
 			}
 			r.spec.Speculate(primary.Address, keys, held)

@@ -32,6 +32,24 @@ const (
 	DefaultSpeculativeWeight = 0.5
 )
 
+// DefaultStateWeights returns the default credit of a match by the trust
+// state of the answer (datalayer.PrefixCacheInfo.State). Exact and partial
+// matches are held (a partial one is a lower bound), and a recovering
+// stream's answer is what was known a moment ago: full credit. An
+// uncertain stream's answer may be stale either way and for long, so it
+// earns three quarters: enough to keep affinity where nothing better is
+// known, too little to beat an equal match the index is sure of. The
+// routing history (none) keeps full credit, as upstream's approximate
+// scorer gives it.
+func DefaultStateWeights() [datalayer.NumStreamStates]float64 {
+	var w [datalayer.NumStreamStates]float64
+	for _, s := range datalayer.AllStreamStates {
+		w[s] = 1
+	}
+	w[datalayer.StreamUncertain] = 0.75
+	return w
+}
+
 // DefaultTierWeights returns the default weight of each tier.
 func DefaultTierWeights() [events.NumTiers]float64 {
 	var w [events.NumTiers]float64
@@ -50,16 +68,37 @@ type Params struct {
 	// SpeculativeWeight is the credit, in [0,1], of a block held only
 	// speculatively. Default 0.5.
 	SpeculativeWeight *float64 `json:"speculativeWeight,omitempty"`
+	// StateWeights maps a trust state (exact, partial, recovering,
+	// uncertain, none) to a factor, in [0,1], on the score of a match in
+	// that state. States not named keep their default (DefaultStateWeights).
+	StateWeights map[string]float64 `json:"stateWeights,omitempty"`
 }
 
-// Scorer is the precise-prefix-cache-scorer. score = (sum over tiers of
-// BlocksByTier[t]*tierWeight[t] + SpeculativeBlocks*speculativeWeight) /
-// TotalBlocks; 0 when the request has no full block or the candidate has no
-// prefix info.
+// ParseStateWeights applies a stateWeights parameter to w, for this scorer
+// and the others that weigh prefix matches.
+func ParseStateWeights(typ, name string, in map[string]float64, w *[datalayer.NumStreamStates]float64) error {
+	for k, v := range in {
+		var st datalayer.StreamState
+		if err := st.UnmarshalText([]byte(k)); err != nil {
+			return framework.ParamError(typ, name, "stateWeights: %v", err)
+		}
+		if !(v >= 0 && v <= 1) {
+			return framework.ParamError(typ, name, "stateWeights[%s] = %v, want a value in [0,1]", k, v)
+		}
+		w[st] = v
+	}
+	return nil
+}
+
+// Scorer is the precise-prefix-cache-scorer. score = stateWeight[State] *
+// (sum over tiers of BlocksByTier[t]*tierWeight[t] +
+// SpeculativeBlocks*speculativeWeight) / TotalBlocks; 0 when the request has
+// no full block or the candidate has no prefix info.
 type Scorer struct {
-	name        plugin.TypedName
-	tierWeights [events.NumTiers]float64
-	specWeight  float64
+	name         plugin.TypedName
+	tierWeights  [events.NumTiers]float64
+	specWeight   float64
+	stateWeights [datalayer.NumStreamStates]float64
 }
 
 var (
@@ -67,9 +106,11 @@ var (
 	_ plugin.Consumer  = (*Scorer)(nil)
 )
 
-// New makes the scorer with the given weights.
+// New makes the scorer with the given weights and the default state
+// weights.
 func New(name string, tierWeights [events.NumTiers]float64, speculativeWeight float64) *Scorer {
-	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, tierWeights: tierWeights, specWeight: speculativeWeight}
+	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, tierWeights: tierWeights, specWeight: speculativeWeight,
+		stateWeights: DefaultStateWeights()}
 }
 
 // Factory makes the scorer from its configuration.
@@ -96,7 +137,11 @@ func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugi
 			return nil, framework.ParamError(Type, name, "speculativeWeight = %v, want a value in [0,1]", spec)
 		}
 	}
-	return New(name, w, spec), nil
+	sc := New(name, w, spec)
+	if err := ParseStateWeights(Type, name, p.StateWeights, &sc.stateWeights); err != nil {
+		return nil, err
+	}
+	return sc, nil
 }
 
 // TypedName implements plugin.Plugin.
@@ -126,11 +171,20 @@ func (s *Scorer) score(c *datalayer.Candidate) float64 {
 	for t, n := range info.BlocksByTier {
 		credit += float64(n) * s.tierWeights[t]
 	}
-	return credit / float64(info.TotalBlocks)
+	return credit / float64(info.TotalBlocks) * s.stateWeight(info.State)
+}
+
+func (s *Scorer) stateWeight(st datalayer.StreamState) float64 {
+	if st < datalayer.NumStreamStates {
+		return s.stateWeights[st]
+	}
+	return s.stateWeights[datalayer.StreamUncertain]
 }
 
 // String describes the scorer's weights, for start-up logs.
 func (s *Scorer) String() string {
-	return fmt.Sprintf("%s(gpu=%g cpu=%g storage=%g speculative=%g)", s.name,
-		s.tierWeights[events.TierGPU], s.tierWeights[events.TierCPU], s.tierWeights[events.TierStorage], s.specWeight)
+	return fmt.Sprintf("%s(gpu=%g cpu=%g storage=%g speculative=%g partial=%g recovering=%g uncertain=%g none=%g)", s.name,
+		s.tierWeights[events.TierGPU], s.tierWeights[events.TierCPU], s.tierWeights[events.TierStorage], s.specWeight,
+		s.stateWeights[datalayer.StreamPartial], s.stateWeights[datalayer.StreamRecovering],
+		s.stateWeights[datalayer.StreamUncertain], s.stateWeights[datalayer.StreamNone])
 }

@@ -26,9 +26,15 @@ func mustScorer(t *testing.T, params string) framework.Scorer {
 	return p.(framework.Scorer)
 }
 
+func inState(info datalayer.PrefixCacheInfo, s datalayer.StreamState) datalayer.PrefixCacheInfo {
+	info.State, info.Exact = s, s.Exact()
+	return info
+}
+
 func TestScore(t *testing.T) {
 	t.Parallel()
 	pointerInfo := schedtest.Info(4, 2, 0, 0, 0)
+	half := *schedtest.Info(10, 5, 0, 0, 0)
 	tests := []struct {
 		name   string
 		params string
@@ -47,6 +53,10 @@ func TestScore(t *testing.T) {
 		{"a foreign type under the key scores 0", "", "not an info", 0},
 		{"configured tier weights replace the defaults", `{"tierWeights":{"CPU":0.5,"storage":0}}`, schedtest.Info(10, 0, 6, 4, 0), 0.3},
 		{"a configured speculative weight applies", `{"speculativeWeight":1}`, schedtest.Info(10, 5, 0, 0, 5), 1},
+		{"a partial stream's match is held and earns full credit", "", inState(half, datalayer.StreamPartial), 0.5},
+		{"a recovering stream's match earns full credit", "", inState(half, datalayer.StreamRecovering), 0.5},
+		{"an uncertain stream's match earns three quarters", "", inState(half, datalayer.StreamUncertain), 0.375},
+		{"configured state weights replace the defaults", `{"stateWeights":{"uncertain":0,"recovering":0.5}}`, inState(half, datalayer.StreamRecovering), 0.25},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,6 +86,8 @@ func TestFactoryRejectsBadParameters(t *testing.T) {
 			`invalid plugin parameters: plugin "pp" (type precise-prefix-cache-scorer): tierWeights: unknown cache tier "nvme"`},
 		{"a tier weight above 1 is refused", `{"tierWeights":{"gpu":1.5}}`,
 			`invalid plugin parameters: plugin "pp" (type precise-prefix-cache-scorer): tierWeights[gpu] = 1.5, want a value in [0,1]`},
+		{"an unknown state is named", `{"stateWeights":{"stale":1}}`,
+			`invalid plugin parameters: plugin "pp" (type precise-prefix-cache-scorer): stateWeights: unknown stream state "stale"`},
 		{"a negative speculative weight is refused", `{"speculativeWeight":-0.1}`,
 			`invalid plugin parameters: plugin "pp" (type precise-prefix-cache-scorer): speculativeWeight = -0.1, want a value in [0,1]`},
 		{"a wrongly typed parameter is refused", `{"speculativeWeight":"high"}`,

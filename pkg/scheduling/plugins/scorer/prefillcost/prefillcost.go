@@ -43,6 +43,10 @@ type Params struct {
 	TierWeights map[string]float64 `json:"tierWeights,omitempty"`
 	// SpeculativeWeight is the share saved by a speculatively held token.
 	SpeculativeWeight *float64 `json:"speculativeWeight,omitempty"`
+	// StateWeights scales the saving by the trust state of the match, as
+	// precise-prefix-cache-scorer's stateWeights do (same names and
+	// defaults): a saving an uncertain stream promises is discounted.
+	StateWeights map[string]float64 `json:"stateWeights,omitempty"`
 	// QueuedRequestTokens estimates the prefill tokens of each waiting request.
 	QueuedRequestTokens *float64 `json:"queuedRequestTokens,omitempty"`
 	// RunningRequestTokens estimates what each running request costs new
@@ -67,6 +71,7 @@ type Scorer struct {
 	staleness   time.Duration
 	tierWeights [events.NumTiers]float64
 	specWeight  float64
+	stateWeight [datalayer.NumStreamStates]float64
 	queuedTok   float64
 	runningTok  float64
 }
@@ -87,6 +92,7 @@ func Factory(name string, raw json.RawMessage, h framework.Handle) (plugin.Plugi
 		staleness:   framework.StalenessOf(h),
 		tierWeights: preciseprefix.DefaultTierWeights(),
 		specWeight:  preciseprefix.DefaultSpeculativeWeight,
+		stateWeight: preciseprefix.DefaultStateWeights(),
 		queuedTok:   DefaultQueuedRequestTokens,
 		runningTok:  DefaultRunningRequestTokens,
 	}
@@ -105,6 +111,9 @@ func Factory(name string, raw json.RawMessage, h framework.Handle) (plugin.Plugi
 			return nil, framework.ParamError(Type, name, "speculativeWeight = %v, want a value in [0,1]", *v)
 		}
 		s.specWeight = *v
+	}
+	if err := preciseprefix.ParseStateWeights(Type, name, p.StateWeights, &s.stateWeight); err != nil {
+		return nil, err
 	}
 	if v := p.QueuedRequestTokens; v != nil {
 		if !(*v >= 0) {
@@ -177,6 +186,9 @@ func (s *Scorer) uncached(req *request.Request, c *datalayer.Candidate) float64 
 	saved := float64(info.SpeculativeBlocks) * bs * s.specWeight
 	for t, n := range info.BlocksByTier {
 		saved += float64(n) * bs * s.tierWeights[t]
+	}
+	if info.State < datalayer.NumStreamStates {
+		saved *= s.stateWeight[info.State]
 	}
 	return max(total-saved, 0)
 }
