@@ -88,10 +88,11 @@ const subscribeTimeout = 10 * time.Second
 // item is one unit of a worker's queue: a message to decode and apply, or,
 // when reason is set, a notice that every stream of the worker is uncertain.
 type item struct {
-	origin events.Origin
-	data   []byte
-	recv   time.Time
-	reason events.Reason
+	origin    events.Origin
+	data      []byte
+	recv      time.Time
+	reason    events.Reason
+	heartbeat bool
 	// held is the payload bytes this item holds of MaxQueuedBytes.
 	held int64
 }
@@ -107,8 +108,13 @@ type item struct {
 //   - a new instance, or seq going back to 0 (or further back than any
 //     redelivery would), is a restart: Restart, then Apply;
 //   - the first batch of a stream, or of a restarted engine, whose seq is
-//     not 0 is preceded by Uncertain(ReasonGap): the engine published
-//     batches the sink never saw.
+//     not 0 is preceded by Uncertain(ReasonLateJoin): the engine published
+//     batches the sink never saw, but none since;
+//   - a heartbeat (Kv-Heartbeat) naming a batch past the last one
+//     received is a lost tail: the sink's Tail hears it (or, for a plain
+//     Sink, Uncertain(ReasonLostTail)), and the stream's position moves to
+//     it, so that a quiet stream's lost last batches are found within a
+//     heartbeat.
 //
 // Before anything else, each batch is bound to the pod its subject names
 // (the part of a message the server's permissions vouch for): Kv-Pod may
@@ -509,9 +515,10 @@ func (c *Consumer) dispatch(subject string, h nats.Header, data []byte) {
 	held := min(int64(len(data)), c.opts.MaxQueuedBytes)
 	_ = c.queued.Acquire(context.Background(), held)
 	q := c.queues[shard(o.Stream, len(c.queues))]
+	hb := events.IsHeartbeat(h)
 	c.mu.RLock()
 	if c.accepting {
-		q <- item{origin: o, data: data, recv: recv, held: held}
+		q <- item{origin: o, data: data, recv: recv, held: held, heartbeat: hb}
 	} else {
 		c.queued.Release(held)
 	}
@@ -587,6 +594,10 @@ func (w *worker) handle(it item) {
 	}
 	o := it.origin
 	st := w.streams[o.Stream]
+	if it.heartbeat {
+		w.heartbeat(st, o, it.recv)
+		return
+	}
 	v := classify(st, o)
 	if v == verdictDuplicate {
 		c.m.duplicate.Inc()
@@ -608,7 +619,7 @@ func (w *worker) handle(it item) {
 	switch v {
 	case verdictFirst:
 		if o.Seq != 0 {
-			w.uncertain(o.Stream, events.ReasonGap)
+			w.uncertain(o.Stream, events.ReasonLateJoin)
 		}
 	case verdictGap:
 		c.m.gaps.Inc()
@@ -618,7 +629,7 @@ func (w *worker) handle(it item) {
 		c.m.restarts.Inc()
 		c.sink.Restart(o.Stream)
 		if o.Seq != 0 {
-			w.uncertain(o.Stream, events.ReasonGap)
+			w.uncertain(o.Stream, events.ReasonLateJoin)
 		}
 	}
 	b := &w.batch

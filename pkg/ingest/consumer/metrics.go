@@ -66,6 +66,11 @@ type consumerMetrics struct {
 	droppedBadHeader, droppedDecode, droppedDuplicate prometheus.Counter
 	droppedSlow                                       prometheus.Counter
 
+	// kvroute_events_heartbeats_total: publisher heartbeats received;
+	// kvroute_events_lost_tails_total: those that named a batch past the
+	// last one received (the stream's tail was lost).
+	heartbeats, lostTails prometheus.Counter
+
 	// kvroute_events_lag_seconds: receive time minus the batch's own
 	// timestamp (vLLM's ts), i.e. engine-to-EPP delay, clock skew included.
 	lag prometheus.Histogram
@@ -117,6 +122,14 @@ func newConsumerMetrics() *consumerMetrics {
 			Name: "kvroute_events_dropped_messages_total",
 			Help: "Messages that never reached the sink, by reason.",
 		}, []string{"reason"}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_events_heartbeats_total",
+			Help: "Publisher heartbeats received (Kv-Heartbeat).",
+		}),
+		lostTails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_events_lost_tails_total",
+			Help: "Heartbeats that named a batch past the last one received: the stream's last batches were lost.",
+		}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvroute_events_lag_seconds",
 			Help:    "Receive time minus the batch timestamp.",
@@ -135,7 +148,7 @@ func newConsumerMetrics() *consumerMetrics {
 	m.droppedDecode = m.dropped.WithLabelValues(resultDecodeError)
 	m.droppedDuplicate = m.dropped.WithLabelValues(resultDuplicate)
 	m.droppedSlow = m.dropped.WithLabelValues(dropSlowConsumer)
-	for _, r := range []events.Reason{events.ReasonGap, events.ReasonReconnect, events.ReasonSlowConsumer} {
+	for _, r := range []events.Reason{events.ReasonGap, events.ReasonReconnect, events.ReasonSlowConsumer, events.ReasonLateJoin, events.ReasonLostTail} {
 		m.uncertain.WithLabelValues(r.String())
 	}
 	return m
@@ -144,7 +157,7 @@ func newConsumerMetrics() *consumerMetrics {
 func (m *consumerMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.batches, m.events, m.blocks, m.decodeErrors, m.gaps, m.missedBatches,
-		m.restarts, m.uncertain, m.dropped, m.lag,
+		m.restarts, m.uncertain, m.dropped, m.lag, m.heartbeats, m.lostTails,
 	}
 }
 

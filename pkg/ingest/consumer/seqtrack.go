@@ -14,9 +14,10 @@ const (
 	verdictNext verdict = iota
 	// verdictFirst: the first batch seen from the stream. If its seq is not 0
 	// the engine published batches before we listened, so the sink is told
-	// the stream may be missing history (Uncertain, ReasonGap) before the
-	// batch is applied. Publishers that count from 1 therefore always cause
-	// one such report per stream; that is the safe side to err on.
+	// the stream is missing its history (Uncertain, ReasonLateJoin) before
+	// the batch is applied. Publishers that count from 1 therefore always
+	// cause one such report per stream, which leaves it partial, not
+	// uncertain: nothing since was missed.
 	verdictFirst
 	// verdictGap: seq skipped ahead; report the gap, then apply.
 	verdictGap

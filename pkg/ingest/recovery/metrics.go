@@ -13,7 +13,7 @@ import (
 // metrics are the kvroute_recovery_* series.
 type metrics struct {
 	// resyncs_total{result}: resyncs by outcome; ok is the only one that
-	// leaves the stream exact.
+	// leaves the stream exact, partial leaves it partial (settled).
 	resyncs *prometheus.CounterVec
 	// resync_duration_seconds: request to installed, for installed snapshots.
 	duration prometheus.Histogram
@@ -23,6 +23,11 @@ type metrics struct {
 	inFlight prometheus.Gauge
 	// buffered_batches: live batches held back behind awaited snapshots.
 	held prometheus.Gauge
+	// lost_tails_total: heartbeats that showed a stream's tail lost.
+	lostTails prometheus.Counter
+	// distrusted_total: streams marked uncertain because the engine's
+	// cached-token reports disagreed with the index.
+	distrusted prometheus.Counter
 }
 
 // results maps a resync's error to its label; the first match wins.
@@ -30,6 +35,7 @@ var results = []struct {
 	err   error
 	label string
 }{
+	{errPartial, "partial"},
 	{ErrNoResponders, "no_responders"},
 	{ErrRefused, "refused"},
 	{ErrTimeout, "timeout"},
@@ -63,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_recovery_resyncs_total",
-			Help: "Stream resynchronisations from relay snapshots, by result (ok leaves the stream exact).",
+			Help: "Stream resynchronisations from relay snapshots, by result (ok leaves the stream exact, partial partial).",
 		}, []string{"result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvroute_recovery_resync_duration_seconds",
@@ -83,6 +89,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvroute_recovery_buffered_batches",
 			Help: "Live batches held back while their stream's snapshot is awaited.",
 		}),
+		lostTails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_recovery_lost_tails_total",
+			Help: "Streams found to have lost their last batches by a heartbeat, and resynchronised.",
+		}),
+		distrusted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_recovery_distrusted_total",
+			Help: "Streams marked uncertain and resynchronised because their engine's cached-token reports disagreed with the index.",
+		}),
 	}
 	// Every result is exported from the start, so that rates and alerts
 	// need no absent() guards.
@@ -92,7 +106,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.resyncs.WithLabelValues("error")
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.resyncs, m.duration, m.blocks, m.inFlight, m.held} {
+		for _, c := range []prometheus.Collector{m.resyncs, m.duration, m.blocks, m.inFlight, m.held, m.lostTails, m.distrusted} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register recovery metrics: %w", err)
 			}

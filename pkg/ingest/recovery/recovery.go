@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 )
 
@@ -30,10 +31,14 @@ type Target interface {
 	events.Sink
 	// InstallSnapshot replaces the stream's state with the one chunks
 	// rebuild, positions it at o.Seq under o.Instance, and leaves it
-	// uncertain.
+	// recovering.
 	InstallSnapshot(o events.Origin, chunks []*events.Batch) error
 	// MarkStreamExact declares the stream in step again.
 	MarkStreamExact(s events.Stream)
+	// SetStreamState sets what the stream's answers can claim: recovering
+	// while a resync is due, partial or exact once one succeeded,
+	// uncertain when one failed.
+	SetStreamState(s events.Stream, state datalayer.StreamState)
 }
 
 // Options configure a Recovery. Zero values mean the documented defaults.
@@ -136,6 +141,9 @@ type stream struct {
 	pos     position
 	suspect bool
 	pod     string
+	// live is the newest position the publisher has shown, by a batch or
+	// a heartbeat: a snapshot older than it is not enough.
+	live position
 
 	// Guarded by Recovery.mu. want asks for a resync until one succeeds;
 	// joined asks for one attempt, for an endpoint that joined: if its
@@ -146,6 +154,9 @@ type stream struct {
 	inFlight  bool
 	failures  int
 	notBefore time.Time
+	// joinTried: the stream's one attempt for a join (or late join) has
+	// been made; a heartbeat of a stream never applied asks no more.
+	joinTried bool
 }
 
 type position struct {
@@ -254,6 +265,7 @@ func (r *Recovery) Apply(o events.Origin, b *events.Batch) {
 	if o.Pod != "" && o.Pod != st.pod {
 		st.pod = o.Pod
 	}
+	st.live.advance(o)
 	if st.suspect {
 		st.suspect = false
 		// The consumer saw a gap against its own position; against ours,
@@ -316,22 +328,28 @@ func (r *Recovery) Uncertain(s events.Stream, reason events.Reason) {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	seqJudged := reason == events.ReasonGap || reason == events.ReasonLateJoin
 	switch {
 	case st.holding:
-		if reason == events.ReasonGap {
+		if seqJudged {
 			st.gapped = true
 		} else {
 			st.doubt = true
 		}
-	case reason == events.ReasonGap && st.pos.valid:
+	case seqJudged && st.pos.valid:
 		st.suspect = true
+	case reason == events.ReasonLateJoin:
+		r.lateJoinLocked(st)
 	default:
 		r.uncertainLocked(st, reason)
 	}
 }
 
+// uncertainLocked passes an uncertainty on, marks the stream recovering and
+// schedules its resync. Called with st.mu held.
 func (r *Recovery) uncertainLocked(st *stream, reason events.Reason) {
 	r.target.Uncertain(st.id, reason)
+	r.target.SetStreamState(st.id, datalayer.StreamRecovering)
 	r.want(st, false)
 }
 
@@ -351,7 +369,7 @@ func (r *Recovery) Restart(s events.Stream) {
 		st.holding, st.held, st.doubt, st.gapped = false, nil, false, false
 		st.gen++
 	}
-	st.pos, st.suspect = position{}, false
+	st.pos, st.live, st.suspect = position{}, position{}, false
 	r.target.Restart(s)
 	r.mu.Lock()
 	st.want, st.failures = false, 0
@@ -364,6 +382,7 @@ func (r *Recovery) Restart(s events.Stream) {
 // applied, so it only schedules.
 func (r *Recovery) OnUncertain(s events.Stream, _ events.Reason) {
 	if st := r.tracked(s); st != nil {
+		r.target.SetStreamState(s, datalayer.StreamRecovering)
 		r.want(st, false)
 	}
 }
@@ -525,9 +544,16 @@ func (r *Recovery) startDue(ctx context.Context, wg *sync.WaitGroup) time.Time {
 func (r *Recovery) finish(st *stream, err error, once bool) {
 	r.m.result(err)
 	r.m.inFlight.Dec()
+	if errors.Is(err, errPartial) {
+		err = nil // a partial snapshot is all there is to have: settled
+	}
+	uncertain := false
 	r.mu.Lock()
 	r.running--
 	st.inFlight = false
+	if once {
+		st.joinTried = true
+	}
 	failures := st.failures
 	failed := false
 	switch {
@@ -540,10 +566,20 @@ func (r *Recovery) finish(st *stream, err error, once bool) {
 		failed = true
 		st.failures++
 		st.want = true
-		st.notBefore = time.Now().Add(r.backoff(st.failures))
+		n := st.failures
+		if errors.Is(err, ErrInexact) {
+			// The relay's mirror stays inexact until its engine restarts
+			// or clears its cache: asking again soon cannot help.
+			n = maxBackoffFailures
+		}
+		st.notBefore = time.Now().Add(r.backoff(n))
+		uncertain = leavesUncertain(err, once, st.failures)
 	}
 	r.gateDone(st.id.Endpoint, failed, time.Now())
 	r.mu.Unlock()
+	if uncertain {
+		r.target.SetStreamState(st.id, datalayer.StreamUncertain)
+	}
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -607,6 +643,10 @@ func (r *Recovery) resync(ctx context.Context, st *stream) error {
 		h := st.held[len(st.held)-1].o
 		live = position{instance: h.Instance, seq: h.Seq, valid: true}
 	}
+	if st.live.valid && st.live.instance != live.instance {
+		// A heartbeat named an instance no batch has shown yet.
+		live = st.live
+	}
 	if live.valid && live.instance != snap.origin.Instance {
 		r.release(st)
 		return fmt.Errorf("resync %s: %w: snapshot %q, live stream %q", st.id, ErrInstanceMismatch, snap.origin.Instance, live.instance)
@@ -633,6 +673,11 @@ func (r *Recovery) install(st *stream, snap *snapshot, start time.Time) error {
 		}
 		r.apply(st, h.o, h.b)
 	}
+	if st.live.valid && st.live.instance == st.pos.instance && st.live.seq > st.pos.seq {
+		// A heartbeat named a batch neither the snapshot nor the held
+		// batches include: the stream's tail was lost meanwhile.
+		gap = true
+	}
 	r.m.blocks.Observe(float64(snap.blocks))
 	r.m.duration.Observe(time.Since(start).Seconds())
 
@@ -640,7 +685,7 @@ func (r *Recovery) install(st *stream, snap *snapshot, start time.Time) error {
 	switch {
 	case installErr != nil:
 		err = installErr
-	case !snap.exact:
+	case snap.state == events.SnapshotInexact:
 		err = fmt.Errorf("%w: relay's mirror is incomplete (Kv-Snapshot-Exact false)", ErrInexact)
 	case gap:
 		err = fmt.Errorf("%w: held batches do not follow seq %d", ErrGap, snap.origin.Seq)
@@ -653,15 +698,50 @@ func (r *Recovery) install(st *stream, snap *snapshot, start time.Time) error {
 	r.mu.Lock()
 	pending := st.want // the index found an unknown parent in a held batch
 	r.mu.Unlock()
-	if !pending {
-		r.target.MarkStreamExact(st.id)
+	if pending {
+		return nil
 	}
+	if snap.state == events.SnapshotPartial {
+		r.target.SetStreamState(st.id, datalayer.StreamPartial)
+		return errPartial
+	}
+	r.target.MarkStreamExact(st.id)
 	return nil
 }
 
 // ErrInexact: the relay says its snapshot is its best knowledge, not the
-// engine's exact state. It is installed, but the stream stays uncertain.
+// engine's exact state. It is installed, but the stream stays uncertain,
+// and is asked again only after the longest backoff.
 var ErrInexact = errors.New("snapshot inexact")
+
+// errPartial is the result of a resync that installed a partial snapshot
+// (the relay joined its engine late): a success, counted apart.
+var errPartial = errors.New("snapshot partial")
+
+// maxBackoffFailures is a failure count whose backoff is MaxBackoff for any
+// sane bounds.
+const maxBackoffFailures = 64
+
+// transientFailures is how many resyncs in a row may fail for reasons the
+// next attempt is likely to clear (the live stream lost more batches
+// meanwhile) before the stream reads uncertain rather than recovering.
+const transientFailures = 3
+
+// leavesUncertain says whether a failed resync leaves its stream uncertain.
+// A join's first attempt leaves the state to the live stream; a resync
+// whose live stream moved on under it, or whose relay has just started and
+// relayed nothing yet, stays recovering for a few tries; anything else (no
+// relay, an inexact mirror, a bad or late snapshot) means the break could
+// not be healed.
+func leavesUncertain(err error, once bool, failures int) bool {
+	switch {
+	case once:
+		return false
+	case errors.Is(err, ErrGap), errors.Is(err, ErrDoubt), errors.Is(err, ErrOverflow), errors.Is(err, ErrRefused):
+		return failures >= transientFailures
+	}
+	return true
+}
 
 // Results of an install that leave the stream uncertain and a resync due.
 var (

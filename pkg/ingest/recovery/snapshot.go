@@ -34,7 +34,9 @@ const maxChunks = 1 << 16
 // snapshot is one complete, checked snapshot.
 type snapshot struct {
 	origin events.Origin
-	exact  bool
+	// state is what the relay says the snapshot knows: events.SnapshotExact,
+	// SnapshotPartial or SnapshotInexact.
+	state  string
 	chunks []*events.Batch
 	bytes  int
 	blocks int
@@ -112,9 +114,9 @@ func (a *assembly) add(m *nats.Msg) (done bool, err error) {
 		return false, fmt.Errorf("%w: chunk describes %s, want %s", ErrInvalid, c.origin.Stream, a.stream)
 	}
 	if a.snap == nil {
-		a.snap = &snapshot{origin: c.origin, exact: c.exact, chunks: make([]*events.Batch, 0, min(c.total, 64))}
+		a.snap = &snapshot{origin: c.origin, state: c.state, chunks: make([]*events.Batch, 0, min(c.total, 64))}
 		a.want = c.total
-	} else if c.origin.Instance != a.snap.origin.Instance || c.origin.Seq != a.snap.origin.Seq || c.total != a.want || c.exact != a.snap.exact {
+	} else if c.origin.Instance != a.snap.origin.Instance || c.origin.Seq != a.snap.origin.Seq || c.total != a.want || c.state != a.snap.state {
 		return false, fmt.Errorf("%w: chunk %d disagrees with chunk 0 on instance, seq, count or exactness", ErrInvalid, c.index)
 	}
 	if c.index != len(a.snap.chunks) {
@@ -142,7 +144,7 @@ func isNoResponders(m *nats.Msg) bool {
 type chunk struct {
 	origin       events.Origin
 	index, total int
-	exact        bool
+	state        string
 }
 
 // parseChunk reads a snapshot chunk's headers. Every error wraps ErrInvalid.
@@ -165,6 +167,18 @@ func parseChunk(m *nats.Msg) (chunk, error) {
 	if err != nil {
 		return c, fmt.Errorf("%w: %s %q is not a bool", ErrInvalid, events.HeaderSnapshotExact, m.Header.Get(events.HeaderSnapshotExact))
 	}
-	c.index, c.total, c.exact = index, total, exact
+	c.index, c.total = index, total
+	// Kv-Snapshot-State refines Kv-Snapshot-Exact; a relay that does not
+	// send it says exact or inexact by the older header alone.
+	switch st := m.Header.Get(events.HeaderSnapshotState); {
+	case st == "" && exact:
+		c.state = events.SnapshotExact
+	case st == "":
+		c.state = events.SnapshotInexact
+	case st == events.SnapshotExact && exact, st == events.SnapshotPartial && !exact, st == events.SnapshotInexact && !exact:
+		c.state = st
+	default:
+		return c, fmt.Errorf("%w: %s %q does not agree with %s %t", ErrInvalid, events.HeaderSnapshotState, st, events.HeaderSnapshotExact, exact)
+	}
 	return c, nil
 }
