@@ -17,6 +17,8 @@ import (
 type outItem struct {
 	origin  events.Origin
 	payload []byte
+	// heartbeat: not a batch but the relay's position (Kv-Heartbeat).
+	heartbeat bool
 }
 
 // outbox is the bounded FIFO between the relay's intake and NATS. While
@@ -53,6 +55,20 @@ func (o *outbox) push(it outItem) {
 	case o.ready <- struct{}{}:
 	default:
 	}
+}
+
+// pushHeartbeat appends a heartbeat, or replaces the one at the back, so
+// that heartbeats do not pile up while NATS is away: only the newest says
+// anything.
+func (o *outbox) pushHeartbeat(it outItem) {
+	o.mu.Lock()
+	if n := len(o.items); n > o.head && o.items[n-1].heartbeat {
+		o.items[n-1] = it
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
+	o.push(it)
 }
 
 // unpop puts back at the front a batch the sender took but could not
@@ -163,6 +179,13 @@ func (s *sender) run(ctx context.Context) {
 func (s *sender) publish(it outItem) bool {
 	if !s.nc.IsConnected() {
 		return false
+	}
+	if it.heartbeat {
+		if err := s.pub.PublishHeartbeat(it.origin); err != nil {
+			return errors.Is(err, events.ErrBadHeader)
+		}
+		s.m.heartbeats.Inc()
+		return true
 	}
 	err := s.pub.Publish(it.origin, it.payload)
 	switch {

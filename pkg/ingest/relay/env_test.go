@@ -61,11 +61,13 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// collector subscribes to the pool's subjects and keeps what arrives.
+// collector subscribes to the pool's subjects and keeps the batches that
+// arrive, and the heartbeats apart.
 type collector struct {
-	mu   sync.Mutex
-	msgs []*nats.Msg
-	more chan struct{}
+	mu    sync.Mutex
+	msgs  []*nats.Msg
+	beats []*nats.Msg
+	more  chan struct{}
 }
 
 func collect(t testing.TB, url string) *collector {
@@ -87,7 +89,11 @@ func collect(t testing.TB, url string) *collector {
 
 func (c *collector) add(m *nats.Msg) {
 	c.mu.Lock()
-	c.msgs = append(c.msgs, m)
+	if events.IsHeartbeat(m.Header) {
+		c.beats = append(c.beats, m)
+	} else {
+		c.msgs = append(c.msgs, m)
+	}
 	c.mu.Unlock()
 	select {
 	case c.more <- struct{}{}:

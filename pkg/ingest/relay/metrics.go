@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/events"
 )
 
 // Reasons a batch is dropped, the values of dropped_batches_total{reason}.
@@ -44,6 +46,16 @@ type metrics struct {
 	snapshots      prometheus.Counter
 	snapshotErrors prometheus.Counter
 	decodeErrors   prometheus.Counter
+
+	heartbeats        prometheus.Counter
+	mirrorState       *prometheus.GaugeVec
+	resumes           *prometheus.CounterVec
+	restores          *prometheus.CounterVec
+	checkpoints       prometheus.Counter
+	checkpointErrors  prometheus.Counter
+	checkpointBytes   prometheus.Gauge
+	checkpointSeconds prometheus.Histogram
+	journalBytes      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -77,6 +89,36 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		snapshots:      counter("snapshots_served_total", "Snapshot requests answered with a snapshot."),
 		snapshotErrors: counter("snapshot_errors_total", "Snapshot requests that could not be answered with a snapshot."),
 		decodeErrors:   counter("decode_errors_total", "Payloads that did not decode as a vLLM batch (still forwarded)."),
+		heartbeats:     counter("heartbeats_total", "Heartbeats published (Kv-Heartbeat: the last batch sent, so that a lost tail is found)."),
+		mirrorState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "kvroute", Subsystem: "relay", Name: "mirror_state",
+			Help: "1 for the mirror's current knowledge of its engine (exact, partial, inexact), 0 for the others.",
+		}, []string{"state"}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "relay", Name: "resumes_total",
+			Help: "First batches after a start from saved state, by verdict: same_engine (Kv-Instance kept), new_engine (it restarted meanwhile), unverified (kept, the replay ring could not confirm it).",
+		}, []string{"verdict"}),
+		restores: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "relay", Name: "state_restores_total",
+			Help: "Starts with a state directory, by result: restored (the mirror rebuilt from checkpoint and journal) or discarded (unreadable, or another relay's).",
+		}, []string{"result"}),
+		checkpoints:      counter("checkpoints_total", "Checkpoints of the mirror written to the state directory."),
+		checkpointErrors: counter("checkpoint_errors_total", "Failed writes of the state directory (checkpoint or journal); a restart before the next good checkpoint starts afresh."),
+		checkpointBytes:  gauge("checkpoint_bytes", "Size of the last checkpoint written."),
+		checkpointSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kvroute", Subsystem: "relay", Name: "checkpoint_duration_seconds",
+			Help: "Time to encode and write one checkpoint, in the background.", Buckets: prometheus.ExponentialBuckets(0.001, 3, 10),
+		}),
+		journalBytes: gauge("journal_bytes", "Bytes in the current journal generation, since the last checkpoint."),
+	}
+	for _, s := range []string{events.SnapshotExact, events.SnapshotPartial, events.SnapshotInexact} {
+		m.mirrorState.WithLabelValues(s)
+	}
+	for _, v := range []string{"same_engine", "new_engine", "unverified"} {
+		m.resumes.WithLabelValues(v)
+	}
+	for _, v := range []string{"restored", "discarded"} {
+		m.restores.WithLabelValues(v)
 	}
 	for _, r := range []string{dropBufferFull, dropMalformedFrame, dropPublishError, dropStale, dropTopic} {
 		m.dropped.WithLabelValues(r)
@@ -88,7 +130,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.batchesIn, m.batchesOut, m.gapsFilled, m.gapsUnfilled, m.lostBatches,
 		m.replayRequests, m.replayed, m.dropped, m.bufferBatches, m.bufferBytes, m.natsConnected,
-		m.restarts, m.mirrorBlocks, m.evictions, m.snapshots, m.snapshotErrors, m.decodeErrors} {
+		m.restarts, m.mirrorBlocks, m.evictions, m.snapshots, m.snapshotErrors, m.decodeErrors,
+		m.heartbeats, m.mirrorState, m.resumes, m.restores, m.checkpoints, m.checkpointErrors, m.checkpointBytes,
+		m.checkpointSeconds, m.journalBytes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("relay metrics: %w", err)
 		}

@@ -18,6 +18,13 @@ type Position struct {
 	// Exact is false once the mirror knows it missed part of the stream (a
 	// late start, an unfilled gap, an undecodable payload, an eviction).
 	Exact bool
+	// Partial refines a mirror that is not exact: true when all it missed
+	// is what the engine held before the relay's first batch (a late start
+	// the replay ring could not make good) or what the bound evicted, so
+	// that everything it holds, the engine holds; false when it missed
+	// batches after its first (an unfilled gap, an undecodable payload),
+	// which may have removed what it still holds.
+	Partial bool
 	// DPRank and BlockSize are the engine's, as last seen.
 	DPRank    int
 	BlockSize int
@@ -113,11 +120,49 @@ func (m *Mirror) Reset(instance string) {
 	m.pos = Position{Instance: instance, Exact: true}
 }
 
+// restore replaces the mirror's state with the one chunks (a snapshot of a
+// mirror, as Snapshot encodes it) rebuild, at position pos: a relay
+// starting from its checkpoint. The bound applies as it does live.
+func (m *Mirror) restore(pos Position, chunks []*events.Batch) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.clear()
+	m.pos = pos
+	for _, b := range chunks {
+		m.applyEvents(b, pos.BlockSize)
+	}
+}
+
 // MarkInexact records that the stream lost batches the mirror never saw.
 func (m *Mirror) MarkInexact() {
 	m.mu.Lock()
-	m.pos.Exact = false
+	m.pos.Exact, m.pos.Partial = false, false
 	m.mu.Unlock()
+}
+
+// MarkPartial records that the engine's history before the mirror's first
+// batch is missing, nothing since. A mirror already inexact stays so.
+func (m *Mirror) MarkPartial() {
+	m.mu.Lock()
+	m.partialLocked()
+	m.mu.Unlock()
+}
+
+func (m *Mirror) partialLocked() {
+	if m.pos.Exact {
+		m.pos.Exact, m.pos.Partial = false, true
+	}
+}
+
+// SnapshotState is the Kv-Snapshot-State value of the mirror's position.
+func (p Position) SnapshotState() string {
+	switch {
+	case p.Exact:
+		return events.SnapshotExact
+	case p.Partial:
+		return events.SnapshotPartial
+	}
+	return events.SnapshotInexact
 }
 
 // Apply applies batch seq of the engine. b may be nil for a batch that did
@@ -130,10 +175,15 @@ func (m *Mirror) Apply(seq uint64, b *events.Batch, blockSize, dpRank int) {
 	m.pos.Seq, m.pos.Valid = seq, true
 	m.pos.BlockSize, m.pos.DPRank = blockSize, dpRank
 	if b == nil {
-		m.pos.Exact = false
+		m.pos.Exact, m.pos.Partial = false, false
 		return
 	}
-	defaultBlockSize := blockSize
+	m.applyEvents(b, blockSize)
+}
+
+// applyEvents applies a batch's events; the position is the caller's.
+// Called with mu held.
+func (m *Mirror) applyEvents(b *events.Batch, defaultBlockSize int) {
 	for i := range b.Events {
 		e := &b.Events[i]
 		if e.Medium >= events.NumTiers {
@@ -145,7 +195,9 @@ func (m *Mirror) Apply(seq uint64, b *events.Batch, blockSize, dpRank int) {
 		case events.KindBlockRemoved:
 			m.removed(e)
 		case events.KindAllBlocksCleared:
+			// An empty cache is known exactly, whatever was missed before.
 			m.clear()
+			m.pos.Exact, m.pos.Partial = true, false
 		}
 	}
 }
@@ -300,7 +352,10 @@ func (m *Mirror) evictOldest() {
 	up := b.up
 	m.drop(b)
 	m.evicted++
-	m.pos.Exact = false
+	// What the bound forgets is missing, never false: the engine's later
+	// removal of it is ignored, its children are named with a parent the
+	// index will not know.
+	m.partialLocked()
 	m.release(up)
 }
 

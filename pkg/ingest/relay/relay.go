@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -28,6 +29,8 @@ const (
 	// DefaultMirrorMaxBlocks covers a large GPU's cache plus a CPU tier;
 	// set it to the pod's real cache size where that is known.
 	DefaultMirrorMaxBlocks = 1 << 20
+	// DefaultHeartbeatInterval is how often the relay says where it is.
+	DefaultHeartbeatInterval = time.Second
 )
 
 // Errors returned by New and Run.
@@ -78,6 +81,27 @@ type Config struct {
 	// SnapshotChunkBytes bounds each snapshot reply (default 512 KiB).
 	SnapshotChunkBytes int
 
+	// StateDir keeps the mirror across restarts of the relay: a directory
+	// on a volume the pod keeps across container restarts (an emptyDir).
+	// A restarted relay rebuilds its mirror from it, keeps the engine's
+	// Kv-Instance, and serves full snapshots at once. Empty keeps nothing:
+	// a restarted relay then starts a new Kv-Instance with an empty
+	// mirror, which the EPP takes for an engine restart.
+	StateDir string
+	// CheckpointInterval is the least time between two checkpoints of the
+	// mirror (default 30s), which bounds the write rate; between them the
+	// journal records each batch.
+	CheckpointInterval time.Duration
+	// JournalMaxBytes takes a checkpoint before the journal grows past it,
+	// sooner than CheckpointInterval if need be (default 64 MiB).
+	JournalMaxBytes int
+	// StateMaxBytes bounds what is read back from StateDir (default 1 GiB).
+	StateMaxBytes int
+	// HeartbeatInterval is how often the relay publishes a heartbeat, its
+	// last seq on the stream's subject (default 1s; negative: none), so that
+	// a consumer that lost the last batches of a quiet stream finds out.
+	HeartbeatInterval time.Duration
+
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics; nil registers none.
@@ -102,6 +126,18 @@ func (c *Config) setDefaults() error {
 	}
 	if c.SnapshotChunkBytes <= 0 {
 		c.SnapshotChunkBytes = DefaultSnapshotChunkBytes
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if c.JournalMaxBytes <= 0 {
+		c.JournalMaxBytes = DefaultJournalMaxBytes
+	}
+	if c.StateMaxBytes <= 0 {
+		c.StateMaxBytes = DefaultStateMaxBytes
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -136,12 +172,18 @@ type Relay struct {
 	used     atomic.Bool
 
 	// The rest belongs to the goroutine in Run that handles batches.
-	dec       events.Decoder
-	batch     events.Batch
-	last      uint64
-	haveLast  bool
+	dec      events.Decoder
+	batch    events.Batch
+	last     uint64
+	haveLast bool
+	// lastDigest is the xxhash of the last batch's payload, which tells
+	// the same engine from another after a restart of the relay.
+	lastDigest uint64
+	// restored is the position read back from StateDir, until the first
+	// batch after the start settles whether the engine is the same.
+	restored  *restored
+	store     *stateStore
 	instance  string
-	instances int
 	blockSize int
 	dpRank    int
 	rankWarn  bool
@@ -180,6 +222,9 @@ func New(cfg Config, nc *nats.Conn) (*Relay, error) {
 	if cfg.ReplayEndpoint != "" {
 		r.rp = &replayer{endpoint: cfg.ReplayEndpoint, timeout: cfg.ReplayTimeout}
 	}
+	if cfg.StateDir != "" {
+		r.store = newStateStore(&r.cfg, r.endpoint, m, r.log)
+	}
 	return r, nil
 }
 
@@ -208,6 +253,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if err := r.restore(); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
 	if err := r.in.open(ctx); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -257,13 +305,26 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 
 	r.log.Info("relay started", "zmq", r.cfg.ZMQEndpoint, "bind", !r.cfg.Connect, "endpoint", r.endpoint)
+	tick := time.NewTicker(r.tickEvery())
+	defer tick.Stop()
+	lastBeat := time.Time{}
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
 			done = true
 		case f := <-frames:
 			r.handle(ctx, f)
+			r.maintain(time.Now())
+		case now := <-tick.C:
+			if r.cfg.HeartbeatInterval > 0 && now.Sub(lastBeat) >= r.cfg.HeartbeatInterval-r.cfg.HeartbeatInterval/10 {
+				lastBeat = now
+				r.beat()
+			}
+			r.maintain(now)
 		}
+	}
+	if r.store != nil {
+		r.store.close(r.mirror, r.lastDigest)
 	}
 	cancel()
 	_ = sub.Unsubscribe()
@@ -321,6 +382,10 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte) {
 	// An engine never repeats or goes back in seq: either is a new engine
 	// process, whose seq started again from 0.
 	switch {
+	case !r.haveLast && r.restored != nil:
+		if !r.resume(ctx, msg) {
+			return
+		}
 	case !r.haveLast:
 		r.newInstance()
 		r.fillHistory(ctx, msg.seq)
@@ -333,6 +398,11 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte) {
 		r.fillGap(ctx, r.last+1, msg.seq)
 	}
 	r.forward(msg.seq, msg.payload)
+	r.gauges()
+}
+
+// gauges publishes the mirror's size and knowledge.
+func (r *Relay) gauges() {
 	held, ghost, evicted := r.mirror.Counts()
 	r.m.mirrorHeld.Set(float64(held))
 	r.m.mirrorGhost.Set(float64(ghost))
@@ -340,13 +410,29 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte) {
 		r.m.evictions.Add(float64(evicted - r.evicted))
 		r.evicted = evicted
 	}
+	state := r.mirror.Position().SnapshotState()
+	for _, s := range []string{events.SnapshotExact, events.SnapshotPartial, events.SnapshotInexact} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		r.m.mirrorState.WithLabelValues(s).Set(v)
+	}
 }
 
 // newInstance starts a new Kv-Instance: the engine is new to the relay.
+// The instance names the engine's lifetime as the relay first saw it, and
+// outlives the relay when StateDir keeps it.
 func (r *Relay) newInstance() {
-	r.instance = fmt.Sprintf("%s-%d-%d", r.cfg.Pod, r.started.UnixNano(), r.instances)
-	r.instances++
+	now := time.Now().UnixNano()
+	if r.instance == fmt.Sprintf("%s-%d", r.cfg.Pod, now) {
+		now++
+	}
+	r.instance = fmt.Sprintf("%s-%d", r.cfg.Pod, now)
 	r.mirror.Reset(r.instance)
+	if r.store != nil {
+		r.store.appendPosition(true, r.mirror.Position())
+	}
 }
 
 // fillHistory is for the first batch of an instance: a seq other than 0
@@ -356,27 +442,81 @@ func (r *Relay) newInstance() {
 // 0, so that a relay that starts late still builds a complete mirror while
 // the engine's history fits in the ring; what the ring no longer holds
 // leaves the mirror inexact (Kv-Snapshot-Exact false).
+//
+// What the ring no longer holds of the start of the history leaves the
+// mirror partial: everything it holds the engine holds, but blocks stored
+// before its first batch are missing (a relay that joins a running engine
+// without a replay socket, or a publisher that numbers from 1, settles
+// so). Holes after the first batch recovered leave it inexact.
 func (r *Relay) fillHistory(ctx context.Context, seq uint64) {
-	if seq != 0 {
-		r.fillGap(ctx, 0, seq)
+	if seq == 0 {
+		return
 	}
+	got, err := r.replay(ctx, 0, seq)
+	lost, prefix := r.relayReplayed(got, 0, seq)
+	if lost == 0 {
+		r.m.gapsFilled.Inc()
+		return
+	}
+	r.m.gapsUnfilled.Inc()
+	r.m.lostBatches.Add(float64(lost))
+	if prefix {
+		r.markPartial()
+		r.log.Info("the engine's history before the relay's first batch is not to be had; snapshots are partial until it restarts or clears its cache",
+			"first_seq", seq, "missing", lost, "replay", r.rp != nil, "err", err)
+		return
+	}
+	r.markInexact()
+	r.log.Warn("sequence gap not filled", "from", 0, "to", seq, "lost", lost, "replay", r.rp != nil, "err", err)
 }
 
 // fillGap recovers the batches from <= seq < to from the engine's replay
 // socket and relays them in order. What it cannot recover stays a gap,
-// which the EPP sees in Kv-Seq.
+// which the EPP sees in Kv-Seq, and leaves the mirror inexact.
 func (r *Relay) fillGap(ctx context.Context, from, to uint64) {
-	var got []replayed
-	var err error
-	if r.rp != nil {
-		r.m.replayRequests.Inc()
-		got, err = r.rp.fetch(ctx, from, to)
+	got, err := r.replay(ctx, from, to)
+	r.settleGap(from, to, got, err)
+}
+
+// settleGap relays what a replay recovered of from <= seq < to and
+// accounts for the rest.
+func (r *Relay) settleGap(from, to uint64, got []replayed, err error) {
+	lost, _ := r.relayReplayed(got, from, to)
+	if lost == 0 {
+		r.m.gapsFilled.Inc()
+		return
 	}
-	next, filled := from, uint64(0)
+	r.m.gapsUnfilled.Inc()
+	r.m.lostBatches.Add(float64(lost))
+	r.markInexact()
+	r.log.Warn("sequence gap not filled", "from", from, "to", to, "lost", lost, "replay", r.rp != nil, "err", err)
+}
+
+// replay asks the engine's replay socket for from <= seq < to; nil without
+// one.
+func (r *Relay) replay(ctx context.Context, from, to uint64) ([]replayed, error) {
+	if r.rp == nil {
+		return nil, nil
+	}
+	r.m.replayRequests.Inc()
+	return r.rp.fetch(ctx, from, to)
+}
+
+// relayReplayed forwards, in order, the replayed batches with from <= seq
+// < to. It returns how many of that range it did not have, and whether
+// those all came before the first it had (a missing prefix, not holes).
+func (r *Relay) relayReplayed(got []replayed, from, to uint64) (lost uint64, prefix bool) {
+	next, filled, holes := from, uint64(0), false
 	for _, b := range got {
 		if b.seq < next {
 			r.m.dropped.WithLabelValues(dropStale).Inc()
 			continue
+		}
+		if b.seq >= to {
+			break
+		}
+		if filled > 0 && b.seq != next {
+			holes = true
 		}
 		r.m.batchesIn.Inc()
 		r.m.replayed.Inc()
@@ -384,15 +524,24 @@ func (r *Relay) fillGap(ctx context.Context, from, to uint64) {
 		next = b.seq + 1
 		filled++
 	}
-	lost := to - from - filled
-	if lost == 0 {
-		r.m.gapsFilled.Inc()
-		return
+	if filled > 0 && next != to {
+		holes = true
 	}
-	r.m.gapsUnfilled.Inc()
-	r.m.lostBatches.Add(float64(lost))
+	return to - from - filled, !holes
+}
+
+func (r *Relay) markInexact() {
 	r.mirror.MarkInexact()
-	r.log.Warn("sequence gap not filled", "from", from, "to", to, "lost", lost, "replay", r.rp != nil, "err", err)
+	if r.store != nil {
+		r.store.appendPosition(false, r.mirror.Position())
+	}
+}
+
+func (r *Relay) markPartial() {
+	r.mirror.MarkPartial()
+	if r.store != nil {
+		r.store.appendPosition(false, r.mirror.Position())
+	}
 }
 
 // forward decodes a batch for the mirror and queues it for NATS unchanged.
@@ -410,8 +559,12 @@ func (r *Relay) forward(seq uint64, payload []byte) {
 		r.learn(&r.batch)
 		r.mirror.Apply(seq, &r.batch, r.blockSize, r.dpRank)
 	}
+	if r.store != nil {
+		r.store.appendBatch(seq, r.blockSize, r.dpRank, payload)
+	}
 	r.box.push(outItem{origin: r.origin(seq), payload: payload})
 	r.last, r.haveLast = seq, true
+	r.lastDigest = xxhash.Sum64(payload)
 }
 
 // learn takes the block size and rank from the batch when the
@@ -452,36 +605,14 @@ func (r *Relay) serveSnapshot(req *nats.Msg) {
 	if req.Reply == "" {
 		return
 	}
-	s, err := r.mirror.Snapshot(r.cfg.SnapshotChunkBytes)
-	if err != nil {
+	base := events.Origin{Stream: events.Stream{Endpoint: r.endpoint}, Pod: r.cfg.Pod, Model: r.cfg.Model}
+	switch err := ReplySnapshot(r.nc, req, r.mirror, base, r.cfg.SnapshotChunkBytes); {
+	case err == nil:
+		r.m.snapshots.Inc()
+	case errors.Is(err, ErrNoSnapshot):
 		r.m.snapshotErrors.Inc()
-		h := nats.Header{}
-		h.Set(events.HeaderSnapshotError, err.Error())
-		if err := r.nc.PublishMsg(&nats.Msg{Subject: req.Reply, Header: h}); err != nil {
-			r.log.Warn("snapshot refusal not sent", "err", err)
-		}
-		return
+	default:
+		r.m.snapshotErrors.Inc()
+		r.log.Warn("snapshot not served", "err", err)
 	}
-	p := s.Position
-	o := events.Origin{
-		Stream:    events.Stream{Endpoint: r.endpoint, DPRank: p.DPRank},
-		Pod:       r.cfg.Pod,
-		Model:     r.cfg.Model,
-		Instance:  p.Instance,
-		BlockSize: p.BlockSize,
-		Seq:       p.Seq,
-	}
-	n := strconv.Itoa(len(s.Chunks))
-	for i, c := range s.Chunks {
-		h := o.Header()
-		h.Set(events.HeaderSnapshotChunk, strconv.Itoa(i))
-		h.Set(events.HeaderSnapshotChunks, n)
-		h.Set(events.HeaderSnapshotExact, strconv.FormatBool(p.Exact))
-		if err := r.nc.PublishMsg(&nats.Msg{Subject: req.Reply, Header: h, Data: c}); err != nil {
-			r.m.snapshotErrors.Inc()
-			r.log.Warn("snapshot reply cut short", "chunk", i, "chunks", len(s.Chunks), "err", err)
-			return
-		}
-	}
-	r.m.snapshots.Inc()
 }

@@ -66,20 +66,21 @@ func (m *Mirror) capture() (Position, []snapBlock, error) {
 	if !m.pos.Valid {
 		return m.pos, nil, ErrNoSnapshot
 	}
+	return m.pos, m.captureLocked(), nil
+}
+
+func (m *Mirror) captureLocked() []snapBlock {
 	out := make([]snapBlock, 0, len(m.blocks))
 	for b := m.oldest; b != nil; b = b.next {
 		out = append(out, snapBlock{mirrorBlock: b, refs: b.refs, linked: b.up != nil && !b.up.gone})
 	}
-	return m.pos, out, nil
+	return out
 }
 
 // Snapshot takes a snapshot and encodes it into chunks of at most
 // chunkBytes (DefaultSnapshotChunkBytes when <= 0). Only the copy is made
 // under the lock; the encoding runs while the relay goes on.
 func (m *Mirror) Snapshot(chunkBytes int) (*Snapshot, error) {
-	if chunkBytes <= 0 {
-		chunkBytes = DefaultSnapshotChunkBytes
-	}
 	pos, blocks, err := m.capture()
 	if err != nil {
 		return nil, err
@@ -89,8 +90,25 @@ func (m *Mirror) Snapshot(chunkBytes int) (*Snapshot, error) {
 	for i := range evs {
 		s.Blocks += len(evs[i].BlockHashes)
 	}
+	s.Chunks, err = encodeChunks(pos, evs, chunkBytes)
+	return s, err
+}
+
+// encodeSnapshot encodes captured blocks as snapshot chunks.
+func encodeSnapshot(pos Position, blocks []snapBlock, chunkBytes int) ([][]byte, error) {
+	return encodeChunks(pos, snapshotEvents(blocks), chunkBytes)
+}
+
+// encodeChunks cuts a snapshot's events into vLLM batches of at most
+// chunkBytes each (DefaultSnapshotChunkBytes when <= 0); there is always
+// at least one.
+func encodeChunks(pos Position, evs []events.Event, chunkBytes int) ([][]byte, error) {
+	if chunkBytes <= 0 {
+		chunkBytes = DefaultSnapshotChunkBytes
+	}
+	var chunks [][]byte
 	ts := float64(time.Now().UnixNano()) / 1e9
-	for start := 0; start < len(evs) || len(s.Chunks) == 0; {
+	for start := 0; start < len(evs) || len(chunks) == 0; {
 		end, size := start, envelopeBound
 		for end < len(evs) {
 			n := eventBound(&evs[end])
@@ -103,12 +121,12 @@ func (m *Mirror) Snapshot(chunkBytes int) (*Snapshot, error) {
 		b := events.Batch{TS: ts, DPRank: pos.DPRank, HasDPRank: true, Events: evs[start:end]}
 		chunk, err := events.AppendBatch(make([]byte, 0, size), &b, events.EncodingArray)
 		if err != nil {
-			return nil, fmt.Errorf("snapshot chunk %d: %w", len(s.Chunks), err)
+			return nil, fmt.Errorf("snapshot chunk %d: %w", len(chunks), err)
 		}
-		s.Chunks = append(s.Chunks, chunk)
+		chunks = append(chunks, chunk)
 		start = end
 	}
-	return s, nil
+	return chunks, nil
 }
 
 // snapshotEvents turns the captured blocks into the events that rebuild
