@@ -24,6 +24,15 @@ func NewPublisher(nc *nats.Conn, namespace, pool string) *Publisher {
 	return &Publisher{nc: nc, namespace: namespace, pool: pool}
 }
 
+// Conn is the connection the publisher sends on.
+func (p *Publisher) Conn() *nats.Conn { return p.nc }
+
+// Namespace and Pool are the pool the publisher's subjects name.
+func (p *Publisher) Namespace() string { return p.namespace }
+
+// Pool is the InferencePool the publisher's subjects name.
+func (p *Publisher) Pool() string { return p.pool }
+
 // Publish sends one encoded batch. The origin is checked first, because a
 // batch every consumer would reject is better refused here, where the bug is.
 // A missing Pod falls back to the endpoint for the subject token.

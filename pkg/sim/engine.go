@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
@@ -45,17 +46,25 @@ type Engine struct {
 	// last is the seq of the last batch emitted, valid once emitted.
 	last    uint64
 	emitted bool
+	// mirror follows what the engine publishes over NATS, so that it can
+	// answer snapshot requests as a relay does (ServeSnapshots).
+	mirror *relay.Mirror
 }
 
 // NewEngine returns an engine publishing through pub (nil: not over NATS;
 // StartZMQ adds vLLM's own ZeroMQ output).
 func NewEngine(cfg EngineConfig, pub *events.Publisher) *Engine {
-	return &Engine{
+	e := &Engine{
 		cfg:      cfg,
 		pub:      pub,
 		pool:     blockpool.New(cfg.Pool),
 		instance: fmt.Sprintf("%s-%d", cfg.Pod, time.Now().UnixNano()),
 	}
+	if pub != nil {
+		e.mirror = relay.NewMirror(relay.DefaultMirrorMaxBlocks)
+		e.mirror.Reset(e.instance)
+	}
+	return e
 }
 
 // Config returns the engine's configuration.
@@ -143,6 +152,7 @@ func (e *Engine) step() error {
 	if e.pub == nil {
 		return nil
 	}
+	e.mirror.Apply(seq, b, e.cfg.Pool.BlockSize, e.cfg.Pool.DPRank)
 	if err := e.pub.Publish(o, e.buf); err != nil {
 		return fmt.Errorf("engine %s: publish batch %d: %w", e.cfg.Pod, seq, err)
 	}

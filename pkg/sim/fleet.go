@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
@@ -25,8 +26,11 @@ type FleetConfig struct {
 	// and map forms across the fleet, as a fleet mid-upgrade would.
 	Encoding       events.Encoding
 	MixedEncodings bool
-	// Publisher carries events onto NATS; nil publishes nothing.
-	Publisher *events.Publisher
+	// Publisher carries events onto NATS; nil publishes nothing. Engines
+	// that publish answer snapshot requests and send heartbeats as relays
+	// do (Engine.ServeSnapshots), every HeartbeatInterval.
+	Publisher         *events.Publisher
+	HeartbeatInterval time.Duration
 	// Host is the listen host (default 127.0.0.1).
 	Host string
 	// ZMQ, when set, gives engine i's ZeroMQ output (nil: none).
@@ -91,6 +95,10 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		rep := NewReplica(eng, cfg.Timing)
 		srv := NewServer(rep, ln)
 		f.Servers = append(f.Servers, srv)
+		if cfg.Publisher != nil {
+			f.wg.Add(1)
+			go func() { defer f.wg.Done(); f.record(eng.ServeSnapshots(ctx, cfg.HeartbeatInterval)) }()
+		}
 		f.wg.Add(2)
 		go func() { defer f.wg.Done(); f.record(rep.Run(ctx)) }()
 		go func() { defer f.wg.Done(); f.record(srv.Run(ctx)) }()

@@ -121,12 +121,15 @@ func Start(t testing.TB, o Options) *Fleet {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	var stopOnce sync.Once
+	// engines are the stand-ins' snapshot services, which end with ctx.
+	var engines sync.WaitGroup
 	stop := func() {
 		stopOnce.Do(func() {
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("EPP: %v", err)
 			}
+			engines.Wait()
 		})
 	}
 	t.Cleanup(stop)
@@ -148,6 +151,13 @@ func Start(t testing.TB, o Options) *Fleet {
 			Pod: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Model: o.Model,
 			Pool: blockpool.Config{BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, Seed: uint64(i + 1)},
 		}, pub)
+		engines.Add(1)
+		go func() {
+			defer engines.Done()
+			if err := ms.Engine.ServeSnapshots(ctx, 0); err != nil {
+				t.Errorf("engine %s: %v", ms.Addr, err)
+			}
+		}()
 		ms.srv = httptest.NewUnstartedServer(ms.routes(o))
 		ms.srv.Listener = ln
 		ms.srv.Start()
