@@ -17,6 +17,11 @@ var (
 	// stored). What could be applied is installed; the stream stays
 	// uncertain.
 	ErrIncompleteInstall = errors.New("snapshot installed incompletely")
+	// ErrUnknownParentInSnapshot: the only part that could not be applied
+	// is runs naming a parent the snapshot never stored, which is what a
+	// partial snapshot (a relay that joined late) is expected to hold. It
+	// is an ErrIncompleteInstall.
+	ErrUnknownParentInSnapshot = fmt.Errorf("%w: runs name parents the snapshot never stored", ErrIncompleteInstall)
 )
 
 // InstallSnapshot replaces what the stream o names holds with the state the
@@ -60,7 +65,7 @@ func (ix *Index) InstallSnapshot(o events.Origin, chunks []*events.Batch) error 
 			unknownParent = true
 		}
 	}
-	incomplete := unknownParent || st.state == datalayer.StreamUncertain
+	full := st.state == datalayer.StreamUncertain
 	ep.held += d.held()
 	st.instance, st.seq, st.hasSeq = o.Instance, o.Seq, true
 	st.state = datalayer.StreamRecovering
@@ -68,8 +73,11 @@ func (ix *Index) InstallSnapshot(o events.Origin, chunks []*events.Batch) error 
 	ep.last.Store(now.UnixNano())
 	ep.mu.Unlock()
 	ix.stats.add(&d)
-	if incomplete {
+	switch {
+	case full:
 		return fmt.Errorf("install snapshot of %s at seq %d: %w", o.Stream, o.Seq, ErrIncompleteInstall)
+	case unknownParent:
+		return fmt.Errorf("install snapshot of %s at seq %d: %w", o.Stream, o.Seq, ErrUnknownParentInSnapshot)
 	}
 	return nil
 }

@@ -1,10 +1,13 @@
 package recovery_test
 
 import (
+	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
+	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -17,6 +20,7 @@ import (
 func TestIndexConvergesAfterFaults(t *testing.T) {
 	tests := []struct {
 		name string
+		opts worldOptions
 		// fault breaks the path and returns the stack to check.
 		fault func(t *testing.T, w *world, st *stack) *stack
 		// check asserts on the metrics that the fault was seen and healed.
@@ -54,7 +58,7 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 			},
 		},
 		{
-			name: "a relay restart rebuilds its mirror from the engine's replay ring",
+			name: "a relay restart is a gap, filled from the replay ring, not an engine restart",
 			fault: func(t *testing.T, w *world, st *stack) *stack {
 				w.restartRelay(w.slots[0])
 				w.serve(10) // the engine dropped these while no relay listened, or not
@@ -63,11 +67,30 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				return st
 			},
 			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
-				if got := testkit.Value(t, w.slots[0].relayReg, "kvroute_relay_gaps_filled_total"); got == 0 {
-					t.Error("the restarted relay did not fill the engine's history from its replay ring")
+				if got := testkit.Value(t, w.slots[0].relayReg, "kvroute_relay_resumes_total", "verdict", "same_engine"); got == 0 {
+					t.Error("the restarted relay did not resume its engine's stream")
 				}
-				if got := testkit.Value(t, st.reg, "kvroute_events_engine_restarts_total"); got == 0 {
-					t.Error("the relay's new instance was not seen as a restart of the stream")
+				if got := testkit.Value(t, st.reg, "kvroute_events_engine_restarts_total"); got != 0 {
+					t.Errorf("the relay's restart was taken for %v engine restarts", got)
+				}
+			},
+		},
+		{
+			name: "a relay restart without a replay ring keeps what the EPP knew and goes on",
+			opts: worldOptions{noReplay: true},
+			fault: func(t *testing.T, w *world, st *stack) *stack {
+				// The engine is quiet while its relay restarts, so nothing is
+				// lost; its next stores extend blocks it stored before.
+				w.restartRelay(w.slots[0])
+				w.serve(60)
+				return st
+			},
+			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
+				if got := testkit.Value(t, st.reg, "kvroute_events_engine_restarts_total"); got != 0 {
+					t.Errorf("the relay's restart was taken for %v engine restarts", got)
+				}
+				if got := testkit.Value(t, st.reg, "kvroute_index_events_dropped_total", "reason", "unknown_parent"); got != 0 {
+					t.Errorf("%v stored runs dropped as unknown_parent after the relay's restart", got)
 				}
 			},
 		},
@@ -90,10 +113,81 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "an EPP that crashes in the middle of a resync is replaced by one that converges",
+			opts: worldOptions{proxied: true},
+			fault: func(t *testing.T, w *world, st *stack) *stack {
+				// Cut the relays off, so that the resyncs asked for now hang.
+				w.proxy.paused.Store(true)
+				w.serve(20)
+				for _, s := range w.slots {
+					st.rec.Resync(events.Stream{Endpoint: s.addr})
+				}
+				testkit.WaitFor(t, "the resyncs to be under way", func() bool {
+					return testkit.Value(t, st.reg, "kvroute_recovery_in_flight") == float64(len(w.slots))
+				})
+				st.stop()
+				again := w.newStack(stackOptions{})
+				w.proxy.paused.Store(false)
+				w.serve(20)
+				return again
+			},
+			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
+				if got := testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got < float64(len(w.slots)) {
+					t.Errorf("resyncs ok = %v, want one per endpoint at least", got)
+				}
+			},
+		},
+		{
+			name: "a lost tail is found by the relay's heartbeat and healed",
+			opts: worldOptions{proxied: true},
+			fault: func(t *testing.T, w *world, st *stack) *stack {
+				// Every batch of a burst is lost, then the engines fall quiet:
+				// no later seq would ever show it.
+				w.proxy.every.Store(1)
+				w.serve(30)
+				testkit.WaitFor(t, "the burst to be dropped", func() bool {
+					for _, s := range w.slots {
+						if testkit.Value(t, s.relayReg, "kvroute_relay_buffer_depth_batches") != 0 {
+							return false
+						}
+					}
+					return w.proxy.dropped.Load() > 0
+				})
+				w.proxy.every.Store(0)
+				return st
+			},
+			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
+				if got := testkit.Value(t, st.reg, "kvroute_events_lost_tails_total"); got == 0 {
+					t.Error("no lost tail was seen")
+				}
+				if got := testkit.Value(t, st.reg, "kvroute_recovery_lost_tails_total"); got == 0 {
+					t.Error("no lost tail was resynchronised")
+				}
+			},
+		},
+		{
+			name: "a NATS restart and a relay restart at once are both healed",
+			fault: func(t *testing.T, w *world, st *stack) *stack {
+				w.stopRelay(w.slots[2])
+				w.restartNATS()
+				w.serve(15)
+				w.startRelay(w.slots[2])
+				w.serve(60)
+				return st
+			},
+			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
+				if got := testkit.Value(t, st.reg, "kvroute_events_engine_restarts_total"); got != 0 {
+					t.Errorf("%v engine restarts seen; none happened", got)
+				}
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := newWorld(t, worldOptions{pods: 3})
+			o := tt.opts
+			o.pods = 3
+			w := newWorld(t, o)
 			st := w.newStack(stackOptions{})
 			w.serve(120)
 			w.converge(st)
@@ -106,6 +200,44 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 			tt.check(t, w, st, okBefore)
 		})
 	}
+}
+
+// A relay that joins a running engine it cannot replay, and an EPP that
+// joins with it, know nothing of what the engine stored before: the stream
+// settles partial, with no false holding and no resync asked again and
+// again, while everything stored since is known.
+func TestALateJoinSettlesPartialWithNoFalseHolding(t *testing.T) {
+	w := newWorld(t, worldOptions{pods: 2, noReplay: true})
+	w.serve(80)
+	s := w.slots[0]
+	// A new pod's relay: no state of its own, the engine already running.
+	w.stopRelay(s)
+	s.stateDir = t.TempDir()
+	w.serve(40)
+	w.startRelay(s)
+	st := w.newStack(stackOptions{})
+	w.serve(80)
+	testkit.Converge(t, "the late joiner to settle partial with no false holding", func() string {
+		if state, _ := st.ix.State(s.addr); state != datalayer.StreamPartial {
+			return fmt.Sprintf("%s is %s", s.addr, state)
+		}
+		truth, err := s.eng.TrueHoldings()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr)); d.False != 0 || d.WrongTier != 0 {
+			return d.String()
+		}
+		return ""
+	})
+	testkit.WaitFor(t, "nothing pending", func() bool { return st.rec.Pending() == 0 })
+	truth, _ := s.eng.TrueHoldings()
+	d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr))
+	if d.Missing == 0 || d.Missing == d.Held {
+		t.Errorf("late joiner: %s; want some blocks known and some missing", d)
+	}
+	// The other pod's relay saw everything: exact.
+	w.converge2(st, w.slots[1:])
 }
 
 func TestDroppedBatchesAreHealedAndReplicasConverge(t *testing.T) {

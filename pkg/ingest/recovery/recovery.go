@@ -22,6 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
 )
 
@@ -681,6 +682,11 @@ func (r *Recovery) install(st *stream, snap *snapshot, start time.Time) error {
 	r.m.blocks.Observe(float64(snap.blocks))
 	r.m.duration.Observe(time.Since(start).Seconds())
 
+	if snap.state == events.SnapshotPartial && errors.Is(installErr, index.ErrUnknownParentInSnapshot) {
+		// A relay that joined late names parents it never saw, as the
+		// live stream did: missing knowledge, which partial says.
+		installErr = nil
+	}
 	var err error
 	switch {
 	case installErr != nil:

@@ -82,6 +82,11 @@ type slot struct {
 	relayURL            string
 	relayNATS           relay.NATSOptions
 	restarts            int
+	// stateDir is the relay's state directory, kept across its restarts
+	// as a pod keeps an emptyDir across container restarts.
+	stateDir string
+	// noReplay starts the relay without the engine's replay socket.
+	noReplay bool
 }
 
 // world is a pool of simulated pods on one NATS server.
@@ -95,6 +100,8 @@ type world struct {
 	slots  []*slot
 	prompt []blockpool.Request
 	rng    *rand.Rand
+	// proxy is between the relays and NATS when worldOptions.proxied.
+	proxy *dropProxy
 }
 
 type worldOptions struct {
@@ -108,6 +115,10 @@ type worldOptions struct {
 	// server, when set, starts the NATS server (with an authorization
 	// configuration of the test's own) on the given port.
 	server func(t testing.TB, port int) *natsembed.Server
+	// noReplay starts every relay without its engine's replay socket.
+	noReplay bool
+	// proxied puts a dropProxy (w.proxy) between every relay and NATS.
+	proxied bool
 }
 
 func newWorld(t testing.TB, o worldOptions) *world {
@@ -118,6 +129,10 @@ func newWorld(t testing.TB, o worldOptions) *world {
 	}
 	w.startNATS()
 	t.Cleanup(func() { w.ns.Shutdown() })
+	if o.proxied {
+		w.proxy = newDropProxy(t, w.ns.Addr().String())
+		o.relayURL = w.proxy.url()
+	}
 	w.prompt = sim.SharedPrefix{Groups: 6, PromptsPerGroup: 5, SystemTokens: 6 * blockSize, QuestionTokens: 3 * blockSize, Seed: 3}.Prompts()
 	for i := range o.pods {
 		s := &slot{
@@ -129,6 +144,8 @@ func newWorld(t testing.TB, o worldOptions) *world {
 			gpu:         48,
 			seed:        uint64(100 + i),
 			relayURL:    o.relayURL,
+			stateDir:    t.TempDir(),
+			noReplay:    o.noReplay,
 		}
 		if o.relayAuth != nil {
 			s.relayNATS = o.relayAuth(s.pod)
@@ -213,12 +230,17 @@ func (w *world) startRelay(s *slot) {
 		w.t.Fatal(err)
 	}
 	s.relayReg = prometheus.NewRegistry()
+	replay := fmt.Sprintf("tcp://127.0.0.1:%d", s.replayPort)
+	if s.noReplay {
+		replay = ""
+	}
 	r, err := relay.New(relay.Config{
 		ZMQEndpoint:    fmt.Sprintf("tcp://127.0.0.1:%d", s.zmqPort),
 		Connect:        true,
-		ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", s.replayPort),
+		ReplayEndpoint: replay,
 		Namespace:      testNS, Pool: testPool, Pod: s.pod,
 		PodIP: "127.0.0.1", ServingPort: s.servingPort, Model: testModel,
+		StateDir: s.stateDir, HeartbeatInterval: heartbeatEvery,
 		Logger: quietLog, Registerer: s.relayReg,
 	}, nc)
 	if err != nil {
@@ -389,12 +411,35 @@ func (st *stack) stop() {
 	st.cancel = nil
 }
 
-// mismatch compares the index with the engines' caches for every prompt of
-// the workload on every endpoint; it returns the first difference, or ""
-// when the index is exact and equal to the ground truth.
-func (w *world) mismatch(st *stack) string {
-	addrs := make([]string, len(w.slots))
-	for i, s := range w.slots {
+// heartbeatEvery is the relays' heartbeat in these tests: a lost tail is
+// found within it.
+const heartbeatEvery = 50 * time.Millisecond
+
+// mismatch compares the index with the engines' caches over every block
+// each engine holds, and for every prompt of the workload on every
+// endpoint; it returns the first difference, or "" when the index is exact
+// and equal to the ground truth.
+func (w *world) mismatch(st *stack) string { return w.mismatchOf(st, w.slots) }
+
+// mismatchOf is mismatch for some of the pods.
+func (w *world) mismatchOf(st *stack, slots []*slot) string {
+	for _, s := range slots {
+		truth, err := s.eng.TrueHoldings()
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		if d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr)); !d.Exact() {
+			return fmt.Sprintf("%s: index vs engine over all blocks: %s", s.addr, d)
+		}
+	}
+	return w.promptMismatch(st, slots)
+}
+
+// promptMismatch is mismatch over the workload's prompts alone, and the
+// streams' states.
+func (w *world) promptMismatch(st *stack, slots []*slot) string {
+	addrs := make([]string, len(slots))
+	for i, s := range slots {
 		addrs[i] = s.addr
 		if state, _ := st.ix.State(s.addr); state != datalayer.StreamExact {
 			return fmt.Sprintf("%s is %s", s.addr, state)
@@ -404,7 +449,7 @@ func (w *world) mismatch(st *stack) string {
 	for _, p := range w.prompt {
 		keys := index.AppendBlockKeys(nil, index.RootKey(testModel, "", ""), p.Tokens, blockSize)
 		st.ix.Lookup(keys, addrs, out)
-		for i, s := range w.slots {
+		for i, s := range slots {
 			want := s.eng.Held(p)
 			got := blockpool.Held{Blocks: out[i].Blocks, ByTier: out[i].ByTier}
 			if got != want {
@@ -418,9 +463,15 @@ func (w *world) mismatch(st *stack) string {
 // converge waits until the index equals the ground truth.
 func (w *world) converge(st *stack) {
 	w.t.Helper()
+	w.converge2(st, w.slots)
+}
+
+// converge2 is converge for some of the pods.
+func (w *world) converge2(st *stack, slots []*slot) {
+	w.t.Helper()
 	deadline := time.Now().Add(waitLimit)
 	for {
-		m := w.mismatch(st)
+		m := w.mismatchOf(st, slots)
 		if m == "" {
 			return
 		}
@@ -453,9 +504,13 @@ type dropProxy struct {
 	every   atomic.Int64 // drop one publish in every; 0 drops none
 	n       atomic.Int64
 	dropped atomic.Int64
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	conns   []net.Conn
+	// paused holds everything the clients send until it is cleared, as a
+	// network partition between them and the server would.
+	paused atomic.Bool
+	closed atomic.Bool
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  []net.Conn
 }
 
 func newDropProxy(t testing.TB, target string) *dropProxy {
@@ -474,6 +529,7 @@ func newDropProxy(t testing.TB, target string) *dropProxy {
 func (p *dropProxy) url() string { return "nats://" + p.ln.Addr().String() }
 
 func (p *dropProxy) close() {
+	p.closed.Store(true)
 	_ = p.ln.Close()
 	p.mu.Lock()
 	for _, c := range p.conns {
@@ -519,6 +575,9 @@ func (p *dropProxy) filter(c, s net.Conn) {
 	r := bufio.NewReaderSize(c, 1<<16)
 	wr := bufio.NewWriterSize(s, 1<<16)
 	for {
+		for p.paused.Load() && !p.closed.Load() {
+			time.Sleep(2 * time.Millisecond)
+		}
 		line, err := r.ReadSlice('\n')
 		if err != nil {
 			return

@@ -101,6 +101,10 @@ type Pool struct {
 
 	running map[string][]int
 
+	// content is what each block stored was computed from, for the ground
+	// truth (truth.go); pruned to held blocks and their ancestors.
+	content map[uint64]blockContent
+
 	pending []events.Event
 	seq     uint64
 	steps   uint64
@@ -126,6 +130,7 @@ func New(cfg Config) *Pool {
 		cpu:      map[uint64]*list.Element{},
 		cpuLRU:   list.New(),
 		running:  map[string][]int{},
+		content:  map[uint64]blockContent{},
 	}
 	for s := range cfg.GPUBlocks {
 		p.freeElem[s] = p.free.PushBack(s)
@@ -252,6 +257,7 @@ func (p *Pool) Allocate(req Request) (hit int, err error) {
 			s := slots[i]
 			p.hash[s], p.hashed[s] = hashes[i], true
 			p.cached[hashes[i]] = append(p.cached[hashes[i]], s)
+			p.remember(req, hashes, i)
 		}
 		e := events.Event{
 			Kind:        events.KindBlockStored,
@@ -369,6 +375,7 @@ func (p *Pool) ResetPrefixCache() error {
 	clear(p.hashed)
 	clear(p.cached)
 	clear(p.cpu)
+	clear(p.content)
 	p.cpuLRU.Init()
 	p.pending = append(p.pending, events.Event{Kind: events.KindAllBlocksCleared})
 	return nil
