@@ -34,6 +34,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
+	"github.com/kvroute/kvroute/pkg/requestpath/selfcheck"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
@@ -90,6 +91,12 @@ type Options struct {
 	Recovery   recovery.Options
 	NoRecovery bool
 
+	// SelfCheck tunes the comparison of every response's cached-token
+	// count with the index's prediction (Distrust and Logger are filled
+	// in); NoSelfCheck turns it off.
+	SelfCheck   selfcheck.Options
+	NoSelfCheck bool
+
 	// Index tunes the exact index. MaxHoldings zero sizes it from the
 	// memory the process may use (see MemoryBudget, DefaultMaxHoldings);
 	// negative means no bound.
@@ -141,6 +148,7 @@ type EPP struct {
 	approx    *approx.Index
 	consumer  *consumer.Consumer
 	recovery  *recovery.Recovery
+	selfcheck *selfcheck.Checker
 	scraper   *scrape.Scraper
 	graph     *prepare.Graph
 	sched     *scheduling.Scheduler
@@ -226,10 +234,25 @@ func New(opts Options) (*EPP, error) {
 		}
 		sink = e.recovery
 	}
+	if !opts.NoSelfCheck {
+		so := opts.SelfCheck
+		so.Distrust = e.distrust
+		if so.Logger == nil {
+			so.Logger = e.logger
+		}
+		var err error
+		if e.selfcheck, err = selfcheck.New(so, e.reg); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("epp: %w", err)
+		}
+	}
 	e.ds.OnChange(func(added, removed []*datalayer.Endpoint) {
 		for _, ep := range removed {
 			if e.recovery != nil {
 				e.recovery.RemoveEndpoint(ep.Address)
+			}
+			if e.selfcheck != nil {
+				e.selfcheck.Forget(ep.Address)
 			}
 			e.index.RemoveEndpoint(ep.Address)
 			e.approx.RemoveEndpoint(ep.Address)
@@ -406,7 +429,12 @@ func (e *EPP) buildScheduling() error {
 		return fmt.Errorf("epp: scheduler: %w", err)
 	}
 	e.tokenizer = e.newTokenizer()
+	var observers []director.ResponseObserver
+	if e.selfcheck != nil {
+		observers = append(observers, e.selfcheck)
+	}
 	e.director, err = director.New(director.Options{
+		Observers:          observers,
 		Datastore:          e.ds,
 		Graph:              e.graph,
 		Scheduler:          e.sched,
@@ -435,6 +463,27 @@ func (e *EPP) podOf(addr string) (string, bool) {
 
 // Recovery resynchronises uncertain streams; nil with NoRecovery.
 func (e *EPP) Recovery() *recovery.Recovery { return e.recovery }
+
+// SelfCheck compares the engines' cached-token reports with the index;
+// nil with NoSelfCheck.
+func (e *EPP) SelfCheck() *selfcheck.Checker { return e.selfcheck }
+
+// distrust is the self-check's verdict on an endpoint whose engine
+// disagrees with the index: its streams are marked uncertain and, with
+// recovery, resynchronised.
+func (e *EPP) distrust(addr string) {
+	if e.recovery != nil {
+		e.recovery.Distrust(addr)
+		return
+	}
+	streams := e.index.Streams(addr)
+	if len(streams) == 0 {
+		streams = []events.Stream{{Endpoint: addr}}
+	}
+	for _, s := range streams {
+		e.index.Uncertain(s, events.ReasonDisagreement)
+	}
+}
 
 // Director runs the request path: parse, tokenize, PrepareData, schedule.
 func (e *EPP) Director() *director.Director { return e.director }

@@ -119,6 +119,16 @@ type Options struct {
 	PassUnknownModels bool
 	Metrics           *Metrics
 	Logger            *slog.Logger
+	// Observers hear every finished response after the director has
+	// accounted for it (the index's self-check compares the engine's
+	// cached tokens with the pick's prediction).
+	Observers []ResponseObserver
+}
+
+// ResponseObserver hears a finished response with the pick it answered.
+// It runs on the response path, so it must be quick and must not block.
+type ResponseObserver interface {
+	ObserveResponse(p *Pick, s Served)
 }
 
 // Director runs the request path. It is safe for concurrent use.
@@ -292,6 +302,9 @@ type Served struct {
 // HandleResponse accounts for a finished response.
 func (d *Director) HandleResponse(p *Pick, s Served) {
 	d.o.Metrics.observeResponse(p, s)
+	for _, o := range d.o.Observers {
+		o.ObserveResponse(p, s)
+	}
 }
 
 // knownModel says how the pool knows a model name.

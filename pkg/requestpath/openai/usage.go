@@ -18,6 +18,10 @@ type Usage struct {
 	// the server does not report them).
 	CachedTokens     int
 	CompletionTokens int
+	// CachedTokensKnown says the server reported CachedTokens at all (vLLM
+	// does only with --enable-prompt-tokens-details): a zero it did not
+	// report is not a miss.
+	CachedTokensKnown bool
 }
 
 type usageJSON struct {
@@ -61,7 +65,7 @@ func ParseUsage(body []byte) (Usage, bool, error) {
 		out.CompletionTokens = *u.CompletionTokens
 	}
 	if u.PromptTokensDetails != nil && u.PromptTokensDetails.CachedTokens != nil {
-		out.CachedTokens = *u.PromptTokensDetails.CachedTokens
+		out.CachedTokens, out.CachedTokensKnown = *u.PromptTokensDetails.CachedTokens, true
 	}
 	if out.PromptTokens < 0 || out.CompletionTokens < 0 || out.CachedTokens < 0 {
 		return Usage{}, false, fmt.Errorf("%w: a token count is negative (%+v)", ErrBadUsage, out)

@@ -18,7 +18,7 @@ func TestParseUsage(t *testing.T) {
 		{
 			name:  "a completion response with cached tokens reports all three counts",
 			body:  `{"id":"x","choices":[{"text":"hi"}],"usage":{"prompt_tokens":120,"total_tokens":130,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":96}}}`,
-			want:  Usage{PromptTokens: 120, CachedTokens: 96, CompletionTokens: 10},
+			want:  Usage{PromptTokens: 120, CachedTokens: 96, CompletionTokens: 10, CachedTokensKnown: true},
 			found: true,
 		},
 		{
@@ -69,7 +69,7 @@ const stream = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"role\":\"assistan
 
 func TestSSEUsageScannerFindsTheFinalUsageAtAnySplit(t *testing.T) {
 	t.Parallel()
-	want := Usage{PromptTokens: 40, CachedTokens: 32, CompletionTokens: 2}
+	want := Usage{PromptTokens: 40, CachedTokens: 32, CompletionTokens: 2, CachedTokensKnown: true}
 	for _, eol := range []string{"\n", "\r\n", "\r"} {
 		body := strings.ReplaceAll(stream, "\n", eol)
 		for split := 0; split <= len(body); split++ {

@@ -49,6 +49,10 @@ type Options struct {
 	ScrapeInterval time.Duration
 	// EPP, when set, adjusts the EPP's options before it is built.
 	EPP func(*epp.Options)
+	// Tokenize, when set, is what the stand-ins' /tokenize answers (the
+	// EPP's remote tokenizer), while they serve with TokenizeText: an EPP
+	// whose tokenizer disagrees with the engines'.
+	Tokenize func(text string) []uint32
 }
 
 // Fleet is a complete request path on loopback: an EPP (embedded NATS,
@@ -226,7 +230,11 @@ func (ms *ModelServer) routes(o Options) http.Handler {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		ids := TokenizeText(in.Prompt)
+		tokenize := TokenizeText
+		if o.Tokenize != nil {
+			tokenize = o.Tokenize
+		}
+		ids := tokenize(in.Prompt)
 		if ids == nil {
 			ids = []uint32{}
 		}

@@ -1,0 +1,406 @@
+// Package selfcheck checks the prefix index against what the engines
+// themselves report: every response's usage.prompt_tokens_details.
+// cached_tokens is compared with what the index predicted, at pick time,
+// for the endpoint that served it. It keeps per-endpoint agreement metrics,
+// distrusts (marks uncertain and resynchronises) an endpoint that disagrees
+// sustainedly, and raises a fleet-wide alarm, with a log line saying what
+// to check, when the engines' reports and the index part ways across the
+// pool: the signature of a tokenizer, chat-template or model-name mismatch
+// between the EPP and the engines, which no resync can mend.
+package selfcheck
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+)
+
+// Options tune a Checker. Zero values mean the documented defaults.
+type Options struct {
+	// ToleranceBlocks and ToleranceShare bound what legitimately differs
+	// between a prediction and the engine's count: a response agrees when
+	// the engine's cached tokens are within max(ToleranceBlocks blocks,
+	// ToleranceShare of the prediction) of it (defaults 1 block and 0.25),
+	// which covers blocks evicted between pick and prefill and blocks the
+	// engine computed for concurrent requests meanwhile. The engine's
+	// rule that a prompt's last token is always computed is applied first.
+	ToleranceBlocks int
+	ToleranceShare  float64
+	// Window is how many of an endpoint's last checked responses are
+	// judged together (default 32); when at least MinSamples (default 16)
+	// of them are in and more than DisagreeShare (default 0.5) disagree,
+	// the endpoint is distrusted: Distrust is called, at most once per
+	// Cooldown (default 1m).
+	Window, MinSamples int
+	DisagreeShare      float64
+	Cooldown           time.Duration
+	// FleetWindow is how many of the fleet's last checked responses the
+	// alarm looks at (default 256). It is raised when, over them and on at
+	// least FleetMinEndpoints endpoints (default 2, or 1 when the pool has
+	// one), the engines report less than AlarmRatio (default 0.5) of the
+	// tokens the scheduler was told they held, speculative holdings
+	// included ("overclaim"), or the index predicted less than AlarmRatio
+	// of the cached tokens the engines report on exact streams ("blind"),
+	// and at least FleetMinTokens tokens (default 2048) are at stake.
+	FleetWindow       int
+	FleetMinEndpoints int
+	AlarmRatio        float64
+	FleetMinTokens    int
+	// AlarmLogEvery repeats the alarm's log line while it lasts (default 5m).
+	AlarmLogEvery time.Duration
+	// Distrust is told of an endpoint that disagrees sustainedly; the EPP
+	// marks its streams uncertain and resynchronises them. Nil: only counted.
+	Distrust func(addr string)
+	// Now is the clock (default time.Now); Logger defaults to slog.Default().
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.ToleranceBlocks <= 0 {
+		o.ToleranceBlocks = 1
+	}
+	if o.ToleranceShare <= 0 {
+		o.ToleranceShare = 0.25
+	}
+	if o.Window <= 0 {
+		o.Window = 32
+	}
+	if o.MinSamples <= 0 {
+		o.MinSamples = 16
+	}
+	o.MinSamples = min(o.MinSamples, o.Window)
+	if o.DisagreeShare <= 0 {
+		o.DisagreeShare = 0.5
+	}
+	if o.Cooldown <= 0 {
+		o.Cooldown = time.Minute
+	}
+	if o.FleetWindow <= 0 {
+		o.FleetWindow = 256
+	}
+	if o.FleetMinEndpoints <= 0 {
+		o.FleetMinEndpoints = 2
+	}
+	if o.AlarmRatio <= 0 {
+		o.AlarmRatio = 0.5
+	}
+	if o.FleetMinTokens <= 0 {
+		o.FleetMinTokens = 2048
+	}
+	if o.AlarmLogEvery <= 0 {
+		o.AlarmLogEvery = 5 * time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Results of one response's check, the values of
+// kvroute_selfcheck_responses_total{result}.
+const (
+	// ResultAgree: the engine's count is within tolerance of the prediction.
+	ResultAgree = "agree"
+	// ResultOver: the engine found fewer cached tokens than the index said
+	// it held: the index claims blocks the engine does not have.
+	ResultOver = "over"
+	// ResultUnder: the engine found more than the index knew of. On an
+	// exact stream that is knowledge missing; on a partial one, expected.
+	ResultUnder = "under"
+	// ResultUnchecked: nothing to compare (no usage, cached tokens not
+	// reported, token ids unknown, an error status, or a stream the index
+	// does not claim to know: none, recovering or uncertain).
+	ResultUnchecked = "unchecked"
+)
+
+// Alarm kinds, the values of kvroute_selfcheck_alarm{kind}.
+const (
+	AlarmOverclaim = "overclaim"
+	AlarmBlind     = "blind"
+)
+
+// Checker compares engines' cached-token reports with the index's
+// predictions. It is a director.ResponseObserver, safe for concurrent use.
+type Checker struct {
+	o Options
+	m *metrics
+
+	mu        sync.Mutex
+	endpoints map[string]*endpoint
+	fleet     []sample
+	fleetNext int
+	alarms    map[string]*alarm
+}
+
+var _ director.ResponseObserver = (*Checker)(nil)
+
+// endpoint is one endpoint's recent verdicts.
+type endpoint struct {
+	ring      []bool // true: disagreed
+	next, n   int
+	disagree  int
+	distrusts time.Time
+}
+
+// sample is one checked response, as the fleet-wide alarm weighs it.
+type sample struct {
+	addr string
+	// predicted is the whole match the scheduler acted on (speculative
+	// holdings included) and cached the engine's count; unseen is what the
+	// engine found beyond that match, on an exact stream.
+	predicted, cached, unseen, cachedExact int
+	valid                                  bool
+}
+
+type alarm struct {
+	on     bool
+	logged time.Time
+}
+
+// New returns a Checker; its metrics are registered with reg unless nil.
+func New(o Options, reg prometheus.Registerer) (*Checker, error) {
+	o.defaults()
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Checker{
+		o: o, m: m,
+		endpoints: make(map[string]*endpoint),
+		fleet:     make([]sample, o.FleetWindow),
+		alarms:    map[string]*alarm{AlarmOverclaim: {}, AlarmBlind: {}},
+	}, nil
+}
+
+// Verdict is one response's check.
+type Verdict struct {
+	Result string
+	// Predicted is the prompt tokens the index said the endpoint held and
+	// the engine would hit (its confirmed match, capped by the engine's
+	// last-token rule); Speculative what speculative holdings added to it;
+	// Cached the engine's count.
+	Predicted, Speculative, Cached int
+	State                          datalayer.StreamState
+}
+
+// Judge checks one response against its pick's prediction for the
+// endpoint that served it. It has no side effects.
+func (c *Checker) Judge(p *director.Pick, s director.Served) Verdict {
+	v := Verdict{Result: ResultUnchecked, Cached: s.Usage.CachedTokens}
+	if p == nil || p.Request == nil || s.Status >= 400 || s.Usage.PromptTokens <= 0 || !s.Usage.CachedTokensKnown {
+		return v
+	}
+	cand := served(p, s.Endpoint)
+	if cand == nil || !p.Request.TokensKnown() {
+		return v
+	}
+	val, ok := cand.Get(datalayer.PrefixCacheMatchInfoKey)
+	info, isInfo := val.(datalayer.PrefixCacheInfo)
+	if !ok || !isInfo || info.BlockSizeTokens <= 0 || !info.State.HoldsMatched() {
+		return v
+	}
+	bs := info.BlockSizeTokens
+	held := 0
+	for _, n := range info.BlocksByTier {
+		held += n
+	}
+	// An engine always computes a prompt's last token, so a prompt that
+	// ends on a block boundary can hit all its blocks but the last.
+	maxHit := (len(p.Request.TokenIDs) - 1) / bs
+	lo := min(held, maxHit) * bs
+	hi := min(held+info.SpeculativeBlocks, maxHit) * bs
+	tol := max(c.o.ToleranceBlocks*bs, int(c.o.ToleranceShare*float64(lo)))
+	v.Predicted, v.Speculative, v.State = lo, hi-lo, info.State
+	switch {
+	case v.Cached < lo-tol:
+		v.Result = ResultOver
+	case v.Cached > hi+tol:
+		v.Result = ResultUnder
+	default:
+		v.Result = ResultAgree
+	}
+	return v
+}
+
+// served is the candidate that served the response: the endpoint the
+// gateway says served it, else the pick's primary.
+func served(p *director.Pick, addr string) *datalayer.Candidate {
+	for _, c := range p.Candidates {
+		if c.Address == addr {
+			return c
+		}
+	}
+	if p.Result != nil {
+		if t := p.Result.Targets(); len(t) > 0 && (addr == "" || t[0].Address == addr) {
+			return t[0]
+		}
+	}
+	return nil
+}
+
+// ObserveResponse implements director.ResponseObserver.
+func (c *Checker) ObserveResponse(p *director.Pick, s director.Served) {
+	v := c.Judge(p, s)
+	addr := s.Endpoint
+	if addr == "" && len(p.Targets) > 0 {
+		addr = p.Targets[0]
+	}
+	c.m.responses.WithLabelValues(addr, v.Result).Inc()
+	if v.Result == ResultUnchecked {
+		return
+	}
+	c.m.predicted.WithLabelValues(addr).Add(float64(v.Predicted))
+	c.m.cached.WithLabelValues(addr).Add(float64(v.Cached))
+	// Finding more than the index knew of is a disagreement only where the
+	// index claims to know everything.
+	disagree := v.Result == ResultOver || (v.Result == ResultUnder && v.State.Exact())
+	now := c.o.Now()
+
+	c.mu.Lock()
+	ep := c.endpoints[addr]
+	if ep == nil {
+		ep = &endpoint{ring: make([]bool, c.o.Window)}
+		c.endpoints[addr] = ep
+	}
+	if ep.n == len(ep.ring) && ep.ring[ep.next] {
+		ep.disagree--
+	}
+	ep.ring[ep.next] = disagree
+	if disagree {
+		ep.disagree++
+	}
+	ep.next = (ep.next + 1) % len(ep.ring)
+	ep.n = min(ep.n+1, len(ep.ring))
+	distrust := ep.n >= c.o.MinSamples && float64(ep.disagree) > c.o.DisagreeShare*float64(ep.n) &&
+		now.Sub(ep.distrusts) >= c.o.Cooldown
+	var seen, bad int
+	if distrust {
+		seen, bad = ep.n, ep.disagree
+		ep.distrusts = now
+		clear(ep.ring)
+		ep.n, ep.next, ep.disagree = 0, 0, 0
+	}
+	smp := sample{addr: addr, predicted: v.Predicted + v.Speculative, cached: v.Cached, valid: true}
+	if v.State.Exact() {
+		smp.cachedExact = v.Cached
+		smp.unseen = max(0, v.Cached-v.Predicted-v.Speculative)
+	}
+	c.fleet[c.fleetNext] = smp
+	c.fleetNext = (c.fleetNext + 1) % len(c.fleet)
+	logs := c.alarmsLocked(now)
+	c.mu.Unlock()
+
+	if distrust {
+		c.m.distrusts.Inc()
+		c.o.Logger.Warn("the engine's cached-token reports disagree with the prefix index; marking its streams uncertain and resynchronising them",
+			"endpoint", addr, "disagreeing", bad, "of", seen)
+		if c.o.Distrust != nil {
+			c.o.Distrust(addr)
+		}
+	}
+	for _, l := range logs {
+		l()
+	}
+}
+
+// alarmsLocked re-evaluates the fleet-wide alarms; it returns the log
+// lines to write once c.mu is released. Called with c.mu held.
+func (c *Checker) alarmsLocked(now time.Time) []func() {
+	var predicted, cachedOfPredicted, cachedExact, unseen int
+	over, blind := map[string]bool{}, map[string]bool{}
+	all := map[string]bool{}
+	n := 0
+	for _, s := range c.fleet {
+		if !s.valid {
+			continue
+		}
+		n++
+		all[s.addr] = true
+		if s.predicted > 0 {
+			predicted += s.predicted
+			cachedOfPredicted += min(s.cached, s.predicted)
+			if s.cached < s.predicted {
+				over[s.addr] = true
+			}
+		}
+		cachedExact += s.cachedExact
+		unseen += s.unseen
+		if s.unseen > 0 {
+			blind[s.addr] = true
+		}
+	}
+	need := min(c.o.FleetMinEndpoints, max(len(all), 1))
+	r := c.o.AlarmRatio
+	overclaim := predicted >= c.o.FleetMinTokens && float64(cachedOfPredicted) < r*float64(predicted) && len(over) >= need
+	isBlind := cachedExact >= c.o.FleetMinTokens && float64(cachedExact-unseen) < r*float64(cachedExact) && len(blind) >= need
+	var logs []func()
+	set := func(kind string, on bool, msg string, args ...any) {
+		a := c.alarms[kind]
+		switch {
+		case on && (!a.on || now.Sub(a.logged) >= c.o.AlarmLogEvery):
+			a.on, a.logged = true, now
+			logs = append(logs, func() { c.o.Logger.Error(msg, args...) })
+		case !on && a.on:
+			a.on = false
+			logs = append(logs, func() { c.o.Logger.Info("prefix index self-check alarm cleared", "alarm", kind) })
+		}
+		v := 0.0
+		if a.on {
+			v = 1
+		}
+		c.m.alarm.WithLabelValues(kind).Set(v)
+	}
+	set(AlarmOverclaim, overclaim,
+		"engines report far fewer cached prompt tokens than the prefix index predicted for them: check that the EPP tokenizes requests as the engines do "+
+			"(the same tokenizer and chat template, the model name the engines serve, LoRA adapters named alike), that the engines' block size is the one their events carry, "+
+			"and that their cached-token counts include every tier the index credits (CPU offload)",
+		"alarm", AlarmOverclaim, "predicted_tokens", predicted, "cached_of_predicted", cachedOfPredicted,
+		"share", fmt.Sprintf("%.2f", ratio(cachedOfPredicted, predicted)), "endpoints", len(over), "responses", n)
+	set(AlarmBlind, isBlind,
+		"engines report many cached prompt tokens the prefix index never predicted, on streams it calls exact: check that the EPP tokenizes requests as the engines do "+
+			"(the same tokenizer and chat template, the model name the engines serve, LoRA adapters named alike), and that every engine's events reach the EPP",
+		"alarm", AlarmBlind, "cached_tokens", cachedExact, "unpredicted_tokens", unseen,
+		"share", fmt.Sprintf("%.2f", ratio(unseen, cachedExact)), "endpoints", len(blind), "responses", n)
+	return logs
+}
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// Alarm reports whether an alarm (AlarmOverclaim, AlarmBlind) is raised.
+func (c *Checker) Alarm(kind string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a := c.alarms[kind]
+	return a != nil && a.on
+}
+
+// Forget drops an endpoint that left the pool: its window and its series.
+func (c *Checker) Forget(addr string) {
+	c.mu.Lock()
+	delete(c.endpoints, addr)
+	for i := range c.fleet {
+		if c.fleet[i].addr == addr {
+			c.fleet[i] = sample{}
+		}
+	}
+	c.mu.Unlock()
+	for _, r := range []string{ResultAgree, ResultOver, ResultUnder, ResultUnchecked} {
+		c.m.responses.DeleteLabelValues(addr, r)
+	}
+	c.m.predicted.DeleteLabelValues(addr)
+	c.m.cached.DeleteLabelValues(addr)
+}
