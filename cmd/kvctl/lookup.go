@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 )
 
@@ -89,17 +90,21 @@ func lookupCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 
 func printLookup(w io.Writer, ans *prefixquery.Answer) {
 	fmt.Fprintf(w, "%d tokens; %d endpoints\n", ans.Tokens, len(ans.Endpoints))
-	fmt.Fprintf(w, "%-24s %-22s %-9s %11s %7s %6s %6s %8s %5s\n",
+	fmt.Fprintf(w, "%-24s %-22s %-10s %11s %7s %6s %6s %8s %5s\n",
 		"ENDPOINT", "ADDRESS", "STREAM", "MATCH/TOTAL", "TOKENS", "GPU", "CPU", "STORAGE", "SPEC")
 	for _, a := range ans.Endpoints {
 		p := a.Prefix
-		exact := ""
-		if !p.Exact {
-			exact = " ~"
+		mark := ""
+		switch {
+		case p.State == datalayer.StreamPartial:
+			mark = " >="
+		case !p.Exact:
+			mark = " ~"
 		}
-		fmt.Fprintf(w, "%-24s %-22s %-9s %11s %7d %6d %6d %8d %5d%s\n", a.Name, a.Address, a.Stream,
+		fmt.Fprintf(w, "%-24s %-22s %-10s %11s %7d %6d %6d %8d %5d%s\n", a.Name, a.Address, a.Stream,
 			fmt.Sprintf("%d/%d", p.MatchBlocks, p.TotalBlocks), p.MatchTokens,
-			p.BlocksByTier[0], p.BlocksByTier[1], p.BlocksByTier[2], p.SpeculativeBlocks, exact)
+			p.BlocksByTier[0], p.BlocksByTier[1], p.BlocksByTier[2], p.SpeculativeBlocks, mark)
 	}
-	fmt.Fprintln(w, "(~ marks an approximate answer: no event stream, or an uncertain one)")
+	fmt.Fprintln(w, "(stream: exact, partial (>= marks a lower bound: blocks from before the EPP's first sight may be missing),")
+	fmt.Fprintln(w, " recovering (resynchronising after a break), uncertain or none; ~ marks an approximate answer)")
 }

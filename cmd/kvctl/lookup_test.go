@@ -44,13 +44,23 @@ func TestLookupShowsWhoHoldsAPrompt(t *testing.T) {
 		}
 	}
 
+	// A late join reads partial, its match marked a lower bound.
+	e.Index().Uncertain(events.Stream{Endpoint: "10.0.0.1:8000"}, events.ReasonLateJoin)
+	out.Reset()
+	if err := lookupCmd([]string{"--addr", addr, "--model", "m", "--tokens", "5,6,7,8,9"}, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("lookup: %v (%s)", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "partial") || !strings.Contains(out.String(), "2/2") || !strings.Contains(out.String(), " >=") {
+		t.Fatalf("the partial stream is not shown as such:\n%s", out.String())
+	}
+
 	// JSON from stdin, and the EPP's JSON back.
 	out.Reset()
 	stdinTokens := strings.NewReader("[5, 6, 7, 8]")
 	if err := lookupCmd([]string{"--addr", addr, "--tokens", "-", "--json"}, stdinTokens, &out, &errOut); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), `"matchBlocks": 2`) {
+	if !strings.Contains(out.String(), `"matchBlocks": 2`) || !strings.Contains(out.String(), `"state": "partial"`) {
 		t.Fatalf("JSON answer lacks the holder's match:\n%s", out.String())
 	}
 

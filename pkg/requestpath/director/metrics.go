@@ -22,6 +22,7 @@ type Metrics struct {
 	cachedTokens     *prometheus.HistogramVec
 	hitRatio         prometheus.Histogram
 	picks            *prometheus.CounterVec
+	pickStates       *prometheus.CounterVec
 	matchedTokens    *prometheus.CounterVec
 	tokenizeFailures prometheus.Counter
 	prepareFailures  prometheus.Counter
@@ -68,6 +69,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_picks_total",
 			Help: "Picks, by whether the picked endpoint's prefix answer was exact (event-fed) or approximate.",
 		}, []string{"prefix"}),
+		pickStates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_picks_by_state_total",
+			Help: "Picks, by the trust state of the picked endpoint's prefix answer (exact, partial, recovering, uncertain, none).",
+		}, []string{"state"}),
 		matchedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_picked_matched_tokens_total",
 			Help: "Prompt tokens the picked endpoint held according to the index, by cache tier (speculative: recorded after an earlier pick, not yet confirmed by events).",
@@ -83,7 +88,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.errors, m.duration, m.ttft, m.inputTokens, m.outputTokens, m.cachedTokens,
-			m.hitRatio, m.picks, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
+			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
+	}
+	for _, s := range datalayer.AllStreamStates {
+		m.pickStates.WithLabelValues(s.String())
 	}
 	return m
 }
@@ -105,6 +113,7 @@ func (m *Metrics) observePick(p *Pick) {
 	} else {
 		m.picks.WithLabelValues("approximate").Inc()
 	}
+	m.pickStates.WithLabelValues(info.State.String()).Inc()
 	m.hitRatio.Observe(info.Ratio())
 	for t := range events.NumTiers {
 		if n := info.BlocksByTier[t]; n > 0 {
