@@ -135,6 +135,7 @@ func chartCases(t *testing.T) []chartCase {
 				"HTTPRoute/llama-pool", "InferencePool/llama-pool",
 				"NetworkPolicy/kvroute-full-epp", "NetworkPolicy/kvroute-full-nats", "NetworkPolicy/kvroute-full-vllm",
 				"PodMonitor/kvroute-full-epp", "PodMonitor/kvroute-full-nats", "PodMonitor/kvroute-full-vllm",
+				"PrometheusRule/kvroute-full",
 				"Role/kvroute-full-epp", "RoleBinding/kvroute-full-epp",
 				"Service/kvroute-full-epp", "Service/kvroute-full-nats",
 				"ServiceAccount/kvroute-epp-sa", "StatefulSet/kvroute-full-nats",
@@ -276,7 +277,7 @@ func TestEveryValueIsCovered(t *testing.T) {
 var freeForm = []string{"pool.selector", "epp.resources", "epp.nodeSelector", "epp.affinity", "epp.podAnnotations",
 	"serviceAccount.annotations", "nats.resources", "nats.auth.resources", "vllm.resources", "vllm.nodeSelector", "vllm.relay.resources",
 	"networkPolicy.gatewayFrom", "networkPolicy.metricsFrom", "networkPolicy.natsClientsFrom",
-	"monitoring.podMonitor.labels", "monitoring.dashboards.labels"}
+	"monitoring.podMonitor.labels", "monitoring.prometheusRule.labels", "monitoring.dashboards.labels"}
 
 func underFreeForm(path string) bool {
 	for _, f := range freeForm {
@@ -418,11 +419,7 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *u
 // exporter's.
 func TestDashboardsQueryExportedMetrics(t *testing.T) {
 	t.Parallel()
-	known := goStringLiterals(t, "../pkg", "../cmd")
-	// Metrics built from a namespace and subsystem: the relay's and the
-	// scheduler's.
-	prefixes := []string{"", "kvroute_relay_", "inference_extension_"}
-	metric := regexp.MustCompile(`\b(kvroute_[a-z0-9_]+|inference_[a-z0-9_]+|gnatsd_[a-z0-9_]+|jetstream_[a-z0-9_]+)\b`)
+	unknown := unexportedMetrics(t)
 	files, err := filepath.Glob(filepath.Join(chartDir, "dashboards", "*.json"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no dashboards: %v", err)
@@ -451,23 +448,70 @@ func TestDashboardsQueryExportedMetrics(t *testing.T) {
 				t.Errorf("%s: panel %q has no query", f, p.Title)
 			}
 			for _, tg := range p.Targets {
-				for _, name := range metric.FindAllString(tg.Expr, -1) {
-					if strings.HasPrefix(name, "gnatsd_") || strings.HasPrefix(name, "jetstream_") {
-						continue // prometheus-nats-exporter's
-					}
-					base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
-					found := false
-					for _, p := range prefixes {
-						if rest, ok := strings.CutPrefix(base, p); ok && known[rest] {
-							found = true
-						}
-					}
-					if !found {
-						t.Errorf("%s: panel %q queries %s, which no code exports", filepath.Base(f), p.Title, name)
-					}
+				for _, name := range unknown(tg.Expr) {
+					t.Errorf("%s: panel %q queries %s, which no code exports", filepath.Base(f), p.Title, name)
 				}
 			}
 		}
+	}
+}
+
+// unexportedMetrics returns a function listing the metrics a query names
+// that nothing exports: not kvroute's own (found as metric names in its Go
+// source) nor NATS's exporter's.
+func unexportedMetrics(t *testing.T) func(expr string) []string {
+	known := goStringLiterals(t, "../pkg", "../cmd")
+	// Metrics built from a namespace and subsystem: the relay's and the
+	// scheduler's.
+	prefixes := []string{"", "kvroute_relay_", "inference_extension_"}
+	metric := regexp.MustCompile(`\b(kvroute_[a-z0-9_]+|inference_[a-z0-9_]+|gnatsd_[a-z0-9_]+|jetstream_[a-z0-9_]+)\b`)
+	return func(expr string) []string {
+		var out []string
+		for _, name := range metric.FindAllString(expr, -1) {
+			if strings.HasPrefix(name, "gnatsd_") || strings.HasPrefix(name, "jetstream_") {
+				continue // prometheus-nats-exporter's
+			}
+			base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+			found := false
+			for _, p := range prefixes {
+				if rest, ok := strings.CutPrefix(base, p); ok && known[rest] {
+					found = true
+				}
+			}
+			if !found {
+				out = append(out, name)
+			}
+		}
+		return out
+	}
+}
+
+// The alerts may only query metrics that something really exports, and
+// each says what it means.
+func TestAlertsQueryExportedMetrics(t *testing.T) {
+	t.Parallel()
+	unknown := unexportedMetrics(t)
+	rule := find(t, render(t, readValues(t, "testdata/all-values.yaml"), "ns"), "PrometheusRule", "kvroute-full")
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	alerts := 0
+	for _, g := range groups {
+		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		for _, r := range rules {
+			r := r.(map[string]any)
+			name, _, _ := unstructured.NestedString(r, "alert")
+			expr, _, _ := unstructured.NestedString(r, "expr")
+			desc, _, _ := unstructured.NestedString(r, "annotations", "description")
+			alerts++
+			if expr == "" || desc == "" {
+				t.Errorf("alert %s has no expression or no description", name)
+			}
+			for _, m := range unknown(expr) {
+				t.Errorf("alert %s queries %s, which no code exports", name, m)
+			}
+		}
+	}
+	if alerts < 5 {
+		t.Fatalf("%d alerts rendered", alerts)
 	}
 }
 
