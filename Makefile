@@ -7,7 +7,7 @@ BENCH    ?= .
 BENCHTIME ?= 1s
 FUZZTIME ?= 10000x
 
-.PHONY: run test test-interop bench bench-routing bench-routing-virtual fuzz-smoke lint help
+.PHONY: run test test-interop bench bench-routing bench-routing-virtual chaos fuzz-smoke lint help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and it
 
 bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virtual-time/
 	$(GO) run ./cmd/kvsim bench --virtual
+
+chaos: ## the fault matrix (relays, NATS, two EPP replicas on loopback): writes docs/reliability.md (~1 min)
+	$(GO) run ./cmd/kvsim chaos --timeout 10m
 
 fuzz-smoke: ## run each fuzz target briefly (FUZZTIME executions each)
 	./scripts/fuzz-smoke.sh $(FUZZTIME)

@@ -41,7 +41,8 @@ func main() {
 const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
-  bench   the routing benchmark; writes docs/routing-benchmark.md and its plots`
+  bench   the routing benchmark; writes docs/routing-benchmark.md and its plots
+  chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/reliability.md`
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -54,6 +55,8 @@ func run(ctx context.Context, args []string) error {
 		return serve(ctx, args[1:])
 	case "bench":
 		return bench(ctx, args[1:])
+	case "chaos":
+		return chaosCmd(ctx, args[1:])
 	default:
 		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 	}

@@ -118,7 +118,7 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 			opts: worldOptions{proxied: true},
 			fault: func(t *testing.T, w *world, st *stack) *stack {
 				// Cut the relays off, so that the resyncs asked for now hang.
-				w.proxy.paused.Store(true)
+				w.proxy.Paused.Store(true)
 				w.serve(20)
 				for _, s := range w.slots {
 					st.rec.Resync(events.Stream{Endpoint: s.addr})
@@ -128,7 +128,7 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				})
 				st.stop()
 				again := w.newStack(stackOptions{})
-				w.proxy.paused.Store(false)
+				w.proxy.Paused.Store(false)
 				w.serve(20)
 				return again
 			},
@@ -144,7 +144,7 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 			fault: func(t *testing.T, w *world, st *stack) *stack {
 				// Every batch of a burst is lost, then the engines fall quiet:
 				// no later seq would ever show it.
-				w.proxy.every.Store(1)
+				w.proxy.Every.Store(1)
 				w.serve(30)
 				testkit.WaitFor(t, "the burst to be dropped", func() bool {
 					for _, s := range w.slots {
@@ -152,9 +152,9 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 							return false
 						}
 					}
-					return w.proxy.dropped.Load() > 0
+					return w.proxy.Dropped() > 0
 				})
-				w.proxy.every.Store(0)
+				w.proxy.Every.Store(0)
 				return st
 			},
 			check: func(t *testing.T, w *world, st *stack, okBefore float64) {
@@ -244,20 +244,20 @@ func TestDroppedBatchesAreHealedAndReplicasConverge(t *testing.T) {
 	w := newWorld(t, worldOptions{pods: 2})
 	proxy := newDropProxy(t, w.ns.Addr().String())
 	for _, s := range w.slots {
-		s.relayURL = proxy.url()
+		s.relayURL = proxy.URL()
 		w.restartRelay(s)
 	}
 	a := w.newStack(stackOptions{})
 	b := w.newStack(stackOptions{})
-	proxy.every.Store(5)
+	proxy.Every.Store(5)
 	w.serve(200)
 	// The loss of a stream's last batch shows only when the next arrives,
 	// as it would in production: more traffic, without loss, reveals it.
-	proxy.every.Store(0)
+	proxy.Every.Store(0)
 	w.serve(40)
 	w.converge(a)
 	w.converge(b)
-	if proxy.dropped.Load() == 0 {
+	if proxy.Dropped() == 0 {
 		t.Fatal("the proxy dropped nothing")
 	}
 	for name, st := range map[string]*stack{"a": a, "b": b} {

@@ -145,6 +145,9 @@ type stream struct {
 	// live is the newest position the publisher has shown, by a batch or
 	// a heartbeat: a snapshot older than it is not enough.
 	live position
+	// recovering: the stream was declared broken and marked recovering;
+	// the resync's failure must then leave it uncertain, never recovering.
+	recovering bool
 
 	// Guarded by Recovery.mu. want asks for a resync until one succeeds;
 	// joined asks for one attempt, for an endpoint that joined: if its
@@ -351,6 +354,7 @@ func (r *Recovery) Uncertain(s events.Stream, reason events.Reason) {
 func (r *Recovery) uncertainLocked(st *stream, reason events.Reason) {
 	r.target.Uncertain(st.id, reason)
 	r.target.SetStreamState(st.id, datalayer.StreamRecovering)
+	st.recovering = true
 	r.want(st, false)
 }
 
@@ -548,6 +552,15 @@ func (r *Recovery) finish(st *stream, err error, once bool) {
 	if errors.Is(err, errPartial) {
 		err = nil // a partial snapshot is all there is to have: settled
 	}
+	// A stream that never had a position (nothing applied or installed)
+	// and was never declared broken has nothing to be wrong about: a failed
+	// join leaves it as it was.
+	st.mu.Lock()
+	known := st.pos.valid || st.recovering
+	if err == nil || errors.Is(err, errPartial) {
+		st.recovering = false
+	}
+	st.mu.Unlock()
 	uncertain := false
 	r.mu.Lock()
 	r.running--
@@ -574,7 +587,7 @@ func (r *Recovery) finish(st *stream, err error, once bool) {
 			n = maxBackoffFailures
 		}
 		st.notBefore = time.Now().Add(r.backoff(n))
-		uncertain = leavesUncertain(err, once, st.failures)
+		uncertain = known && leavesUncertain(err, once, st.failures)
 	}
 	r.gateDone(st.id.Endpoint, failed, time.Now())
 	r.mu.Unlock()

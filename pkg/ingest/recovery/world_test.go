@@ -1,14 +1,11 @@
 package recovery_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/sim/chaos"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
@@ -101,7 +99,7 @@ type world struct {
 	prompt []blockpool.Request
 	rng    *rand.Rand
 	// proxy is between the relays and NATS when worldOptions.proxied.
-	proxy *dropProxy
+	proxy *chaos.Proxy
 }
 
 type worldOptions struct {
@@ -131,7 +129,7 @@ func newWorld(t testing.TB, o worldOptions) *world {
 	t.Cleanup(func() { w.ns.Shutdown() })
 	if o.proxied {
 		w.proxy = newDropProxy(t, w.ns.Addr().String())
-		o.relayURL = w.proxy.url()
+		o.relayURL = w.proxy.URL()
 	}
 	w.prompt = sim.SharedPrefix{Groups: 6, PromptsPerGroup: 5, SystemTokens: 6 * blockSize, QuestionTokens: 3 * blockSize, Seed: 3}.Prompts()
 	for i := range o.pods {
@@ -495,132 +493,16 @@ func (w *world) heldTotal() int {
 	return n
 }
 
-// dropProxy is a TCP proxy between NATS clients and the server that drops
-// a share of the clients' publishes on kv.events subjects, as a lossy path
-// between a relay and NATS would. Everything else passes unchanged.
-type dropProxy struct {
-	ln      net.Listener
-	target  string
-	every   atomic.Int64 // drop one publish in every; 0 drops none
-	n       atomic.Int64
-	dropped atomic.Int64
-	// paused holds everything the clients send until it is cleared, as a
-	// network partition between them and the server would.
-	paused atomic.Bool
-	closed atomic.Bool
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
-}
-
-func newDropProxy(t testing.TB, target string) *dropProxy {
+// newDropProxy is a chaos.Proxy to target that lives until the test ends:
+// it can lose publishes on kv.events subjects and hold what clients send.
+func newDropProxy(t testing.TB, target string) *chaos.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := chaos.NewProxy(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &dropProxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
-}
-
-func (p *dropProxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *dropProxy) close() {
-	p.closed.Store(true)
-	_ = p.ln.Close()
-	p.mu.Lock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *dropProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			_, _ = io.Copy(c, s)
-			_ = c.Close()
-		}()
-		go func() {
-			defer p.wg.Done()
-			p.filter(c, s)
-			_ = s.Close()
-		}()
-	}
-}
-
-// filter copies the client's protocol to the server, leaving out the
-// chosen publishes: PUB/HPUB lines are parsed for their payload size so
-// that the whole message is skipped.
-func (p *dropProxy) filter(c, s net.Conn) {
-	r := bufio.NewReaderSize(c, 1<<16)
-	wr := bufio.NewWriterSize(s, 1<<16)
-	for {
-		for p.paused.Load() && !p.closed.Load() {
-			time.Sleep(2 * time.Millisecond)
-		}
-		line, err := r.ReadSlice('\n')
-		if err != nil {
-			return
-		}
-		f := strings.Fields(string(line))
-		if len(f) < 3 || (f[0] != "PUB" && f[0] != "HPUB") {
-			if _, err := wr.Write(line); err != nil {
-				return
-			}
-			if r.Buffered() == 0 {
-				if err := wr.Flush(); err != nil {
-					return
-				}
-			}
-			continue
-		}
-		total, err := strconv.Atoi(f[len(f)-1])
-		if err != nil {
-			return
-		}
-		head := append([]byte(nil), line...)
-		body := make([]byte, total+2)
-		if _, err := io.ReadFull(r, body); err != nil {
-			return
-		}
-		if strings.HasPrefix(f[1], events.SubjectPrefix+".") {
-			if every := p.every.Load(); every > 0 && p.n.Add(1)%every == 0 {
-				p.dropped.Add(1)
-				continue
-			}
-		}
-		if _, err := wr.Write(head); err != nil {
-			return
-		}
-		if _, err := wr.Write(body); err != nil {
-			return
-		}
-		if r.Buffered() == 0 {
-			if err := wr.Flush(); err != nil {
-				return
-			}
-		}
-	}
 }
 
 func recoveryOptions(pod func(string) (string, bool)) recovery.Options {

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/sim/chaos"
+)
+
+// chaosCmd runs the fault matrix and writes its table into the report
+// (docs/reliability.md, between its markers), or prints it with --out "".
+func chaosCmd(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kvsim chaos", flag.ContinueOnError)
+	out := fs.String("out", "docs/reliability.md", "page to write the table into, between its chaos markers; empty prints it")
+	limit := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
+	verbose := fs.Bool("v", false, "log the components' warnings to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	logger := slog.New(slog.DiscardHandler)
+	if *verbose {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	start := time.Now()
+	results, runErr := chaos.RunAll(ctx, *limit, logger)
+	for _, r := range results {
+		status := "settled"
+		switch {
+		case r.Err != nil:
+			status = "error: " + r.Err.Error()
+		case !r.Converged || !r.Agree:
+			status = "did not settle: " + r.Detail
+		}
+		fmt.Fprintf(os.Stderr, "%-28s %s in %s; %d false, %d missing at the end; %d picks\n",
+			r.Scenario.Name, status, r.Converge.Round(time.Millisecond), r.False, r.Missing, r.Picks.Total)
+	}
+	var table bytes.Buffer
+	tableErr := chaos.WriteTable(&table, results, time.Since(start))
+	if *out == "" {
+		_, _ = os.Stdout.Write(table.Bytes())
+	} else if err := chaos.Splice(*out, table.Bytes()); err != nil {
+		return err
+	}
+	if runErr != nil {
+		return runErr
+	}
+	return tableErr
+}
