@@ -56,6 +56,7 @@ func run(args []string) error {
 		logLevel    string
 		auth        natsauth.Config
 		recoveryOn  bool
+		selfCheckOn bool
 	)
 	fs.StringVar(&o.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS server to consume KV events from; empty starts an embedded server")
 	fs.StringVar(&o.EmbeddedNATSAddr, "embedded-nats-addr", "127.0.0.1:4222", "client address of the embedded NATS server")
@@ -70,6 +71,9 @@ func run(args []string) error {
 	fs.IntVar(&o.Consumer.MaxRanksPerEndpoint, "max-ranks-per-endpoint", consumer.DefaultMaxRanksPerEndpoint, "data-parallel event streams one endpoint may have; batches naming further ranks are rejected")
 	fs.IntVar(&o.Recovery.Concurrency, "recovery-concurrency", 4, "snapshots in flight at once")
 	fs.DurationVar(&o.Recovery.MaxBackoff, "recovery-max-backoff", 30*time.Second, "longest wait before a failed resync is tried again")
+	fs.BoolVar(&selfCheckOn, "self-check", true, "compare every response's cached-token count with the index's prediction: per-endpoint agreement metrics, resync of endpoints that disagree, a fleet-wide alarm (docs/reliability.md)")
+	fs.IntVar(&o.SelfCheck.Window, "self-check-window", 32, "an endpoint's last checked responses judged together; more than half disagreeing resyncs it")
+	fs.Float64Var(&o.SelfCheck.ToleranceShare, "self-check-tolerance", 0.25, "share of a prediction (at least one block) by which the engine's cached tokens may differ and still agree")
 	fs.StringVar(&o.EndpointsFile, "endpoints-file", "", "static endpoints YAML, reloaded when it changes")
 	fs.BoolVar(&kubeOn, "kubernetes", false, "discover endpoints from the Kubernetes API: the InferencePool --pool-name, or the pods --endpoint-selector picks")
 	fs.StringVar(&kso.PoolGroup, "pool-group", "inference.networking.k8s.io", "the InferencePool's API group")
@@ -116,6 +120,7 @@ func run(args []string) error {
 	}
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	o.NoRecovery = !recoveryOn
+	o.NoSelfCheck = !selfCheckOn
 	natsOpts, err := auth.Options()
 	if err != nil {
 		return err

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
@@ -178,4 +181,61 @@ func BenchmarkSnapshotLock(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(held+ghost), "bytes/block")
 	runtime.KeepAlive(m)
+}
+
+// BenchmarkCheckpoint measures writing the checkpoint of a mirror of 100k
+// held blocks to the state directory (capture, encode, write, sync,
+// rename), and the journal's cost per batch beside it.
+func BenchmarkCheckpoint(b *testing.B) {
+	m := buildMirror(b, 100_000)
+	held, _, _ := m.Counts()
+	met, _ := newMetrics(nil)
+	s := newTestStore(b, b.TempDir(), met)
+	if _, err := s.load(NewMirror(0)); err != nil {
+		b.Fatal(err)
+	}
+	cpu0 := testkit.CPUTime()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s.gen++
+		if err := s.writeSync(m, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	cpu := testkit.CPUTime() - cpu0
+	fi, err := os.Stat(filepath.Join(s.dir, checkpointFile))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(fi.Size()), "bytes/checkpoint")
+	b.ReportMetric(float64(fi.Size())/float64(held), "bytes/block")
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/checkpoint")
+	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/checkpoint")
+}
+
+// BenchmarkJournal measures journalling one batch (32 blocks of 16
+// tokens), what the relay pays per batch to survive its own restart.
+func BenchmarkJournal(b *testing.B) {
+	met, _ := newMetrics(nil)
+	s := newTestStore(b, b.TempDir(), met)
+	s.journalMax = 1 << 62
+	if _, err := s.load(NewMirror(0)); err != nil {
+		b.Fatal(err)
+	}
+	bm := newBatchMaker(3, benchBlockSize, benchPerEvent)
+	payload, err := events.AppendBatch(nil, bm.batch(), events.EncodingArray)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(payload)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s.appendBatch(uint64(i), benchBlockSize, 0, payload)
+	}
+	b.StopTimer()
+	if s.broken {
+		b.Fatal("the journal broke")
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/batch")
 }
