@@ -125,14 +125,7 @@ func (e *Engine) step() error {
 		return nil
 	}
 	e.last, e.emitted = seq, true
-	o := events.Origin{
-		Stream:    events.Stream{Endpoint: e.cfg.Address, DPRank: e.cfg.Pool.DPRank},
-		Pod:       e.cfg.Pod,
-		Model:     e.cfg.Model,
-		Instance:  e.instance,
-		BlockSize: e.cfg.Pool.BlockSize,
-		Seq:       seq,
-	}
+	o := e.origin(seq)
 	if e.cfg.Sink != nil {
 		e.cfg.Sink.Apply(o, b)
 	}
@@ -157,4 +150,16 @@ func (e *Engine) step() error {
 		return fmt.Errorf("engine %s: publish batch %d: %w", e.cfg.Pod, seq, err)
 	}
 	return nil
+}
+
+// origin is the contract's description of the engine's batch seq.
+func (e *Engine) origin(seq uint64) events.Origin {
+	return events.Origin{
+		Stream:    events.Stream{Endpoint: e.cfg.Address, DPRank: e.cfg.Pool.DPRank},
+		Pod:       e.cfg.Pod,
+		Model:     e.cfg.Model,
+		Instance:  e.instance,
+		BlockSize: e.cfg.Pool.BlockSize,
+		Seq:       seq,
+	}
 }

@@ -65,13 +65,5 @@ func (e *Engine) beat() {
 	if !e.emitted {
 		return
 	}
-	o := events.Origin{
-		Stream:    events.Stream{Endpoint: e.cfg.Address, DPRank: e.cfg.Pool.DPRank},
-		Pod:       e.cfg.Pod,
-		Model:     e.cfg.Model,
-		Instance:  e.instance,
-		BlockSize: e.cfg.Pool.BlockSize,
-		Seq:       e.last,
-	}
-	_ = e.pub.PublishHeartbeat(o)
+	_ = e.pub.PublishHeartbeat(e.origin(e.last))
 }

@@ -413,14 +413,8 @@ func (r *Recovery) AddEndpoint(addr string) {
 
 // RemoveEndpoint forgets an endpoint's streams and abandons their resyncs.
 func (r *Recovery) RemoveEndpoint(addr string) {
+	gone := r.streamsOf(addr, true)
 	r.mu.Lock()
-	var gone []*stream
-	for s, st := range r.streams {
-		if s.Endpoint == addr {
-			gone = append(gone, st)
-			delete(r.streams, s)
-		}
-	}
 	delete(r.gates, addr)
 	r.mu.Unlock()
 	for _, st := range gone {

@@ -73,14 +73,7 @@ func (r *Recovery) lateJoinLocked(st *stream) {
 // resync's result then sets the state again: a relay whose snapshot is
 // exact makes the stream exact, for the stream was not what disagreed.
 func (r *Recovery) Distrust(addr string) {
-	r.mu.Lock()
-	var sts []*stream
-	for s, st := range r.streams {
-		if s.Endpoint == addr {
-			sts = append(sts, st)
-		}
-	}
-	r.mu.Unlock()
+	sts := r.streamsOf(addr, false)
 	if len(sts) == 0 {
 		sts = append(sts, r.get(events.Stream{Endpoint: addr}))
 	}
@@ -90,4 +83,21 @@ func (r *Recovery) Distrust(addr string) {
 		r.m.distrusted.Inc()
 		r.want(st, true)
 	}
+}
+
+// streamsOf returns the streams of the endpoint at addr, every rank, and
+// forgets them if remove is set.
+func (r *Recovery) streamsOf(addr string, remove bool) []*stream {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*stream
+	for s, st := range r.streams {
+		if s.Endpoint == addr {
+			out = append(out, st)
+			if remove {
+				delete(r.streams, s)
+			}
+		}
+	}
+	return out
 }

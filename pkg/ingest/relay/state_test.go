@@ -191,16 +191,40 @@ func TestCheckpointsAreBoundedInRateAndJournalSize(t *testing.T) {
 	}
 }
 
-// nextEngine gives the test engine a fresh PUB socket dialling the relay
-// r, as a relay that restarted is dialled anew.
-func nextEngine(t *testing.T, ctx context.Context, eng *engine, r *testRelay) {
+// relayRig is a NATS server, a collector of what reaches it, and a test
+// engine whose publisher dials each relay the rig starts.
+type relayRig struct {
+	ctx     context.Context
+	ns      *natsembed.Server
+	col     *collector
+	eng     *engine
+	started int
+}
+
+func newRelayRig(t *testing.T) *relayRig {
 	t.Helper()
-	eng.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quietLogger()))
-	t.Cleanup(func() { eng.pub.Close() })
-	if err := eng.pub.Dial(r.zmqEndpoint()); err != nil {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ns := startNATS(t, natsembed.Options{})
+	t.Cleanup(ns.Shutdown)
+	return &relayRig{ctx: ctx, ns: ns, col: collect(t, ns.ClientURL()), eng: newEngine(t, ctx)}
+}
+
+// start starts a relay and has the engine's publisher reach it: a fresh
+// PUB socket after the first, as a relay that restarted is dialled anew.
+func (rg *relayRig) start(t *testing.T, cfg Config) *testRelay {
+	t.Helper()
+	r := startRelay(t, cfg, rg.ns.ClientURL())
+	if rg.started++; rg.started > 1 {
+		rg.eng.pub = zmq4.NewPub(rg.ctx, zmq4.WithLogger(quietLogger()))
+		pub := rg.eng.pub
+		t.Cleanup(func() { pub.Close() })
+	}
+	if err := rg.eng.pub.Dial(r.zmqEndpoint()); err != nil {
 		t.Fatal(err)
 	}
-	eng.waitSubscribed(t)
+	rg.eng.waitSubscribed(t)
+	return r
 }
 
 func TestARestartedRelayKeepsItsEngine(t *testing.T) {
@@ -250,22 +274,14 @@ func TestARestartedRelayKeepsItsEngine(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			ns := startNATS(t, natsembed.Options{})
-			defer ns.Shutdown()
-			col := collect(t, ns.ClientURL())
-			eng := newEngine(t, ctx)
+			rg := newRelayRig(t)
+			eng, col := rg.eng, rg.col
 			cfg := baseConfig()
 			cfg.StateDir = t.TempDir()
 			if tt.replay {
-				cfg.ReplayEndpoint = eng.serveReplay(t, ctx)
+				cfg.ReplayEndpoint = eng.serveReplay(t, rg.ctx)
 			}
-			first := startRelay(t, cfg, ns.ClientURL())
-			if err := eng.pub.Dial(first.zmqEndpoint()); err != nil {
-				t.Fatal(err)
-			}
-			eng.waitSubscribed(t)
+			first := rg.start(t, cfg)
 			bm := newBatchMaker(5, 16, 8)
 			ref := reference{}
 			for seq := uint64(0); seq < 10; seq++ {
@@ -278,11 +294,10 @@ func TestARestartedRelayKeepsItsEngine(t *testing.T) {
 			first.stop()
 
 			tt.down(t, eng, bm, &ref)
-			second := startRelay(t, cfg, ns.ClientURL())
+			second := rg.start(t, cfg)
 			if p := second.Mirror().Position(); !p.Valid || p.Seq != 9 || p.Instance != o0.Instance {
 				t.Fatalf("the restarted relay's mirror is at %+v before any batch, want seq 9 of %s", p, o0.Instance)
 			}
-			nextEngine(t, ctx, eng, second)
 			for seq := tt.next; seq < tt.next+3; seq++ {
 				b, data := wire(t, bm.batch())
 				ref.apply(b, 16)
@@ -314,19 +329,11 @@ func TestARestartedRelayKeepsItsEngine(t *testing.T) {
 
 func TestRelayHeartbeatsItsLastBatch(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ns := startNATS(t, natsembed.Options{})
-	defer ns.Shutdown()
-	col := collect(t, ns.ClientURL())
-	eng := newEngine(t, ctx)
+	rg := newRelayRig(t)
+	eng, col := rg.eng, rg.col
 	cfg := baseConfig()
 	cfg.HeartbeatInterval = 20 * time.Millisecond
-	r := startRelay(t, cfg, ns.ClientURL())
-	if err := eng.pub.Dial(r.zmqEndpoint()); err != nil {
-		t.Fatal(err)
-	}
-	eng.waitSubscribed(t)
+	rg.start(t, cfg)
 	bm := newBatchMaker(3, 16, 4)
 	for seq := uint64(0); seq < 5; seq++ {
 		eng.send(t, seq, bm.payload(t), true)
@@ -347,16 +354,9 @@ func TestRelayHeartbeatsItsLastBatch(t *testing.T) {
 
 func TestARelayThatJoinsARunningEngineServesPartialSnapshots(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ns := startNATS(t, natsembed.Options{})
-	defer ns.Shutdown()
-	eng := newEngine(t, ctx)
-	r := startRelay(t, baseConfig(), ns.ClientURL())
-	if err := eng.pub.Dial(r.zmqEndpoint()); err != nil {
-		t.Fatal(err)
-	}
-	eng.waitSubscribed(t)
+	rg := newRelayRig(t)
+	eng, ns := rg.eng, rg.ns
+	r := rg.start(t, baseConfig())
 	bm := newBatchMaker(3, 16, 4)
 	// A publisher that numbers from 1, or an engine running before the
 	// relay: its history before the first batch is not to be had.
