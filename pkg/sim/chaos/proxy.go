@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -24,6 +25,9 @@ type Proxy struct {
 	// Every drops one publish on a kv.events subject in every Every (1:
 	// all of them); 0 drops none.
 	Every atomic.Int64
+	// DropBatches drops every event batch but lets heartbeats through, as
+	// a loss that only the heartbeats can reveal.
+	DropBatches atomic.Bool
 	// Paused holds everything the clients send until it is cleared.
 	Paused  atomic.Bool
 	n       atomic.Int64
@@ -126,6 +130,10 @@ func (p *Proxy) filter(c, s net.Conn) {
 		}
 		if strings.HasPrefix(f[1], events.SubjectPrefix+".") {
 			if every := p.Every.Load(); every > 0 && p.n.Add(1)%every == 0 {
+				p.dropped.Add(1)
+				continue
+			}
+			if p.DropBatches.Load() && !bytes.Contains(body, []byte(events.HeaderHeartbeat)) {
 				p.dropped.Add(1)
 				continue
 			}

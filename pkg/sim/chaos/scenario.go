@@ -575,20 +575,11 @@ func Scenarios() []Scenario {
 			Name: "lost-tail", What: "a burst's batches are all lost, then every engine falls quiet: only heartbeats can tell",
 			World: WorldOptions{Proxied: true}, Quiet: true,
 			Inject: func(r *Run) error {
-				r.W.Proxy.Every.Store(1)
-				if err := r.Serve(30); err != nil {
-					return err
-				}
-				err := r.Wait("the burst to be dropped", func() bool {
-					for _, p := range r.W.Pods {
-						if metric(p.RelayMetrics, "kvroute_relay_buffer_depth_batches") != 0 {
-							return false
-						}
-					}
-					return r.W.Proxy.Dropped() > 0
-				})
-				r.W.Proxy.Every.Store(0)
-				return err
+				// Batches are lost from here to the end; heartbeats and
+				// snapshots pass. The engines fall quiet after the burst, so
+				// nothing but a heartbeat can show the loss.
+				r.W.Proxy.DropBatches.Store(true)
+				return r.Serve(30)
 			},
 		},
 		{
