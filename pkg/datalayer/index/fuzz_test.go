@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 )
 
@@ -122,7 +123,9 @@ func FuzzIndexApply(f *testing.F) {
 				ix.Restart(o.Stream)
 				o.Seq = 0
 			case 1:
-				ix.Uncertain(o.Stream, events.Reason(r.next()%6))
+				ix.Uncertain(o.Stream, events.Reason(r.next()%byte(events.NumReasons+1)))
+			case 3:
+				ix.SetStreamState(o.Stream, datalayer.StreamState(r.next()%byte(datalayer.NumStreamStates+1)))
 			case 2:
 				o.Seq-- // a replayed or reordered batch
 			}
