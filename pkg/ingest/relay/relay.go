@@ -395,7 +395,7 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte) {
 		r.newInstance()
 		r.fillHistory(ctx, msg.seq)
 	case msg.seq > r.last+1:
-		r.fillGap(ctx, r.last+1, msg.seq)
+		r.fillGapOrRestart(ctx, msg.seq)
 	}
 	r.forward(msg.seq, msg.payload)
 	r.gauges()
@@ -476,6 +476,26 @@ func (r *Relay) fillHistory(ctx context.Context, seq uint64) {
 func (r *Relay) fillGap(ctx context.Context, from, to uint64) {
 	got, err := r.replay(ctx, from, to)
 	r.settleGap(from, to, got, err)
+}
+
+// fillGapOrRestart handles a seq past the next: a gap, unless the engine
+// restarted and its new seq has already passed the last one relayed (the
+// relay reconnected to it late). The replay ring tells them apart: asked
+// from the last seq relayed, it holds that very batch if the engine is the
+// same, and another if not.
+func (r *Relay) fillGapOrRestart(ctx context.Context, to uint64) {
+	got, err := r.replay(ctx, r.last, to)
+	if len(got) > 0 && got[0].seq == r.last {
+		if xxhash.Sum64(got[0].payload) != r.lastDigest {
+			r.m.restarts.Inc()
+			r.log.Info("engine restarted: its replay ring holds another batch at the last seq relayed", "last_seq", r.last, "seq", to)
+			r.newInstance()
+			r.fillHistory(ctx, to)
+			return
+		}
+		got = got[1:]
+	}
+	r.settleGap(r.last+1, to, got, err)
 }
 
 // settleGap relays what a replay recovered of from <= seq < to and
