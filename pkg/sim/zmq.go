@@ -140,6 +140,22 @@ func (e *Engine) ZMQAddr() net.Addr {
 	return e.zmq.bound
 }
 
+// ZMQSubscribed says whether a subscriber has subscribed to the engine's
+// PUB socket, as the socket's own subscription list tells; a publisher
+// drops every batch sent before that, as vLLM's does.
+func (e *Engine) ZMQSubscribed() bool {
+	e.mu.Lock()
+	z := e.zmq
+	e.mu.Unlock()
+	if z == nil {
+		return false
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	t, ok := z.pub.(zmq4.Topics)
+	return ok && len(t.Topics()) > 0
+}
+
 // ReplayAddr is the replay socket's bound address, nil without one.
 func (e *Engine) ReplayAddr() net.Addr {
 	e.mu.Lock()

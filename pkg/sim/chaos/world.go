@@ -262,7 +262,9 @@ func (w *World) StartRelay(p *Pod) error {
 	p.relayCancel, p.relayNC, p.relayDone = cancel, nc, make(chan error, 1)
 	go func() { p.relayDone <- r.Run(ctx) }()
 	deadline := time.Now().Add(30 * time.Second)
-	for !r.Ready() {
+	// Ready is the relay's side; the engine's PUB drops what it sends until
+	// the relay's subscription has reached it, so wait for that too.
+	for !r.Ready() || !p.Engine.ZMQSubscribed() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("chaos: relay %s never became ready", p.Name)
 		}
@@ -280,6 +282,12 @@ func (w *World) StopRelay(p *Pod) error {
 	err := <-p.relayDone
 	p.relayNC.Close()
 	p.relayCancel = nil
+	// The engine notices the subscriber gone in its own time; until then a
+	// new relay's subscription could not be told from the old one's.
+	deadline := time.Now().Add(30 * time.Second)
+	for p.Engine != nil && p.Engine.ZMQSubscribed() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	return err
 }
 
