@@ -423,6 +423,47 @@ func Scenarios() []Scenario {
 			},
 		},
 		{
+			Name: "nats-cluster-members", What: "NATS is a 3-node cluster; each member in turn is killed under traffic and comes back",
+			World: WorldOptions{Cluster: 3},
+			Inject: func(r *Run) error {
+				reconnects := func(rp *Replica) float64 {
+					return metric(rp.EPP.Registry(), "kvroute_events_uncertain_total", "reason", events.ReasonReconnect.String())
+				}
+				before := make([]float64, len(r.Replicas))
+				for k, rp := range r.Replicas {
+					before[k] = reconnects(rp)
+				}
+				for i := range r.W.Members {
+					r.W.KillMember(i)
+					if err := r.Serve(30); err != nil {
+						return err
+					}
+					if err := r.W.StartMember(i); err != nil {
+						return err
+					}
+					if err := r.W.awaitRoutes(); err != nil {
+						return err
+					}
+					if err := r.Serve(20); err != nil {
+						return err
+					}
+				}
+				// Every member was down once, so every client was on a
+				// member that died and must have moved to another.
+				for k, rp := range r.Replicas {
+					if reconnects(rp) == before[k] {
+						return fmt.Errorf("chaos: replica %s never reconnected to another member", rp.Name)
+					}
+				}
+				for _, p := range r.W.Pods {
+					if p.relayNC.Stats().Reconnects == 0 {
+						return fmt.Errorf("chaos: relay %s never reconnected to another member", p.Name)
+					}
+				}
+				return nil
+			},
+		},
+		{
 			Name: "relay-restart", What: "a relay restarts, its engine busy meanwhile; the replay ring fills its downtime",
 			Inject: func(r *Run) error {
 				p := r.W.Pods[0]

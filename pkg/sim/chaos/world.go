@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -49,6 +50,10 @@ type WorldOptions struct {
 	NoReplay bool
 	// Proxied puts a Proxy between every relay and NATS.
 	Proxied bool
+	// Cluster runs NATS as a cluster of that many routed members (one
+	// server when 0 or 1); every client is given all their URLs. A world
+	// with a cluster has no Proxy.
+	Cluster int
 	// HeartbeatInterval is the relays' (default 50ms).
 	HeartbeatInterval time.Duration
 	// Seed makes the workload and the engines' hashes repeat.
@@ -62,11 +67,17 @@ type WorldOptions struct {
 
 // World is a pool of pods on one NATS server.
 type World struct {
-	opts    WorldOptions
-	port    int
-	dir     string
-	ownDir  bool
-	NATS    *natsembed.Server
+	opts   WorldOptions
+	port   int
+	dir    string
+	ownDir bool
+	// NATS is the server, or the cluster's first member.
+	NATS *natsembed.Server
+	// Members are the cluster's servers (NATS alone without a cluster); a
+	// killed member is nil until StartMember.
+	Members     []*natsembed.Server
+	clientPorts []int
+	routePorts  []int
 	Proxy   *Proxy
 	Pods    []*Pod
 	prompts []blockpool.Request
@@ -125,11 +136,28 @@ func NewWorld(o WorldOptions) (*World, error) {
 		}
 		w.dir, w.ownDir = d, true
 	}
-	var err error
-	if w.port, err = freePort(); err != nil {
-		return nil, err
+	if o.Cluster > 1 && o.Proxied {
+		return nil, errors.New("chaos: a world with a NATS cluster has no proxy")
 	}
-	if err := w.StartNATS(); err != nil {
+	var err error
+	for range max(o.Cluster, 1) {
+		var c, r int
+		if c, err = freePort(); err == nil {
+			r, err = freePort()
+		}
+		if err != nil {
+			return nil, err
+		}
+		w.clientPorts, w.routePorts = append(w.clientPorts, c), append(w.routePorts, r)
+	}
+	w.port = w.clientPorts[0]
+	w.Members = make([]*natsembed.Server, len(w.clientPorts))
+	if o.Cluster > 1 {
+		err = w.startCluster()
+	} else {
+		err = w.StartNATS()
+	}
+	if err != nil {
 		w.Close()
 		return nil, err
 	}
@@ -176,8 +204,15 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// URL is the NATS server's client URL.
-func (w *World) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", w.port) }
+// URL is the NATS server's client URL, or the cluster members' URLs
+// separated by commas, as a client is given them.
+func (w *World) URL() string {
+	urls := make([]string, len(w.clientPorts))
+	for i, p := range w.clientPorts {
+		urls[i] = fmt.Sprintf("nats://127.0.0.1:%d", p)
+	}
+	return strings.Join(urls, ",")
+}
 
 // Prompts are the workload's prompts.
 func (w *World) Prompts() []blockpool.Request { return w.prompts }
@@ -188,7 +223,69 @@ func (w *World) StartNATS() error {
 	if err != nil {
 		return fmt.Errorf("chaos: %w", err)
 	}
-	w.NATS = s
+	w.NATS, w.Members[0] = s, s
+	return nil
+}
+
+// startCluster starts every member and waits until each has a route to
+// every other.
+func (w *World) startCluster() error {
+	for i := range w.Members {
+		if err := w.StartMember(i); err != nil {
+			return err
+		}
+	}
+	w.NATS = w.Members[0]
+	return w.awaitRoutes()
+}
+
+// StartMember starts cluster member i on its ports, routed to every other
+// member's; a member that was killed comes back this way.
+func (w *World) StartMember(i int) error {
+	var routes []string
+	for j, p := range w.routePorts {
+		if j != i {
+			routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", p))
+		}
+	}
+	s, err := natsembed.Start(natsembed.Options{
+		Name: fmt.Sprintf("nats-%d", i), Port: w.clientPorts[i],
+		Cluster: &natsembed.Cluster{Name: "kvroute", Port: w.routePorts[i], Routes: routes},
+	})
+	if err != nil {
+		return fmt.Errorf("chaos: NATS member %d: %w", i, err)
+	}
+	w.Members[i] = s
+	return nil
+}
+
+// KillMember stops cluster member i: its clients reconnect to the others,
+// and what was in flight through it is lost.
+func (w *World) KillMember(i int) {
+	if s := w.Members[i]; s != nil {
+		s.Shutdown()
+		w.Members[i] = nil
+	}
+}
+
+// awaitRoutes waits until every running member is routed to every other
+// running one (bounded).
+func (w *World) awaitRoutes() error {
+	running := 0
+	for _, s := range w.Members {
+		if s != nil {
+			running++
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range w.Members {
+		for s != nil && s.NumRemotes() < running-1 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("chaos: NATS member %s routes to %d members, want %d", s.Name(), s.NumRemotes(), running-1)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	return nil
 }
 
@@ -328,8 +425,8 @@ func (w *World) Close() {
 	if w.Proxy != nil {
 		w.Proxy.Close()
 	}
-	if w.NATS != nil {
-		w.NATS.Shutdown()
+	for i := range w.Members {
+		w.KillMember(i)
 	}
 	if w.ownDir {
 		errs = append(errs, os.RemoveAll(w.dir))

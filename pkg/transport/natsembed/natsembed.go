@@ -6,6 +6,7 @@ package natsembed
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"time"
 
@@ -29,6 +30,23 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the server to accept connections
 	// (default 10s).
 	ReadyTimeout time.Duration
+	// Name is the server's name (default "kvroute-embedded"); the members
+	// of a cluster need names of their own.
+	Name string
+	// Cluster, when set, makes the server a member of a cluster.
+	Cluster *Cluster
+}
+
+// Cluster joins a server to a NATS cluster: it listens for routes from the
+// other members on Port and dials those in Routes. The members then pass
+// each other's client URLs to their clients, which reconnect to any of them.
+type Cluster struct {
+	// Name is the cluster's name, the same on every member.
+	Name string
+	// Port is the route listener's, on the server's Host (0: a random port).
+	Port int
+	// Routes are the other members' route URLs (nats-route://host:port).
+	Routes []string
 }
 
 // ErrNotReady is returned when the server does not accept connections in time.
@@ -52,8 +70,11 @@ func Start(o Options) (*Server, error) {
 	if o.ReadyTimeout <= 0 {
 		o.ReadyTimeout = 10 * time.Second
 	}
+	if o.Name == "" {
+		o.Name = "kvroute-embedded"
+	}
 	so := &server.Options{
-		ServerName: "kvroute-embedded",
+		ServerName: o.Name,
 		Host:       o.Host,
 		Port:       port,
 		DontListen: o.Port == -1,
@@ -69,6 +90,19 @@ func Start(o Options) (*Server, error) {
 		so.HTTPPort = o.MonitorPort
 		if o.MonitorPort == -1 {
 			so.HTTPPort = server.RANDOM_PORT
+		}
+	}
+	if c := o.Cluster; c != nil {
+		so.Cluster = server.ClusterOpts{Name: c.Name, Host: o.Host, Port: c.Port}
+		if c.Port == 0 {
+			so.Cluster.Port = server.RANDOM_PORT
+		}
+		for _, r := range c.Routes {
+			u, err := url.Parse(r)
+			if err != nil {
+				return nil, fmt.Errorf("embedded NATS: route %q: %w", r, err)
+			}
+			so.Routes = append(so.Routes, u)
 		}
 	}
 	s := &Server{}

@@ -64,3 +64,76 @@ func TestInProcessOnlyServerHasNoListener(t *testing.T) {
 	}
 	nc.Close()
 }
+
+// Three members routed to one another carry a message from a client of one
+// to a client of another, and a client that was given one member's URL
+// learns the others' (so it can reconnect to them).
+func TestClusterMembersRouteMessagesAndTellClientsOfEachOther(t *testing.T) {
+	t.Parallel()
+	first, err := Start(Options{Name: "n0", Cluster: &Cluster{Name: "kv"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Shutdown()
+	route := "nats-route://" + first.ClusterAddr().String()
+	members := []*Server{first}
+	for _, name := range []string{"n1", "n2"} {
+		s, err := Start(Options{Name: name, Cluster: &Cluster{Name: "kv", Routes: []string{route}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Shutdown()
+		members = append(members, s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, s := range members {
+		for s.NumRemotes() < 2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s is routed to %d members, want 2", s.Name(), s.NumRemotes())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	sub, err := nats.Connect(members[2].ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	s, err := sub.SubscribeSync("greet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := nats.Connect(members[0].ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// The subscription's interest reaches n0 over the route asynchronously;
+	// publish until it arrives.
+	var got *nats.Msg
+	for got == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("a message published on n0 never reached n2's subscriber")
+		}
+		if err := pub.Publish("greet", []byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		got, _ = s.NextMsg(50 * time.Millisecond)
+	}
+	for len(pub.DiscoveredServers()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client of n0 learned %v, want the other two members", pub.DiscoveredServers())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAClusterRouteThatIsNoURLIsRefused(t *testing.T) {
+	t.Parallel()
+	if _, err := Start(Options{Cluster: &Cluster{Name: "kv", Routes: []string{"::not a url"}}}); err == nil {
+		t.Fatal("a route that is no URL was accepted")
+	}
+}
