@@ -78,10 +78,10 @@ type World struct {
 	Members     []*natsembed.Server
 	clientPorts []int
 	routePorts  []int
-	Proxy   *Proxy
-	Pods    []*Pod
-	prompts []blockpool.Request
-	rng     *rand.Rand
+	Proxy       *Proxy
+	Pods        []*Pod
+	prompts     []blockpool.Request
+	rng         *rand.Rand
 }
 
 // Pod is one simulated pod: an engine publishing over ZeroMQ and its relay
