@@ -68,6 +68,14 @@ type Options struct {
 	// QueueGroup shares the requests among replicas of the service
 	// (default "kvroute-natsauth").
 	QueueGroup string
+	// LocalServer answers only the requests of the server the callout is
+	// connected to, and joins a queue group of that server's own
+	// (QueueGroup.<server name>). The members of a NATS cluster each run a
+	// callout with keys of their own: a queue group shared across the
+	// cluster would hand one member's request to another's callout, whose
+	// signature the first does not accept. So every member's callout hears
+	// every request, and leaves those of the others unanswered.
+	LocalServer bool
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -110,6 +118,7 @@ type Service struct {
 
 	allowed  *prometheus.CounterVec
 	denied   *prometheus.CounterVec
+	foreign  prometheus.Counter
 	duration prometheus.Histogram
 }
 
@@ -166,6 +175,10 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 			Name: "kvroute_natsauth_denied_total",
 			Help: "NATS connections the auth callout refused, by reason.",
 		}, []string{"reason"}),
+		foreign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_natsauth_foreign_requests_total",
+			Help: "Authorization requests of another cluster member, left to that member's callout (LocalServer).",
+		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvroute_natsauth_review_duration_seconds",
 			Help:    "Time to answer one authorization request, the TokenReview included.",
@@ -179,7 +192,7 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 		s.allowed.WithLabelValues(string(r))
 	}
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.allowed, s.denied, s.duration} {
+		for _, c := range []prometheus.Collector{s.allowed, s.denied, s.foreign, s.duration} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("register auth callout metrics: %w", err)
 			}
@@ -192,7 +205,11 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 // starts has ended when it returns.
 func (s *Service) Run(ctx context.Context) error {
 	reqs := make(chan *nats.Msg, 4*s.o.Workers)
-	sub, err := s.nc.ChanQueueSubscribe(Subject, s.o.QueueGroup, reqs)
+	group := s.o.QueueGroup
+	if s.o.LocalServer {
+		group += "." + s.nc.ConnectedServerName()
+	}
+	sub, err := s.nc.ChanQueueSubscribe(Subject, group, reqs)
 	if err != nil {
 		return fmt.Errorf("auth callout: subscribe %s: %w", Subject, err)
 	}
@@ -230,6 +247,10 @@ func (s *Service) serve(ctx context.Context, m *nats.Msg) {
 		// Without the user key and server there is no answer to sign;
 		// the server times the connection out.
 		s.denied.WithLabelValues(denyBadRequest).Inc()
+		return
+	}
+	if s.o.LocalServer && req.Server.Name != s.nc.ConnectedServerName() {
+		s.foreign.Inc()
 		return
 	}
 	role, perms, name, reason, err := s.decide(ctx, req)

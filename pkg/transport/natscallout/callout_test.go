@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -82,6 +83,12 @@ type rig struct {
 
 func startRig(t *testing.T, c *cluster, o natscallout.Options) *rig {
 	t.Helper()
+	return startMember(t, c, o, nil)
+}
+
+// startMember is startRig with further server options (a cluster's).
+func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func(*server.Options)) *rig {
+	t.Helper()
 	dir := t.TempDir()
 	if err := natscallout.GenerateKeys(dir); err != nil {
 		t.Fatal(err)
@@ -96,6 +103,9 @@ func startRig(t *testing.T, c *cluster, o natscallout.Options) *rig {
 		so.Accounts = []*server.Account{authAcc, kv}
 		so.Users = []*server.User{{Username: natscallout.AuthUser, Password: password, Account: authAcc}}
 		so.AuthCallout = &server.AuthCallout{Issuer: pub, Account: "AUTH", AuthUsers: []string{natscallout.AuthUser}}
+		if configure != nil {
+			configure(so)
+		}
 	}})
 	r := &rig{nats: n, reg: prometheus.NewRegistry()}
 	nc := n.Connect(t, "callout", nats.UserInfo(natscallout.AuthUser, password))
@@ -309,4 +319,51 @@ type countingReviewer struct {
 func (r *countingReviewer) Review(ctx context.Context, token string) (natscallout.Identity, error) {
 	r.n.Add(1)
 	return r.next.Review(ctx, token)
+}
+
+// In a NATS cluster each member has its own callout with keys of its own:
+// every client is admitted by its own member's callout, whichever member
+// it connects to, and the requests the other callouts hear are left to it.
+func TestEveryMemberOfAClusterAdmitsThroughItsOwnCallout(t *testing.T) {
+	c := newCluster(t)
+	token := c.token(t, eppSA, natscallout.DefaultAudience, nil)
+	var routes []*url.URL
+	var members []*rig
+	for i := range 3 {
+		members = append(members, startMember(t, c, natscallout.Options{LocalServer: true}, func(so *server.Options) {
+			so.ServerName = fmt.Sprintf("nats-%d", i)
+			so.Cluster = server.ClusterOpts{Name: "kv", Host: "127.0.0.1", Port: server.RANDOM_PORT}
+			so.Routes = routes
+		}))
+		u, err := url.Parse("nats-route://" + members[i].nats.Server.ClusterAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, u)
+	}
+	for _, m := range members {
+		testkit.WaitFor(t, "the cluster to form", func() bool { return m.nats.Server.NumRemotes() == 2 })
+	}
+	foreign := func() (n float64) {
+		for _, m := range members {
+			n += testkit.Value(t, m.reg, "kvroute_natsauth_foreign_requests_total")
+		}
+		return n
+	}
+	before := foreign()
+	for i, m := range members {
+		for range 6 {
+			nc, err := m.connect(token, nil)
+			if err != nil {
+				t.Fatalf("the EPP's token refused by member %d: %v", i, err)
+			}
+			nc.Close()
+		}
+		if got := testkit.Value(t, m.reg, "kvroute_natsauth_allowed_total", "role", "epp"); got != 6 {
+			t.Errorf("member %d's callout admitted %v, want its own 6", i, got)
+		}
+	}
+	if foreign() == before {
+		t.Error("no callout heard another member's request: the members are not one cluster")
+	}
 }

@@ -38,5 +38,6 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.JetStream, "jetstream", false, "give the EPP the JetStream API of the pool's stream")
 	fs.StringVar(&f.Account, "account", DefaultAccount, "account the admitted clients are placed in")
 	fs.Float64Var(&f.ReviewsPerSecond, "reviews-per-second", 50, "TokenReviews sent to the API server per second, at most")
+	fs.BoolVar(&f.LocalServer, "local-server", false, "answer only the requests of the server connected to, as each member of a NATS cluster's callout must")
 	fs.DurationVar(&f.UserTTL, "user-ttl", 0, "end every admitted connection after this long, so that it is reviewed again; 0 keeps connections")
 }
