@@ -76,8 +76,8 @@ type Options struct {
 	// signature the first does not accept. So every member's callout hears
 	// every request, and leaves those of the others unanswered.
 	LocalServer bool
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer
+	Logger      *slog.Logger
+	Registerer  prometheus.Registerer
 }
 
 // ErrOptions: options that cannot describe a callout.
