@@ -58,11 +58,14 @@ func run(args []string) error {
 		recoveryOn  bool
 		selfCheckOn bool
 	)
-	fs.StringVar(&o.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS server to consume KV events from; empty starts an embedded server")
+	fs.StringVar(&o.NATSURL, "nats-url", os.Getenv("NATS_URL"), "NATS server to consume KV events from, or a cluster's members separated by commas (the client learns the others from any one); empty starts an embedded server")
 	fs.StringVar(&o.EmbeddedNATSAddr, "embedded-nats-addr", "127.0.0.1:4222", "client address of the embedded NATS server")
 	fs.StringVar(&o.Pool, "pool-name", "demo", "the InferencePool whose events are consumed")
 	fs.StringVar(&o.Namespace, "pool-namespace", envOr("NAMESPACE", "default"), "the pool's namespace")
 	fs.BoolVar(&o.JetStream, "jetstream", false, "consume through a JetStream ordered consumer on a bounded stream (created if missing), so that a restarted EPP replays what it retains")
+	fs.IntVar(&o.StreamReplicas, "jetstream-replicas", 1, "replicas of the JetStream stream the EPP creates (3 on a 3-node NATS cluster)")
+	fs.DurationVar(&o.ReadyGrace, "ready-grace", 0, "how long readiness waits to hear every endpoint (a batch or a heartbeat) once connected; a heartbeat interval or two")
+	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", 30*time.Second, "bound on the wait for the first catch-up (every endpoint heard, no first resync pending) before readiness")
 	auth.RegisterFlags(fs)
 	fs.BoolVar(&recoveryOn, "recovery", true, "resynchronise uncertain streams from their relays' snapshots")
 	fs.DurationVar(&o.Recovery.Timeout, "recovery-timeout", 10*time.Second, "bound on one snapshot, request to last chunk")

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -62,6 +63,18 @@ type Options struct {
 	// Consumer tunes the event consumer; Namespace, Pool and JetStream above
 	// override its fields.
 	Consumer consumer.Options
+	// StreamReplicas is the JetStream stream's replica count when the EPP
+	// creates it (default 1; 3 on a 3-node NATS cluster, so that the
+	// stream outlives a member).
+	StreamReplicas int
+	// ReadyGrace is how long, once the consumer is connected, readiness
+	// waits to hear from every known endpoint (a batch or a heartbeat)
+	// before it stops waiting for the quiet ones (default 0: it does not
+	// wait). Readiness also waits until no stream awaits its first
+	// resync, up to ReadyTimeout (default 30s) after connecting; once
+	// ready, the EPP stays ready while it is connected, whatever later
+	// resyncs do.
+	ReadyGrace, ReadyTimeout time.Duration
 
 	// EndpointsFile is a static endpoints YAML file, reloaded when it
 	// changes; empty means endpoints come from elsewhere (Datastore().Upsert).
@@ -158,6 +171,12 @@ type EPP struct {
 	proxy     *proxy.Server
 	discovery Discovery
 	static    *static.File
+
+	// connectedAt is when Ready first found the consumer connected (unix
+	// nanoseconds, 0 before); caughtUp latches once the first sync and
+	// recovery are done.
+	connectedAt atomic.Int64
+	caughtUp    atomic.Bool
 
 	httpLn  net.Listener
 	httpSrv *http.Server
@@ -379,7 +398,7 @@ func (e *EPP) ensureStream(co consumer.Options) error {
 	}
 	_, err = events.EnsureStream(ctx, js, events.StreamConfig{
 		Name: name, Namespace: co.Namespace, Pool: co.Pool,
-		MaxAge: 10 * time.Minute, MaxBytes: 1 << 30,
+		MaxAge: 10 * time.Minute, MaxBytes: 1 << 30, Replicas: e.opts.StreamReplicas,
 	})
 	if err != nil {
 		return fmt.Errorf("epp: JetStream stream %s: %w", name, err)
@@ -536,10 +555,47 @@ func (e *EPP) Index() *index.Index { return e.index }
 // Registry holds every metric the EPP exports.
 func (e *EPP) Registry() *prometheus.Registry { return e.reg }
 
-// Ready reports whether the EPP can answer picks: it knows endpoints and
-// its event consumer is connected.
+// Ready reports whether the EPP can answer picks: it knows endpoints, its
+// event consumer is connected, and it has caught up once: every endpoint
+// has been heard from (or ReadyGrace has passed) and no stream awaits its
+// first resync (or ReadyTimeout has passed). A replica that restarts beside
+// others so takes traffic only once it answers as they do.
 func (e *EPP) Ready() bool {
-	return e.ds.Len() > 0 && e.consumer.Connected() && (e.discovery == nil || e.discovery.Synced())
+	if e.ds.Len() == 0 || !e.consumer.Connected() || (e.discovery != nil && !e.discovery.Synced()) {
+		return false
+	}
+	return e.caughtUp.Load() || e.catchUp(time.Now())
+}
+
+// catchUp reports, and latches, whether the first catch-up is done.
+func (e *EPP) catchUp(now time.Time) bool {
+	e.connectedAt.CompareAndSwap(0, now.UnixNano())
+	since := now.Sub(time.Unix(0, e.connectedAt.Load()))
+	timeout := e.opts.ReadyTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	switch {
+	case since >= timeout:
+		e.logger.Warn("ready without having caught up: streams still unheard or awaiting their first resync", "waited", since)
+	case since < e.opts.ReadyGrace && e.unheard() > 0:
+		return false
+	case e.recovery != nil && e.recovery.Pending() > 0:
+		return false
+	}
+	e.caughtUp.Store(true)
+	return true
+}
+
+// unheard counts the endpoints no event or heartbeat has come from.
+func (e *EPP) unheard() int {
+	n := 0
+	for ep := range e.ds.All() {
+		if st, _ := e.index.State(ep.Address); st == datalayer.StreamNone {
+			n++
+		}
+	}
+	return n
 }
 
 // Run runs every component until ctx is done, then shuts them down and

@@ -29,17 +29,36 @@ type Replica struct {
 type ReplicaOptions struct {
 	// Consumer tunes its event consumer (a slow consumer, say).
 	Consumer consumer.Options
+	// ReadyGrace is the replica's (epp.Options.ReadyGrace).
+	ReadyGrace time.Duration
 }
 
 // StartReplica starts an EPP that knows every pod of the world and
 // consumes their events, and waits until it is ready.
 func (w *World) StartReplica(name string, o ReplicaOptions) (*Replica, error) {
+	r, err := w.launchReplica(name, o)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !r.EPP.Ready() {
+		if time.Now().After(deadline) {
+			r.Stop()
+			return nil, fmt.Errorf("chaos: replica %s never became ready", name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return r, nil
+}
+
+// launchReplica starts the replica without waiting for it to be ready.
+func (w *World) launchReplica(name string, o ReplicaOptions) (*Replica, error) {
 	e, err := epp.New(epp.Options{
 		NATSURL: w.URL(), Namespace: Namespace, Pool: PoolName, HTTPAddr: "127.0.0.1:0",
 		// The client's own prints of the slow consumers the matrix makes
 		// on purpose; the consumer counts them.
 		NATSOptions: []nats.Option{nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})},
-		Consumer:    o.Consumer,
+		Consumer:    o.Consumer, ReadyGrace: o.ReadyGrace,
 		Recovery:    recovery.Options{MinBackoff: 20 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, Timeout: 3 * time.Second},
 		Logger:      w.opts.Logger.With("epp", name),
 	})
@@ -52,14 +71,6 @@ func (w *World) StartReplica(name string, o ReplicaOptions) (*Replica, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Replica{Name: name, EPP: e, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- e.Run(ctx) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for !e.Ready() {
-		if time.Now().After(deadline) {
-			r.Stop()
-			return nil, fmt.Errorf("chaos: replica %s never became ready", name)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 	return r, nil
 }
 
