@@ -59,8 +59,8 @@ func (w *World) launchReplica(name string, o ReplicaOptions) (*Replica, error) {
 		// on purpose; the consumer counts them.
 		NATSOptions: []nats.Option{nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})},
 		Consumer:    o.Consumer, ReadyGrace: o.ReadyGrace,
-		Recovery:    recovery.Options{MinBackoff: 20 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, Timeout: 3 * time.Second},
-		Logger:      w.opts.Logger.With("epp", name),
+		Recovery: recovery.Options{MinBackoff: 20 * time.Millisecond, MaxBackoff: 500 * time.Millisecond, Timeout: 3 * time.Second},
+		Logger:   w.opts.Logger.With("epp", name),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("chaos: replica %s: %w", name, err)
