@@ -88,6 +88,9 @@ func TestTheChartsNATSAdmitsEachRelayForItsPodOnlyAndRefusesForgers(t *testing.T
 	}{
 		{"core NATS, the defaults", nil, false},
 		{"JetStream", map[string]any{"epp": map[string]any{"jetstream": true}, "nats": map[string]any{"jetstream": map[string]any{"enabled": true}}}, true},
+		// One member of the three, its routes to the others unanswered:
+		// its callout answers its own server's requests (--local-server).
+		{"a member of a 3-node cluster", map[string]any{"nats": map[string]any{"cluster": map[string]any{"enabled": true}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			chartNATSEndToEnd(t, fmt.Sprintf("callout-e2e-%d", i), tc.values, tc.jetStream)
@@ -142,6 +145,12 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	// NATS, configured by the chart; only its listeners move to free ports.
 	opts, dir := chartNATSOptions(t, objs, "kv-kvroute-nats")
 	opts.Host, opts.Port, opts.HTTPPort, opts.NoLog, opts.NoSigs = "127.0.0.1", natsserver.RANDOM_PORT, 0, true, true
+	if opts.Cluster.Port != 0 {
+		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", natsserver.RANDOM_PORT
+		if !flags.LocalServer {
+			t.Fatal("a cluster member's callout is not told to answer its own server alone")
+		}
+	}
 	if opts.JetStream != jetStream {
 		t.Fatalf("the chart's NATS has JetStream %t, want %t", opts.JetStream, jetStream)
 	}

@@ -134,10 +134,11 @@ func chartCases(t *testing.T) []chartCase {
 				"Deployment/kvroute-full-epp", "Deployment/kvroute-full-vllm",
 				"HTTPRoute/llama-pool", "InferencePool/llama-pool",
 				"NetworkPolicy/kvroute-full-epp", "NetworkPolicy/kvroute-full-nats", "NetworkPolicy/kvroute-full-vllm",
+				"PodDisruptionBudget/kvroute-full-epp", "PodDisruptionBudget/kvroute-full-nats",
 				"PodMonitor/kvroute-full-epp", "PodMonitor/kvroute-full-nats", "PodMonitor/kvroute-full-vllm",
 				"PrometheusRule/kvroute-full",
 				"Role/kvroute-full-epp", "RoleBinding/kvroute-full-epp",
-				"Service/kvroute-full-epp", "Service/kvroute-full-nats",
+				"Service/kvroute-full-epp", "Service/kvroute-full-nats", "Service/kvroute-full-nats-cluster",
 				"ServiceAccount/kvroute-epp-sa", "StatefulSet/kvroute-full-nats",
 			},
 			extraNamespaces: []string{"monitoring"},
@@ -155,7 +156,32 @@ func chartCases(t *testing.T) []chartCase {
 				"networkPolicy":  map[string]any{"enabled": false},
 			},
 			prefix: "kv-kvroute",
-			kinds:  []string{"ConfigMap/kv-kvroute-epp", "Deployment/kv-kvroute-epp", "Service/kv-kvroute-epp"},
+			kinds:  []string{"ConfigMap/kv-kvroute-epp", "Deployment/kv-kvroute-epp", "PodDisruptionBudget/kv-kvroute-epp", "Service/kv-kvroute-epp"},
+		},
+		{
+			name: "an existing NATS cluster of the official chart, with its members listed and credentials",
+			values: map[string]any{
+				"nats": map[string]any{"enabled": false, "credentialsSecret": "kvroute-nats",
+					"url": "nats://nats-0.nats-headless.nats.svc:4222,nats://nats-1.nats-headless.nats.svc:4222,nats://nats-2.nats-headless.nats.svc:4222"},
+			},
+			prefix: "kv-kvroute",
+			kinds: []string{
+				"ConfigMap/kv-kvroute-dashboard-epp", "ConfigMap/kv-kvroute-dashboard-index", "ConfigMap/kv-kvroute-dashboard-nats",
+				"ConfigMap/kv-kvroute-epp", "Deployment/kv-kvroute-epp", "Deployment/kv-kvroute-vllm",
+				"HTTPRoute/kv-kvroute", "InferencePool/kv-kvroute",
+				"NetworkPolicy/kv-kvroute-epp", "NetworkPolicy/kv-kvroute-vllm", "PodDisruptionBudget/kv-kvroute-epp",
+				"Role/kv-kvroute-epp", "RoleBinding/kv-kvroute-epp", "Service/kv-kvroute-epp",
+				"ServiceAccount/kv-kvroute-epp", "ServiceAccount/kv-kvroute-relay",
+			},
+		},
+		{
+			name: "NATS as a 3-node cluster with JetStream replicated, behind the auth callout",
+			values: map[string]any{
+				"epp":  map[string]any{"jetstream": true},
+				"nats": map[string]any{"cluster": map[string]any{"enabled": true}, "jetstream": map[string]any{"enabled": true}},
+			},
+			prefix: "kv-kvroute",
+			kinds:  append(slices.Clone(defaultKinds), "PodDisruptionBudget/kv-kvroute-nats", "Service/kv-kvroute-nats-cluster"),
 		},
 		{
 			name: "JetStream behind the auth callout, ext_proc with mutual TLS",
@@ -179,6 +205,7 @@ var defaultKinds = []string{
 	"Deployment/kv-kvroute-epp", "Deployment/kv-kvroute-vllm",
 	"HTTPRoute/kv-kvroute", "InferencePool/kv-kvroute",
 	"NetworkPolicy/kv-kvroute-epp", "NetworkPolicy/kv-kvroute-nats", "NetworkPolicy/kv-kvroute-vllm",
+	"PodDisruptionBudget/kv-kvroute-epp",
 	"Role/kv-kvroute-epp", "RoleBinding/kv-kvroute-epp",
 	"Service/kv-kvroute-epp", "Service/kv-kvroute-nats",
 	"ServiceAccount/kv-kvroute-epp", "ServiceAccount/kv-kvroute-nats-auth", "ServiceAccount/kv-kvroute-relay",
@@ -353,6 +380,8 @@ func TestChartNATSConfigLoadsInNATS(t *testing.T) {
 		{"defaults", nil, "kv-kvroute-nats", false, true},
 		{"every documented value set", readValues(t, "testdata/all-values.yaml"), "kvroute-full-nats", true, false},
 		{"JetStream behind the auth callout", map[string]any{"nats": map[string]any{"jetstream": map[string]any{"enabled": true}}}, "kv-kvroute-nats", true, true},
+		{"a 3-node cluster with JetStream behind the auth callout", map[string]any{"nats": map[string]any{
+			"cluster": map[string]any{"enabled": true}, "jetstream": map[string]any{"enabled": true}}}, "kv-kvroute-nats", true, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -369,6 +398,19 @@ func TestChartNATSConfigLoadsInNATS(t *testing.T) {
 			}
 			if tc.callout && (opts.AuthCallout.Account != "AUTH" || len(opts.AuthCallout.AuthUsers) != 1) {
 				t.Errorf("auth callout %+v", opts.AuthCallout)
+			}
+			cluster, _, _ := unstructured.NestedBool(map[string]any{"v": tc.values}, "v", "nats", "cluster", "enabled")
+			if members := natsMembers(tc.values); cluster || members > 1 {
+				if opts.Cluster.Port == 0 || opts.Cluster.Name == "" || len(opts.Routes) != members || opts.ServerName != tc.configMap+"-0" {
+					t.Errorf("cluster %q on port %d, %d routes (want %d), server name %q", opts.Cluster.Name, opts.Cluster.Port, len(opts.Routes), members, opts.ServerName)
+				}
+				for i, r := range opts.Routes {
+					if want := fmt.Sprintf("%s-%d.%s-cluster.ns.svc", tc.configMap, i, tc.configMap); r.Hostname() != want || r.Port() != fmt.Sprint(opts.Cluster.Port) {
+						t.Errorf("route %d is %s, want %s:%d", i, r, want, opts.Cluster.Port)
+					}
+				}
+			} else if opts.Cluster.Port != 0 || len(opts.Routes) != 0 {
+				t.Errorf("one server configured with a cluster: %+v, routes %v", opts.Cluster, opts.Routes)
 			}
 		})
 	}
@@ -392,6 +434,8 @@ func chartNATSOptions(t *testing.T, objs []*unstructured.Unstructured, configMap
 			t.Fatal(err)
 		}
 	}
+	// The downward API gives the server its pod's name (member 0).
+	text = strings.ReplaceAll(text, "$POD_NAME", configMap+"-0")
 	path := filepath.Join(dir, "conf", "nats.conf")
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
@@ -538,4 +582,21 @@ func goStringLiterals(t *testing.T, dirs ...string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// natsMembers is the NATS members values ask for (1 without a cluster).
+func natsMembers(values map[string]any) int {
+	v, _ := lookup(values, "nats.cluster.enabled")
+	if on, _ := v.(bool); !on {
+		return 1
+	}
+	if n, ok := lookup(values, "nats.cluster.replicas"); ok {
+		switch n := n.(type) {
+		case float64:
+			return int(n)
+		case int:
+			return n
+		}
+	}
+	return 3
 }

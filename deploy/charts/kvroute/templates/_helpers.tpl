@@ -26,6 +26,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Names of the parts; the EPP's Service is what the pool points at. */}}
 {{- define "kvroute.epp" -}}{{ include "kvroute.fullname" . | trunc 59 | trimSuffix "-" }}-epp{{- end -}}
 {{- define "kvroute.nats" -}}{{ include "kvroute.fullname" . | trunc 58 | trimSuffix "-" }}-nats{{- end -}}
+{{- define "kvroute.natsCluster" -}}{{ include "kvroute.fullname" . | trunc 50 | trimSuffix "-" }}-nats-cluster{{- end -}}
 {{- define "kvroute.vllm" -}}{{ include "kvroute.fullname" . | trunc 58 | trimSuffix "-" }}-vllm{{- end -}}
 {{- define "kvroute.pool" -}}{{ default (include "kvroute.fullname" .) .Values.pool.name }}{{- end -}}
 {{- define "kvroute.model" -}}{{ default .Values.vllm.model .Values.pool.model }}{{- end -}}
@@ -70,7 +71,13 @@ kvroute.io/pool: {{ include "kvroute.pool" . }}
 {{- end -}}
 
 {{- define "kvroute.natsURL" -}}
-{{- if .Values.nats.enabled -}}
+{{- if and .Values.nats.enabled .Values.nats.cluster.enabled -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.nats.cluster.replicas) -}}
+{{- $urls = append $urls (printf "nats://%s-%d.%s.%s.svc:%v" (include "kvroute.nats" $) $i (include "kvroute.natsCluster" $) $.Release.Namespace $.Values.nats.port) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- else if .Values.nats.enabled -}}
 nats://{{ include "kvroute.nats" . }}.{{ .Release.Namespace }}.svc:{{ .Values.nats.port }}
 {{- else -}}
 {{- required "nats.url is required when nats.enabled is false" .Values.nats.url -}}
