@@ -7,7 +7,7 @@ BENCH    ?= .
 BENCHTIME ?= 1s
 FUZZTIME ?= 10000x
 
-.PHONY: run test test-interop bench bench-routing bench-routing-virtual chaos fuzz-smoke lint help
+.PHONY: run test test-interop bench bench-routing bench-routing-virtual chaos scale fuzz-smoke lint help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virt
 
 chaos: ## the fault matrix (relays, NATS, two EPP replicas on loopback): writes docs/reliability.md (~1 min)
 	$(GO) run ./cmd/kvsim chaos --timeout 10m
+
+scale: ## 1k and 10k simulated engines in virtual time through the real event path: writes docs/scale.md (a few minutes)
+	$(GO) run ./cmd/kvsim scale
 
 fuzz-smoke: ## run each fuzz target briefly (FUZZTIME executions each)
 	./scripts/fuzz-smoke.sh $(FUZZTIME)

@@ -42,7 +42,8 @@ const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
   bench   the routing benchmark; writes docs/routing-benchmark.md and its plots
-  chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/reliability.md`
+  chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/reliability.md
+  scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/scale.md`
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -57,6 +58,8 @@ func run(ctx context.Context, args []string) error {
 		return bench(ctx, args[1:])
 	case "chaos":
 		return chaosCmd(ctx, args[1:])
+	case "scale":
+		return scaleCmd(ctx, args[1:])
 	default:
 		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 	}
