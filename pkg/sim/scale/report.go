@@ -61,6 +61,7 @@ Three measurements per size:
 		writeSize(&b, r)
 	}
 	writeLimits(&b, reps)
+	writeGuidance(&b, reps)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -130,4 +131,42 @@ func writeLimits(b *strings.Builder, reps []Report) {
 	fmt.Fprintf(b, "| events per second per core | %.0f | at %.1f events/s per engine, about %.0f engines a core keeps up with |\n", eps, per, eps/max(per, 1e-9))
 	fmt.Fprintf(b, "| lookup over %d endpoints | %.1f µs | one prompt's index walk over every candidate |\n", in.Engines, in.LookupNs/1e3)
 	fmt.Fprintf(b, "| pick over %d endpoints | %.0f µs CPU | PrepareData, three scorers and the picker: it grows with the candidates |\n\n", in.Engines, in.PickUs)
+}
+
+// writeGuidance is the deployment advice the limits lead to.
+func writeGuidance(b *strings.Builder, reps []Report) {
+	if len(reps) == 0 {
+		return
+	}
+	big := reps[len(reps)-1]
+	in := big.Ingest
+	bph := in.BytesPerHolding()
+	b.WriteString(`## One pool per EPP deployment, many pools per cluster
+
+An EPP deployment serves one InferencePool: every replica consumes every
+event of that pool and nothing of any other, so what a replica costs grows
+with its pool, not with the cluster. A cluster of many engines is many
+pools (one per model, or several per model split by region or tenant),
+each with its own EPP deployment; NATS carries them all, one subject tree
+per pool.
+
+`)
+	if bph > 0 {
+		// A pool whose engines hold 20000 blocks each (a large GPU at
+		// 16-token blocks) holds that many holdings an engine.
+		const blocksPerEngine = 20000
+		engines2Gi := (1 << 30) / indexShare / bph / blocksPerEngine
+		fmt.Fprintf(b, "- **Size a pool by its holdings.** At %.0f bytes a holding, a replica with the chart's 2 GiB limit indexes %.1f million holdings: a pool of about %.0f engines whose caches hold %d blocks each. Raise `epp.resources.limits.memory` with the pool (the index is sized from it), or split the pool.\n",
+			bph, 2*(1<<30)/indexShare/bph/1e6, 2*engines2Gi, blocksPerEngine)
+	}
+	eps := in.EventsPerCoreSecond()
+	fmt.Fprintf(b, "- **Events per second.** One core applies about %.0f events a second (%.0f batches); a pool whose engines publish more than that needs more than a core per replica, and replicas do not share the work: each applies all of it.\n", eps, in.BatchesPerCoreSecond())
+	fmt.Fprintf(b, "- **Pick cost grows with the candidates.** A pick over %d endpoints costs %.0f µs of CPU, the index lookup %.1f µs of it; a pool of thousands of endpoints makes every pick pay for all of them. Many smaller pools keep picks cheap.\n", in.Engines, in.PickUs, in.LookupNs/1e3)
+	rates := make([]string, 0, len(big.Replicas))
+	for _, rr := range big.Replicas {
+		rates = append(rates, fmt.Sprintf("%.3f with %d", rr.HitRate, rr.Replicas))
+	}
+	b.WriteString("- **Replicas for availability, not for capacity.** More replicas add pick throughput and survive a restart, but each holds the whole index and applies every event. The hit rate measured above is " + strings.Join(rates, ", ") + " replicas: with every replica fed the same events, the only thing one knows that another does not is its own picks' speculative holdings, for the moments until their batches arrive. Two replicas (the chart's default) behind the gateway's round robin is the safe start; the chart rolls them one at a time, and a new replica is ready only once it has heard every pod and resynchronised it.\n")
+	b.WriteString("- **NATS as a cluster.** Every event of a pool goes to every replica of its EPP: NATS's fan-out is replicas × events. `nats.cluster.enabled` runs three routed members; the relays and the EPP are given every member and move to another when theirs goes (the fault matrix's `nats-cluster-members` row).\n\n")
+	b.WriteString("What is not measured here: the real network hop (the run is in process), engines with far larger caches than 512 blocks (the bytes per holding are measured at the sizes above and extrapolated linearly), and pick throughput under concurrent requests on one replica.\n")
 }
