@@ -12,7 +12,7 @@ import (
 func Sizes(seed uint64) []Options {
 	return []Options{
 		{Engines: 1000, Pools: 4, Models: 2, Seed: seed},
-		{Engines: 10000, Pools: 20, Models: 5, Duration: 2 * time.Second, Seed: seed},
+		{Engines: 10000, Pools: 20, Models: 5, Duration: 3 * time.Second, Seed: seed},
 	}
 }
 
@@ -88,8 +88,8 @@ func writeSize(b *strings.Builder, r Report) {
 
 	b.WriteString("| one replica, pool 0 replayed | value |\n|---|---|\n")
 	fmt.Fprintf(b, "| batches, events, blocks | %d, %d, %d |\n", in.Batches, in.Events, in.Blocks)
-	fmt.Fprintf(b, "| ingest CPU | %s (%.0f events/s per core, %.0f batches/s per core) |\n",
-		in.CPU.Round(time.Millisecond), in.EventsPerCoreSecond(), in.BatchesPerCoreSecond())
+	fmt.Fprintf(b, "| ingest CPU | %s: per core, %.0f events/s, %.0f batches/s, %.0f blocks/s |\n",
+		in.CPU.Round(time.Millisecond), in.EventsPerCoreSecond(), in.BatchesPerCoreSecond(), in.BlocksPerCoreSecond())
 	fmt.Fprintf(b, "| index holdings | %d |\n", in.Holdings)
 	fmt.Fprintf(b, "| index heap | %.1f MiB (%.0f bytes per holding) |\n", mib(in.IndexBytes), in.BytesPerHolding())
 	fmt.Fprintf(b, "| replica heap (its fixed cost included) | %.1f MiB |\n", mib(in.ReplicaBytes))
@@ -129,6 +129,8 @@ func writeLimits(b *strings.Builder, reps []Report) {
 	eps := in.EventsPerCoreSecond()
 	per := float64(in.Events) / float64(max(in.Engines, 1)) / big.Options.Duration.Seconds()
 	fmt.Fprintf(b, "| events per second per core | %.0f | at %.1f events/s per engine, about %.0f engines a core keeps up with |\n", eps, per, eps/max(per, 1e-9))
+	bper := float64(in.Blocks) / float64(max(in.Engines, 1)) / big.Options.Duration.Seconds()
+	fmt.Fprintf(b, "| blocks per second per core | %.0f | at %.1f blocks/s per engine, about %.0f engines a core keeps up with; an engine at full prefill stores far more |\n", in.BlocksPerCoreSecond(), bper, in.BlocksPerCoreSecond()/max(bper, 1e-9))
 	fmt.Fprintf(b, "| lookup over %d endpoints | %.1f µs | one prompt's index walk over every candidate |\n", in.Engines, in.LookupNs/1e3)
 	fmt.Fprintf(b, "| pick over %d endpoints | %.0f µs CPU | PrepareData, three scorers and the picker: it grows with the candidates |\n\n", in.Engines, in.PickUs)
 }
