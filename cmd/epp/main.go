@@ -65,7 +65,7 @@ func run(args []string) error {
 	fs.BoolVar(&o.JetStream, "jetstream", false, "consume through a JetStream ordered consumer on a bounded stream (created if missing), so that a restarted EPP replays what it retains")
 	fs.IntVar(&o.StreamReplicas, "jetstream-replicas", 1, "replicas of the JetStream stream the EPP creates (3 on a 3-node NATS cluster)")
 	fs.DurationVar(&o.ReadyGrace, "ready-grace", 0, "how long readiness waits to hear every endpoint (a batch or a heartbeat) once connected; a heartbeat interval or two")
-	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", 30*time.Second, "bound on the wait for the first catch-up (every endpoint heard, no first resync pending) before readiness")
+	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", 30*time.Second, "bound on the wait for the first catch-up (every endpoint heard, none being resynchronised) before readiness")
 	auth.RegisterFlags(fs)
 	fs.BoolVar(&recoveryOn, "recovery", true, "resynchronise uncertain streams from their relays' snapshots")
 	fs.DurationVar(&o.Recovery.Timeout, "recovery-timeout", 10*time.Second, "bound on one snapshot, request to last chunk")

@@ -70,10 +70,10 @@ type Options struct {
 	// ReadyGrace is how long, once the consumer is connected, readiness
 	// waits to hear from every known endpoint (a batch or a heartbeat)
 	// before it stops waiting for the quiet ones (default 0: it does not
-	// wait). Readiness also waits until no stream awaits its first
-	// resync, up to ReadyTimeout (default 30s) after connecting; once
-	// ready, the EPP stays ready while it is connected, whatever later
-	// resyncs do.
+	// wait). Readiness also waits until no endpoint's stream is being
+	// resynchronised (recovering) or awaits a first resync attempt, up to ReadyTimeout (default 30s) after
+	// connecting; once ready, the EPP stays ready while it is connected,
+	// whatever later resyncs do.
 	ReadyGrace, ReadyTimeout time.Duration
 
 	// EndpointsFile is a static endpoints YAML file, reloaded when it
@@ -557,8 +557,9 @@ func (e *EPP) Registry() *prometheus.Registry { return e.reg }
 
 // Ready reports whether the EPP can answer picks: it knows endpoints, its
 // event consumer is connected, and it has caught up once: every endpoint
-// has been heard from (or ReadyGrace has passed) and no stream awaits its
-// first resync (or ReadyTimeout has passed). A replica that restarts beside
+// has been heard from (or ReadyGrace has passed), and none is being
+// resynchronised or awaits its first resync attempt (or ReadyTimeout has
+// passed). A replica that restarts beside
 // others so takes traffic only once it answers as they do.
 func (e *EPP) Ready() bool {
 	if e.ds.Len() == 0 || !e.consumer.Connected() || (e.discovery != nil && !e.discovery.Synced()) {
@@ -575,27 +576,31 @@ func (e *EPP) catchUp(now time.Time) bool {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
+	unheard, recovering := e.catchingUp()
 	switch {
 	case since >= timeout:
-		e.logger.Warn("ready without having caught up: streams still unheard or awaiting their first resync", "waited", since)
-	case since < e.opts.ReadyGrace && e.unheard() > 0:
+		e.logger.Warn("ready without having caught up", "waited", since, "unheard", unheard, "recovering", recovering)
+	case since < e.opts.ReadyGrace && unheard > 0, recovering > 0:
 		return false
-	case e.recovery != nil && e.recovery.Pending() > 0:
+	case e.recovery != nil && e.recovery.Settling() > 0:
 		return false
 	}
 	e.caughtUp.Store(true)
 	return true
 }
 
-// unheard counts the endpoints no event or heartbeat has come from.
-func (e *EPP) unheard() int {
-	n := 0
+// catchingUp counts the endpoints no event or heartbeat has come from, and
+// those whose stream is being resynchronised.
+func (e *EPP) catchingUp() (unheard, recovering int) {
 	for ep := range e.ds.All() {
-		if st, _ := e.index.State(ep.Address); st == datalayer.StreamNone {
-			n++
+		switch st, _ := e.index.State(ep.Address); st {
+		case datalayer.StreamNone:
+			unheard++
+		case datalayer.StreamRecovering:
+			recovering++
 		}
 	}
-	return n
+	return unheard, recovering
 }
 
 // Run runs every component until ctx is done, then shuts them down and

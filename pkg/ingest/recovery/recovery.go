@@ -470,6 +470,22 @@ func (r *Recovery) Pending() int {
 	return n
 }
 
+// Settling counts the streams whose resync is in flight or due and has not
+// failed yet: what a replica that has just started is still catching up
+// on. A stream whose resync failed waits out its backoff uncounted, so
+// that one unreachable relay does not hold the count up.
+func (r *Recovery) Settling() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, st := range r.streams {
+		if st.inFlight || st.joined || (st.want && st.failures == 0) {
+			n++
+		}
+	}
+	return n
+}
+
 // Run starts the resyncs that are due, at most Concurrency at once, until
 // ctx is done; it returns once every resync it started has ended.
 func (r *Recovery) Run(ctx context.Context) error {

@@ -23,7 +23,7 @@ func TestAReplicaIsReadyOnlyOnceItHasCaughtUpWithEveryPod(t *testing.T) {
 	}
 	// The relays' heartbeats and snapshot replies are held back.
 	w.Proxy.Paused.Store(true)
-	r, err := w.launchReplica("late", ReplicaOptions{ReadyGrace: 2 * time.Second})
+	r, err := w.launchReplica("late", ReplicaOptions{ReadyGrace: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
