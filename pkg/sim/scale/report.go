@@ -88,7 +88,8 @@ func writeSize(b *strings.Builder, r Report) {
 
 	b.WriteString("| one replica, pool 0 replayed | value |\n|---|---|\n")
 	fmt.Fprintf(b, "| batches, events, blocks | %d, %d, %d |\n", in.Batches, in.Events, in.Blocks)
-	fmt.Fprintf(b, "| ingest CPU | %s: per core, %.0f events/s, %.0f batches/s, %.0f blocks/s |\n",
+	fmt.Fprintf(b, "| ingest CPU (median of %d replays; %s to %s) | %s: per core, %.0f events/s, %.0f batches/s, %.0f blocks/s |\n",
+		in.Replays, in.CPUMin.Round(time.Millisecond), in.CPUMax.Round(time.Millisecond),
 		in.CPU.Round(time.Millisecond), in.EventsPerCoreSecond(), in.BatchesPerCoreSecond(), in.BlocksPerCoreSecond())
 	fmt.Fprintf(b, "| index holdings | %d |\n", in.Holdings)
 	fmt.Fprintf(b, "| index heap | %.1f MiB (%.0f bytes per holding) |\n", mib(in.IndexBytes), in.BytesPerHolding())

@@ -413,7 +413,7 @@ func (pl *pool) deliver() error {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("scale: %s: a replica applied %.0f of %.0f batches", pl.name, got, want)
 			}
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(500 * time.Microsecond)
 		}
 	}
 	return nil
