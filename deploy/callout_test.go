@@ -157,16 +157,7 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	if jetStream {
 		opts.StoreDir = t.TempDir() // the pod's /data
 	}
-	srv, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(testkit.WaitLimit) {
-		t.Fatal("NATS not ready")
-	}
-	t.Cleanup(srv.Shutdown)
-	url := srv.ClientURL()
+	url := serveNATS(t, opts).ClientURL()
 
 	// The callout, as the chart runs it.
 	issuer, password, err := natscallout.LoadKeys(filepath.Join(dir, "auth"))
@@ -330,4 +321,19 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	if got := testkit.Value(t, e.Registry(), "kvroute_index_events_applied_total", "kind", "AllBlocksCleared"); got != 0 {
 		t.Errorf("%v forged AllBlocksCleared applied", got)
 	}
+}
+
+// serveNATS runs a server with opts until the test ends.
+func serveNATS(t *testing.T, opts *natsserver.Options) *natsserver.Server {
+	t.Helper()
+	srv, err := natsserver.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(testkit.WaitLimit) {
+		t.Fatal("NATS not ready")
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
 }

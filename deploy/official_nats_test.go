@@ -78,15 +78,7 @@ func TestTheOfficialNATSChartValuesCarryKvroutesSubjectRights(t *testing.T) {
 		t.Fatalf("nats-server rejects the example's configuration: %v\n%s", err, conf)
 	}
 	opts.NoLog, opts.NoSigs = true, true
-	srv, err := natsserver.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(testkit.WaitLimit) {
-		t.Fatal("NATS not ready")
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := serveNATS(t, opts)
 	violations := make(chan error, 8)
 	connect := func(user, password string) *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {

@@ -29,7 +29,7 @@ func TestAReplicaIsReadyOnlyOnceItHasCaughtUpWithEveryPod(t *testing.T) {
 	}
 	defer r.Stop()
 	deadline := time.Now().Add(30 * time.Second)
-	for metric(r.EPP.Registry(), "kvroute_events_connected") != 1 || metric(r.EPP.Registry(), "kvroute_recovery_resyncs_total") == 0 {
+	for Metric(r.EPP.Registry(), "kvroute_events_connected") != 1 || Metric(r.EPP.Registry(), "kvroute_recovery_resyncs_total") == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the replica never connected and tried a resync")
 		}

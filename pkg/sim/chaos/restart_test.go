@@ -21,14 +21,14 @@ func TestTheRelaySeesEveryEngineRestart(t *testing.T) {
 		if err := w.Serve(20); err != nil {
 			t.Fatal(err)
 		}
-		before := metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total")
+		before := Metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total")
 		if err := w.RestartEngine(p); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(10 * time.Second)
-		for metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") == before {
+		for Metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") == before {
 			if time.Now().After(deadline) {
-				t.Fatalf("restart %d: the relay never saw it; %v batches in", i, metric(p.RelayMetrics, "kvroute_relay_batches_in_total"))
+				t.Fatalf("restart %d: the relay never saw it; %v batches in", i, Metric(p.RelayMetrics, "kvroute_relay_batches_in_total"))
 			}
 			// The new engine publishes until the relay notices it.
 			if err := w.Serve(3); err != nil {

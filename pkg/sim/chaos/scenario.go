@@ -366,8 +366,9 @@ func meets(o Outcome, pv PodView) string {
 	return ""
 }
 
-// metric sums a registry's series of one name with a label value.
-func metric(g prometheus.Gatherer, name string, labels ...string) float64 {
+// Metric sums a registry's series of one name whose labels include the
+// given name, value pairs: what the rigs of pkg/sim read counters with.
+func Metric(g prometheus.Gatherer, name string, labels ...string) float64 {
 	mfs, err := g.Gather()
 	if err != nil {
 		return 0
@@ -427,7 +428,7 @@ func Scenarios() []Scenario {
 			World: WorldOptions{Cluster: 3},
 			Inject: func(r *Run) error {
 				reconnects := func(rp *Replica) float64 {
-					return metric(rp.EPP.Registry(), "kvroute_events_uncertain_total", "reason", events.ReasonReconnect.String())
+					return Metric(rp.EPP.Registry(), "kvroute_events_uncertain_total", "reason", events.ReasonReconnect.String())
 				}
 				before := make([]float64, len(r.Replicas))
 				for k, rp := range r.Replicas {
@@ -529,7 +530,7 @@ func Scenarios() []Scenario {
 				a := r.Replicas[0]
 				resyncAll(r, a)
 				if err := r.Wait("the resyncs to be under way", func() bool {
-					return metric(a.EPP.Registry(), "kvroute_recovery_in_flight") == float64(len(r.W.Pods))
+					return Metric(a.EPP.Registry(), "kvroute_recovery_in_flight") == float64(len(r.W.Pods))
 				}); err != nil {
 					return err
 				}
@@ -548,7 +549,7 @@ func Scenarios() []Scenario {
 					return err
 				}
 				if err := r.Until("the relay to see the restart", func() bool {
-					return metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") > 0
+					return Metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") > 0
 				}); err != nil {
 					return err
 				}
@@ -651,7 +652,7 @@ func Scenarios() []Scenario {
 				err := r.W.RestartEngine(p)
 				if err == nil {
 					err = r.Until("the relay to see the restart", func() bool {
-						return metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") > 0
+						return Metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") > 0
 					})
 				}
 				if err == nil {

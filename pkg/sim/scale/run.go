@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/sim/chaos"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
@@ -199,10 +200,10 @@ func runFleet(ctx context.Context, o *Options, srv *natsembed.Server, res *Fleet
 				r := pl.replicas[0].epp.Registry()
 				mu.Lock()
 				res.Routes += pl.routes
-				res.Batches += int(counter(r, "kvroute_events_batches_total", "applied"))
-				res.Events += int(counter(r, "kvroute_events_events_total", "applied"))
-				res.Blocks += int(counter(r, "kvroute_events_blocks_total", ""))
-				res.Holdings[p] = int(counter(r, "kvroute_index_holdings", ""))
+				res.Batches += int(chaos.Metric(r, "kvroute_events_batches_total", "result", "applied"))
+				res.Events += int(chaos.Metric(r, "kvroute_events_events_total", "result", "applied"))
+				res.Blocks += int(chaos.Metric(r, "kvroute_events_blocks_total"))
+				res.Holdings[p] = int(chaos.Metric(r, "kvroute_index_holdings"))
 				hits, blocks = hits+pl.hitBlocks, blocks+pl.promptBlocks
 				mu.Unlock()
 				pl.close()
@@ -278,9 +279,9 @@ func replay(ctx context.Context, o *Options, srv *natsembed.Server, tap []captur
 	slices.Sort(cpus)
 	res.CPU, res.CPUMin, res.CPUMax, res.Replays = cpus[len(cpus)/2], cpus[0], cpus[len(cpus)-1], len(cpus)
 	res.Batches = len(tap)
-	res.Events = int(counter(reg, "kvroute_events_events_total", "applied"))
-	res.Blocks = int(counter(reg, "kvroute_events_blocks_total", ""))
-	res.Holdings = int(counter(reg, "kvroute_index_holdings", ""))
+	res.Events = int(chaos.Metric(reg, "kvroute_events_events_total", "result", "applied"))
+	res.Blocks = int(chaos.Metric(reg, "kvroute_events_blocks_total"))
+	res.Holdings = int(chaos.Metric(reg, "kvroute_index_holdings"))
 	if res.LookupNs, res.PickUs, err = pl.timeLookups(ctx, r); err != nil {
 		return res, err
 	}
@@ -319,12 +320,12 @@ func (pl *pool) replayInto(ctx context.Context, r *replica, tap []captured) (cpu
 		return 0, 0, fmt.Errorf("scale: replay: %w", err)
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	for counter(reg, "kvroute_events_batches_total", "applied") < float64(len(tap)) {
+	for chaos.Metric(reg, "kvroute_events_batches_total", "result", "applied") < float64(len(tap)) {
 		if err := ctx.Err(); err != nil {
 			return 0, 0, err
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("scale: replay: %.0f of %d batches applied", counter(reg, "kvroute_events_batches_total", "applied"), len(tap))
+			return 0, 0, fmt.Errorf("scale: replay: %.0f of %d batches applied", chaos.Metric(reg, "kvroute_events_batches_total", "result", "applied"), len(tap))
 		}
 		time.Sleep(time.Millisecond)
 	}

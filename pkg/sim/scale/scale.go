@@ -17,11 +17,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
@@ -31,6 +30,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/sim/chaos"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
@@ -125,25 +125,14 @@ func (o *Options) defaults() error {
 	return nil
 }
 
-// vclock is a pool's virtual time, which the replicas' indexes read so
-// that speculative holdings expire in it.
-type vclock struct {
-	mu   sync.Mutex
-	base time.Time
-	now  time.Duration
-}
+// vclock is a pool's virtual time since a fixed origin, which the
+// replicas' indexes read so that speculative holdings expire in it.
+type vclock struct{ elapsed atomic.Int64 }
 
-func (c *vclock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.base.Add(c.now)
-}
+var origin = time.Unix(1e9, 0)
 
-func (c *vclock) set(d time.Duration) {
-	c.mu.Lock()
-	c.now = d
-	c.mu.Unlock()
-}
+func (c *vclock) Now() time.Time            { return origin.Add(time.Duration(c.elapsed.Load())) }
+func (c *vclock) set(elapsed time.Duration) { c.elapsed.Store(int64(elapsed)) }
 
 // replica is one EPP of a pool, running.
 type replica struct {
@@ -214,7 +203,7 @@ func newPool(o *Options, srv *natsembed.Server, p, engines, replicas int, seed u
 	pl := &pool{
 		o: o, name: fmt.Sprintf("pool-%d", p), model: fmt.Sprintf("model-%d", p%o.Models),
 		byAddr: map[string]int{}, nc: nc, active: make([]int, engines),
-		clock: &vclock{base: time.Unix(1e9, 0)}, rng: rand.New(rand.NewPCG(seed, 0x5ca1e)),
+		clock: &vclock{}, rng: rand.New(rand.NewPCG(seed, 0x5ca1e)),
 	}
 	pub := events.NewPublisher(nc, Namespace, pl.name)
 	groups := max(engines/8, 1)
@@ -406,7 +395,7 @@ func (pl *pool) deliver() error {
 	deadline := time.Now().Add(60 * time.Second)
 	for _, r := range pl.replicas {
 		for {
-			got := counter(r.epp.Registry(), "kvroute_events_batches_total", "applied")
+			got := chaos.Metric(r.epp.Registry(), "kvroute_events_batches_total", "result", "applied")
 			if got >= want {
 				break
 			}
@@ -417,29 +406,4 @@ func (pl *pool) deliver() error {
 		}
 	}
 	return nil
-}
-
-// counter sums a metric's series whose label values include want (all
-// series when want is empty).
-func counter(g prometheus.Gatherer, name, want string) float64 {
-	mfs, err := g.Gather()
-	if err != nil {
-		return 0
-	}
-	v := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			ok := want == ""
-			for _, l := range m.GetLabel() {
-				ok = ok || l.GetValue() == want
-			}
-			if ok {
-				v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
-	}
-	return v
 }
