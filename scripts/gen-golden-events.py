@@ -47,8 +47,16 @@ STORED = [
     ("group_idx", None),
     ("kv_cache_spec_kind", None),
     ("kv_cache_spec_sliding_window", None),
+    ("locality", None),
+    ("ownership", None),
 ]
-REMOVED = [("block_hashes", REQUIRED), ("medium", REQUIRED), ("group_idx", None)]
+REMOVED = [("block_hashes", REQUIRED), ("medium", REQUIRED), ("group_idx", None),
+           ("locality", None), ("ownership", None)]
+
+# Fields of pending vLLM changes (and other publishers' additions) have no
+# agreed position; they are written by name, after the declared ones.
+STORED_NAMED = [("block_offsets", None), ("cache_salt", None)]
+REMOVED_NAMED = [("remaining_copy_counts", None)]
 CLEARED = []
 
 # The oldest vLLM (0.9) declared fewer fields, all required.
@@ -70,11 +78,14 @@ def array_event(tag, values, schema=None):
     return [tag] + out
 
 
+NAMED = {"BlockStored": STORED_NAMED, "BlockRemoved": REMOVED_NAMED, "AllBlocksCleared": []}
+
+
 def map_event(tag, values, schema=None):
     """{"type": tag, ...} with every field still at its default left out."""
     schema = SCHEMAS[tag] if schema is None else schema
     out = {"type": tag}
-    for name, default in schema:
+    for name, default in schema + NAMED[tag]:
         value = values.get(name, default)
         if default is not REQUIRED and value == default:
             continue
@@ -114,12 +125,36 @@ def json_value(v):
     return v
 
 
+TIERS = {"GPU": "GPU", "CPU": "CPU", "STORAGE": "STORAGE", "CPU_TIER1": "CPU", "CPU_TIER2": "STORAGE",
+         "FS": "STORAGE", "OBJ": "STORAGE"}
+
+
 def decoded(kind, hashes=(), parent=None, tokens=(), block_size=0, lora_id=None,
             medium=None, lora_name=None, extra_keys=None, group_idx=None,
-            spec_kind=None, window=None):
+            spec_kind=None, window=None, locality=None, ownership=None,
+            block_offsets=None, remaining=None, cache_salt=None, mm_keys=None):
     parent_hash = 0 if parent is None else norm_hash(parent)
+    bigram = bool(tokens) and isinstance(tokens[0], (list, tuple))
+    next_token = 0
+    opaque = []
+    if bigram:
+        next_token = tokens[-1][1]
+        tokens = [p[0] for p in tokens]
+    else:
+        opaque = [i for i, t in enumerate(tokens) if isinstance(t, str)]
+        tokens = [0 if isinstance(t, str) else t for t in tokens]
     if extra_keys is not None and all(k is None for k in extra_keys):
         extra_keys = None  # carries nothing
+    if mm_keys:
+        # Multimodal keys join the block's extras as (mm_key, hash, offset, uuid).
+        extra_keys = list(extra_keys or [])
+        for i, block in enumerate(mm_keys):
+            if not block:
+                continue
+            while len(extra_keys) <= i:
+                extra_keys.append(None)
+            extra_keys[i] = list(extra_keys[i] or []) + [
+                ["mm_key", k["hash"], k["start_offset"], k.get("uuid")] for k in block]
     return {
         "Kind": kind,
         "BlockHashes": [norm_hash(h) for h in hashes],
@@ -130,11 +165,19 @@ def decoded(kind, hashes=(), parent=None, tokens=(), block_size=0, lora_id=None,
         "LoRAID": lora_id or 0,
         "HasLoRAID": lora_id is not None,
         "LoRAName": lora_name or "",
-        "Medium": (medium or "GPU").upper(),
+        "Medium": TIERS.get((medium or "GPU").upper(), "unknown"),
         "ExtraKeys": None if extra_keys is None else [json_value(k) for k in extra_keys],
         "GroupIdx": group_idx or 0,
         "KVCacheSpecKind": spec_kind or "",
         "SlidingWindow": window or 0,
+        "BlockOffsets": block_offsets,
+        "RemainingCopies": remaining,
+        "Bigram": bigram,
+        "BigramNext": next_token,
+        "OpaqueTokens": opaque or None,
+        "CacheSalt": cache_salt or "",
+        "Locality": locality if locality in ("LOCAL", "REMOTE") else "",
+        "Ownership": ownership or "",
     }
 
 
@@ -152,6 +195,10 @@ def stored(**kw):
         "group_idx": kw.get("group_idx"),
         "kv_cache_spec_kind": kw.get("spec_kind"),
         "kv_cache_spec_sliding_window": kw.get("window"),
+        "locality": kw.get("locality"),
+        "ownership": kw.get("ownership"),
+        "block_offsets": kw.get("block_offsets"),
+        "cache_salt": kw.get("cache_salt"),
     }
     return values, decoded("BlockStored", **kw)
 
@@ -161,6 +208,9 @@ def removed(**kw):
         "block_hashes": kw.get("hashes", []),
         "medium": kw.get("medium", "GPU"),
         "group_idx": kw.get("group_idx"),
+        "locality": kw.get("locality"),
+        "ownership": kw.get("ownership"),
+        "remaining_copy_counts": kw.get("remaining"),
     }
     return values, decoded("BlockRemoved", **kw)
 
@@ -169,13 +219,20 @@ def cleared():
     return {}, decoded("AllBlocksCleared")
 
 
-def batch_json(ts, events, rank=None, skipped=0):
+IGNORED = ["locality", "ownership", "session_id", "event_version", "unknown"]
+
+
+def batch_json(ts, events, rank=None, skipped=0, ignored=None):
+    """The decoded batch; ignored counts fields decoded but not acted on,
+    by name (as IGNORED lists them)."""
+    ignored = ignored or {}
     return {
         "TS": ts,
         "DPRank": rank or 0,
         "HasDPRank": rank is not None,
         "Events": events,
         "Skipped": skipped,
+        "Ignored": [ignored.get(name, 0) for name in IGNORED],
     }
 
 
@@ -287,7 +344,8 @@ def vectors():
             "parent_block_hash": 70,
             "block_hashes": [71],
         }, {"block_hashes": [70], "type": "BlockRemoved", "future": [1.5, True]}], 0)), \
-        batch_json(9.0, [odd[1], removed(hashes=[70])[1]], 0)
+        batch_json(9.0, [dict(odd[1], Ownership="\x01\x02"), removed(hashes=[70])[1]], 0,
+                   ignored={"ownership": 1, "event_version": 1, "unknown": 2})
 
     # Map envelope, keys out of order, with an unknown key.
     env = stored(hashes=[81], tokens=tokens(1, 4), block_size=4)
@@ -337,6 +395,9 @@ def vectors():
         ], 0)), \
         batch_json(14.0, [keep[1]], 0, skipped=4)
 
+    yield from vllm_newer_vectors()
+    yield from publisher_vectors()
+
     # Non-minimal int widths, as some Go publishers write every int as 64 bits.
     def u64(v):
         return b"\xcf" + v.to_bytes(8, "big")
@@ -352,6 +413,144 @@ def vectors():
     wide = stored(hashes=[1, -2], tokens=[1, 2, 3, 4], block_size=4, lora_id=7)
     yield "non-minimal-int-widths", b"\x93" + pack(3.25) + b"\x91" + ev + i64(0), \
         batch_json(3.25, [wide[1]], 0)
+
+
+def vllm_newer_vectors():
+    """vLLM's fields since 0.26, merged and pending, as msgspec writes them
+    in map form (vLLM writes maps since it added them)."""
+    # Self-describing CPU offload (0.26, #43468/#48679): the CPU store of a
+    # chunk of two GPU blocks carries its hashes, parent, tokens and the
+    # per-block size, where the older placeholder carried only hashes.
+    gpu = stored(hashes=[0xA1, 0xA2, 0xA3], tokens=tokens(500, 48), block_size=16,
+                 extra_keys=[None, None, None], group_idx=0, spec_kind="full_attention")
+    cpu = stored(hashes=[0xA2, 0xA3], parent=0xA1, tokens=tokens(516, 32), block_size=16,
+                 medium="CPU", group_idx=0, spec_kind="full_attention")
+    gpu_rm = removed(hashes=[0xA3], group_idx=0)
+    yield "vllm-offload-self-describing", \
+        pack(envelope(20.0, [map_event("BlockStored", gpu[0]), map_event("BlockStored", cpu[0]),
+                             map_event("BlockRemoved", gpu_rm[0])], 0)), \
+        batch_json(20.0, [gpu[1], cpu[1], gpu_rm[1]], 0)
+
+    # Storage tiers with locality (#48281) and ownership (#52067); 0.26's
+    # FS and OBJ media, which 0.27 folds into STORAGE.
+    fs = stored(hashes=[0xB1], tokens=tokens(7, 16), block_size=16, medium="FS",
+                locality="LOCAL", ownership="fs-tier-0")
+    obj = stored(hashes=[0xB1], medium="OBJ", locality="REMOTE", ownership="obj-tier-0")
+    st = stored(hashes=[0xB2], parent=0xB1, tokens=tokens(23, 16), block_size=16, medium="STORAGE",
+                locality="REMOTE")
+    st_rm = removed(hashes=[0xB2], medium="STORAGE", locality="REMOTE")
+    yield "vllm-storage-locality-ownership", \
+        pack(envelope(21.0, [map_event("BlockStored", fs[0]), map_event("BlockStored", obj[0]),
+                             map_event("BlockStored", st[0]), map_event("BlockRemoved", st_rm[0])], 0)), \
+        batch_json(21.0, [fs[1], obj[1], st[1], st_rm[1]], 0, ignored={"locality": 4, "ownership": 2})
+
+    # Pending (#48933): removals that say how many copies remain.
+    dup = stored(hashes=[0xC1], tokens=tokens(90, 16), block_size=16)
+    rm = removed(hashes=[0xC1, 0xC2], remaining=[1, 0])
+    yield "vllm-pending-remaining-copy-counts", \
+        pack(envelope(22.0, [map_event("BlockStored", dup[0]), map_event("BlockStored", dup[0]),
+                             map_event("BlockRemoved", rm[0])], 0)), \
+        batch_json(22.0, [dup[1], dup[1], rm[1]], 0)
+
+    # A hybrid model: a full-attention group and a sliding-window group store
+    # the same logical blocks under the same hashes; a Mamba group in align
+    # mode stores only the last block's state, and (pending #44488) says with
+    # block_offsets which chunk of the tokens that is.
+    fa = stored(hashes=[0xD1, 0xD2, 0xD3], tokens=tokens(1, 12), block_size=4, group_idx=0,
+                spec_kind="full_attention")
+    sw = stored(hashes=[0xD1, 0xD2, 0xD3], tokens=tokens(1, 12), block_size=4, group_idx=1,
+                spec_kind="sliding_window", window=8)
+    mamba = stored(hashes=[0xD3], tokens=tokens(1, 12), block_size=4, group_idx=2,
+                   spec_kind="mamba", block_offsets=[2])
+    sw_rm = removed(hashes=[0xD1], group_idx=1)
+    yield "vllm-hybrid-groups", \
+        pack(envelope(23.0, [map_event("BlockStored", fa[0]), map_event("BlockStored", sw[0]),
+                             map_event("BlockStored", mamba[0]), map_event("BlockRemoved", sw_rm[0])], 0)), \
+        batch_json(23.0, [fa[1], sw[1], mamba[1], sw_rm[1]], 0)
+
+    # Extra keys as the newest vLLM folds them: the LoRA name on every block,
+    # multimodal items as (identifier, offset in the block), the cache salt on
+    # the first block, prompt-embedding digests as bytes.
+    ex = stored(hashes=[0xE1, 0xE2, 0xE3], tokens=tokens(200, 12), block_size=4, lora_name="sql",
+                extra_keys=[["sql", "salt-7"], ["sql", ["img-sha-1", 2]], ["sql", b"\x9a" * 32]],
+                group_idx=0, spec_kind="full_attention")
+    yield "vllm-extra-keys-lora-mm-salt-embeds", \
+        pack(envelope(24.0, [map_event("BlockStored", ex[0])], 0)), batch_json(24.0, [ex[1]], 0)
+
+
+# SGLang writes vLLM's early array form, positional, with its own additions.
+SGLANG_STORED = STORED[:6]  # block_hashes .. medium
+
+
+def sglang_event(tag, values, metadata=None):
+    """An SGLang event: positional fields through medium, then (when any is
+    set) its metadata map in the next position."""
+    if tag == "BlockStored":
+        out = [tag] + [values.get(name) for name, _ in SGLANG_STORED]
+        if metadata:
+            out.append(metadata)
+        return out
+    if tag == "BlockRemoved":
+        return [tag, values["block_hashes"], values.get("medium", "GPU")]
+    return [tag]
+
+
+def publisher_vectors():
+    """Batches as the other publishers of vLLM's format write them."""
+    # SGLang, default page size 1: every token is a block, stores coalesced
+    # into one event per run; the envelope carries attn_dp_rank.
+    run = stored(hashes=[0x51, 0x52, 0x53, 0x54], tokens=[11, 12, 13, 14], block_size=1)
+    more = stored(hashes=[0x55, 0x56], parent=0x54, tokens=[15, 16], block_size=1)
+    gone = removed(hashes=[0x56, 0x55])
+    yield "sglang-page-size-1", \
+        pack(envelope(30.0, [sglang_event("BlockStored", run[0]), sglang_event("BlockStored", more[0]),
+                             sglang_event("BlockRemoved", gone[0])], 1)), \
+        batch_json(30.0, [run[1], more[1], gone[1]], 1)
+
+    # SGLang with a cache salt: its metadata map follows medium, naming the
+    # salt (and the session) that namespace the run.
+    salted = stored(hashes=[0x61, 0x62], tokens=tokens(40, 32), block_size=16, cache_salt="tenant-a")
+    yield "sglang-salted-metadata", \
+        pack(envelope(31.0, [sglang_event("BlockStored", salted[0],
+                                          {"cache_salt": "tenant-a", "session_id": "s-9"})], 0)), \
+        batch_json(31.0, [salted[1]], 0, ignored={"session_id": 1})
+
+    # SGLang with EAGLE speculative decoding: token_ids are pairs of adjacent
+    # tokens, so a page of 4 names 5 tokens.
+    pairs = [[t, t + 1] for t in range(100, 108)]
+    eagle = stored(hashes=[0x71, 0x72], tokens=pairs, block_size=4)
+    yield "sglang-eagle-bigram", \
+        pack(envelope(32.0, [sglang_event("BlockStored", eagle[0])], 0)), batch_json(32.0, [eagle[1]], 0)
+
+    # SGLang's hierarchical cache: host memory and its storage backend.
+    host = stored(hashes=[0x71], tokens=[(p[0]) for p in pairs[:4]], block_size=4, medium="CPU_TIER1")
+    disk = stored(hashes=[0x71], medium="CPU_TIER2")
+    host_rm = removed(hashes=[0x71], medium="CPU_TIER1")
+    yield "sglang-hicache-tiers", \
+        pack(envelope(33.0, [sglang_event("BlockStored", host[0]), sglang_event("BlockStored", disk[0]),
+                             sglang_event("BlockRemoved", host_rm[0])], 0)), \
+        batch_json(33.0, [host[1], disk[1], host_rm[1]], 0)
+
+    # LMCache: CPU stores of whole chunks (here 256 tokens, 16 blocks of 16)
+    # in vLLM's map form, never removed; older releases wrote "cpu".
+    chunk1 = stored(hashes=[0x81], tokens=tokens(1000, 256), block_size=256, medium="cpu")
+    chunk2 = stored(hashes=[0x82], parent=0x81, tokens=tokens(1256, 256), block_size=256, medium="CPU")
+    yield "lmcache-store-only-chunks", \
+        pack(envelope(34.0, [map_event("BlockStored", chunk1[0]), map_event("BlockStored", chunk2[0])], 0)), \
+        batch_json(34.0, [chunk1[1], chunk2[1]], 0)
+
+    # TensorRT-LLM: map form with tokens_per_block 32, multimodal keys per
+    # block as tagged maps, and a multimodal token written as a string.
+    mm = [None, [{"type": "mm_key", "hash": "9f" * 16, "start_offset": 3}]]
+    trt_tokens = tokens(10, 32) + ["mm:9f"] + tokens(43, 31)
+    trt = stored(hashes=[0x91, 0x92], tokens=trt_tokens, block_size=32, mm_keys=mm)
+    trt_values = dict(trt[0], mm_keys=mm)
+    event = map_event("BlockStored", trt_values)
+    event["mm_keys"] = mm
+    trt_rm = removed(hashes=[0x92])
+    yield "trtllm-map-mm-keys", \
+        pack(envelope(35.0, [event, map_event("BlockRemoved", trt_rm[0])], 3)), \
+        batch_json(35.0, [trt[1], trt_rm[1]], 3)
 
 
 def main():

@@ -54,6 +54,10 @@ type Decoder struct {
 	// dropEvent is set while decoding an event that must be skipped even
 	// though its tag is known (an unknown medium).
 	dropEvent bool
+	// ignored counts the current event's fields that are decoded but not
+	// acted on; mm holds its multimodal keys until they are merged.
+	ignored [NumIgnored]int
+	mm      []ExtraKey
 }
 
 // Decode decodes one batch as vLLM writes it into b, which it resets first.
@@ -201,6 +205,8 @@ func (d *Decoder) events(b *Batch) error {
 func (d *Decoder) event(b *Batch) error {
 	e := nextEvent(b)
 	d.dropEvent = false
+	d.ignored = [NumIgnored]int{}
+	d.mm = d.mm[:0]
 	c, err := d.peek()
 	if err != nil {
 		return err
@@ -217,9 +223,16 @@ func (d *Decoder) event(b *Batch) error {
 	if err != nil {
 		return err
 	}
+	for i, n := range d.ignored {
+		b.Ignored[i] += n
+	}
 	if !known || d.dropEvent {
 		b.Events = b.Events[:len(b.Events)-1]
 		b.Skipped++
+		return nil
+	}
+	if len(d.mm) > 0 {
+		mergeMMKeys(e, d.mm)
 	}
 	return nil
 }
@@ -230,7 +243,7 @@ func nextEvent(b *Batch) *Event {
 	if n := len(b.Events); n < cap(b.Events) {
 		b.Events = b.Events[:n+1]
 		e := &b.Events[n]
-		*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0]}
+		e.reset()
 		return e
 	}
 	b.Events = append(b.Events, Event{})
@@ -253,6 +266,14 @@ const (
 	wireGroupIdx
 	wireSpecKind
 	wireSlidingWindow
+	wireLocality
+	wireOwnership
+	wireBlockOffsets
+	wireRemainingCopies
+	wireMMKeys
+	wireCacheSalt
+	wireSessionID
+	wireEventVersion
 )
 
 var wireNames = [...]string{
@@ -268,6 +289,16 @@ var wireNames = [...]string{
 	wireGroupIdx:      "group_idx",
 	wireSpecKind:      "kv_cache_spec_kind",
 	wireSlidingWindow: "kv_cache_spec_sliding_window",
+	wireLocality:      "locality",
+	wireOwnership:     "ownership",
+	wireBlockOffsets:  "block_offsets",
+	// remaining_copy_counts and mm_keys are as vLLM's pending change and
+	// TensorRT-LLM name them; cache_salt and session_id as SGLang does.
+	wireRemainingCopies: "remaining_copy_counts",
+	wireMMKeys:          "mm_keys",
+	wireCacheSalt:       "cache_salt",
+	wireSessionID:       "session_id",
+	wireEventVersion:    "event_version",
 }
 
 func (f wireField) String() string { return wireNames[f] }
@@ -296,18 +327,42 @@ func wireByName(name []byte) wireField {
 		return wireSpecKind
 	case "kv_cache_spec_sliding_window":
 		return wireSlidingWindow
+	case "locality":
+		return wireLocality
+	case "ownership":
+		return wireOwnership
+	case "block_offsets":
+		return wireBlockOffsets
+	case "remaining_copy_counts":
+		return wireRemainingCopies
+	case "mm_keys":
+		return wireMMKeys
+	case "cache_salt":
+		return wireCacheSalt
+	case "session_id":
+		return wireSessionID
+	case "event_version":
+		return wireEventVersion
 	}
 	return wireUnknown
 }
 
-// The positional field order of each event in array form (after the tag).
+// The positional field order of each event in array form (after the tag):
+// vLLM's declaration order. vLLM writes map form since it added locality and
+// ownership, so their positions only matter to a publisher that keeps the
+// array form; the fields of pending changes have no position yet and are
+// read by name only.
 var (
 	storedWireFields = []wireField{
 		wireBlockHashes, wireParent, wireTokenIDs, wireBlockSize, wireLoRAID,
 		wireMedium, wireLoRAName, wireExtraKeys, wireGroupIdx, wireSpecKind,
-		wireSlidingWindow,
+		wireSlidingWindow, wireLocality, wireOwnership,
 	}
-	removedWireFields = []wireField{wireBlockHashes, wireMedium, wireGroupIdx}
+	removedWireFields = []wireField{wireBlockHashes, wireMedium, wireGroupIdx, wireLocality, wireOwnership}
+
+	// The fields each kind may carry by name, beyond its positional ones.
+	storedNamedFields  = []wireField{wireBlockOffsets, wireMMKeys, wireCacheSalt, wireSessionID, wireEventVersion}
+	removedNamedFields = []wireField{wireRemainingCopies, wireEventVersion}
 )
 
 // Fewest positional fields an array event may carry after its tag: the
@@ -339,6 +394,17 @@ func fieldsOf(k Kind) []wireField {
 		return removedWireFields
 	}
 	return nil
+}
+
+// hasField says whether an event of kind k may carry f, by position or name.
+func hasField(k Kind, f wireField) bool {
+	switch k {
+	case KindBlockStored:
+		return slices.Contains(storedWireFields, f) || slices.Contains(storedNamedFields, f)
+	case KindBlockRemoved:
+		return slices.Contains(removedWireFields, f) || slices.Contains(removedNamedFields, f)
+	}
+	return f == wireEventVersion
 }
 
 // arrayEvent decodes [tag, fields...]. known is false for an unknown tag,
@@ -373,6 +439,7 @@ func (d *Decoder) arrayEvent(e *Event) (known bool, err error) {
 	for i := 1; i < n; i++ {
 		if i-1 >= len(fields) {
 			// A field from a vLLM newer than this decoder.
+			d.ignored[IgnoredUnknown]++
 			if err := d.skip(0); err != nil {
 				return false, fmt.Errorf("%s element %d: %w", e.Kind, i, err)
 			}
@@ -383,7 +450,29 @@ func (d *Decoder) arrayEvent(e *Event) (known bool, err error) {
 			return false, fmt.Errorf("%s %s: %w", e.Kind, f, err)
 		}
 	}
-	return true, nil
+	return true, d.checkEvent(e)
+}
+
+// checkEvent checks what one field cannot check alone: that the lists
+// aligned with block_hashes have its length, and that a sparse store's
+// offsets name chunks its tokens have, in order.
+func (d *Decoder) checkEvent(e *Event) error {
+	if n := len(e.RemainingCopies); n > 0 && n != len(e.BlockHashes) {
+		return fmt.Errorf("%s has %d remaining_copy_counts for %d block_hashes", e.Kind, n, len(e.BlockHashes))
+	}
+	if n := len(e.BlockOffsets); n > 0 {
+		if n != len(e.BlockHashes) {
+			return fmt.Errorf("%s has %d block_offsets for %d block_hashes", e.Kind, n, len(e.BlockHashes))
+		}
+		prev := int32(-1)
+		for i, o := range e.BlockOffsets {
+			if o <= prev {
+				return fmt.Errorf("%s block_offsets[%d] = %d after %d: offsets must increase", e.Kind, i, o, prev)
+			}
+			prev = o
+		}
+	}
+	return nil
 }
 
 // mapEvent decodes {"type": tag, name: value, ...}. vLLM writes the tag
@@ -437,9 +526,12 @@ func (d *Decoder) mapEvent(e *Event) (known bool, err error) {
 			return false, fmt.Errorf("%s key: %w", e.Kind, err)
 		}
 		f := wireByName(key)
-		if f == wireUnknown || !slices.Contains(fields, f) {
+		if f == wireUnknown || !hasField(e.Kind, f) {
 			// "type" again (when it was not first), or a field this kind
 			// does not have, or one from a newer vLLM.
+			if string(key) != "type" {
+				d.ignored[IgnoredUnknown]++
+			}
 			if err := d.skip(0); err != nil {
 				return false, fmt.Errorf("%s %q: %w", e.Kind, key, err)
 			}
@@ -453,7 +545,7 @@ func (d *Decoder) mapEvent(e *Event) (known bool, err error) {
 	if len(fields) > 0 && !sawHashes {
 		return false, fmt.Errorf("%s has no block_hashes", e.Kind)
 	}
-	return true, nil
+	return true, d.checkEvent(e)
 }
 
 // findType reads a whole event map and returns the value under "type", or
@@ -499,7 +591,7 @@ func (d *Decoder) decodeField(e *Event, f wireField) error {
 			e.HasParent = e.ParentHash != 0
 		}
 	case wireTokenIDs:
-		e.TokenIDs, err = d.tokens(e.TokenIDs[:0])
+		err = d.tokenField(e)
 	case wireBlockSize:
 		e.BlockSize, err = d.optionalSmallInt()
 	case wireLoRAID:
@@ -513,7 +605,7 @@ func (d *Decoder) decodeField(e *Event, f wireField) error {
 	case wireMedium:
 		err = d.medium(e)
 	case wireLoRAName:
-		e.LoRAName, err = d.optionalString()
+		err = d.loraName(e)
 	case wireExtraKeys:
 		e.ExtraKeys, err = d.extraKeys()
 	case wireGroupIdx:
@@ -522,10 +614,155 @@ func (d *Decoder) decodeField(e *Event, f wireField) error {
 		e.KVCacheSpecKind, err = d.optionalString()
 	case wireSlidingWindow:
 		e.SlidingWindow, err = d.optionalSmallInt()
+	case wireLocality, wireOwnership:
+		// Descriptive fields: a shape other than a string is not worth
+		// refusing the batch for, only counting.
+		if c, _ := d.peek(); c != msgpcode.Nil && !wireIsStr(c) && !wireIsBin(c) {
+			d.ignored[IgnoredUnknown]++
+			return d.skip(0)
+		}
+		var s []byte
+		if s, err = d.optionalRaw(); err != nil || s == nil {
+			return err
+		}
+		if f == wireLocality {
+			e.Locality = parseLocality(s)
+			d.ignored[IgnoredLocality]++
+		} else {
+			e.Ownership = d.intern(s)
+			d.ignored[IgnoredOwnership]++
+		}
+	case wireBlockOffsets:
+		e.BlockOffsets, err = d.smallInts(e.BlockOffsets[:0])
+	case wireRemainingCopies:
+		e.RemainingCopies, err = d.smallInts(e.RemainingCopies[:0])
+	case wireMMKeys:
+		d.mm, err = d.mmKeys(d.mm[:0])
+	case wireCacheSalt:
+		e.CacheSalt, err = d.optionalString()
+	case wireSessionID, wireEventVersion:
+		if !d.nextIsNil() {
+			if f == wireSessionID {
+				d.ignored[IgnoredSessionID]++
+			} else {
+				d.ignored[IgnoredEventVersion]++
+			}
+		}
+		err = d.skip(0)
 	default:
 		err = d.skip(0)
 	}
 	return err
+}
+
+// loraName reads the field after medium in array form: vLLM's lora_name, a
+// string or nil, or SGLang's metadata map in the same place (cache_salt,
+// session_id, and the adapter's name when it has one).
+func (d *Decoder) loraName(e *Event) error {
+	c, err := d.peek()
+	if err != nil {
+		return err
+	}
+	if !wireIsMap(c) {
+		e.LoRAName, err = d.optionalString()
+		return err
+	}
+	n, err := d.mapLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		key, err := d.raw()
+		if err != nil {
+			return fmt.Errorf("metadata key %d: %w", i, err)
+		}
+		switch string(key) {
+		case "cache_salt":
+			e.CacheSalt, err = d.optionalString()
+		case "lora_name":
+			e.LoRAName, err = d.optionalString()
+		case "session_id":
+			d.ignored[IgnoredSessionID]++
+			err = d.skip(0)
+		default:
+			d.ignored[IgnoredUnknown]++
+			err = d.skip(0)
+		}
+		if err != nil {
+			return fmt.Errorf("metadata %q: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// smallInts reads a nil-or-array of counts or indexes.
+func (d *Decoder) smallInts(dst []int32) ([]int32, error) {
+	if d.nextIsNil() {
+		return dst, d.dec.DecodeNil()
+	}
+	n, err := d.arrayLen()
+	if err != nil {
+		return dst, err
+	}
+	dst = slices.Grow(dst, n)
+	for i := 0; i < n; i++ {
+		v, err := d.smallInt()
+		if err != nil {
+			return dst, fmt.Errorf("element %d: %w", i, err)
+		}
+		dst = append(dst, int32(v))
+	}
+	return dst, nil
+}
+
+// mmKeys reads TensorRT-LLM's per-block multimodal keys: for each block nil
+// or a list of {"hash", "start_offset", "uuid"} maps. Each becomes an
+// ("mm_key", hash, start_offset, uuid) tuple, merged into the block's extra
+// keys once the event is read, so that it marks the block as vLLM's own
+// multimodal extras do.
+func (d *Decoder) mmKeys(dst []ExtraKey) ([]ExtraKey, error) {
+	if d.nextIsNil() {
+		return dst, d.dec.DecodeNil()
+	}
+	n, err := d.arrayLen()
+	if err != nil {
+		return dst, err
+	}
+	for i := 0; i < n; i++ {
+		v, err := d.value(0)
+		if err != nil {
+			return dst, fmt.Errorf("block %d: %w", i, err)
+		}
+		var block ExtraKey
+		switch v := v.(type) {
+		case nil:
+		case []any:
+			for _, k := range v {
+				m, ok := k.(map[string]any)
+				if !ok {
+					return dst, fmt.Errorf("block %d: an mm key is %T, want a map", i, k)
+				}
+				block = append(block, []any{"mm_key", m["hash"], m["start_offset"], m["uuid"]})
+			}
+		default:
+			return dst, fmt.Errorf("block %d: %T where a list of mm keys or nil is expected", i, v)
+		}
+		dst = append(dst, block)
+	}
+	return dst, nil
+}
+
+// mergeMMKeys appends the event's multimodal keys to its extra keys.
+func mergeMMKeys(e *Event, mm []ExtraKey) {
+	for i, k := range mm {
+		if len(k) == 0 {
+			continue
+		}
+		for len(e.ExtraKeys) <= i {
+			e.ExtraKeys = append(e.ExtraKeys, nil)
+		}
+		e.ExtraKeys[i] = append(slices.Clip(e.ExtraKeys[i]), k...)
+	}
 }
 
 func (d *Decoder) medium(e *Event) error {
@@ -545,8 +782,8 @@ func (d *Decoder) medium(e *Event) error {
 	case "STORAGE":
 		e.Medium = TierStorage
 	default:
-		t, err := ParseTier(string(s))
-		if err != nil {
+		t, ok := tierOfMedium(s)
+		if !ok {
 			// A tier this project does not know: the event cannot be
 			// placed, so it is left out (and counted) rather than guessed.
 			d.dropEvent = true
@@ -555,6 +792,23 @@ func (d *Decoder) medium(e *Event) error {
 		e.Medium = t
 	}
 	return nil
+}
+
+// tierOfMedium maps the media publishers name onto tiers: vLLM's GPU, CPU
+// and STORAGE in any case, vLLM 0.26's FS and OBJ (its storage tiers before
+// they became STORAGE), and SGLang's hierarchical-cache CPU_TIER1 (host
+// memory) and CPU_TIER2 (its storage backend).
+func tierOfMedium(s []byte) (Tier, bool) {
+	if t, err := ParseTier(string(s)); err == nil {
+		return t, true
+	}
+	switch {
+	case bytes.EqualFold(s, []byte("CPU_TIER1")):
+		return TierCPU, true
+	case bytes.EqualFold(s, []byte("CPU_TIER2")), bytes.EqualFold(s, []byte("FS")), bytes.EqualFold(s, []byte("OBJ")):
+		return TierStorage, true
+	}
+	return 0, false
 }
 
 func (d *Decoder) hashes(dst []uint64) ([]uint64, error) {
@@ -604,19 +858,45 @@ func (d *Decoder) hash() (uint64, error) {
 	return 0, fmt.Errorf("%s where a hash is expected", wireCodeName(c))
 }
 
-// tokens reads token ids. They are most of a batch's bytes, so the loop
-// reads them straight from the input and moves the reader once at the end.
-func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
+// tokenField reads token_ids in any of the shapes publishers send: a list
+// of ints (vLLM), a list of [token, next token] pairs (SGLang with EAGLE),
+// or a list of ints with strings in place of multimodal tokens
+// (TensorRT-LLM).
+func (d *Decoder) tokenField(e *Event) error {
+	e.Bigram, e.BigramNext = false, 0
+	e.OpaqueTokens = e.OpaqueTokens[:0]
 	n, err := d.arrayLen()
 	if err != nil || n == 0 {
-		return dst, err
+		e.TokenIDs = e.TokenIDs[:0]
+		return err
 	}
+	if c, err := d.peek(); err == nil && wireIsArray(c) {
+		return d.bigramTokens(e, n)
+	}
+	e.TokenIDs, err = d.tokens(e, e.TokenIDs[:0], n)
+	return err
+}
+
+// tokens reads n token ids. They are most of a batch's bytes, so the loop
+// reads them straight from the input and moves the reader once at the end.
+func (d *Decoder) tokens(e *Event, dst []uint32, n int) ([]uint32, error) {
 	dst = slices.Grow(dst, n)
 	p := d.pos()
 	defer func() { d.seek(p) }()
 	for i := 0; i < n; i++ {
 		v, neg, size := intAt(d.data, p)
 		if size == 0 {
+			if p < len(d.data) && wireIsStr(d.data[p]) {
+				// Not a token id: the block holding it can match nothing.
+				d.seek(p)
+				if _, err := d.raw(); err != nil {
+					return dst, fmt.Errorf("token %d: %w", i, err)
+				}
+				p = d.pos()
+				e.OpaqueTokens = append(e.OpaqueTokens, int32(i))
+				dst = append(dst, 0)
+				continue
+			}
 			if p >= len(d.data) || wireIsInt(d.data[p]) {
 				return dst, fmt.Errorf("token %d: %w", i, errTruncated)
 			}
@@ -629,6 +909,39 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, error) {
 		p += size
 	}
 	return dst, nil
+}
+
+// bigramTokens reads n [token, next] pairs, each pair's first token the
+// previous pair's second, into the first tokens and the last next token.
+func (d *Decoder) bigramTokens(e *Event, n int) error {
+	dst := slices.Grow(e.TokenIDs[:0], n)
+	var pair [2]uint32
+	for i := 0; i < n; i++ {
+		m, err := d.arrayLen()
+		if err != nil {
+			return fmt.Errorf("token pair %d: %w", i, err)
+		}
+		if m != 2 {
+			return fmt.Errorf("token pair %d has %d elements, want 2", i, m)
+		}
+		for j := range pair {
+			v, err := d.int64()
+			if err != nil {
+				return fmt.Errorf("token pair %d: %w", i, err)
+			}
+			if v < 0 || v > math.MaxUint32 {
+				return fmt.Errorf("token pair %d: %w: %d", i, errOutOfRange, v)
+			}
+			pair[j] = uint32(v)
+		}
+		if i > 0 && pair[0] != e.BigramNext {
+			return fmt.Errorf("token pair %d starts with %d, not the previous pair's %d", i, pair[0], e.BigramNext)
+		}
+		dst = append(dst, pair[0])
+		e.BigramNext = pair[1]
+	}
+	e.TokenIDs, e.Bigram = dst, true
+	return nil
 }
 
 // intAt reads the msgpack int at data[p:] without going through the
@@ -912,6 +1225,14 @@ func (d *Decoder) optionalString() (string, error) {
 		return "", err
 	}
 	return d.intern(b), nil
+}
+
+// optionalRaw reads a nil-or-string field as a view of its bytes; nil is nil.
+func (d *Decoder) optionalRaw() ([]byte, error) {
+	if d.nextIsNil() {
+		return nil, d.dec.DecodeNil()
+	}
+	return d.raw()
 }
 
 func (d *Decoder) intern(b []byte) string {

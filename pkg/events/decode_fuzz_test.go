@@ -48,6 +48,17 @@ func FuzzDecode(f *testing.F) {
 
 		want := *fresh
 		want.Skipped = 0
+		// Of the fields kept but not acted on, only what the events hold is
+		// written again.
+		want.Ignored = [NumIgnored]int{}
+		for i := range fresh.Events {
+			if fresh.Events[i].Locality != LocalityUnspecified {
+				want.Ignored[IgnoredLocality]++
+			}
+			if fresh.Events[i].Ownership != "" {
+				want.Ignored[IgnoredOwnership]++
+			}
+		}
 		for _, enc := range []Encoding{EncodingArray, EncodingMap} {
 			out, err := AppendBatch(nil, fresh, enc)
 			if err != nil {

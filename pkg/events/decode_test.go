@@ -267,7 +267,6 @@ func TestDecodeRejectsMalformedBatches(t *testing.T) {
 		{"a BlockStored array too short", "92 00 91 92 ab426c6f636b53746f726564 90", "BlockStored array of 2 elements"},
 		{"a negative token id", "92 00 91 95 ab426c6f636b53746f726564 9101 c0 91ff 01", "event 0: BlockStored token_ids: token 0: integer out of range: -1"},
 		{"a token id above uint32", "92 00 91 95 ab426c6f636b53746f726564 9101 c0 91cf0000000100000000 01", "token 0: integer out of range"},
-		{"a token id that is a string", "92 00 91 95 ab426c6f636b53746f726564 9101 c0 91a131 01", "token 0: string"},
 		{"a nil token id", "92 00 91 95 ab426c6f636b53746f726564 9101 c0 91c0 01", "token 0: nil"},
 		{"a nil hash", "92 00 91 95 ab426c6f636b53746f726564 91c0 c0 9101 01", "hash 0: nil where a value is required"},
 		{"a 4-byte hash", "92 00 91 95 ab426c6f636b53746f726564 91c40401020304 c0 9101 01", "byte-string hash of 4 bytes"},
@@ -323,8 +322,12 @@ func TestDecodeAcceptsWhatPublishersVary(t *testing.T) {
 		{"a nil rank", "93 00 90 c0", Batch{}},
 		{"nil events", "92 00 c0", Batch{}},
 		{"envelope fields from a newer vLLM", "94 00 90 01 a3666f6f", Batch{DPRank: 1, HasDPRank: true}},
-		{"array event fields from a newer vLLM", "92 00 91 9d" + stored + "9101 c0 90 00 c0 c0 c0 c0 c0 c0 c0 81a178c3",
-			Batch{Events: []Event{{Kind: KindBlockStored, BlockHashes: []uint64{1}}}}},
+		{"array event fields from a newer vLLM", "92 00 91 9f" + stored + "9101 c0 90 00 c0 c0 c0 c0 c0 c0 c0 c0 c0 81a178c3",
+			Batch{Events: []Event{{Kind: KindBlockStored, BlockHashes: []uint64{1}}}, Ignored: [NumIgnored]int{IgnoredUnknown: 1}}},
+		{"a locality of a shape no publisher sends", "92 00 91 9d" + stored + "9101 c0 90 00 c0 c0 c0 c0 c0 c0 c0 81a178c3",
+			Batch{Events: []Event{{Kind: KindBlockStored, BlockHashes: []uint64{1}}}, Ignored: [NumIgnored]int{IgnoredUnknown: 1}}},
+		{"a token id that is a string, as TensorRT-LLM writes a multimodal token", "92 00 91 95" + stored + "9101 c0 92a13107 01",
+			Batch{Events: []Event{{Kind: KindBlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{0, 7}, OpaqueTokens: []int32{0}, BlockSize: 1}}}},
 		{"nil block hashes", "92 00 91 92 ac426c6f636b52656d6f766564 c0", Batch{Events: []Event{{Kind: KindBlockRemoved}}}},
 		{"a duplicated key, the last one winning", "92 00 91 83 a474797065 ac426c6f636b52656d6f766564 ac626c6f636b5f686173686573 9101 ac626c6f636b5f686173686573 9102",
 			Batch{Events: []Event{{Kind: KindBlockRemoved, BlockHashes: []uint64{2}}}}},
@@ -332,7 +335,8 @@ func TestDecodeAcceptsWhatPublishersVary(t *testing.T) {
 		{"a storage tier in mixed case", "92 00 91 93 ac426c6f636b52656d6f766564 90 a753746f72616765",
 			Batch{Events: []Event{{Kind: KindBlockRemoved, Medium: TierStorage}}}},
 		{"an unknown event with an extension inside", "92 00 91 92 a3666f6f d70100000000000000ff", Batch{Skipped: 1}},
-		{"an AllBlocksCleared with extra elements", "92 00 91 92 b0416c6c426c6f636b73436c6561726564 05", Batch{Events: []Event{{Kind: KindAllBlocksCleared}}}},
+		{"an AllBlocksCleared with extra elements", "92 00 91 92 b0416c6c426c6f636b73436c6561726564 05",
+			Batch{Events: []Event{{Kind: KindAllBlocksCleared}}, Ignored: [NumIgnored]int{IgnoredUnknown: 1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -462,6 +466,8 @@ func batchDiff(got, want *Batch) string {
 		return fmt.Sprintf("DPRank = %d (%v), want %d (%v)", got.DPRank, got.HasDPRank, want.DPRank, want.HasDPRank)
 	case got.Skipped != want.Skipped:
 		return fmt.Sprintf("Skipped = %d, want %d", got.Skipped, want.Skipped)
+	case got.Ignored != want.Ignored:
+		return fmt.Sprintf("Ignored = %v, want %v", got.Ignored, want.Ignored)
 	case len(got.Events) != len(want.Events):
 		return fmt.Sprintf("%d events, want %d", len(got.Events), len(want.Events))
 	}
@@ -476,11 +482,18 @@ func batchDiff(got, want *Batch) string {
 func eventDiff(g, w *Event) string {
 	gs, ws := *g, *w
 	gs.BlockHashes, ws.BlockHashes, gs.TokenIDs, ws.TokenIDs, gs.ExtraKeys, ws.ExtraKeys = nil, nil, nil, nil, nil, nil
+	gs.BlockOffsets, ws.BlockOffsets, gs.RemainingCopies, ws.RemainingCopies, gs.OpaqueTokens, ws.OpaqueTokens = nil, nil, nil, nil, nil, nil
 	switch {
 	case !slices.Equal(g.BlockHashes, w.BlockHashes):
 		return fmt.Sprintf("BlockHashes = %x, want %x", g.BlockHashes, w.BlockHashes)
 	case !slices.Equal(g.TokenIDs, w.TokenIDs):
 		return fmt.Sprintf("TokenIDs = %v, want %v", g.TokenIDs, w.TokenIDs)
+	case !slices.Equal(g.BlockOffsets, w.BlockOffsets):
+		return fmt.Sprintf("BlockOffsets = %v, want %v", g.BlockOffsets, w.BlockOffsets)
+	case !slices.Equal(g.RemainingCopies, w.RemainingCopies):
+		return fmt.Sprintf("RemainingCopies = %v, want %v", g.RemainingCopies, w.RemainingCopies)
+	case !slices.Equal(g.OpaqueTokens, w.OpaqueTokens):
+		return fmt.Sprintf("OpaqueTokens = %v, want %v", g.OpaqueTokens, w.OpaqueTokens)
 	case !reflect.DeepEqual(gs, ws):
 		return fmt.Sprintf("\n got %+v\nwant %+v", gs, ws)
 	case len(g.ExtraKeys) != len(w.ExtraKeys):

@@ -142,7 +142,13 @@ func appendEvent(e *wireEncoder, ev *Event, enc Encoding) error {
 	case ev.SlidingWindow < 0 || ev.SlidingWindow > math.MaxInt32:
 		return fmt.Errorf("kv_cache_spec_sliding_window %d out of range", ev.SlidingWindow)
 	}
-	var buf [16]wireField
+	if enc == EncodingArray && needsNames(ev) {
+		// Fields of pending vLLM changes have no position: such an event
+		// is written as a map, which every reader of this format accepts
+		// beside array events.
+		enc = EncodingMap
+	}
+	var buf [24]wireField
 	fields := wireFields(buf[:0], ev, enc)
 	switch enc {
 	case EncodingArray:
@@ -157,11 +163,16 @@ func appendEvent(e *wireEncoder, ev *Event, enc Encoding) error {
 		if enc == EncodingMap {
 			e.do(e.EncodeString(f.String()))
 		}
-		if err := appendField(e, ev, f); err != nil {
+		if err := appendField(e, ev, f, enc); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
 	}
 	return e.err
+}
+
+// needsNames says whether ev carries a field that only map form can write.
+func needsNames(ev *Event) bool {
+	return len(ev.BlockOffsets) > 0 || len(ev.RemainingCopies) > 0
 }
 
 // presentFields appends to dst the fields msgspec writes for ev, in order.
@@ -192,6 +203,17 @@ func wireFields(dst []wireField, ev *Event, enc Encoding) []wireField {
 			dst = append(dst, f)
 		}
 	}
+	if enc == EncodingMap {
+		named := storedNamedFields
+		if ev.Kind == KindBlockRemoved {
+			named = removedNamedFields
+		}
+		for _, f := range named {
+			if !isDefaultField(ev, f) {
+				dst = append(dst, f)
+			}
+		}
+	}
 	return dst
 }
 
@@ -207,11 +229,25 @@ func isDefaultField(ev *Event, f wireField) bool {
 		return ev.KVCacheSpecKind == ""
 	case wireSlidingWindow:
 		return ev.SlidingWindow == 0
+	case wireLocality:
+		return ev.Locality == LocalityUnspecified
+	case wireOwnership:
+		return ev.Ownership == ""
+	case wireBlockOffsets:
+		return len(ev.BlockOffsets) == 0
+	case wireRemainingCopies:
+		return len(ev.RemainingCopies) == 0
+	case wireCacheSalt:
+		return ev.CacheSalt == ""
+	case wireMMKeys, wireSessionID, wireEventVersion:
+		// Never written: multimodal keys travel as extra keys, and the
+		// others are not kept.
+		return true
 	}
 	return false
 }
 
-func appendField(e *wireEncoder, ev *Event, f wireField) error {
+func appendField(e *wireEncoder, ev *Event, f wireField, enc Encoding) error {
 	switch f {
 	case wireBlockHashes:
 		e.do(e.EncodeArrayLen(len(ev.BlockHashes)))
@@ -225,10 +261,7 @@ func appendField(e *wireEncoder, ev *Event, f wireField) error {
 			e.do(e.EncodeNil())
 		}
 	case wireTokenIDs:
-		e.do(e.EncodeArrayLen(len(ev.TokenIDs)))
-		for _, t := range ev.TokenIDs {
-			e.appendUint(uint64(t))
-		}
+		appendTokens(e, ev)
 	case wireBlockSize:
 		e.do(e.EncodeInt(int64(ev.BlockSize)))
 	case wireLoRAID:
@@ -240,6 +273,22 @@ func appendField(e *wireEncoder, ev *Event, f wireField) error {
 	case wireMedium:
 		e.do(e.EncodeString(ev.Medium.String()))
 	case wireLoRAName:
+		if ev.CacheSalt != "" && enc == EncodingArray {
+			// SGLang's metadata map, in lora_name's place: the one way
+			// array form carries a salt outside extra_keys.
+			n := 1
+			if ev.LoRAName != "" {
+				n = 2
+			}
+			e.do(e.EncodeMapLen(n))
+			e.do(e.EncodeString("cache_salt"))
+			e.do(e.EncodeString(ev.CacheSalt))
+			if ev.LoRAName != "" {
+				e.do(e.EncodeString("lora_name"))
+				e.do(e.EncodeString(ev.LoRAName))
+			}
+			break
+		}
 		appendOptionalString(e, ev.LoRAName)
 	case wireExtraKeys:
 		if ev.ExtraKeys == nil {
@@ -262,8 +311,52 @@ func appendField(e *wireEncoder, ev *Event, f wireField) error {
 		appendOptionalString(e, ev.KVCacheSpecKind)
 	case wireSlidingWindow:
 		e.do(e.EncodeInt(int64(ev.SlidingWindow)))
+	case wireLocality:
+		appendOptionalString(e, ev.Locality.String())
+	case wireOwnership:
+		appendOptionalString(e, ev.Ownership)
+	case wireBlockOffsets:
+		appendInts(e, ev.BlockOffsets)
+	case wireRemainingCopies:
+		appendInts(e, ev.RemainingCopies)
+	case wireCacheSalt:
+		appendOptionalString(e, ev.CacheSalt)
 	}
 	return e.err
+}
+
+func appendInts(e *wireEncoder, xs []int32) {
+	e.do(e.EncodeArrayLen(len(xs)))
+	for _, x := range xs {
+		e.do(e.EncodeInt(int64(x)))
+	}
+}
+
+// appendTokens writes token_ids as the event's publisher did: ints, pairs
+// for a bigram event, an empty string where a token was opaque.
+func appendTokens(e *wireEncoder, ev *Event) {
+	e.do(e.EncodeArrayLen(len(ev.TokenIDs)))
+	if ev.Bigram {
+		for i, t := range ev.TokenIDs {
+			next := ev.BigramNext
+			if i+1 < len(ev.TokenIDs) {
+				next = ev.TokenIDs[i+1]
+			}
+			e.do(e.EncodeArrayLen(2))
+			e.appendUint(uint64(t))
+			e.appendUint(uint64(next))
+		}
+		return
+	}
+	opaque := ev.OpaqueTokens
+	for i, t := range ev.TokenIDs {
+		if len(opaque) > 0 && int(opaque[0]) == i {
+			opaque = opaque[1:]
+			e.do(e.EncodeString(""))
+			continue
+		}
+		e.appendUint(uint64(t))
+	}
 }
 
 func appendOptionalString(e *wireEncoder, s string) {

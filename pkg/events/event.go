@@ -144,6 +144,114 @@ type Event struct {
 	KVCacheSpecKind string
 	// SlidingWindow is the sliding-window size for such groups, 0 when absent.
 	SlidingWindow int
+
+	// BlockOffsets, when set, says which block-sized chunk of TokenIDs each
+	// of BlockHashes is: a sparse store (a Mamba group in align mode, or a
+	// masked sliding-window group) names only some of the chunks its tokens
+	// cover. Nil for a dense store, where hash i is chunk i. BlockStored.
+	BlockOffsets []int32
+
+	// RemainingCopies, when set, is aligned with BlockHashes of a
+	// BlockRemoved: how many physical copies of each hash the engine still
+	// holds after the removal. Nil when the publisher does not say.
+	RemainingCopies []int32
+
+	// Bigram is set when the publisher sent token_ids as pairs of adjacent
+	// tokens (SGLang with EAGLE speculative decoding): TokenIDs then holds
+	// the first token of each pair, and BigramNext the second token of the
+	// last pair, so a block's key covers one token past the block.
+	Bigram     bool
+	BigramNext uint32
+
+	// OpaqueTokens lists the positions in TokenIDs where the publisher sent
+	// something other than a token id (TensorRT-LLM writes multimodal
+	// placeholders as strings); TokenIDs holds 0 there. A block containing
+	// one can never match a request's tokens.
+	OpaqueTokens []int32
+
+	// CacheSalt is the salt the publisher names apart from extra_keys
+	// (SGLang's BlockStored metadata); empty when absent.
+	CacheSalt string
+
+	// Locality says where a storage-tier copy lives relative to the engine
+	// (vLLM's FS and object-store tiers); LocalityUnspecified when absent.
+	Locality Locality
+	// Ownership names the secondary offloading tier that produced the
+	// event, when one did; empty otherwise.
+	Ownership string
+}
+
+// Locality is vLLM's locality of a stored block, relative to the engine
+// that published it.
+type Locality uint8
+
+// The localities vLLM names; an absent or unrecognised value is unspecified.
+const (
+	LocalityUnspecified Locality = iota
+	LocalityLocal
+	LocalityRemote
+)
+
+// String returns the locality as vLLM writes it, or "" when unspecified.
+func (l Locality) String() string {
+	switch l {
+	case LocalityLocal:
+		return "LOCAL"
+	case LocalityRemote:
+		return "REMOTE"
+	}
+	return ""
+}
+
+// MarshalText writes the locality's name.
+func (l Locality) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
+
+// UnmarshalText reads a locality's name; anything else is unspecified.
+func (l *Locality) UnmarshalText(b []byte) error {
+	*l = parseLocality(b)
+	return nil
+}
+
+func parseLocality(b []byte) Locality {
+	switch string(b) {
+	case "LOCAL", "local":
+		return LocalityLocal
+	case "REMOTE", "remote":
+		return LocalityRemote
+	}
+	return LocalityUnspecified
+}
+
+// Ignored names the fields publishers send that kvroute decodes but does not
+// act on, so that what is dropped is counted rather than silent.
+type Ignored uint8
+
+// The ignored fields. IgnoredUnknown counts fields no known publisher
+// sends, whatever their name.
+const (
+	IgnoredLocality Ignored = iota
+	IgnoredOwnership
+	IgnoredSessionID
+	IgnoredEventVersion
+	IgnoredUnknown
+
+	// NumIgnored is the number of Ignored values.
+	NumIgnored = 5
+)
+
+// String returns the field's wire name ("unknown" for IgnoredUnknown).
+func (f Ignored) String() string {
+	switch f {
+	case IgnoredLocality:
+		return "locality"
+	case IgnoredOwnership:
+		return "ownership"
+	case IgnoredSessionID:
+		return "session_id"
+	case IgnoredEventVersion:
+		return "event_version"
+	}
+	return "unknown"
 }
 
 // ExtraKey is one block's extras as vLLM sent them: a tuple of strings, ints
@@ -161,17 +269,30 @@ type Batch struct {
 	Events    []Event
 	// Skipped counts events of unknown kind (or unknown tier) left out of Events.
 	Skipped int
+	// Ignored counts, per field, the fields the events carried that kvroute
+	// decodes but does not act on (see Ignored).
+	Ignored [NumIgnored]int
 }
 
 // Reset empties b for reuse, keeping its allocated slices.
 func (b *Batch) Reset() {
 	for i := range b.Events {
-		e := &b.Events[i]
-		hashes, tokens := e.BlockHashes[:0], e.TokenIDs[:0]
-		*e = Event{BlockHashes: hashes, TokenIDs: tokens}
+		b.Events[i].reset()
 	}
 	b.Events = b.Events[:0]
 	b.TS, b.DPRank, b.HasDPRank, b.Skipped = 0, 0, false, 0
+	b.Ignored = [NumIgnored]int{}
+}
+
+// reset clears e, keeping the backing arrays of its reusable slices.
+func (e *Event) reset() {
+	*e = Event{
+		BlockHashes:     e.BlockHashes[:0],
+		TokenIDs:        e.TokenIDs[:0],
+		BlockOffsets:    e.BlockOffsets[:0],
+		RemainingCopies: e.RemainingCopies[:0],
+		OpaqueTokens:    e.OpaqueTokens[:0],
+	}
 }
 
 // Blocks returns the number of blocks the batch's events name.
