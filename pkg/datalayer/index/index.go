@@ -108,6 +108,16 @@ type ixEndpoint struct {
 	// held counts the endpoint's holdings, all streams and tiers, for
 	// MaxHoldingsPerEndpoint. Guarded by mu.
 	held int64
+
+	// layout is the engine's KV-cache groups (nil until a store names
+	// one); bigram is set once its stores key blocks by token pairs.
+	// Both are read without mu by lookups.
+	layout atomic.Pointer[layout]
+	bigram atomic.Bool
+
+	// Scratch for keying stores, used under mu.
+	scratchKeys   []uint64
+	scratchTokens []uint32
 }
 
 // NewIndex returns an empty index. Its metrics are registered with reg unless
@@ -234,6 +244,16 @@ func (ix *Index) BlockSize(addr string) int {
 		return int(ep.blockSize.Load())
 	}
 	return 0
+}
+
+// Bigram reports whether addr's engine keys blocks by pairs of adjacent
+// tokens (SGLang with EAGLE), so that a request's keys for it must be made
+// with BigramRootKey and AppendBigramBlockKeys.
+func (ix *Index) Bigram(addr string) bool {
+	if ep := ix.member(addr); ep != nil {
+		return ep.bigram.Load()
+	}
+	return false
 }
 
 // MarkExact declares addr's streams in step again, after a resynchronisation

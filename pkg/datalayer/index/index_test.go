@@ -298,7 +298,7 @@ func TestIndexEdgeCases(t *testing.T) {
 			wantState: datalayer.StreamExact,
 		},
 		{
-			name: "events of another KV-cache group are ignored",
+			name: "a block another KV-cache group holds is no hit while group 0 does not hold it",
 			batches: [][]events.Event{{func() events.Event {
 				e := evStore([]uint64{1}, blockToks(1))
 				e.GroupIdx = 1

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
@@ -23,6 +24,15 @@ type ixStream struct {
 	hasSeq   bool
 
 	aged [events.NumTiers]*ageQueue
+
+	// gidx is the KV-cache group this stream holds: 0 for an engine's
+	// stream itself, whose groups holds its other groups' sub-streams.
+	gidx   int
+	groups map[int]*ixStream
+	// coarse counts, for the hash of a store whose block spans several of
+	// the engine's (LMCache's chunks), the blocks before its last, which
+	// are held under synthHandle names.
+	coarse map[uint64]uint8
 }
 
 type dupKey struct {
@@ -117,22 +127,36 @@ func (ix *Index) Apply(o events.Origin, b *events.Batch) {
 // applyEvents applies a batch's events to a stream; it reports whether a
 // stored run named a parent the stream never saw. Called with ep.mu held.
 func (ix *Index) applyEvents(ep *ixEndpoint, st *ixStream, o events.Origin, b *events.Batch, now time.Time, d *delta) (unknownParent bool) {
+	for i, n := range b.Ignored {
+		if n > 0 {
+			ix.stats.ignored[i].Add(int64(n))
+		}
+	}
 	for i := range b.Events {
 		e := &b.Events[i]
-		if e.GroupIdx != 0 {
-			// Hybrid models publish each KV-cache group apart; the index
-			// follows group 0, the full-attention layers.
+		// Hybrid models publish each KV-cache group apart, under the same
+		// hashes; each group's holdings are kept apart (see hybrid.go).
+		class := ep.groupClassOf(e.GroupIdx)
+		if e.Kind == events.KindBlockStored {
+			class = ep.noteGroup(e)
+		}
+		if class == classNone && e.Kind != events.KindAllBlocksCleared {
 			ix.stats.dropped[dropOtherGroup].Add(int64(max(1, len(e.BlockHashes))))
 			continue
 		}
+		sub := st.group(e.GroupIdx)
 		switch e.Kind {
 		case events.KindBlockStored:
-			if !ix.applyStored(ep, st, o, e, now, d) {
+			if !ix.applyStored(ep, st, sub, o, e, now, d) {
 				unknownParent = true
 			}
 		case events.KindBlockRemoved:
-			for _, h := range e.BlockHashes {
-				if !ix.unref(ep, st, h, e.Medium, d) {
+			for j, h := range e.BlockHashes {
+				remaining := int32(-1)
+				if j < len(e.RemainingCopies) {
+					remaining = e.RemainingCopies[j]
+				}
+				if !ix.unrefCopies(ep, sub, h, e.Medium, remaining, d) {
 					ix.stats.dropped[dropUnknownHandle].Add(1)
 				}
 			}
@@ -163,23 +187,31 @@ func (ep *ixEndpoint) noteBlockSize(o events.Origin, b *events.Batch) {
 	}
 }
 
-// applyStored applies a BlockStored event. It returns false when the event
-// names a parent the stream never stored: the run is dropped, since assuming
-// it starts at the root would file its blocks under the wrong prefix.
-func (ix *Index) applyStored(ep *ixEndpoint, st *ixStream, o events.Origin, e *events.Event, now time.Time, d *delta) bool {
+// applyStored applies a BlockStored event to sub, the sub-stream of st that
+// holds the event's KV-cache group. It returns false when the event names a
+// parent no group of the stream ever stored: the run is dropped, since
+// assuming it starts at the root would file its blocks under the wrong
+// prefix.
+func (ix *Index) applyStored(ep *ixEndpoint, st, sub *ixStream, o events.Origin, e *events.Event, now time.Time, d *delta) bool {
 	if len(e.BlockHashes) == 0 {
 		return true
 	}
+	gm := groupMask(sub.gidx)
 	if len(e.TokenIDs) == 0 {
 		// A placeholder (CPU offload): the blocks are known by their hash on
 		// this stream, and now held in one more tier.
 		for _, h := range e.BlockHashes {
-			hv, ok := st.handles[h]
+			hv, ok := sub.handles[h]
 			if !ok {
 				ix.stats.dropped[dropUnknownHandle].Add(1)
 				continue
 			}
-			ix.ref(ep, st, h, hv&keyMask, e.Medium, now, d)
+			for j := 0; j < int(sub.coarse[h]); j++ {
+				if cv, ok := sub.handles[synthHandle(h, j)]; ok {
+					ix.ref(ep, sub, synthHandle(h, j), cv&keyMask, e.Medium, now, d)
+				}
+			}
+			ix.ref(ep, sub, h, hv&keyMask, e.Medium, now, d)
 		}
 		return true
 	}
@@ -191,53 +223,173 @@ func (ix *Index) applyStored(ep *ixEndpoint, st *ixStream, o events.Origin, e *e
 		ix.stats.dropped[dropMalformed].Add(int64(len(e.BlockHashes)))
 		return true
 	}
+	// A store whose block spans several of the engine's (an LMCache chunk,
+	// a coarser group of a hybrid model) is keyed at the engine's block
+	// size, each of its blocks held; one smaller than the engine's, or not
+	// a multiple of it, is a partial block, which has no key.
+	span := 1
+	if ebs := int(ep.blockSize.Load()); ebs > 0 && bs != ebs {
+		if bs < ebs || bs%ebs != 0 {
+			ix.stats.dropped[dropPartialBlock].Add(int64(len(e.BlockHashes)))
+			return true
+		}
+		span, bs = bs/ebs, ebs
+	}
 	var parent uint64
 	if e.HasParent {
-		hv, ok := st.handles[e.ParentHash]
+		k, ok := st.keyOf(sub, e.ParentHash)
 		if !ok {
 			ix.stats.dropped[dropUnknownParent].Add(int64(len(e.BlockHashes)))
 			return false
 		}
-		parent = hv & keyMask
+		parent = k
 	}
-	n := min(len(e.BlockHashes), len(e.TokenIDs)/bs)
+
+	// The chunk (of the event's own block size) each hash names: its
+	// offset for a sparse store, its position otherwise.
+	sparse := len(e.BlockOffsets) > 0
+	chunkOf := func(i int) int {
+		if sparse {
+			return int(e.BlockOffsets[i])
+		}
+		return i
+	}
+	tokens := e.TokenIDs
+	avail := len(tokens) / (bs * span) // whole chunks the tokens cover
+	n := len(e.BlockHashes)
+	for n > 0 && chunkOf(n-1) >= avail {
+		n--
+	}
 	if n < len(e.BlockHashes) {
 		// Partial blocks (hybrid models) have no key; children that name
 		// them as parent will find them unknown.
 		ix.stats.dropped[dropPartialBlock].Add(int64(len(e.BlockHashes) - n))
 	}
+	if n == 0 {
+		return true
+	}
+	nb := (chunkOf(n-1) + 1) * span // engine blocks to key
+	if e.Bigram {
+		tokens = append(ep.tokenScratch(len(tokens)+1), tokens...)
+		tokens = append(tokens, e.BigramNext)
+		ep.bigram.Store(true)
+	}
+
 	// An adapter known only by its deprecated integer id cannot be named by
 	// a request, so its blocks must never match one.
 	anonLoRA := e.LoRAName == "" && e.HasLoRAID && e.LoRAID != 0
+	// Extras are known only for the chunks a sparse store names; if any of
+	// them marks a block, every block of the run is taken as marked.
+	markAll := anonLoRA
+	extraOf := func(chunk int) (events.ExtraKey, bool) {
+		if !sparse {
+			if chunk < len(e.ExtraKeys) {
+				return e.ExtraKeys[chunk], true
+			}
+			return nil, true
+		}
+		i, ok := slices.BinarySearch(e.BlockOffsets[:n], int32(chunk))
+		if !ok {
+			return nil, false
+		}
+		if i < len(e.ExtraKeys) {
+			return e.ExtraKeys[i], true
+		}
+		return nil, true
+	}
+	if sparse {
+		for i := 0; i < n && i < len(e.ExtraKeys); i++ {
+			if len(e.ExtraKeys[i]) == 0 {
+				continue
+			}
+			if _, plain := plainExtras(e.ExtraKeys[i], e, !e.HasParent && chunkOf(i) == 0); !plain {
+				markAll = true
+			}
+		}
+	}
+	opaque := e.OpaqueTokens
+	keys := ep.keyScratch(nb)
+	for b := 0; b < nb; b++ {
+		chunk := b / span
+		extra, _ := extraOf(chunk)
+		salt, plain := "", true
+		if len(extra) > 0 && b%span == 0 {
+			salt, plain = plainExtras(extra, e, b == 0 && !e.HasParent)
+		}
+		if b == 0 && !e.HasParent {
+			if !plain || salt == "" {
+				salt = e.CacheSalt
+			}
+			if e.Bigram {
+				parent = BigramRootKey(o.Model, e.LoRAName, salt)
+			} else {
+				parent = RootKey(o.Model, e.LoRAName, salt)
+			}
+		}
+		end := (b + 1) * bs
+		if e.Bigram {
+			end++
+		}
+		k := blockKey(parent, tokens[b*bs:end])
+		for len(opaque) > 0 && int(opaque[0]) < b*bs {
+			opaque = opaque[1:]
+		}
+		if len(opaque) > 0 && int(opaque[0]) < (b+1)*bs {
+			plain = false
+		}
+		if !plain || markAll {
+			k = markedKey(k, extra)
+		}
+		keys[b] = k
+		parent = k
+	}
+
 	for i := 0; i < n; i++ {
 		if reason, full := ix.full(ep, d); full {
 			ix.stats.dropped[reason].Add(int64(n - i))
 			st.state = datalayer.StreamUncertain
 			return true
 		}
-		var extra events.ExtraKey
-		if i < len(e.ExtraKeys) {
-			extra = e.ExtraKeys[i]
-		}
-		first := i == 0 && !e.HasParent
-		salt, plain := "", true
-		if len(extra) > 0 {
-			salt, plain = plainExtras(extra, e, first)
-		}
-		if first {
-			if !plain {
-				salt = ""
+		h := e.BlockHashes[i]
+		last := (chunkOf(i)+1)*span - 1
+		k := keys[last]
+		if sparse {
+			// A hash names one prefix in every group: where another group
+			// already knows it, its key stands (a sparse store leaves out
+			// chunks, and with them what their extras said).
+			if known, ok := st.keyOf(sub, h); ok {
+				k = known
 			}
-			parent = RootKey(o.Model, e.LoRAName, salt)
 		}
-		k := blockKey(parent, e.TokenIDs[i*bs:(i+1)*bs])
-		if !plain || anonLoRA {
-			k = markedKey(k, extra)
+		if span > 1 && ep.groupClassOf(sub.gidx) != classMamba {
+			if sub.coarse == nil {
+				sub.coarse = make(map[uint64]uint8)
+			}
+			sub.coarse[h] = uint8(min(span-1, 255))
+			for j := 0; j < span-1 && j < 255; j++ {
+				ix.ref(ep, sub, synthHandle(h, j), keys[last-span+1+j]^gm, e.Medium, now, d)
+			}
 		}
-		ix.ref(ep, st, e.BlockHashes[i], k, e.Medium, now, d)
-		parent = k
+		ix.ref(ep, sub, h, k^gm, e.Medium, now, d)
 	}
 	return true
+}
+
+// keyScratch returns ep's scratch of n keys for keying one store; it is
+// reused from store to store under ep.mu.
+func (ep *ixEndpoint) keyScratch(n int) []uint64 {
+	if cap(ep.scratchKeys) < n {
+		ep.scratchKeys = make([]uint64, n)
+	}
+	return ep.scratchKeys[:n]
+}
+
+// tokenScratch returns ep's empty token scratch with room for n tokens.
+func (ep *ixEndpoint) tokenScratch(n int) []uint32 {
+	if cap(ep.scratchTokens) < n {
+		ep.scratchTokens = make([]uint32, 0, n)
+	}
+	return ep.scratchTokens[:0]
 }
 
 // full reports whether a holding bound is reached, the endpoint's or the
@@ -265,7 +417,7 @@ func (ix *Index) ref(ep *ixEndpoint, st *ixStream, h, k uint64, t events.Tier, n
 	if ok && hv&keyMask != k {
 		// The engine reused the handle for other content: the old block is
 		// gone from every tier.
-		ix.forget(ep, st, h, hv, d)
+		ix.forget(ep, st, h, d)
 		ok = false
 	}
 	bit := uint64(1) << t
@@ -313,6 +465,43 @@ func (ix *Index) unref(ep *ixEndpoint, st *ixStream, h uint64, t events.Tier, d 
 		}
 		return true
 	}
+	ix.dropTier(ep, st, h, hv, t, d)
+	return true
+}
+
+// unrefCopies applies a removal of h from tier t. When the engine says how
+// many copies remain (remaining >= 0), that count stands, whatever the
+// index had counted: none left forgets the holding, some left keeps it
+// with that many references. Otherwise one reference is dropped.
+func (ix *Index) unrefCopies(ep *ixEndpoint, st *ixStream, h uint64, t events.Tier, remaining int32, d *delta) bool {
+	if remaining < 0 {
+		return ix.unref(ep, st, h, t, d)
+	}
+	hv, ok := st.handles[h]
+	if !ok || hv&(1<<t) == 0 {
+		return false
+	}
+	dk := dupKey{h, t}
+	if remaining == 0 {
+		delete(st.dups, dk)
+		ix.dropTier(ep, st, h, hv, t, d)
+		return true
+	}
+	if remaining == 1 {
+		delete(st.dups, dk)
+		return true
+	}
+	if st.dups == nil {
+		st.dups = make(map[dupKey]uint32)
+	}
+	st.dups[dk] = uint32(remaining - 1)
+	return true
+}
+
+// dropTier drops the stream's last reference to h in tier t, and those of
+// a coarse store's other blocks.
+func (ix *Index) dropTier(ep *ixEndpoint, st *ixStream, h, hv uint64, t events.Tier, d *delta) {
+	bit := uint64(1) << t
 	ix.shard(hv&keyMask).delRef(hv&keyMask, ep.id, t, d)
 	if hv &^= bit; hv&^keyMask == 0 {
 		delete(st.handles, h)
@@ -322,20 +511,32 @@ func (ix *Index) unref(ep *ixEndpoint, st *ixStream, h uint64, t events.Tier, d 
 	if q := st.aged[t]; q != nil {
 		delete(q.last, h)
 	}
-	return true
+	if n, ok := st.coarse[h]; ok {
+		for j := 0; j < int(n); j++ {
+			sh := synthHandle(h, j)
+			if cv, ok := st.handles[sh]; ok && cv&bit != 0 {
+				delete(st.dups, dupKey{sh, t})
+				ix.dropTier(ep, st, sh, cv, t, d)
+			}
+		}
+		if _, held := st.handles[h]; !held {
+			delete(st.coarse, h)
+		}
+	}
 }
 
 // forget drops every reference the stream has on a handle, in every tier.
-func (ix *Index) forget(ep *ixEndpoint, st *ixStream, h, hv uint64, d *delta) {
+func (ix *Index) forget(ep *ixEndpoint, st *ixStream, h uint64, d *delta) {
 	for t := events.Tier(0); t < events.NumTiers; t++ {
-		if hv&(1<<t) == 0 {
+		cur, ok := st.handles[h]
+		if !ok {
+			break
+		}
+		if cur&(1<<t) == 0 {
 			continue
 		}
 		delete(st.dups, dupKey{h, t})
-		ix.shard(hv&keyMask).delRef(hv&keyMask, ep.id, t, d)
-		if q := st.aged[t]; q != nil {
-			delete(q.last, h)
-		}
+		ix.dropTier(ep, st, h, cur, t, d)
 	}
 	delete(st.handles, h)
 }
@@ -355,12 +556,22 @@ func (ix *Index) clearStream(ep *ixEndpoint, st *ixStream, d *delta) {
 	// engine may never refill what the old one held.
 	st.handles = make(map[uint64]uint64)
 	st.dups = nil
+	st.coarse = nil
 	st.aged = [events.NumTiers]*ageQueue{}
+	// The engine's other KV-cache groups go with it.
+	for _, sub := range st.groups {
+		ix.clearStream(ep, sub, d)
+	}
+	st.groups = nil
 }
 
 // expireAged evicts the stream's holdings in tiers with a maximum age whose
-// last store is older than that age. Called with ep.mu held.
+// last store is older than that age, in each of its KV-cache groups. Called
+// with ep.mu held.
 func (ix *Index) expireAged(ep *ixEndpoint, st *ixStream, now time.Time, d *delta) {
+	for _, sub := range st.groups {
+		ix.expireAged(ep, sub, now, d)
+	}
 	for t, q := range st.aged {
 		if q == nil {
 			continue

@@ -31,18 +31,26 @@ const keyChunkTokens = 64
 // Domain tags keep the three kinds of hash input apart, so that no root can
 // equal a chained key or a marked one by construction of the input bytes.
 const (
-	tagRoot   = 'R'
-	tagMarked = 'M'
+	tagRoot       = 'R'
+	tagMarked     = 'M'
+	tagBigramRoot = 'B'
 )
 
 // RootKey is the key every block chain starts from: the base model, the LoRA
 // adapter (empty for none) and the cache salt (empty for none). Each string
 // is length-prefixed, so ("ab", "c") and ("a", "bc") differ.
-func RootKey(model, lora, salt string) uint64 {
+func RootKey(model, lora, salt string) uint64 { return rootKey(tagRoot, model, lora, salt) }
+
+// BigramRootKey is RootKey for engines that key blocks by pairs of adjacent
+// tokens (SGLang with EAGLE speculative decoding), whose chains must never
+// meet those of engines that do not.
+func BigramRootKey(model, lora, salt string) uint64 { return rootKey(tagBigramRoot, model, lora, salt) }
+
+func rootKey(tag byte, model, lora, salt string) uint64 {
 	var d xxhash.Digest
 	d.Reset()
 	var head [1]byte
-	head[0] = tagRoot
+	head[0] = tag
 	_, _ = d.Write(head[:])
 	writeString(&d, model)
 	writeString(&d, lora)
@@ -63,6 +71,24 @@ func AppendBlockKeys(dst []uint64, parent uint64, tokens []uint32, blockSize int
 	dst = slices.Grow(dst, n)
 	for i := 0; i < n; i++ {
 		parent = blockKey(parent, tokens[i*blockSize:(i+1)*blockSize])
+		dst = append(dst, parent)
+	}
+	return dst
+}
+
+// AppendBigramBlockKeys is AppendBlockKeys for engines that key blocks by
+// pairs of adjacent tokens: block i covers tokens[i*blockSize :
+// (i+1)*blockSize+1], the token after the block included, so a block has a
+// key only once the token after it is known. parent is a BigramRootKey for
+// a prompt's first block.
+func AppendBigramBlockKeys(dst []uint64, parent uint64, tokens []uint32, blockSize int) []uint64 {
+	if blockSize <= 0 || len(tokens) == 0 {
+		return dst
+	}
+	n := (len(tokens) - 1) / blockSize
+	dst = slices.Grow(dst, n)
+	for i := 0; i < n; i++ {
+		parent = blockKey(parent, tokens[i*blockSize:(i+1)*blockSize+1])
 		dst = append(dst, parent)
 	}
 	return dst

@@ -26,6 +26,15 @@ type lookupScratch struct {
 	// credited is the walk's list of candidates credited with the last
 	// block whose holders were examined.
 	credited []credited
+	// hybrid lists the candidates with several KV-cache groups, answered
+	// apart from the walk (see hybrid.go).
+	hybrid []hybridCand
+}
+
+type hybridCand struct {
+	pos int
+	ep  *ixEndpoint
+	l   *layout
 }
 
 // Lookup fills out[i] with addrs[i]'s match for keys (a request's block
@@ -55,15 +64,33 @@ func (ix *Index) Lookup(keys []uint64, addrs []string, out []Match) {
 			continue
 		}
 		sc.slot[ep.id] = int32(i + 1)
+		if l := ep.layout.Load(); l != nil && l.hybrid {
+			// Kept in the slot table, so that a repeat is still seen as one,
+			// but out of the walk: its hit is not the plain leading run.
+			sc.hybrid = append(sc.hybrid, hybridCand{pos: i, ep: ep, l: l})
+			continue
+		}
 		live++
 	}
-	if live > 0 && len(keys) > 0 {
-		ix.walk(keys, out, sc)
+	if len(keys) > 0 && (live > 0 || len(sc.hybrid) > 0) {
+		if live > 0 {
+			for _, h := range sc.hybrid {
+				sc.slot[h.ep.id] = 0
+			}
+			ix.walk(keys, out, sc)
+		}
+		if len(sc.hybrid) > 0 {
+			nowMs := ix.ms(ix.now())
+			for _, h := range sc.hybrid {
+				out[h.pos] = ix.hybridMatch(keys, h.ep, h.l, nowMs)
+			}
+		}
 		for i := range out {
 			m := &out[i]
 			m.ByTier[events.TierGPU] = m.Blocks - m.Speculative - m.ByTier[events.TierCPU] - m.ByTier[events.TierStorage]
 		}
 	}
+	sc.hybrid = sc.hybrid[:0]
 	for _, a := range addrs {
 		if ep := members[a]; ep != nil {
 			sc.slot[ep.id] = 0

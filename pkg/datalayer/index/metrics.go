@@ -66,6 +66,7 @@ type indexStats struct {
 	evictions [numEvictReasons]atomic.Int64
 	uncertain [events.NumReasons]atomic.Int64
 	restarts  atomic.Int64
+	ignored   [events.NumIgnored]atomic.Int64
 }
 
 func (s *indexStats) add(d *delta) {
@@ -103,13 +104,15 @@ var (
 		"Engine restarts that cleared a stream.", nil, nil)
 	descStates = prometheus.NewDesc("kvroute_index_endpoint_states",
 		"Endpoints by the trust state of their event streams (none, exact, partial, recovering, uncertain).", []string{"state"}, nil)
+	descIgnored = prometheus.NewDesc("kvroute_index_event_fields_ignored_total",
+		"Event fields decoded but not acted on, by field (unknown: fields no known publisher sends).", []string{"field"}, nil)
 )
 
 type indexCollector struct{ ix *Index }
 
 func (c *indexCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descHoldings, descBlocks, descEndpoints, descSpec,
-		descApplied, descDropped, descEvictions, descUncertain, descRestarts, descStates} {
+		descApplied, descDropped, descEvictions, descUncertain, descRestarts, descStates, descIgnored} {
 		ch <- d
 	}
 }
@@ -143,5 +146,8 @@ func (c *indexCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, st := range datalayer.AllStreamStates {
 		ch <- prometheus.MustNewConstMetric(descStates, prometheus.GaugeValue, float64(states[st]), st.String())
+	}
+	for f := events.Ignored(0); f < events.NumIgnored; f++ {
+		ch <- prometheus.MustNewConstMetric(descIgnored, prometheus.CounterValue, float64(s.ignored[f].Load()), f.String())
 	}
 }

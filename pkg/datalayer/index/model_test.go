@@ -34,6 +34,12 @@ type modelScenario struct {
 	resetP      float64 // chance per engine step of reset_prefix_cache
 	removeAt    int     // step at which endpoint 0 leaves (0: never)
 	readdAt     int     // step at which it comes back, as a new engine
+	// groups makes every engine a hybrid model with these KV-cache groups.
+	groups []blockpool.Group
+	// selfDescribing makes CPU stores carry tokens and parents (vLLM 0.26).
+	selfDescribing bool
+	// remainingCopies makes removals say how many copies remain.
+	remainingCopies bool
 }
 
 type modelEngine struct {
@@ -56,8 +62,11 @@ type modelWorld struct {
 	recent  []blockpool.Request
 	// What the run exercised, so a run that tests nothing fails.
 	sawMatch, sawCPU, sawPartial int
-	nextID                       int
-	nextSeed                     uint64
+	// sawHybrid counts answers of hybrid engines that differ from group
+	// 0's own leading run: where the other groups decided the hit.
+	sawHybrid int
+	nextID    int
+	nextSeed  uint64
 }
 
 func TestIndexMatchesEnginesUnderRandomWorkloads(t *testing.T) {
@@ -72,6 +81,19 @@ func TestIndexMatchesEnginesUnderRandomWorkloads(t *testing.T) {
 		{name: "an endpoint with two data-parallel ranks", endpoints: 3, ranksOfLast: 2, gpuBlocks: 32, cpuBlocks: 24, steps: 250},
 		{name: "everything at once", endpoints: 4, ranksOfLast: 2, gpuBlocks: 32, cpuBlocks: 32, steps: 300,
 			duplicate: true, restartP: 0.01, resetP: 0.01, removeAt: 100, readdAt: 180},
+		{name: "engines with self-describing CPU offload events", endpoints: 3, gpuBlocks: 24, cpuBlocks: 40, steps: 250,
+			selfDescribing: true},
+		{name: "engines whose removals say how many copies remain", endpoints: 3, gpuBlocks: 40, steps: 250,
+			remainingCopies: true, duplicate: true},
+		{name: "a sliding-window group beside full attention", endpoints: 3, gpuBlocks: 80, steps: 250,
+			groups: []blockpool.Group{{Kind: blockpool.FullAttention}, {Kind: blockpool.SlidingWindow, Window: 2*modelBS + 1}}},
+		{name: "sliding-window layers in group 0, full attention after", endpoints: 3, gpuBlocks: 80, steps: 250,
+			groups: []blockpool.Group{{Kind: blockpool.SlidingWindow, Window: 3 * modelBS}, {Kind: blockpool.FullAttention}}},
+		{name: "a Mamba group beside full attention", endpoints: 3, gpuBlocks: 60, steps: 250,
+			groups: []blockpool.Group{{Kind: blockpool.FullAttention}, {Kind: blockpool.Mamba}}},
+		{name: "full attention, a sliding window and Mamba with restarts and resets", endpoints: 3, gpuBlocks: 110, steps: 300,
+			restartP: 0.01, resetP: 0.01, duplicate: true,
+			groups: []blockpool.Group{{Kind: blockpool.FullAttention}, {Kind: blockpool.SlidingWindow, Window: 2 * modelBS}, {Kind: blockpool.Mamba}}},
 	}
 	for _, sc := range scenarios {
 		for seed := uint64(1); seed <= 3; seed++ {
@@ -137,13 +159,17 @@ func runModel(t *testing.T, sc modelScenario, seed uint64) {
 	if sc.duplicate && w.ix.stats.dropped[dropDuplicateBatch].Load() == 0 {
 		t.Fatal("no duplicate batch was dropped")
 	}
+	if len(sc.groups) > 0 && w.sawHybrid == 0 {
+		t.Fatal("no answer depended on the groups beyond group 0")
+	}
 }
 
 func (w *modelWorld) freshPool(e *modelEngine) {
 	w.nextSeed++
 	e.pool = blockpool.New(blockpool.Config{
 		BlockSize: modelBS, GPUBlocks: w.sc.gpuBlocks, CPUBlocks: w.sc.cpuBlocks,
-		Seed: w.nextSeed, DPRank: e.rank,
+		Seed: w.nextSeed, DPRank: e.rank, Groups: w.sc.groups,
+		SelfDescribingOffload: w.sc.selfDescribing, ReportRemainingCopies: w.sc.remainingCopies,
 	})
 	e.instance++
 	e.running = nil
@@ -289,6 +315,11 @@ func (w *modelWorld) check(step int) {
 				}
 			}
 			w.sawCPU += want.ByTier[events.TierCPU]
+			if w.member[i] && len(w.sc.groups) > 0 {
+				if plain := blockpool.HeldFrom(engs[0].pool.BlockTiers(r)); plain.Blocks != want.Blocks {
+					w.sawHybrid++
+				}
+			}
 			if got != want || out[i].Speculative != 0 {
 				w.t.Fatalf("step %d, %s, prompt %v (lora %q salt %q): index %+v, engines %+v",
 					step, w.addrs[i], r.Tokens, r.LoRA, r.Salt, out[i], want)
@@ -299,8 +330,12 @@ func (w *modelWorld) check(step int) {
 }
 
 // unionHeld is what an endpoint with several ranks holds: a block is held
-// if any rank holds it, in the fastest tier any rank has it.
+// if any rank holds it, in the fastest tier any rank has it. A hybrid
+// engine's answer is its coordinator's (such scenarios run one rank).
 func unionHeld(engs []*modelEngine, r blockpool.Request) blockpool.Held {
+	if len(engs[0].pool.Config().Groups) > 0 {
+		return engs[0].pool.Held(r)
+	}
 	tiers := engs[0].pool.BlockTiers(r)
 	for _, e := range engs[1:] {
 		for i, t := range e.pool.BlockTiers(r) {

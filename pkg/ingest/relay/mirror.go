@@ -40,6 +40,19 @@ type blockMeta struct {
 	groupIdx      int
 	specKind      string
 	slidingWindow int
+	// bigram: the block's tokens end with the token after it (SGLang with
+	// EAGLE keys blocks by token pairs).
+	bigram    bool
+	cacheSalt string
+	locality  events.Locality
+	ownership string
+}
+
+// mkey names a block in the mirror: a hybrid model's KV-cache groups store
+// the same hash each for itself.
+type mkey struct {
+	hash  uint64
+	group int
 }
 
 // maxMetas bounds the interned attribute sets; past it (hostile or exotic
@@ -61,6 +74,12 @@ type mirrorBlock struct {
 	tokens []uint32
 	extra  events.ExtraKey
 	meta   *blockMeta
+	// skip is, for a block of a sparse store, how many whole blocks of
+	// tokens before its own its tokens carry: those its store named no
+	// hash for, which the block's key still chains through.
+	skip int32
+	// opaque lists positions in tokens that held no token id.
+	opaque []int32
 	refs   [events.NumTiers]uint32
 	// children counts live entries linked to this one.
 	children int32
@@ -88,7 +107,7 @@ func (b *mirrorBlock) held() bool {
 type Mirror struct {
 	mu      sync.Mutex
 	max     int
-	blocks  map[uint64]*mirrorBlock
+	blocks  map[mkey]*mirrorBlock
 	oldest  *mirrorBlock
 	newest  *mirrorBlock
 	nHeld   int
@@ -106,7 +125,7 @@ func NewMirror(maxBlocks int) *Mirror {
 }
 
 func (m *Mirror) clear() {
-	m.blocks = make(map[uint64]*mirrorBlock)
+	m.blocks = make(map[mkey]*mirrorBlock)
 	m.metas = make(map[blockMeta]*blockMeta)
 	m.oldest, m.newest, m.nHeld = nil, nil, 0
 }
@@ -238,6 +257,7 @@ func (m *Mirror) intern(e *events.Event, blockSize int) *blockMeta {
 	k := blockMeta{
 		blockSize: blockSize, loraName: e.LoRAName, loraID: e.LoRAID, hasLoRAID: e.HasLoRAID,
 		groupIdx: e.GroupIdx, specKind: e.KVCacheSpecKind, slidingWindow: e.SlidingWindow,
+		bigram: e.Bigram, cacheSalt: e.CacheSalt, locality: e.Locality, ownership: e.Ownership,
 	}
 	if p, ok := m.metas[k]; ok {
 		return p
@@ -253,13 +273,13 @@ func (m *Mirror) stored(e *events.Event, defaultBlockSize int) {
 	if len(e.BlockHashes) == 0 {
 		return
 	}
-	t := e.Medium
+	t, g := e.Medium, e.GroupIdx
 	if len(e.TokenIDs) == 0 {
 		// A placeholder adds a tier to blocks the engine already holds; the
 		// index ignores it for blocks it does not hold, and so does the
 		// mirror, so that both agree on what it means.
 		for _, h := range e.BlockHashes {
-			if b := m.blocks[h]; b != nil && b.held() {
+			if b := m.blocks[mkey{h, g}]; b != nil && b.held() {
 				b.refs[t]++
 			}
 		}
@@ -273,11 +293,17 @@ func (m *Mirror) stored(e *events.Event, defaultBlockSize int) {
 	parent, hasParent := e.ParentHash, e.HasParent
 	var up *mirrorBlock
 	if hasParent {
-		up = m.blocks[parent]
+		up = m.blocks[mkey{parent, g}]
 	}
+	prevChunk := -1
 	for i, h := range e.BlockHashes {
-		tokens := blockTokens(e.TokenIDs, bs, i)
-		b := m.blocks[h]
+		tokens, skip, opaque := storedTokens(e, bs, i, prevChunk)
+		if len(e.BlockOffsets) > 0 {
+			prevChunk = int(e.BlockOffsets[i])
+		} else {
+			prevChunk = i
+		}
+		b := m.blocks[mkey{h, g}]
 		switch {
 		case b != nil:
 			// A known block stored again (a copy, or a ghost coming back):
@@ -297,7 +323,7 @@ func (m *Mirror) stored(e *events.Event, defaultBlockSize int) {
 			if meta == nil {
 				meta = m.intern(e, bs)
 			}
-			b = &mirrorBlock{hash: h, parent: parent, hasParent: hasParent, up: up, tokens: append([]uint32(nil), tokens...), meta: meta}
+			b = &mirrorBlock{hash: h, parent: parent, hasParent: hasParent, up: up, tokens: tokens, meta: meta, skip: skip, opaque: opaque}
 			if i < len(e.ExtraKeys) {
 				b.extra = e.ExtraKeys[i]
 			}
@@ -316,14 +342,58 @@ func (m *Mirror) stored(e *events.Event, defaultBlockSize int) {
 	}
 }
 
+// storedTokens returns block i's share of a store's tokens, copied: its own
+// block (a partial remainder for the last), after the blocks of a sparse
+// store that named no hash since the previous one (skip of them), and, for
+// token pairs, the token after it. opaque are the positions in it that held
+// no token id.
+func storedTokens(e *events.Event, bs, i, prevChunk int) (tokens []uint32, skip int32, opaque []int32) {
+	chunk := i
+	if len(e.BlockOffsets) > 0 {
+		chunk = int(e.BlockOffsets[i])
+	}
+	from := prevChunk + 1
+	if bs <= 0 {
+		from, chunk = 0, 0
+	}
+	lo := from * bs
+	own := blockTokens(e.TokenIDs, bs, chunk)
+	if len(own) == 0 || lo > len(e.TokenIDs) {
+		return nil, 0, nil
+	}
+	hi := lo + (chunk-from)*bs + len(own)
+	if bs <= 0 {
+		lo, hi = 0, len(own)
+	}
+	tokens = append(make([]uint32, 0, hi-lo+1), e.TokenIDs[lo:hi]...)
+	if e.Bigram {
+		next := e.BigramNext
+		if hi < len(e.TokenIDs) {
+			next = e.TokenIDs[hi]
+		}
+		tokens = append(tokens, next)
+	}
+	for _, p := range e.OpaqueTokens {
+		if int(p) >= lo && int(p) < hi {
+			opaque = append(opaque, p-int32(lo))
+		}
+	}
+	return tokens, int32(chunk - from), opaque
+}
+
 func (m *Mirror) removed(e *events.Event) {
 	t := e.Medium
-	for _, h := range e.BlockHashes {
-		b := m.blocks[h]
+	for i, h := range e.BlockHashes {
+		b := m.blocks[mkey{h, e.GroupIdx}]
 		if b == nil || b.refs[t] == 0 {
 			continue
 		}
-		b.refs[t]--
+		if i < len(e.RemainingCopies) {
+			// The engine says how many copies are left: that count stands.
+			b.refs[t] = uint32(max(0, e.RemainingCopies[i]))
+		} else {
+			b.refs[t]--
+		}
 		if !b.held() {
 			m.nHeld--
 			m.release(b)
@@ -360,7 +430,7 @@ func (m *Mirror) evictOldest() {
 }
 
 func (m *Mirror) push(b *mirrorBlock) {
-	m.blocks[b.hash] = b
+	m.blocks[mkey{b.hash, b.meta.groupIdx}] = b
 	b.prev = m.newest
 	if m.newest != nil {
 		m.newest.next = b
@@ -371,7 +441,7 @@ func (m *Mirror) push(b *mirrorBlock) {
 }
 
 func (m *Mirror) drop(b *mirrorBlock) {
-	delete(m.blocks, b.hash)
+	delete(m.blocks, mkey{b.hash, b.meta.groupIdx})
 	if b.prev != nil {
 		b.prev.next = b.next
 	} else {

@@ -22,7 +22,7 @@ type refBlock struct {
 // reference is the straightforward model of an engine's held blocks the
 // mirror is checked against: a map from hash to a refcount per tier, with
 // a block forgotten as soon as no tier holds it.
-type reference map[uint64]*refBlock
+type reference map[mkey]*refBlock
 
 func (r reference) apply(b *events.Batch, defaultBlockSize int) {
 	for i := range b.Events {
@@ -32,10 +32,11 @@ func (r reference) apply(b *events.Batch, defaultBlockSize int) {
 			clear(r)
 		case events.KindBlockRemoved:
 			for _, h := range e.BlockHashes {
-				if rb := r[h]; rb != nil && rb.refs[e.Medium] > 0 {
+				k := mkey{h, e.GroupIdx}
+				if rb := r[k]; rb != nil && rb.refs[e.Medium] > 0 {
 					rb.refs[e.Medium]--
 					if rb.refs == [events.NumTiers]uint32{} {
-						delete(r, h)
+						delete(r, k)
 					}
 				}
 			}
@@ -50,7 +51,8 @@ func (r reference) apply(b *events.Batch, defaultBlockSize int) {
 				if len(e.TokenIDs) > 0 {
 					tokens = blockTokens(e.TokenIDs, bs, i)
 				}
-				rb := r[h]
+				k := mkey{h, e.GroupIdx}
+				rb := r[k]
 				if rb == nil && len(tokens) > 0 {
 					rb = &refBlock{parent: parent, hasParent: hasParent, tokens: append([]uint32(nil), tokens...), meta: blockMeta{
 						blockSize: bs, loraName: e.LoRAName, loraID: e.LoRAID, hasLoRAID: e.HasLoRAID,
@@ -59,7 +61,7 @@ func (r reference) apply(b *events.Batch, defaultBlockSize int) {
 					if i < len(e.ExtraKeys) {
 						rb.extra = e.ExtraKeys[i]
 					}
-					r[h] = rb
+					r[k] = rb
 				}
 				if rb != nil {
 					rb.refs[e.Medium]++
@@ -80,18 +82,18 @@ type heldView struct {
 	refs      [events.NumTiers]uint32
 }
 
-func (r reference) view() map[uint64]heldView {
-	out := make(map[uint64]heldView, len(r))
+func (r reference) view() map[mkey]heldView {
+	out := make(map[mkey]heldView, len(r))
 	for h, b := range r {
 		out[h] = heldView{b.parent, b.hasParent, fmt.Sprint(b.tokens), b.meta, fmt.Sprint(b.extra), b.refs}
 	}
 	return out
 }
 
-func (m *Mirror) heldView() map[uint64]heldView {
+func (m *Mirror) heldView() map[mkey]heldView {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make(map[uint64]heldView)
+	out := make(map[mkey]heldView)
 	for h, b := range m.blocks {
 		if b.held() {
 			out[h] = heldView{b.parent, b.hasParent, fmt.Sprint(b.tokens), *b.meta, fmt.Sprint(b.extra), b.refs}
@@ -111,7 +113,7 @@ func (m *Mirror) checkInvariants(t *testing.T) {
 	needed := map[*mirrorBlock]bool{}
 	for b := m.oldest; b != nil; b = b.next {
 		n++
-		if m.blocks[b.hash] != b {
+		if m.blocks[mkey{b.hash, b.meta.groupIdx}] != b {
 			t.Fatalf("block %x in the order list but not the map", b.hash)
 		}
 		if b.up != nil && !b.up.gone {
@@ -317,7 +319,7 @@ func checkSnapshotRoundTrip(t testing.TB, m *Mirror, chunkBytes int) *Snapshot {
 			e := &b.Events[k]
 			blocks += len(e.BlockHashes)
 			if e.Kind == events.KindBlockStored && len(e.TokenIDs) > 0 && e.HasParent && !orphans[e.BlockHashes[0]] {
-				if ref[e.ParentHash] == nil {
+				if ref[mkey{e.ParentHash, e.GroupIdx}] == nil {
 					t.Fatalf("chunk %d stores %x under parent %x, not stored before", i, e.BlockHashes[0], e.ParentHash)
 				}
 			}
@@ -403,7 +405,7 @@ func TestMirrorEvictsTheOldestPastItsBound(t *testing.T) {
 	if m.Position().Exact {
 		t.Fatal("a mirror that evicted still claims to be exact")
 	}
-	if _, ok := m.heldView()[25]; !ok {
+	if _, ok := m.heldView()[mkey{25, 0}]; !ok {
 		t.Fatal("the newest block was evicted")
 	}
 	checkSnapshotRoundTrip(t, m, 1024)
@@ -434,7 +436,7 @@ func TestSnapshotsTakenDuringIngestMatchTheirSeq(t *testing.T) {
 		batches[i], _ = wire(t, u.randomBatch(rng))
 	}
 	// views[seq] is the reference's held set once batch seq is applied.
-	views := make([]map[uint64]heldView, len(batches))
+	views := make([]map[mkey]heldView, len(batches))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -136,8 +136,14 @@ func encodeChunks(pos Position, evs []events.Event, chunkBytes int) ([][]byte, e
 // describable from its chain's root.
 func snapshotEvents(blocks []snapBlock) []events.Event {
 	var evs []events.Event
-	var extraRefs [events.NumTiers][]uint64
-	var ghosts []uint64
+	type tierGroup struct {
+		tier  events.Tier
+		group int
+	}
+	extraRefs := map[tierGroup][]uint64{}
+	ghosts := map[int][]uint64{}
+	var order []tierGroup // first use, so that output is deterministic
+	var ghostOrder []int
 	for i := 0; i < len(blocks); {
 		first := &blocks[i]
 		tier := first.primary()
@@ -165,53 +171,81 @@ func snapshotEvents(blocks []snapBlock) []events.Event {
 			GroupIdx:        first.meta.groupIdx,
 			KVCacheSpecKind: first.meta.specKind,
 			SlidingWindow:   first.meta.slidingWindow,
+			CacheSalt:       first.meta.cacheSalt,
+			Locality:        first.meta.locality,
+			Ownership:       first.meta.ownership,
+			Bigram:          first.meta.bigram,
 		}
-		if len(run) == 1 {
-			e.TokenIDs = first.tokens
-		} else {
-			e.TokenIDs = make([]uint32, 0, len(run)*first.meta.blockSize)
+		if first.skip > 0 {
+			e.BlockOffsets = []int32{first.skip}
 		}
+		e.TokenIDs = make([]uint32, 0, len(run)*(first.meta.blockSize+1))
 		for k := range run {
 			b := &run[k]
 			e.BlockHashes = append(e.BlockHashes, b.hash)
-			if len(run) > 1 {
-				e.TokenIDs = append(e.TokenIDs, b.tokens...)
+			for _, p := range b.opaque {
+				e.OpaqueTokens = append(e.OpaqueTokens, int32(len(e.TokenIDs))+p)
 			}
+			tokens := b.tokens
+			if b.meta.bigram && len(tokens) > 0 {
+				// Each block ends with the token after it, the next
+				// block's first; the last one's is the run's next token.
+				tokens, e.BigramNext = tokens[:len(tokens)-1], tokens[len(tokens)-1]
+			}
+			e.TokenIDs = append(e.TokenIDs, tokens...)
 			if b.extra != nil {
 				if e.ExtraKeys == nil {
 					e.ExtraKeys = make([]events.ExtraKey, len(run))
 				}
 				e.ExtraKeys[k] = b.extra
 			}
+			g := b.meta.groupIdx
 			if !b.held() {
-				ghosts = append(ghosts, b.hash)
+				if _, ok := ghosts[g]; !ok {
+					ghostOrder = append(ghostOrder, g)
+				}
+				ghosts[g] = append(ghosts[g], b.hash)
 				continue
 			}
 			for t, r := range b.refs {
 				if events.Tier(t) == tier {
 					r--
 				}
+				tg := tierGroup{events.Tier(t), g}
+				if _, ok := extraRefs[tg]; !ok && r > 0 {
+					order = append(order, tg)
+				}
 				for ; r > 0; r-- {
-					extraRefs[t] = append(extraRefs[t], b.hash)
+					extraRefs[tg] = append(extraRefs[tg], b.hash)
 				}
 			}
 		}
 		evs = append(evs, e)
 		i = j
 	}
-	for t := range extraRefs {
-		evs = appendLists(evs, extraRefs[t], func(h []uint64) events.Event {
-			return events.Event{Kind: events.KindBlockStored, BlockHashes: h, Medium: events.Tier(t)}
+	for _, tg := range order {
+		evs = appendLists(evs, extraRefs[tg], func(h []uint64) events.Event {
+			return events.Event{Kind: events.KindBlockStored, BlockHashes: h, Medium: tg.tier, GroupIdx: tg.group}
 		})
 	}
-	return appendLists(evs, ghosts, func(h []uint64) events.Event {
-		return events.Event{Kind: events.KindBlockRemoved, BlockHashes: h, Medium: events.TierGPU}
-	})
+	for _, g := range ghostOrder {
+		evs = appendLists(evs, ghosts[g], func(h []uint64) events.Event {
+			return events.Event{Kind: events.KindBlockRemoved, BlockHashes: h, Medium: events.TierGPU, GroupIdx: g}
+		})
+	}
+	return evs
 }
 
-// full says whether b holds exactly one block of tokens, the only kind a
-// run can carry without changing how its tokens split.
-func full(b *snapBlock) bool { return b.meta.blockSize > 0 && len(b.tokens) == b.meta.blockSize }
+// full says whether b holds exactly one block of tokens (and, for token
+// pairs, the one after it), the only kind a run can carry without changing
+// how its tokens split.
+func full(b *snapBlock) bool {
+	n := b.meta.blockSize
+	if b.meta.bigram {
+		n++
+	}
+	return b.meta.blockSize > 0 && len(b.tokens) == n && b.skip == 0
+}
 
 func appendLists(evs []events.Event, hashes []uint64, mk func([]uint64) events.Event) []events.Event {
 	for len(hashes) > 0 {
@@ -225,12 +259,19 @@ func appendLists(evs []events.Event, hashes []uint64, mk func([]uint64) events.E
 // eventBound is an upper bound on an event's encoded size, so that chunks
 // are cut without encoding every event twice.
 func eventBound(e *events.Event) int {
+	tokenBound := 5
+	if e.Bigram {
+		tokenBound = 11 // a pair: its header and two ints
+	}
 	n := 1 + 5 + 17 + // array header, tag, and the tag's length
 		5 + 9*len(e.BlockHashes) + // hashes
 		9 + // parent
-		5 + 5*len(e.TokenIDs) + // tokens
+		5 + tokenBound*len(e.TokenIDs) + 11 + // tokens, and a bigram's next one
 		9 + 9 + 9 + 9 + 9 + // block size, lora id, medium, group, window
-		5 + len(e.LoRAName) + 5 + len(e.KVCacheSpecKind)
+		5 + len(e.LoRAName) + 5 + len(e.KVCacheSpecKind) +
+		5 + len(e.CacheSalt) + 20 + 10 + 5 + len(e.Ownership) + // salt in its map, locality, ownership
+		24 + 30 + 6*len(e.BlockOffsets) + // offsets, with the field names map form adds
+		8*18 // field names of the other fields in map form
 	if e.ExtraKeys != nil {
 		n += 5
 		for _, k := range e.ExtraKeys {

@@ -2,6 +2,7 @@ package blockpool
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -216,12 +217,13 @@ func TestExtrasFollowVLLMOrder(t *testing.T) {
 	mustAllocate(t, p, r)
 	evs := step(t, p)
 	got := evs[0].ExtraKeys
-	want := []events.ExtraKey{{"sql", "s"}, {"sql", "img"}, {"sql"}}
+	// A multimodal item is named with its start relative to the block.
+	want := []events.ExtraKey{{"sql", "s"}, {"sql", []any{"img", int64(1)}}, {"sql"}}
 	if len(got) != len(want) {
 		t.Fatalf("extras %v", got)
 	}
 	for i := range want {
-		if !slices.Equal(got[i], want[i]) {
+		if !reflect.DeepEqual(got[i], want[i]) {
 			t.Fatalf("block %d extras %v, want %v", i, got[i], want[i])
 		}
 	}

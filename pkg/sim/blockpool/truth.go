@@ -35,7 +35,7 @@ func (p *Pool) remember(req Request, hashes []uint64, i int) {
 // prune keeps the records of held blocks and of their ancestors, which a
 // held block's key is computed through.
 func (p *Pool) prune() {
-	keep := make(map[uint64]bool, len(p.cached)+len(p.cpu))
+	keep := make(map[uint64]bool, len(p.cached[0])+len(p.cpu))
 	var mark func(h uint64)
 	mark = func(h uint64) {
 		for !keep[h] {
@@ -50,8 +50,10 @@ func (p *Pool) prune() {
 			h = c.parent
 		}
 	}
-	for h := range p.cached {
-		mark(h)
+	for _, cached := range p.cached {
+		for h := range cached {
+			mark(h)
+		}
 	}
 	for h := range p.cpu {
 		mark(h)
@@ -79,14 +81,16 @@ type Block struct {
 	Extras []events.ExtraKey
 }
 
-// Blocks returns every block the engine holds, in GPU or CPU, with what it
-// was computed from: the whole ground truth, not one prompt's prefix.
-// Blocks whose chain cannot be traced to a root (never so in this model)
+// Blocks returns every block the engine holds, in GPU (for any of its
+// KV-cache groups) or CPU, with what it was computed from: the whole
+// ground truth, not one prompt's prefix. Blocks whose chain cannot be traced to a root (never so in this model)
 // are left out and counted.
 func (p *Pool) Blocks() (out []Block, untraced int) {
-	tiers := make(map[uint64]uint8, len(p.cached)+len(p.cpu))
-	for h := range p.cached {
-		tiers[h] |= 1 << events.TierGPU
+	tiers := make(map[uint64]uint8, len(p.cached[0])+len(p.cpu))
+	for _, cached := range p.cached {
+		for h := range cached {
+			tiers[h] |= 1 << events.TierGPU
+		}
 	}
 	for h := range p.cpu {
 		tiers[h] |= 1 << events.TierCPU
