@@ -37,6 +37,8 @@ type Index interface {
 	Lookup(keys []uint64, addrs []string, out []index.Match)
 	State(addr string) (datalayer.StreamState, time.Time)
 	BlockSize(addr string) int
+	// Bigram reports whether addr's engine keys blocks by token pairs.
+	Bigram(addr string) bool
 }
 
 // Approx is what the producer needs of the approximate fallback.
@@ -117,12 +119,15 @@ func (p *Producer) Produces() map[string]any {
 // and the index.
 func (p *Producer) Consumes() map[string]any { return nil }
 
-// group is the candidates that share a block size and a model, and so share
-// the request's block keys.
+// group is the candidates that share a block size, a model and a way of
+// keying blocks, and so share the request's block keys.
 type group struct {
 	blockSize int
 	model     string
-	members   []int
+	// bigram: the engines key blocks by pairs of adjacent tokens (SGLang
+	// with EAGLE), so a block's key takes the token after it.
+	bigram  bool
+	members []int
 }
 
 // Produce implements datalayer.DataProducer.
@@ -156,8 +161,17 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		if p.params.MaxPrefixBlocks > 0 {
 			total = min(total, p.params.MaxPrefixBlocks)
 		}
-		root := index.RootKey(g.model, req.LoRA, req.CacheSalt)
-		keys := index.AppendBlockKeys(make([]uint64, 0, total), root, req.TokenIDs[:total*g.blockSize], g.blockSize)
+		var keys []uint64
+		if g.bigram {
+			// A block's key takes the token after it: the last block has one
+			// only when a token follows it.
+			root := index.BigramRootKey(g.model, req.LoRA, req.CacheSalt)
+			end := min(len(req.TokenIDs), total*g.blockSize+1)
+			keys = index.AppendBigramBlockKeys(make([]uint64, 0, total), root, req.TokenIDs[:end], g.blockSize)
+		} else {
+			root := index.RootKey(g.model, req.LoRA, req.CacheSalt)
+			keys = index.AppendBlockKeys(make([]uint64, 0, total), root, req.TokenIDs[:total*g.blockSize], g.blockSize)
+		}
 		addrs = addrs[:0]
 		for _, i := range g.members {
 			addrs = append(addrs, cands[i].Address)
@@ -236,15 +250,16 @@ func (p *Producer) groups(cands []*datalayer.Candidate) []group {
 	var gs []group
 	for i, c := range cands {
 		bs := p.blockSize(c)
+		bigram := p.index.Bigram(c.Address)
 		k := 0
-		for k < len(gs) && (gs[k].blockSize != bs || gs[k].model != c.Model) {
+		for k < len(gs) && (gs[k].blockSize != bs || gs[k].model != c.Model || gs[k].bigram != bigram) {
 			k++
 		}
 		if k == len(gs) {
 			// Room for every candidate left: there is usually one group
 			// holding them all, and growing it one append at a time cost
 			// several allocations per request.
-			gs = append(gs, group{blockSize: bs, model: c.Model, members: make([]int, 0, len(cands)-i)})
+			gs = append(gs, group{blockSize: bs, model: c.Model, bigram: bigram, members: make([]int, 0, len(cands)-i)})
 		}
 		gs[k].members = append(gs[k].members, i)
 	}

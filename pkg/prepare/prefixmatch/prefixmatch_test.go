@@ -90,3 +90,83 @@ func TestProduceAnswersEachCandidateAtItsOwnBlockSizeAndModel(t *testing.T) {
 		t.Errorf("%d distinct key sets, want one per block size and model (3)", len(keysOf))
 	}
 }
+
+// An engine that keys blocks by token pairs (SGLang with EAGLE) is asked
+// with pair keys, beside one keyed plainly, in the same request.
+func TestProduceKeysTokenPairEnginesByPairs(t *testing.T) {
+	t.Parallel()
+	prompt := make([]uint32, 64)
+	for i := range prompt {
+		prompt[i] = uint32(500 + i)
+	}
+	ix := index.New(index.Options{}, nil)
+	plainAddr, pairAddr := "10.0.0.1:8000", "10.0.0.2:8000"
+	ix.AddEndpoint(plainAddr)
+	ix.AddEndpoint(pairAddr)
+	store(ix, plainAddr, "m", 16, 2, prompt)
+	ix.Apply(events.Origin{Stream: events.Stream{Endpoint: pairAddr}, Model: "m", BlockSize: 16, Instance: "i"},
+		&events.Batch{Events: []events.Event{{
+			Kind: events.KindBlockStored, BlockHashes: []uint64{7, 8, 9}, TokenIDs: prompt[:48], BlockSize: 16,
+			Bigram: true, BigramNext: prompt[48],
+		}}})
+	var cands []*datalayer.Candidate
+	for _, addr := range []string{plainAddr, pairAddr} {
+		cands = append(cands, datalayer.NewCandidate(&datalayer.Endpoint{Name: addr, Address: addr, Model: "m"},
+			datalayer.Metrics{}, datalayer.StreamExact))
+	}
+	p := prefixmatch.New("", prefixmatch.Params{}, ix, nil)
+	for _, tc := range []struct {
+		name        string
+		tokens      []uint32
+		plain, pair int
+	}{
+		{"a request longer than what either holds", prompt, 2, 3},
+		{"a request ending at the third block: no token after it", prompt[:48], 2, 2},
+	} {
+		if err := p.Produce(context.Background(), &request.Request{Model: "m", TokenIDs: tc.tokens}, cands); err != nil {
+			t.Fatal(err)
+		}
+		got := func(i int) int {
+			v, _ := cands[i].Get(datalayer.PrefixCacheMatchInfoKey)
+			return v.(datalayer.PrefixCacheInfo).MatchBlocks
+		}
+		if got(0) != tc.plain || got(1) != tc.pair {
+			t.Errorf("%s: plain engine %d, pair engine %d; want %d, %d", tc.name, got(0), got(1), tc.plain, tc.pair)
+		}
+	}
+}
+
+// A request with an image or another non-text part is a hit nowhere: the
+// engine's blocks for it are keyed with the item's hash, which the request
+// path cannot reproduce, even where its text prefix is held.
+func TestProduceReportsNoHitForARequestWithNonTextParts(t *testing.T) {
+	t.Parallel()
+	prompt := make([]uint32, 64)
+	for i := range prompt {
+		prompt[i] = uint32(i)
+	}
+	ix := index.New(index.Options{}, nil)
+	addr := "10.0.0.1:8000"
+	ix.AddEndpoint(addr)
+	store(ix, addr, "m", 16, 4, prompt)
+	cands := []*datalayer.Candidate{datalayer.NewCandidate(&datalayer.Endpoint{Name: "a", Address: addr, Model: "m"},
+		datalayer.Metrics{}, datalayer.StreamExact)}
+	p := prefixmatch.New("", prefixmatch.Params{}, ix, nil)
+	for _, tc := range []struct {
+		name string
+		req  request.Request
+		want int
+	}{
+		{"the text-only request", request.Request{Model: "m", TokenIDs: prompt}, 4},
+		{"the same tokens with an image", request.Request{Model: "m", TokenIDs: prompt, NoReproduciblePrefix: true}, 0},
+		{"an image and no known tokens", request.Request{Model: "m", Prompt: "describe <image_url>", NoReproduciblePrefix: true}, 0},
+	} {
+		if err := p.Produce(context.Background(), &tc.req, cands); err != nil {
+			t.Fatal(err)
+		}
+		v, _ := cands[0].Get(datalayer.PrefixCacheMatchInfoKey)
+		if got := v.(datalayer.PrefixCacheInfo).MatchBlocks; got != tc.want {
+			t.Errorf("%s: %d blocks, want %d", tc.name, got, tc.want)
+		}
+	}
+}
