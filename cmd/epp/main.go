@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/discovery/k8s"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
 	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
@@ -112,7 +113,8 @@ func run(args []string) error {
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on --debug-addr")
 	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 0, "bound on (block, endpoint, tier) holdings in the prefix index; 0 sizes it from GOMEMLIMIT or the container's memory limit (half of it, at 96 bytes a holding)")
 	fs.IntVar(&o.Index.MaxHoldingsPerEndpoint, "index-max-holdings-per-endpoint", 0, "bound on one endpoint's holdings; 0 means an eighth of --index-max-holdings")
-	fs.DurationVar(&o.Index.TierMaxAge[1], "index-cpu-max-age", 0, "evict CPU-tier holdings this long after their last store (for publishers that never remove them, such as LMCache); 0 keeps them")
+	fs.DurationVar(&o.Index.TierMaxAge[events.TierCPU], "index-cpu-max-age", 0, "evict CPU-tier holdings this long after their last store (for publishers that never remove them, such as LMCache); 0 keeps them")
+	fs.DurationVar(&o.Index.TierMaxAge[events.TierStorage], "index-storage-max-age", 0, "evict storage-tier holdings this long after their last store (for publishers that never remove them); 0 keeps them")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err

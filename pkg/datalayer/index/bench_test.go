@@ -259,3 +259,62 @@ func buildAndMeasure(b *testing.B, target, endpoints, share int) (float64, int64
 	runtime.KeepAlive(ix)
 	return float64(after.HeapAlloc-before.HeapAlloc) / float64(holdings), holdings
 }
+
+// BenchmarkIndexLookupHybrid measures a lookup over endpoints of a hybrid
+// model (a full-attention group, a 4096-token sliding window and a Mamba
+// group), each answered as vLLM's coordinator decides, beside the plain
+// walk over the same prompt held by single-group endpoints.
+func BenchmarkIndexLookupHybrid(b *testing.B) {
+	const blocks, endpoints = 512, 16
+	for _, hybrid := range []bool{false, true} {
+		name := "8k tokens/16 endpoints/single group"
+		if hybrid {
+			name = "8k tokens/16 endpoints/full attention, sliding window and Mamba"
+		}
+		b.Run(name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			ix := New(Options{}, nil)
+			prompt := benchTokens(rng, blocks*benchBS)
+			addrs := make([]string, endpoints)
+			for i := range addrs {
+				addrs[i] = benchAddr(i)
+				ix.AddEndpoint(addrs[i])
+				n := blocks * (i + 1) / endpoints
+				hashes := make([]uint64, n)
+				for j := range hashes {
+					hashes[j] = uint64(j + 1)
+				}
+				stored := events.Event{Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: prompt[:n*benchBS], BlockSize: benchBS}
+				evs := []events.Event{stored}
+				if hybrid {
+					window, state := stored, stored
+					evs[0].KVCacheSpecKind = "full_attention"
+					window.GroupIdx, window.KVCacheSpecKind, window.SlidingWindow = 1, "sliding_window", 4096
+					state.GroupIdx, state.KVCacheSpecKind = 2, "mamba"
+					state.BlockHashes, state.BlockOffsets = hashes[n-1:], []int32{int32(n - 1)}
+					evs = append(evs, window, state)
+				}
+				o := events.Origin{Stream: events.Stream{Endpoint: addrs[i]}, Model: "bench", Instance: "i", BlockSize: benchBS}
+				ix.Apply(o, &events.Batch{Events: evs})
+			}
+			out := make([]Match, len(addrs))
+			keys := make([]uint64, 0, blocks)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := testkit.CPUTime()
+			for b.Loop() {
+				keys = AppendBlockKeys(keys[:0], RootKey("bench", "", ""), prompt, benchBS)
+				ix.Lookup(keys, addrs, out)
+			}
+			b.StopTimer()
+			n := float64(b.N) * blocks
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/block")
+			if cpu := testkit.CPUTime() - cpu0; cpu > 0 {
+				b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/block")
+			}
+			if out[endpoints-1].Blocks != blocks {
+				b.Fatalf("the endpoint holding everything matched %d blocks, want %d", out[endpoints-1].Blocks, blocks)
+			}
+		})
+	}
+}

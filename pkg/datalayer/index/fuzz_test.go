@@ -101,12 +101,45 @@ func FuzzIndexApply(f *testing.F) {
 					}
 					e.Medium = events.Tier(r.next() % events.NumTiers)
 					e.GroupIdx = int(r.next() % 5 / 4)
+					// Hybrid kinds, sparse offsets, token pairs, opaque
+					// tokens and salts, as the newer publishers send them.
+					switch r.next() % 6 {
+					case 1:
+						e.KVCacheSpecKind, e.SlidingWindow = "sliding_window", int(r.next()%7)
+					case 2:
+						e.KVCacheSpecKind = "mamba"
+					case 3:
+						e.KVCacheSpecKind = "cross_attention"
+					}
+					if r.next()%4 == 0 {
+						off := int32(0)
+						for range e.BlockHashes {
+							off += int32(r.next() % 3)
+							e.BlockOffsets = append(e.BlockOffsets, off)
+							off++
+						}
+					}
+					if r.next()%5 == 0 {
+						e.Bigram, e.BigramNext = true, uint32(r.next()%4)
+					}
+					if r.next()%5 == 0 && len(e.TokenIDs) > 0 {
+						e.OpaqueTokens = []int32{int32(int(r.next()) % len(e.TokenIDs))}
+					}
+					if r.next()%6 == 0 {
+						e.CacheSalt = "salt"
+					}
 				case 3, 4:
 					e.Kind = events.KindBlockRemoved
 					for range int(r.next() % 4) {
 						e.BlockHashes = append(e.BlockHashes, uint64(r.next()%16))
 					}
 					e.Medium = events.Tier(r.next() % events.NumTiers)
+					e.GroupIdx = int(r.next() % 5 / 4)
+					if r.next()%3 == 0 {
+						for range e.BlockHashes {
+							e.RemainingCopies = append(e.RemainingCopies, int32(r.next()%3))
+						}
+					}
 				case 5:
 					e.Kind = events.KindAllBlocksCleared
 				case 6:

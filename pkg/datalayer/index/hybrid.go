@@ -229,10 +229,11 @@ func (ix *Index) holderOf(k uint64, ep uint16) uint64 {
 
 // hybridMatch answers one hybrid endpoint for keys as vLLM's hybrid
 // coordinator would decide the hit.
-func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uint64) Match {
+func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uint64, sc *lookupScratch) Match {
 	n := len(keys)
 	// Full attention is downward closed: every full group must hold every
-	// block, so one left-to-right pass bounds the hit.
+	// block, so one left-to-right pass bounds the hit. The tier each block
+	// is reported in (the first full group's) is noted on the way.
 	primary := -1
 	for _, s := range l.groups {
 		if s.class == classFull {
@@ -240,6 +241,7 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 			break
 		}
 	}
+	tiers := sc.tiers[:0]
 	if primary >= 0 {
 		j := 0
 	walk:
@@ -248,13 +250,18 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 				if s.class != classFull {
 					continue
 				}
-				if ok, _ := ix.heldIn(keys[j], s.idx, ep.id, nowMs); !ok {
+				ok, t := ix.heldIn(keys[j], s.idx, ep.id, nowMs)
+				if !ok {
 					break walk
+				}
+				if s.idx == primary {
+					tiers = append(tiers, int8(t))
 				}
 			}
 		}
 		n = j
 	}
+	sc.tiers = tiers
 	bs := int(ep.blockSize.Load())
 	// Every other group may only shorten the hit; shortening can change
 	// another group's answer, so repeat until none shortens it.
@@ -278,12 +285,13 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 	n = alignHit(n, l, bs)
 	var m Match
 	m.Blocks = n
-	tierGroup := primary
-	if tierGroup < 0 && len(l.groups) > 0 {
-		tierGroup = l.groups[0].idx
-	}
 	for j := 0; j < n; j++ {
-		_, t := ix.heldIn(keys[j], tierGroup, ep.id, nowMs)
+		var t int32
+		if primary >= 0 {
+			t = int32(tiers[j])
+		} else {
+			_, t = ix.heldIn(keys[j], l.groups[0].idx, ep.id, nowMs)
+		}
 		switch {
 		case t == events.NumTiers:
 			m.Speculative++

@@ -29,6 +29,8 @@ type lookupScratch struct {
 	// hybrid lists the candidates with several KV-cache groups, answered
 	// apart from the walk (see hybrid.go).
 	hybrid []hybridCand
+	// tiers is a hybrid answer's tier per block of its full-attention run.
+	tiers []int8
 }
 
 type hybridCand struct {
@@ -82,7 +84,7 @@ func (ix *Index) Lookup(keys []uint64, addrs []string, out []Match) {
 		if len(sc.hybrid) > 0 {
 			nowMs := ix.ms(ix.now())
 			for _, h := range sc.hybrid {
-				out[h.pos] = ix.hybridMatch(keys, h.ep, h.l, nowMs)
+				out[h.pos] = ix.hybridMatch(keys, h.ep, h.l, nowMs, sc)
 			}
 		}
 		for i := range out {
