@@ -428,6 +428,11 @@ func (e *EPP) buildScheduling() error {
 	if err != nil {
 		return fmt.Errorf("epp: scheduler configuration: %w", err)
 	}
+	// What of an upstream configuration kvroute does its own way, one line
+	// each.
+	for _, note := range loaded.Notes {
+		e.logger.Info("scheduler configuration: " + note)
+	}
 	for _, p := range loaded.Plugins {
 		// The routing history learns picks as far as the configured
 		// producer asks it about them.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -273,17 +275,21 @@ func TestLoadRefusesBadConfigs(t *testing.T) {
 		wantMsg string
 	}{
 		{"an unknown type is named with the known ones", "plugins: [{name: x, type: magic-scorer}]", true, config.ErrUnknownType,
-			`load config: plugin "x": unknown plugin type "magic-scorer" (known types: [kv-cache-utilization-scorer lora-affinity-filter max-score-picker precise-prefix-cache-scorer prefill-cost-scorer prefix-cache-scorer queue-scorer random-picker running-requests-size-scorer saturation-filter single-profile-handler softmax-picker speculative-prefix-recorder utilization-detector weighted-random-picker])`},
-		{"an upstream type without an equivalent says why", "plugins: [{type: lora-affinity-scorer}]", false, config.ErrUnsupportedType,
-			`load config: plugin "lora-affinity-scorer": unsupported upstream plugin type "lora-affinity-scorer": use lora-affinity-filter, which keeps LoRA requests on endpoints with the adapter or room for it`},
-		{"the approximate producer needs kvroute's producer registered", "plugins: [{type: approx-prefix-cache-producer}]", true, config.ErrUnsupportedType,
-			`load config: plugin "approx-prefix-cache-producer": unsupported upstream plugin type "approx-prefix-cache-producer": it maps onto kvroute's precise-prefix-cache-producer, which this binary does not register`},
-		{"an unknown parameter names the plugin and the field", "plugins: [{name: q, type: max-score-picker, parameters: {maxEndpoints: 2}}]", false, framework.ErrInvalidParams,
-			`load config: invalid plugin parameters: plugin "q" (type max-score-picker): json: unknown field "maxEndpoints"`},
+			`load config: plugin "x": unknown plugin type "magic-scorer" (known types: [by-label decision-tree-filter decode-filter encode-filter header-based-testing-filter kv-cache-utilization-scorer label-selector-filter least-kv-cache-filter least-queue-filter load-aware-scorer lora-affinity-filter lora-affinity-scorer low-queue-filter max-score-picker no-hit-lru-scorer precise-prefix-cache-scorer prefill-cost-scorer prefill-filter prefix-cache-scorer queue-scorer random-picker running-requests-size-scorer saturation-filter single-profile-handler softmax-picker speculative-prefix-recorder utilization-detector weighted-random-picker])`},
+		{"an upstream type without an equivalent says why", "plugins: [{type: pd-profile-handler}]", false, config.ErrUnsupportedType,
+			`load config: plugin "pd-profile-handler": unsupported upstream plugin type "pd-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
+		{"an upstream parameter that would change behaviour is refused with the reason", "plugins: [{name: m, type: metrics-data-source, parameters: {scheme: https}}]", false, framework.ErrInvalidParams,
+			`load config: invalid plugin parameters: plugin "m" (type metrics-data-source): parameter scheme: kvroute scrapes http://<endpoint>/metrics; another scheme cannot be set`},
 		{"an unknown parameter of the approximate producer is still refused", "plugins: [{type: approx-prefix-cache-producer, parameters: {hashSeed: 1}}]", false, framework.ErrInvalidParams,
-			`load config: invalid plugin parameters: plugin "approx-prefix-cache-producer" (type approx-prefix-cache-producer): json: unknown field "hashSeed"`},
-		{"an unknown feature gate is named", "featureGates: [flowControl]", false, config.ErrUnknownFeatureGate,
-			`load config: unknown feature gate "flowControl"`},
+			`load config: invalid plugin parameters: plugin "approx-prefix-cache-producer" (type approx-prefix-cache-producer): unknown parameter "hashSeed" (known: autoTune, blockSize, blockSizeTokens, lruCapacityPerServer, maxPrefixBlocksToMatch, maxPrefixTokensToMatch)`},
+		{"an unknown parameter of kvroute's own type of an upstream name is still refused", "plugins: [{name: p, type: precise-prefix-cache-scorer, parameters: {tierWeight: {gpu: 1}}}]", false, framework.ErrInvalidParams,
+			`load config: invalid plugin parameters: plugin "p" (type precise-prefix-cache-scorer): json: unknown field "tierWeight"`},
+		{"an unknown feature gate is named", "featureGates: [magic]", false, config.ErrUnknownFeatureGate,
+			`load config: unknown feature gate "magic"`},
+		{"the flowControl feature gate is refused with the reason", "featureGates: [flowControl]", false, config.ErrInvalid,
+			`load config: invalid configuration: feature gate "flowControl": kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission`},
+		{"a feature gate set to something else than a boolean is refused", "featureGates: [dataLayer=maybe]", false, config.ErrInvalid,
+			`load config: invalid configuration: feature gate "dataLayer": "maybe" is not true or false`},
 		{"a duplicate plugin name is named", "plugins: [{type: queue-scorer}, {type: queue-scorer}]", false, config.ErrDuplicateName,
 			`load config: duplicate name: plugin "queue-scorer" is defined twice`},
 		{"a duplicate profile name is named", `
@@ -312,10 +318,10 @@ schedulingProfiles: [{name: p, plugins: [{pluginRef: random-picker, weight: 2}]}
 plugins: [{type: queue-scorer}]
 schedulingProfiles: [{name: p, plugins: [{pluginRef: queue-scorer, weight: -1}]}]`, false, config.ErrInvalid,
 			`load config: invalid configuration: scheduling profile "p": scorer "queue-scorer" has weight -1, want a finite value ≥ 0`},
-		{"a producer cannot sit in a profile", `
+		{"a producer in a profile cannot have a weight", `
 plugins: [{name: pp, type: approx-prefix-cache-producer}, {type: queue-scorer}]
-schedulingProfiles: [{name: p, plugins: [{pluginRef: pp}, {pluginRef: queue-scorer}]}]`, false, config.ErrInvalid,
-			`load config: invalid configuration: scheduling profile "p": plugin "pp" (type precise-prefix-cache-producer) is not a filter, scorer, picker or post-pick`},
+schedulingProfiles: [{name: p, plugins: [{pluginRef: pp, weight: 2}, {pluginRef: queue-scorer}]}]`, false, config.ErrInvalid,
+			`load config: invalid configuration: scheduling profile "p": plugin "pp" (type precise-prefix-cache-producer) has a weight but is not a scorer`},
 		{"two profiles need a handler", `
 plugins: [{type: queue-scorer}]
 schedulingProfiles:
@@ -327,13 +333,19 @@ schedulingProfiles:
 		{"a plugin without a type is refused", "plugins: [{name: x}]", false, config.ErrInvalid,
 			`load config: invalid configuration: plugin "x" has no type`},
 		{"another apiVersion is refused", "apiVersion: inference.networking.x-k8s.io/v2", false, config.ErrInvalid,
-			`load config: invalid configuration: apiVersion "inference.networking.x-k8s.io/v2", want "inference.networking.x-k8s.io/v1alpha1"`},
+			`load config: invalid configuration: apiVersion "inference.networking.x-k8s.io/v2", want "inference.networking.x-k8s.io/v1alpha1" or "llm-d.ai/v1alpha1"`},
 		{"another kind is refused", "kind: InferencePool", false, config.ErrInvalid,
 			`load config: invalid configuration: kind "InferencePool", want "EndpointPickerConfig"`},
-		{"a dataLayer section is refused with the reason", "dataLayer: {sources: []}", false, config.ErrInvalid,
-			`load config: invalid configuration: dataLayer is not configured here: kvroute scrapes metrics and reads KV events itself (see the EPP's flags)`},
-		{"a flowControl section is refused with the reason", "flowControl: {maxRequests: 10}", false, config.ErrInvalid,
-			`load config: invalid configuration: flowControl is not supported: kvroute sheds sheddable requests through saturationDetector instead`},
+		{"a dataLayer discovery plugin is refused with the reason", "dataLayer: {discovery: {pluginRef: files}}", false, config.ErrInvalid,
+			`load config: invalid configuration: dataLayer.discovery: use --endpoints-file, kvroute's static endpoints file, or Kubernetes discovery`},
+		{"a data source that names no plugin is refused", "data: {sources: [{pluginRef: metrics}]}", false, config.ErrDanglingRef,
+			`load config: data.sources: reference to an undefined plugin "metrics"`},
+		{"an unknown field of the dataLayer section is refused", "dataLayer: {source: []}", false, config.ErrInvalid,
+			`load config: invalid configuration: dataLayer: json: unknown field "source"`},
+		{"a parser that names no plugin is refused", "parser: {pluginRef: openai}", false, config.ErrDanglingRef,
+			`load config: parser: reference to an undefined plugin "openai"`},
+		{"a saturation detector named and given inline is refused", "plugins: [{type: utilization-detector}]\nsaturationDetector: {pluginRef: utilization-detector, queueDepthThreshold: 3}", false, config.ErrInvalid,
+			`load config: invalid configuration: saturationDetector names a plugin and gives thresholds; give one or the other`},
 		{"a saturation detector must be a detector", "plugins: [{type: queue-scorer}]\nsaturationDetector: {pluginRef: queue-scorer}", false, config.ErrInvalid,
 			`load config: invalid configuration: saturationDetector: plugin "queue-scorer" has type queue-scorer, want utilization-detector`},
 		{"a dangling saturation detector is named", "saturationDetector: {pluginRef: det}", false, config.ErrDanglingRef,
@@ -451,12 +463,10 @@ func TestUpstreamApproxProducerTuningCarriesOver(t *testing.T) {
 		{"a token cap wins over a block cap, as upstream",
 			"{blockSizeTokens: 16, maxPrefixBlocksToMatch: 64, maxPrefixTokensToMatch: 8192}",
 			producer.Params{DefaultBlockSizeTokens: 16, ApproxBlockSizeTokens: 16, ApproxMaxBlocks: 512}, ""},
-		{"another LRU capacity is refused", "{lruCapacityPerServer: 1000}", producer.Params{},
-			`load config: invalid plugin parameters: plugin "approx" (type approx-prefix-cache-producer): lruCapacityPerServer = 1000: kvroute's approximate fallback keeps 31250 blocks per endpoint, which is not configurable`},
-		{"turning auto-tuning off is refused", "{autoTune: false}", producer.Params{},
-			`load config: invalid plugin parameters: plugin "approx" (type approx-prefix-cache-producer): autoTune = false is not supported: kvroute always takes block sizes from the endpoints' events and metrics`},
-		{"the deprecated character block size is refused", "{blockSize: 64}", producer.Params{},
-			`load config: invalid plugin parameters: plugin "approx" (type approx-prefix-cache-producer): blockSize (in characters) is deprecated upstream and not supported; use blockSizeTokens`},
+		{"approximate-index sizing is superseded", "{lruCapacityPerServer: 1000, autoTune: false, blockSize: 64}", producer.DefaultParams(), ""},
+		{"a block size that is not a whole number is refused", "{blockSizeTokens: 1.5}", producer.Params{},
+			`load config: plugin "approx" (type approx-prefix-cache-producer): blockSizeTokens is not a whole number: json: cannot unmarshal number 1.5 into Go value of type int`},
+		{"a block size of zero keeps the default, as upstream", "{blockSizeTokens: 0}", producer.DefaultParams(), ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -510,5 +520,94 @@ func TestBlockKeysKeyMatchesTheProducer(t *testing.T) {
 	t.Parallel()
 	if framework.RequestBlockKeysKey != producer.RequestBlockKeysKey {
 		t.Fatalf("framework key %q, producer key %q", framework.RequestBlockKeysKey, producer.RequestBlockKeysKey)
+	}
+}
+
+func TestSpeculativeIndexingAddsTheRecorder(t *testing.T) {
+	t.Parallel()
+	text := `
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-producer
+  parameters: {speculativeIndexing: true, speculativeTTL: 2s, indexerConfig: {kvBlockIndexConfig: {enableMetrics: true}}}
+- type: prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: a
+  plugins: [{pluginRef: prefix-cache-scorer}, {pluginRef: max-score-picker}]
+- name: b
+  plugins: [{pluginRef: max-score-picker}]
+- name: c
+  plugins: [{pluginRef: max-score-picker}]
+`
+	// Two profiles need a handler; upstream would name one, and kvroute's
+	// single-profile-handler runs the first.
+	text = strings.Replace(text, "- type: max-score-picker\n", "- type: max-score-picker\n- type: single-profile-handler\n", 1)
+	l, err := registryWithProducer(t).Load([]byte(text), &config.Handle{Spec: schedtest.NopSpeculator{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range l.Profiles {
+		got := shape(p)
+		if last := got[len(got)-1]; last != "postpick:speculative-prefix-recorder/speculative-prefix-recorder" {
+			t.Errorf("profile %s = %q, want the recorder last", p.Name, got)
+		}
+	}
+	want := "speculativeIndexing (plugin precise-prefix-cache-producer): a speculative-prefix-recorder records each pick's blocks as held for the index's speculative TTL"
+	if !slices.Contains(l.Notes, want) {
+		t.Errorf("notes = %q, want %q", l.Notes, want)
+	}
+	if _, err := prepare.BuildGraph(l.Plugins); err != nil {
+		t.Errorf("BuildGraph: %v", err)
+	}
+
+	_, err = registryWithProducer(t).Load([]byte(text), nil)
+	if want := `load config: plugin "precise-prefix-cache-producer" asks for speculative indexing: plugin "speculative-prefix-recorder" (type speculative-prefix-recorder): this process records no speculative holdings (no speculator)`; err == nil || err.Error() != want {
+		t.Errorf("without a speculator: err = %v, want %s", err, want)
+	}
+	_, err = registryWithProducer(t).Load([]byte(strings.Replace(text, "speculativeTTL: 2s", "speculativeTTL: 10s", 1)), &config.Handle{Spec: schedtest.NopSpeculator{}})
+	if want := `load config: invalid plugin parameters: plugin "precise-prefix-cache-producer" (type precise-prefix-cache-producer): parameter speculativeTTL: kvroute's index holds speculative entries for 2s, upstream's default; another TTL cannot be set`; err == nil || err.Error() != want {
+		t.Errorf("another TTL: err = %v, want %s", err, want)
+	}
+}
+
+func TestUpstreamNotesSayWhatIsSuperseded(t *testing.T) {
+	t.Parallel()
+	l, err := registryWithProducer(t).Load([]byte(`
+featureGates: [prepareDataPlugins, dataLayer=false]
+plugins:
+- type: tokenizer
+  parameters: {modelName: m}
+- type: fcfs-ordering-policy
+  parameters: {anything: 1}
+- {name: q, type: queue-scorer}
+- {name: p, type: prefix-cache-scorer, parameters: {hashBlockSize: 64, lruCapacityPerServer: 100}}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: tokenizer}, {pluginRef: q}, {pluginRef: p}]
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"feature gate prepareDataPlugins: kvroute always runs its PrepareData producers",
+		`plugin "tokenizer" (type tokenizer): kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize; parameter modelName not needed`,
+		`plugin "fcfs-ordering-policy" (type fcfs-ordering-policy): a flow-control policy, which upstream runs only with the flowControl feature gate (refused here: kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission); parameter anything not needed`,
+		`plugin "p" (type prefix-cache-scorer): parameters hashBlockSize, lruCapacityPerServer: sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)`,
+	}
+	if !slices.Equal(l.Notes, want) {
+		t.Errorf("notes:\n%s\nwant:\n%s", strings.Join(l.Notes, "\n"), strings.Join(want, "\n"))
+	}
+	if l.FeatureGates["dataLayer"] || !l.FeatureGates["prepareDataPlugins"] {
+		t.Errorf("gates = %v", l.FeatureGates)
+	}
+	if got := shape(l.Profiles[0]); !slices.Equal(got, []string{"scorer:q/queue-scorer*1", "scorer:p/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker"}) {
+		t.Errorf("profile = %q", got)
+	}
+	// kvroute's own configuration says nothing.
+	l, err = registryWithProducer(t).Load(nil, &config.Handle{Spec: schedtest.NopSpeculator{}})
+	if err != nil || len(l.Notes) != 0 {
+		t.Errorf("the default configuration: err %v, notes %q", err, l.Notes)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
 )
 
 // TestDocumentedExampleLoads keeps docs/plugins.md honest: its example
@@ -28,5 +30,23 @@ func TestDocumentedExampleLoads(t *testing.T) {
 	}
 	if len(l.Profiles) != 1 || len(l.Profiles[0].Filters) != 1 || len(l.Profiles[0].Scorers) != 2 {
 		t.Errorf("profile = %+v", l.Profiles)
+	}
+}
+
+// TestUpstreamTableIsCurrent keeps docs/plugins.md's table of upstream
+// types in step with the loader's classification.
+func TestUpstreamTableIsCurrent(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../../docs/plugins.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), config.UpstreamTableBegin+"\n")
+	table, _, ok2 := strings.Cut(rest, config.UpstreamTableEnd)
+	if !ok || !ok2 {
+		t.Fatal("docs/plugins.md lacks the upstream table's markers")
+	}
+	if table != config.UpstreamTable() {
+		t.Error("docs/plugins.md's upstream table is out of date: run `go run ./scripts/plugin-table`")
 	}
 }

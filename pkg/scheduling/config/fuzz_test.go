@@ -1,6 +1,8 @@
 package config_test
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
@@ -27,6 +29,15 @@ func FuzzLoad(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
+	// Every upstream configuration of the corpus, and a decision tree that
+	// refers to itself.
+	files, _ := filepath.Glob("testdata/upstream/*.yaml")
+	for _, file := range files {
+		if text, err := os.ReadFile(file); err == nil {
+			f.Add(text)
+		}
+	}
+	f.Add([]byte("plugins: [{name: t, type: decision-tree-filter, parameters: {current: {pluginRef: t}}}]"))
 	r := registryWithProducerF(f)
 	f.Fuzz(func(t *testing.T, text []byte) {
 		l, err := r.Load(text, &config.Handle{Spec: schedtest.NopSpeculator{}})

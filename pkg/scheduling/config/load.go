@@ -30,8 +30,15 @@ type Loaded struct {
 	Profiles []*framework.Profile
 	Handler  framework.ProfileHandler
 	Detector *saturation.Detector
-	// FeatureGates are the gates the config turns on.
+	// FeatureGates are the gates the config names, on or off.
 	FeatureGates map[string]bool
+	// Notes say, one line each, what of an upstream configuration kvroute
+	// does its own way (superseded types, parameters, sections); the EPP
+	// logs them at start-up.
+	Notes []string
+
+	// speculating are the plugins that asked for speculative indexing.
+	speculating []string
 }
 
 // SchedulerOptions returns options for scheduling.New with the loaded
@@ -83,27 +90,16 @@ func (r *Registry) Load(text []byte, h framework.Handle) (*Loaded, error) {
 }
 
 func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Loaded, error) {
-	if cfg.APIVersion != "" && cfg.APIVersion != APIVersion {
-		return nil, fmt.Errorf("%w: apiVersion %q, want %q", ErrInvalid, cfg.APIVersion, APIVersion)
+	if cfg.APIVersion != "" && cfg.APIVersion != APIVersion && cfg.APIVersion != APIVersionLLMD {
+		return nil, fmt.Errorf("%w: apiVersion %q, want %q or %q", ErrInvalid, cfg.APIVersion, APIVersion, APIVersionLLMD)
 	}
 	if cfg.Kind != "" && cfg.Kind != Kind {
 		return nil, fmt.Errorf("%w: kind %q, want %q", ErrInvalid, cfg.Kind, Kind)
 	}
-	switch {
-	case len(cfg.DataLayer) > 0:
-		return nil, fmt.Errorf("%w: dataLayer is not configured here: kvroute scrapes metrics and reads KV events itself (see the EPP's flags)", ErrInvalid)
-	case len(cfg.FlowControl) > 0:
-		return nil, fmt.Errorf("%w: flowControl is not supported: kvroute sheds sheddable requests through saturationDetector instead", ErrInvalid)
-	case len(cfg.Parser) > 0:
-		return nil, fmt.Errorf("%w: parser is not configured here: kvroute parses OpenAI requests natively", ErrInvalid)
-	}
 
 	l := &Loaded{FeatureGates: map[string]bool{}}
-	for _, g := range cfg.FeatureGates {
-		if !r.knownGate(g) {
-			return nil, fmt.Errorf("%w %q", ErrUnknownFeatureGate, g)
-		}
-		l.FeatureGates[g] = true
+	if err := r.loadGates(cfg.FeatureGates, l); err != nil {
+		return nil, err
 	}
 
 	h := &loadHandle{base: base, byName: map[string]plugin.Plugin{}}
@@ -117,15 +113,16 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 		if _, dup := h.byName[name]; dup {
 			return nil, fmt.Errorf("%w: plugin %q is defined twice", ErrDuplicateName, name)
 		}
-		if m, ok := r.mapping(typ); ok {
-			translated, err := m.translate(name, params)
-			if err != nil {
-				return nil, err
-			}
-			if _, _, err := r.factory(name, m.target); err != nil {
-				return nil, fmt.Errorf("plugin %q: %w %q: it maps onto kvroute's %s, which this binary does not register", name, ErrUnsupportedType, typ, m.target)
-			}
-			typ, params = m.target, translated
+		if kvType, kvParams, upstream, err := r.resolveUpstream(name, typ, params, l); err != nil {
+			return nil, err
+		} else if upstream {
+			typ, params = kvType, kvParams
+		}
+		if typ == inertType {
+			p := &inertPlugin{name: plugin.TypedName{Type: inertType, Name: name}}
+			h.byName[name] = p
+			l.Plugins = append(l.Plugins, p)
+			return p, nil
 		}
 		_, f, err := r.factory(name, typ)
 		if err != nil {
@@ -189,7 +186,7 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 			return nil, fmt.Errorf("%w: scheduling profile %q is defined twice", ErrDuplicateName, sp.Name)
 		}
 		seen[sp.Name] = true
-		prof, err := makeProfile(sp, h.byName)
+		prof, err := makeProfile(sp, h.byName, l)
 		if err != nil {
 			return nil, err
 		}
@@ -218,11 +215,32 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 		return nil, fmt.Errorf("%w: %d scheduling profiles need a profile handler", ErrInvalid, len(l.Profiles))
 	}
 
+	if err := r.addSpeculation(l, &cfg, add); err != nil {
+		return nil, err
+	}
 	if err := r.addDefaultProducers(l, &cfg, add); err != nil {
 		return nil, err
 	}
+	if err := r.loadSections(&cfg, h, l); err != nil {
+		return nil, err
+	}
 
-	det, err := detector(cfg.SaturationDetector, l.Plugins, h)
+	var detRef *PluginRef
+	if sd := cfg.SaturationDetector; sd != nil {
+		switch inline := sd.inline(); {
+		case sd.PluginRef != "" && inline != nil:
+			return nil, fmt.Errorf("%w: saturationDetector names a plugin and gives thresholds; give one or the other", ErrInvalid)
+		case inline != nil:
+			// GIE v1.3 and v1.4 gave the detector's thresholds inline.
+			if _, err := add(saturation.Type, saturation.Type, inline); err != nil {
+				return nil, fmt.Errorf("saturationDetector: %w", err)
+			}
+			detRef = &PluginRef{PluginRef: saturation.Type}
+		default:
+			detRef = &PluginRef{PluginRef: sd.PluginRef}
+		}
+	}
+	det, err := detector(detRef, l.Plugins, h)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +257,7 @@ func isProfilePlugin(p plugin.Plugin) bool {
 	return false
 }
 
-func makeProfile(sp SchedulingProfile, byName map[string]plugin.Plugin) (*framework.Profile, error) {
+func makeProfile(sp SchedulingProfile, byName map[string]plugin.Plugin, l *Loaded) (*framework.Profile, error) {
 	prof := &framework.Profile{Name: sp.Name}
 	refs := map[string]bool{}
 	for _, ref := range sp.Plugins {
@@ -252,7 +270,16 @@ func makeProfile(sp SchedulingProfile, byName map[string]plugin.Plugin) (*framew
 		}
 		refs[ref.PluginRef] = true
 		if !isProfilePlugin(p) {
-			return nil, fmt.Errorf("%w: scheduling profile %q: plugin %q (type %s) is not a filter, scorer, picker or post-pick", ErrInvalid, sp.Name, ref.PluginRef, p.TypedName().Type)
+			// Upstream lets a profile list any plugin and takes from it
+			// only what filters, scores or picks; so does kvroute, saying
+			// so (an inert upstream plugin has nothing to say).
+			if ref.Weight != nil {
+				return nil, fmt.Errorf("%w: scheduling profile %q: plugin %q (type %s) has a weight but is not a scorer", ErrInvalid, sp.Name, ref.PluginRef, p.TypedName().Type)
+			}
+			if !isInert(p) {
+				l.note(fmt.Sprintf("scheduling profile %q: plugin %q (type %s) is not a filter, scorer, picker or post-pick; it runs outside the profile", sp.Name, ref.PluginRef, p.TypedName().Type))
+			}
+			continue
 		}
 		s, isScorer := p.(framework.Scorer)
 		if ref.Weight != nil && !isScorer {

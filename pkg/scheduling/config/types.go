@@ -7,10 +7,12 @@ package config
 
 import "encoding/json"
 
-// The only apiVersion and kind accepted (either may be left out).
+// The apiVersion and kind written (either may be left out). APIVersionLLMD
+// is the same schema under llm-d-router's group, accepted alike.
 const (
-	APIVersion = "inference.networking.x-k8s.io/v1alpha1"
-	Kind       = "EndpointPickerConfig"
+	APIVersion     = "inference.networking.x-k8s.io/v1alpha1"
+	APIVersionLLMD = "llm-d.ai/v1alpha1"
+	Kind           = "EndpointPickerConfig"
 )
 
 // DefaultProfileName is the profile made when the config defines none.
@@ -18,8 +20,9 @@ const DefaultProfileName = "default"
 
 // EndpointPickerConfig is the configuration file, in the upstream shape.
 type EndpointPickerConfig struct {
-	APIVersion   string   `json:"apiVersion,omitempty"`
-	Kind         string   `json:"kind,omitempty"`
+	APIVersion string `json:"apiVersion,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+	// FeatureGates are gate names, or name=true and name=false.
 	FeatureGates []string `json:"featureGates,omitempty"`
 	// Plugins are the plugin instances, each made once and shared by every
 	// profile that refers to it.
@@ -27,14 +30,16 @@ type EndpointPickerConfig struct {
 	SchedulingProfiles []SchedulingProfile `json:"schedulingProfiles,omitempty"`
 	// SaturationDetector names the utilization-detector instance admission
 	// uses; the default one when absent.
-	SaturationDetector *PluginRef `json:"saturationDetector,omitempty"`
+	SaturationDetector *SaturationDetectorConfig `json:"saturationDetector,omitempty"`
 
-	// Upstream sections kvroute does not take from this file. They are
-	// declared so that their presence gets a clear refusal rather than an
-	// "unknown field".
-	DataLayer   json.RawMessage `json:"dataLayer,omitempty"`
-	FlowControl json.RawMessage `json:"flowControl,omitempty"`
-	Parser      json.RawMessage `json:"parser,omitempty"`
+	// Upstream sections for what kvroute configures with its flags (see
+	// compat_sections.go): accepted where kvroute does the same itself,
+	// refused where it cannot.
+	Data           json.RawMessage `json:"data,omitempty"`
+	DataLayer      json.RawMessage `json:"dataLayer,omitempty"`
+	FlowControl    json.RawMessage `json:"flowControl,omitempty"`
+	Parser         json.RawMessage `json:"parser,omitempty"`
+	RequestHandler json.RawMessage `json:"requestHandler,omitempty"`
 }
 
 // PluginSpec is one plugin instance. Name defaults to Type.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/prefix"
 )
@@ -35,7 +36,34 @@ func TestScoreIsMatchOverTotalWhateverTheTier(t *testing.T) {
 	}
 }
 
-func TestFactoryTakesNoParameters(t *testing.T) {
+func TestMatchLengthBlendsInHowLongTheMatchIs(t *testing.T) {
+	t.Parallel()
+	s, err := prefix.Factory("p", json.RawMessage(`{"matchLengthWeight":0.5,"matchLengthScaleTokens":1024}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 16-token blocks: 32 of 64 held is 512 tokens, half the scale, so the
+	// length scores 0.25 and the ratio 0.5; 64 of 64 is past the scale.
+	schedtest.RunScoreCases(t, s.(framework.Scorer), []schedtest.ScoreCase{
+		{Name: "half the prompt, half the scale", Cands: []schedtest.C{{Name: "a", Prefix: schedtest.Info(64, 32, 0, 0, 0)}}, Want: []float64{0.5*0.25 + 0.5*0.5}},
+		{Name: "a match past the scale counts in full", Cands: []schedtest.C{{Name: "a", Prefix: schedtest.Info(128, 64, 0, 0, 0)}}, Want: []float64{0.5*1 + 0.5*0.5}},
+		{Name: "no match scores 0", Cands: []schedtest.C{{Name: "a", Prefix: schedtest.Info(64, 0, 0, 0, 0)}}, Want: []float64{0}},
+	})
+}
+
+func TestMatchLengthParametersAreChecked(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		`{"matchLengthWeight":1.5}`:                            `invalid plugin parameters: plugin "p" (type prefix-cache-scorer): matchLengthWeight = 1.5, want it in [0, 1]`,
+		`{"matchLengthWeight":0.5,"matchLengthScaleTokens":0}`: `invalid plugin parameters: plugin "p" (type prefix-cache-scorer): matchLengthScaleTokens = 0, want > 0 with a match-length weight`,
+	} {
+		if _, err := prefix.Factory("p", json.RawMessage(raw), nil); err == nil || err.Error() != want {
+			t.Errorf("%s: err = %v, want %s", raw, err, want)
+		}
+	}
+}
+
+func TestFactoryRefusesUnknownParameters(t *testing.T) {
 	t.Parallel()
 	if _, err := prefix.Factory("p", json.RawMessage(`{}`), nil); err != nil {
 		t.Fatalf("empty parameters: %v", err)

@@ -1,0 +1,458 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+)
+
+// The upstream plugin types, as the Gateway API Inference Extension (GIE,
+// v0.5 to v1.5, when its EPP moved), llm-d's inference scheduler (llm-d,
+// v0.2 to v0.8) and llm-d's router (its successor, v0.9, v0.10 and main)
+// register them, each with its parameters; see docs/plugins.md for the
+// table this makes.
+
+// Reasons shared by several entries.
+const (
+	whyApproxSizing  = "sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)"
+	whyEventsConfig  = "kvroute reads KV events from NATS, where each pod's relay publishes them; no ZeroMQ subscription or indexer is configured here"
+	whyTokenizer     = "kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize"
+	whyScrape        = "kvroute scrapes each endpoint's metrics itself (--scrape-metrics, --refresh-metrics-interval)"
+	whyDiscovery     = "kvroute discovers endpoints from the InferencePool or a pod selector (--kubernetes, --endpoint-selector)"
+	whyNoPD          = "kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)"
+	whyNoFlowControl = "kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission"
+	whyLatency       = "kvroute has no latency predictor; prefill-cost-scorer weighs the prefill work a pick saves against queued load"
+	whyMulticluster  = "kvroute routes one pool; run one EPP per cluster"
+	whySpecTTL       = "kvroute's index holds speculative entries for 2s, upstream's default; another TTL cannot be set"
+	whyNoSession     = "kvroute keeps a conversation's turns together through the prefix they share, which the exact index sees"
+)
+
+func honoured(name, seen string, params map[string]paramRule) upstreamType {
+	return upstreamType{name: name, seen: seen, class: Honoured, params: params}
+}
+
+func superseded(name, seen, target, why string, params map[string]paramRule) upstreamType {
+	return upstreamType{name: name, seen: seen, class: Superseded, target: target, why: why, params: params}
+}
+
+func refused(name, seen, why string) upstreamType {
+	return upstreamType{name: name, seen: seen, class: Refused, why: why}
+}
+
+func keep(why string) paramRule { return paramRule{class: Honoured, why: why} }
+func drop(why string) paramRule { return paramRule{class: Superseded, why: why} }
+func no(why string) paramRule   { return paramRule{class: Refused, why: why} }
+func renamed(to string) paramRule {
+	return paramRule{class: Honoured, alias: to, why: "older name of " + to}
+}
+func only(why string, ok func(json.RawMessage) bool) paramRule {
+	return paramRule{class: Superseded, why: why, refuse: func(raw json.RawMessage) string {
+		if ok(raw) {
+			return ""
+		}
+		return why
+	}}
+}
+
+// Value tests for conditional parameters.
+func isNullOrEmpty(raw json.RawMessage) bool {
+	t := string(bytes.TrimSpace(raw))
+	return t == "" || t == "null" || t == `""` || t == "[]" || t == "{}" || t == "false" || t == "0"
+}
+
+func isOneOf(vals ...string) func(json.RawMessage) bool {
+	return func(raw json.RawMessage) bool {
+		if isNullOrEmpty(raw) {
+			return true
+		}
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return false
+		}
+		for _, v := range vals {
+			if strings.EqualFold(s, v) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func isDuration(want time.Duration) func(json.RawMessage) bool {
+	return func(raw json.RawMessage) bool {
+		if isNullOrEmpty(raw) {
+			return true
+		}
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return false
+		}
+		d, err := time.ParseDuration(s)
+		return err == nil && d == want
+	}
+}
+
+func isNumberAtMost(max float64) func(json.RawMessage) bool {
+	return func(raw json.RawMessage) bool {
+		if isNullOrEmpty(raw) {
+			return true
+		}
+		var f float64
+		return json.Unmarshal(raw, &f) == nil && f <= max
+	}
+}
+
+// vllmMetricSpecs are upstream's metric spec parameters with the vLLM
+// metric each names by default: what kvroute scrapes.
+var vllmMetricSpecs = map[string]string{
+	"queuedRequestsSpec":  "vllm:num_requests_waiting",
+	"runningRequestsSpec": "vllm:num_requests_running",
+	"kvUsageSpec":         "vllm:kv_cache_usage_perc",
+	"loraSpec":            "vllm:lora_requests_info",
+	"cacheInfoSpec":       "vllm:cache_config_info",
+}
+
+// vllmEngineConfigs accepts an engineConfigs list that only restates
+// vLLM's metric names (an empty spec, which upstream reads as "do not
+// extract", changes nothing here: kvroute's plugins treat a missing metric
+// as unknown), and refuses any other engine or metric.
+func vllmEngineConfigs(raw json.RawMessage) string {
+	if isNullOrEmpty(raw) {
+		return ""
+	}
+	var entries []map[string]string
+	if err := json.Unmarshal(raw, &entries); err != nil {
+		return "engineConfigs is not a list of engine metric specs"
+	}
+	for _, e := range entries {
+		if !strings.EqualFold(e["name"], "vllm") {
+			return fmt.Sprintf("engine %q: kvroute reads vLLM's metric names only", e["name"])
+		}
+		for k, v := range e {
+			if k == "name" || v == "" {
+				continue
+			}
+			want, ok := vllmMetricSpecs[k]
+			if !ok {
+				return fmt.Sprintf("engine vllm: %s cannot be set", k)
+			}
+			if v != want {
+				return fmt.Sprintf("engine vllm: %s = %q: kvroute reads %s", k, v, want)
+			}
+		}
+	}
+	return ""
+}
+
+var upstreamTypes = func() map[string]upstreamType {
+	approxParams := map[string]paramRule{
+		"blockSizeTokens":        keep("the approximate fallback's block size, for endpoints without an in-order event stream"),
+		"maxPrefixBlocksToMatch": keep("the approximate fallback's match cap, in blocks"),
+		"maxPrefixTokensToMatch": keep("the approximate fallback's match cap, in tokens (it wins over blocks, as upstream)"),
+		"blockSize":              drop(whyApproxSizing),
+		"lruCapacityPerServer":   drop(whyApproxSizing),
+		"autoTune":               drop("kvroute always takes block sizes from the endpoints' events and metrics"),
+	}
+	// The approximate producer's parameters as the scorer took them before
+	// the producer split off (GIE up to v1.4, llm-d's estimate mode).
+	scorerEra := map[string]paramRule{
+		"hashBlockSize":               drop(whyApproxSizing),
+		"blockSize":                   drop(whyApproxSizing),
+		"blockSizeTokens":             drop(whyApproxSizing),
+		"maxPrefixBlocksToMatch":      drop(whyApproxSizing),
+		"lruCapacityPerServer":        drop(whyApproxSizing),
+		"autoTune":                    drop("kvroute always takes block sizes from the endpoints' events and metrics"),
+		"mode":                        only("llm-d's estimate and cache_tracking modes are both what kvroute does: exact answers from KV events, the approximation where an endpoint has no in-order stream", isOneOf("estimate", "cache_tracking")),
+		"kvEventsConfig":              drop(whyEventsConfig),
+		"indexerConfig":               drop(whyEventsConfig),
+		"tokenProcessorConfig":        drop(whyEventsConfig + "; " + whyTokenizer),
+		"prefixMatchInfoProducerName": drop("kvroute's prefix producer publishes one PrefixCacheMatchInfo, exact where events allow, which every prefix scorer reads"),
+		"matchLengthWeight":           keep("blends in how long the match is, as upstream"),
+		"matchLengthScaleTokens":      keep("the match length that counts in full"),
+	}
+	preciseParams := map[string]paramRule{
+		"tokenProcessorConfig": drop(whyEventsConfig + "; " + whyTokenizer),
+		"indexerConfig":        drop(whyEventsConfig),
+		"kvEventsConfig":       drop(whyEventsConfig),
+		"speculativeIndexing":  keep("true adds a speculative-prefix-recorder to each profile the plugin serves, so a burst follows its first pick"),
+		"speculativeTTL":       only(whySpecTTL, isDuration(2*time.Second)),
+	}
+	producerParams := map[string]paramRule{
+		"tokenProcessorConfig": drop(whyEventsConfig + "; " + whyTokenizer),
+		"indexerConfig":        drop(whyEventsConfig),
+		"kvEventsConfig":       drop(whyEventsConfig),
+		"speculativeIndexing":  keep("true adds a speculative-prefix-recorder to each profile, so a burst follows its first pick"),
+		"speculativeTTL":       only(whySpecTTL, isDuration(2*time.Second)),
+		"blockSizeTokens":      drop("kvroute keys each endpoint's blocks at the size its KV events name"),
+	}
+	metricsSource := map[string]paramRule{
+		"scheme":             only("kvroute scrapes http://<endpoint>/metrics; another scheme cannot be set", isOneOf("http")),
+		"path":               only("kvroute scrapes /metrics; another path cannot be set", isOneOf("/metrics")),
+		"insecureSkipVerify": drop("inert over http, the scheme kvroute scrapes"),
+		"port":               only("kvroute scrapes the endpoint's own port; another cannot be set", isNullOrEmpty),
+		"interval":           drop("--refresh-metrics-interval sets the scrape interval"),
+		"caCertPath":         only("kvroute scrapes over http; TLS settings cannot be set", isNullOrEmpty),
+		"clientCertPath":     only("kvroute scrapes over http; TLS settings cannot be set", isNullOrEmpty),
+		"clientKeyPath":      only("kvroute scrapes over http; TLS settings cannot be set", isNullOrEmpty),
+	}
+	extractor := map[string]paramRule{
+		"defaultEngine":  only("kvroute reads vLLM's metric names; another engine's cannot be selected", isOneOf("vllm")),
+		"engineLabelKey": drop("kvroute reads vLLM's metric names from every pod"),
+		"engineConfigs":  {class: Superseded, why: "kvroute reads vLLM's metric names; entries for vLLM with its own names are accepted, others refused", refuse: vllmEngineConfigs},
+	}
+	for k, v := range vllmMetricSpecs {
+		extractor[k] = only(fmt.Sprintf("kvroute reads vLLM's %s; another metric cannot be named", v), isOneOf(v))
+	}
+	for _, k := range []string{"cacheBlockSizeSpec", "cacheNumBlocksSpec", "cacheBlockSizeLabelName", "cacheNumBlocksLabelName"} {
+		extractor[k] = only("kvroute reads block sizes from vllm:cache_config_info and each endpoint's KV events; another source cannot be named", isNullOrEmpty)
+	}
+	tokenizerParams := map[string]paramRule{
+		"modelName":          drop(whyTokenizer),
+		"udsTokenizerConfig": drop(whyTokenizer),
+		"vllm":               drop(whyTokenizer),
+		"estimate":           drop("requests with multimodal parts are never matched against the index, so their token counts need no estimate"),
+	}
+	pickerParams := map[string]paramRule{"maxNumOfEndpoints": keep("the pick and its fallbacks")}
+
+	types := []upstreamType{
+		// Scorers.
+		honoured("queue-scorer", "GIE v0.5–v1.5; llm-d-router v0.9–main", nil),
+		honoured("kv-cache-utilization-scorer", "GIE v1.0–v1.5; llm-d-router v0.9–main", nil),
+		superseded("kv-cache-scorer", "GIE v0.5 (renamed kv-cache-utilization-scorer in v1.0)", "kv-cache-utilization-scorer", "the older name of kv-cache-utilization-scorer", nil),
+		honoured("running-requests-size-scorer", "GIE v1.3–v1.5; llm-d-router v0.9–main", nil),
+		{name: "prefix-cache-scorer", seen: "GIE v0.5–v1.5; llm-d v0.2–v0.8; llm-d-router v0.9–main", class: Honoured, params: scorerEra},
+		{name: "precise-prefix-cache-scorer", seen: "llm-d v0.3–v0.8; llm-d-router v0.9–main", class: Superseded,
+			why: "kvroute's precise-prefix-cache-scorer reads its exact, tier-aware index (GPU 1.0, CPU 0.8, storage 0.5)", params: preciseParams, speculates: true},
+		honoured("lora-affinity-scorer", "GIE v1.0–v1.5; llm-d-router v0.9–main", nil),
+		honoured("load-aware-scorer", "llm-d v0.2–v0.8; llm-d-router v0.9–main", map[string]paramRule{"threshold": keep("the queue length that scores 0")}),
+		honoured("no-hit-lru-scorer", "llm-d v0.4–v0.8; llm-d-router v0.9–main", map[string]paramRule{
+			"lruSize":                     keep("endpoints remembered"),
+			"prefixPluginName":            drop("kvroute's prefix producer publishes the one PrefixCacheMatchInfo it reads"),
+			"prefixPluginType":            drop("kvroute's prefix producer publishes the one PrefixCacheMatchInfo it reads"),
+			"prefixMatchInfoProducerName": drop("kvroute's prefix producer publishes the one PrefixCacheMatchInfo it reads"),
+		}),
+		refused("active-request-scorer", "llm-d v0.3–v0.8; llm-d-router v0.9–main", "kvroute does not count its own in-flight requests; running-requests-size-scorer weighs the requests each engine reports running"),
+		refused("token-load-scorer", "GIE v1.5; llm-d-router v0.9–main", "use prefill-cost-scorer, which weighs queued prefill work against cached tokens"),
+		refused("session-affinity-scorer", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoSession),
+		refused("context-length-aware", "llm-d v0.7–v0.8; llm-d-router v0.9–main", "kvroute does not route by prompt length; split such pools into InferencePools of their own"),
+		refused("header-label-affinity-scorer", "llm-d-router v0.10–main", "kvroute does not score by request headers"),
+		refused("endpoint-attribute-scorer", "llm-d-router v0.10–main", "kvroute scores from vLLM's metrics and its index, not arbitrary endpoint attributes"),
+		refused("topology-affinity-scorer", "llm-d-router v0.10–main", "kvroute has no topology data"),
+		refused("mm-embeddings-cache-scorer", "llm-d-router v0.9–main", "kvroute does not track multimodal encoder caches; requests with multimodal parts are routed on load alone"),
+		refused("latency-scorer", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
+		refused("predicted-latency-scorer", "GIE v1.3–v1.5", whyLatency),
+		refused("slo-aware-routing", "GIE v1.2", whyLatency),
+		// Filters.
+		superseded("lora-affinity-filter", "GIE v0.5", "", "kvroute's lora-affinity-filter keeps LoRA requests on endpoints with the adapter (or room for it) and never empties the candidates", map[string]paramRule{
+			"threshold": drop("kvroute always prefers endpoints with the adapter, where upstream did with this probability"),
+		}),
+		honoured("low-queue-filter", "GIE v0.5", map[string]paramRule{"threshold": keep("the longest queue kept")}),
+		honoured("least-queue-filter", "GIE v0.5", nil),
+		honoured("least-kv-cache-filter", "GIE v0.5", nil),
+		honoured("decision-tree-filter", "GIE v0.5", map[string]paramRule{
+			"current": keep("the first filter"), "nextOnSuccess": keep("the filter after one that kept some"),
+			"nextOnFailure": keep("the filter after one that kept none"), "nextOnSuccessOrFailure": keep("the filter after either"),
+		}),
+		honoured("decode-filter", "llm-d v0.2–v0.8; llm-d-router v0.9–main", nil),
+		honoured("prefill-filter", "llm-d v0.2–v0.8; llm-d-router v0.9–main", nil),
+		honoured("encode-filter", "llm-d v0.7–v0.8; llm-d-router v0.9–main", nil),
+		honoured("by-label", "llm-d v0.2–v0.8; llm-d-router v0.9–main (deprecated there)", map[string]paramRule{
+			"label": keep("the pod label"), "validValues": keep("the values kept"), "allowsNoLabel": keep("whether pods without the label are kept"),
+		}),
+		honoured("label-selector-filter", "llm-d-router v0.9–main", map[string]paramRule{
+			"matchLabels": keep("a Kubernetes label selector"), "matchExpressions": keep("a Kubernetes label selector"),
+		}),
+		superseded("by-label-selector", "llm-d v0.2–v0.8; llm-d-router v0.9–main (deprecated there)", "label-selector-filter", "the older name of label-selector-filter", map[string]paramRule{
+			"matchLabels": keep("a Kubernetes label selector"), "matchExpressions": keep("a Kubernetes label selector"),
+		}),
+		honoured("header-based-testing-filter", "GIE v0.5–v1.5; llm-d-router v0.9–main", nil),
+		refused("session-affinity-filter", "llm-d-router v0.9–main", whyNoSession),
+		refused("endpoint-attribute-filter", "llm-d-router v0.10–main", "kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes"),
+		refused("utilization-filter", "llm-d-router v0.10–main", "use saturation-filter, which drops endpoints whose queue or KV usage reaches a threshold"),
+		refused("topology-affinity-filter", "llm-d-router v0.10–main", "kvroute has no topology data"),
+		refused("prefix-cache-affinity-filter", "GIE v1.5; llm-d-router v0.9–main", whyLatency+"; weight precise-prefix-cache-scorer for affinity"),
+		refused("slo-headroom-tier-filter", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
+		// Pickers and profile handlers.
+		honoured("max-score-picker", "GIE v0.5–v1.5; llm-d-router v0.9–main", pickerParams),
+		honoured("random-picker", "GIE v0.5–v1.5; llm-d-router v0.9–main", pickerParams),
+		honoured("weighted-random-picker", "GIE v1.0–v1.5; llm-d-router v0.9–main", pickerParams),
+		honoured("single-profile-handler", "GIE v0.5–v1.5; llm-d-router v0.9–main", nil),
+		refused("pd-profile-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoPD),
+		refused("disagg-profile-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
+		refused("prefill-header-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoPD),
+		refused("disagg-headers-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
+		refused("prefix-based-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", whyNoPD),
+		refused("always-disagg-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", whyNoPD),
+		refused("always-disagg-multimodal-decider", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
+		refused("p2p-source-producer", "llm-d-router v0.10–main", whyNoPD),
+		refused("data-parallel-profile-handler", "llm-d v0.4–v0.8; llm-d-router v0.9–main", "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events"),
+		refused("header-profile-handler", "llm-d-router v0.10–main", "kvroute picks profiles with single-profile-handler"),
+		refused("slo-aware-profile-handler", "GIE v1.2", whyLatency),
+		// Data producers.
+		{name: "approx-prefix-cache-producer", seen: "GIE v1.5; llm-d-router v0.9–main", class: Superseded, target: "precise-prefix-cache-producer",
+			why:    "kvroute's precise-prefix-cache-producer publishes the same PrefixCacheMatchInfo, exactly from KV events where an endpoint's stream is in order and by upstream's approximation elsewhere",
+			params: approxParams, translate: translateApproxPrefix},
+		{name: "precise-prefix-cache-producer", seen: "llm-d-router v0.9–main", class: Superseded,
+			why: "kvroute's precise-prefix-cache-producer reads its exact index, fed by the relays over NATS", params: producerParams, speculates: true},
+		superseded("token-producer", "llm-d-router v0.9–main", inertType, whyTokenizer, tokenizerParams),
+		superseded("tokenizer", "llm-d v0.7–v0.8; llm-d-router v0.9–main (deprecated there)", inertType, whyTokenizer, tokenizerParams),
+		superseded("inflight-load-producer", "GIE v1.5; llm-d-router v0.9–main", inertType, "nothing kvroute runs reads in-flight load; its load scorers read the engines' own queue and running counts", map[string]paramRule{
+			"addEstimatedOutputTokens": drop("nothing reads in-flight load here"), "maxEstimatedOutputTokens": drop("nothing reads in-flight load here"),
+			"outputRatio": drop("nothing reads in-flight load here"), "prefixMatchInfoProducerName": drop("nothing reads in-flight load here"),
+			"syncCrossReplicaState": drop("nothing reads in-flight load here"),
+		}),
+		superseded("session-id-producer", "llm-d-router v0.9–main", inertType, "nothing kvroute runs reads session ids: "+whyNoSession, map[string]paramRule{
+			"headerName": drop("nothing reads session ids here"), "cookieName": drop("nothing reads session ids here"),
+		}),
+		refused("burst-prefix-cache-producer", "llm-d-router v0.10–main", "use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick"),
+		refused("mm-embeddings-cache-producer", "llm-d-router v0.9–main", "kvroute does not track multimodal encoder caches"),
+		refused("predicted-latency-producer", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
+		// Admission and saturation.
+		honoured("utilization-detector", "GIE v1.5; llm-d-router v0.9–main", map[string]paramRule{
+			"queueDepthThreshold":       keep("a saturated endpoint's queue"),
+			"kvCacheUtilThreshold":      keep("a saturated endpoint's KV usage"),
+			"metricsStalenessThreshold": keep("metrics older than this count as saturated"),
+			"headroom": {class: Honoured, why: "kvroute's detector allows no burst above its thresholds: set them to the limit wanted",
+				refuse: func(raw json.RawMessage) string {
+					if isNumberAtMost(0)(raw) {
+						return ""
+					}
+					return "kvroute's detector allows no burst above its thresholds: set them to the limit wanted"
+				}},
+		}),
+		refused("concurrency-detector", "GIE v1.4–v1.5; llm-d-router v0.9–main", "use utilization-detector, which judges saturation from the engines' queues and KV usage"),
+		refused("latency-slo-admitter", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
+		refused("probabilistic-admitter", "llm-d-router v0.9–main", "use utilization-detector, which sheds sheddable requests when every candidate is saturated"),
+		// Data layer.
+		superseded("metrics-data-source", "GIE v1.3–v1.5; llm-d-router v0.9–main", inertType, whyScrape, metricsSource),
+		superseded("core-metrics-extractor", "GIE v1.5; llm-d-router v0.9–main", inertType, whyScrape, extractor),
+		superseded("model-server-protocol-metrics", "GIE v1.3–v1.4 (renamed core-metrics-extractor)", inertType, whyScrape, extractor),
+		superseded("models-data-source", "llm-d v0.6–v0.8; llm-d-router v0.9–main", inertType, "kvroute learns each endpoint's adapters from vllm:lora_requests_info", map[string]paramRule{
+			"scheme": drop("kvroute learns adapters from the metrics it scrapes"), "path": drop("kvroute learns adapters from the metrics it scrapes"),
+			"insecureSkipVerify": drop("kvroute learns adapters from the metrics it scrapes"), "interval": drop("kvroute learns adapters from the metrics it scrapes"),
+			"caCertPath": drop("kvroute learns adapters from the metrics it scrapes"), "clientCertPath": drop("kvroute learns adapters from the metrics it scrapes"),
+			"clientKeyPath": drop("kvroute learns adapters from the metrics it scrapes"),
+		}),
+		superseded("models-data-extractor", "llm-d-router v0.9–main", inertType, "kvroute learns each endpoint's adapters from vllm:lora_requests_info", nil),
+		superseded("model-server-protocol-models", "llm-d v0.6–v0.8 (renamed models-data-extractor)", inertType, "kvroute learns each endpoint's adapters from vllm:lora_requests_info", nil),
+		superseded("k8s-notification-source", "GIE v1.4–v1.5; llm-d-router v0.9–main", inertType, whyDiscovery, map[string]paramRule{
+			"group": drop(whyDiscovery), "version": drop(whyDiscovery), "kind": drop(whyDiscovery),
+		}),
+		superseded("endpoint-notification-source", "GIE v1.5; llm-d-router v0.9–main", inertType, whyDiscovery, nil),
+		superseded("dcgm-data-source", "llm-d-router v0.10–main", inertType, "nothing kvroute runs reads GPU metrics", map[string]paramRule{
+			"scheme": drop("nothing reads GPU metrics here"), "path": drop("nothing reads GPU metrics here"), "port": drop("nothing reads GPU metrics here"),
+			"insecureSkipVerify": drop("nothing reads GPU metrics here"), "interval": drop("nothing reads GPU metrics here"), "useNodeAddress": drop("nothing reads GPU metrics here"),
+		}),
+		superseded("dcgm-extractor", "llm-d-router v0.10–main", inertType, "nothing kvroute runs reads GPU metrics", nil),
+		superseded("topology-extractor", "llm-d-router v0.10–main", inertType, "nothing kvroute runs reads topology", nil),
+		refused("file-discovery", "llm-d-router v0.9–main", "use --endpoints-file, kvroute's static endpoints file"),
+		refused("multicluster-file-discovery", "llm-d-router v0.10–main", whyMulticluster),
+		refused("multicluster-metrics-data-source", "llm-d-router v0.10–main", whyMulticluster),
+		refused("multicluster-metrics-extractor", "llm-d-router v0.10–main", whyMulticluster),
+		refused("multicluster-approx-prefix-cache-producer", "llm-d-router v0.10–main", whyMulticluster),
+		refused("multicluster-prefix-cache-scorer", "llm-d-router v0.10–main", whyMulticluster),
+		refused("multicluster-queue-scorer", "llm-d-router v0.10–main", whyMulticluster),
+		refused("multicluster-kv-cache-utilization-scorer", "llm-d-router v0.10–main", whyMulticluster),
+		refused("multicluster-session-affinity-filter", "llm-d-router v0.10–main", whyMulticluster),
+		refused("cross-replica-publisher", "llm-d-router v0.10–main", "kvroute replicas each follow every pod's KV events; no state is synced between them"),
+		refused("local-syncer", "llm-d-router v0.10–main", "kvroute replicas each follow every pod's KV events; no state is synced between them"),
+		// Request handling.
+		superseded("openai-parser", "GIE v1.5; llm-d-router v0.9–main", inertType, "kvroute parses OpenAI-compatible requests natively", nil),
+		superseded("passthrough-parser", "GIE v1.5; llm-d-router v0.9–main", inertType, "kvroute routes requests it does not parse without prefix information, as passthrough does", nil),
+		refused("vllmgrpc-parser", "GIE v1.5; llm-d-router v0.9–main", "kvroute parses OpenAI-compatible HTTP requests; vLLM's gRPC API is not parsed"),
+		refused("vllmhttp-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible requests; vLLM's /inference/v1/generate is not parsed"),
+		refused("sglanghttp-parser", "llm-d-router main", "kvroute parses OpenAI-compatible requests; SGLang's /generate is not parsed"),
+		refused("anthropic-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible requests; Anthropic's Messages API is not parsed"),
+		refused("vertexai-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible HTTP requests; Vertex AI's gRPC API is not parsed"),
+		refused("request-attribute-reporter", "GIE v1.4–v1.5; llm-d-router v0.9–main", "kvroute reports no request attributes to the gateway"),
+		refused("destination-endpoint-served-verifier", "GIE v1.2–v1.5; llm-d-router v0.9–main", "kvroute does not echo the served endpoint back to the client"),
+		refused("agent-identity", "llm-d-router v0.9–main", "kvroute reads no agent identity headers"),
+		refused("disaggregatedset-rollout-screener", "llm-d-router v0.10–main", whyNoPD),
+		refused("disaggregatedset-rollout-pod-extractor", "llm-d-router v0.10–main", whyNoPD),
+		// Body-based routing, a separate upstream component.
+		refused("base-model-to-header", "GIE v1.5 (body-based router)", "a body-based router plugin, not an EPP one"),
+		refused("body-field-to-header", "GIE v1.4–v1.5 (body-based router)", "a body-based router plugin, not an EPP one"),
+		refused("no-op-plugin", "GIE v1.4 (body-based router)", "a body-based router plugin, not an EPP one"),
+	}
+	// Flow control: inert, as upstream runs it only with the flowControl
+	// feature gate, which kvroute refuses.
+	for _, fc := range []struct{ name, seen string }{
+		{"global-strict-fairness-policy", "GIE v1.4–v1.5; llm-d-router v0.9–main"},
+		{"round-robin-fairness-policy", "GIE v1.4–v1.5; llm-d-router v0.9–main"},
+		{"program-aware-fairness", "llm-d-router v0.9–main"},
+		{"fcfs-ordering-policy", "GIE v1.4–v1.5; llm-d-router v0.9–main"},
+		{"edf-ordering-policy", "GIE v1.4–v1.5; llm-d-router v0.9–main"},
+		{"slo-deadline-ordering-policy", "GIE v1.5; llm-d-router v0.9–main"},
+		{"static-usage-limit-policy", "GIE v1.5; llm-d-router v0.9–main"},
+		{"priority-holdback-policy", "llm-d-router v0.10–main"},
+		{"soft-reflective-ceiling-policy", "llm-d-router v0.10–main"},
+		{"sheddable-eviction-filter", "llm-d-router v0.9–main"},
+		{"eviction-sheddable-filter", "GIE v1.5"},
+		{"priority-then-time-eviction-order-policy", "llm-d-router v0.9–main"},
+		{"eviction-priority-then-time-ordering", "GIE v1.5"},
+	} {
+		types = append(types, upstreamType{name: fc.name, seen: fc.seen, class: Superseded, target: inertType,
+			why:    "a flow-control policy, which upstream runs only with the flowControl feature gate (refused here: " + whyNoFlowControl + ")",
+			params: anyParams})
+	}
+	out := make(map[string]upstreamType, len(types))
+	for _, t := range types {
+		if _, dup := out[t.name]; dup {
+			panic("upstream type listed twice: " + t.name)
+		}
+		out[t.name] = t
+	}
+	return out
+}()
+
+// anyParams marks a type whose parameters are all accepted unread (an
+// inert type's): the loader checks nothing of them.
+var anyParams = map[string]paramRule{"*": drop("not read: the plugin does nothing here")}
+
+// translateApproxPrefix maps upstream's approximate producer's honoured
+// parameters onto kvroute's prefix producer, which keeps upstream's
+// approximation for endpoints without an in-order event stream: the block
+// size and the match cap (in blocks, or in tokens, which wins as upstream)
+// tune that fallback.
+func translateApproxPrefix(name string, up map[string]json.RawMessage) (json.RawMessage, error) {
+	const typ = ApproxPrefixProducerType
+	out := map[string]int{}
+	get := func(key string) (int, bool, error) {
+		raw, ok := up[key]
+		if !ok || isNullOrEmpty(raw) {
+			return 0, false, nil
+		}
+		var v int
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return 0, false, fmt.Errorf("plugin %q (type %s): %s is not a whole number: %w", name, typ, key, err)
+		}
+		return v, true, nil
+	}
+	approxBlockSize := producer.DefaultParams().ApproxBlockSizeTokens
+	if v, ok, err := get("blockSizeTokens"); err != nil {
+		return nil, err
+	} else if ok {
+		if v < 1 {
+			return nil, fmt.Errorf("plugin %q (type %s): blockSizeTokens = %d, want ≥ 1", name, typ, v)
+		}
+		out["approxBlockSizeTokens"], approxBlockSize = v, v
+	}
+	if v, ok, err := get("maxPrefixBlocksToMatch"); err != nil {
+		return nil, err
+	} else if ok {
+		if v < 1 {
+			return nil, fmt.Errorf("plugin %q (type %s): maxPrefixBlocksToMatch = %d, want ≥ 1", name, typ, v)
+		}
+		out["approxMaxBlocks"] = v
+	}
+	if v, ok, err := get("maxPrefixTokensToMatch"); err != nil {
+		return nil, err
+	} else if ok && v > 0 {
+		out["approxMaxBlocks"] = max(v/approxBlockSize, 1)
+	}
+	return json.Marshal(out)
+}
