@@ -1,5 +1,5 @@
 # kvroute: the targets a newcomer and CI use. Every target works on a fresh
-# machine with Go installed; `.ci/run` installs the rest.
+# machine with Go installed; `make test` prepares what its tests need.
 
 GO       ?= go
 PKGS     ?= ./...
@@ -15,11 +15,13 @@ help: ## list the targets
 run: ## kvroute against random routing on a small simulated fleet (ARGS=--serve keeps it up)
 	$(GO) run ./cmd/kvsim demo $(ARGS)
 
-# One package at a time (-p 1): the suites start real NATS and API servers
-# and simulated fleets, and on a 2-core machine two packages side by side
-# starve each other's timing. Serial, the whole suite takes about 3 minutes.
-test: lint ## vet, gofmt check, and every test with the race detector
-	$(GO) test -race -count=1 -p 1 $(PKGS)
+# Does its own set-up (Debian packages when root, else the command to run;
+# the tokenizer reference files; envtest's binaries, cached), builds every
+# test binary on all cores, then runs the packages one at a time: the suites
+# start real NATS and API servers and simulated fleets, and on a 2-core
+# machine two side by side starve each other's timing. No test may skip.
+test: lint ## set up, vet, gofmt check, and every test with the race detector, one package at a time
+	GO=$(GO) ./scripts/test.sh $(PKGS)
 
 test-interop: ## the relay against vLLM's own transport library (needs libzmq3-dev and cgo)
 	$(GO) test -race -count=1 -tags libzmq ./pkg/ingest/relay/...

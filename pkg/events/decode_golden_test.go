@@ -16,11 +16,17 @@ import (
 func TestGoldenVectorsMatchTheirGenerator(t *testing.T) {
 	t.Parallel()
 	const python = "/usr/bin/python3"
+	// make test installs the encoder's packages and sets KVROUTE_NO_SKIPS:
+	// there, a missing one is a broken set-up, not a reason to skip.
+	skip := t.Skipf
+	if os.Getenv("KVROUTE_NO_SKIPS") != "" || os.Getenv("CI") != "" {
+		skip = t.Fatalf
+	}
 	if _, err := os.Stat(python); err != nil {
-		t.Skipf("%s not found; install it with: apt-get install -y python3 python3-msgpack", python)
+		skip("%s not found; install it with: apt-get install -y python3 python3-msgpack", python)
 	}
 	if out, err := exec.Command(python, "-c", "import msgpack").CombinedOutput(); err != nil {
-		t.Skipf("python3-msgpack is not importable (%v: %s); install it with: apt-get install -y python3-msgpack",
+		skip("python3-msgpack is not importable (%v: %s); install it with: apt-get install -y python3-msgpack",
 			err, bytes.TrimSpace(out))
 	}
 	script := filepath.Join("..", "..", "scripts", "gen-golden-events.py")

@@ -438,6 +438,10 @@ func TestSnapshotsTakenDuringIngestMatchTheirSeq(t *testing.T) {
 	// views[seq] is the reference's held set once batch seq is applied.
 	views := make([]map[mkey]heldView, len(batches))
 	done := make(chan struct{})
+	// Ingest waits after its first batch for the first snapshot, so that at
+	// least one snapshot races the rest of the ingest however the two
+	// goroutines are scheduled.
+	first := make(chan struct{})
 	go func() {
 		defer close(done)
 		ref := reference{}
@@ -445,6 +449,9 @@ func TestSnapshotsTakenDuringIngestMatchTheirSeq(t *testing.T) {
 			ref.apply(b, testBlockSize)
 			views[seq] = ref.view()
 			m.Apply(uint64(seq), b, testBlockSize, 0)
+			if seq == 0 {
+				<-first
+			}
 		}
 	}()
 	var snaps []*Snapshot
@@ -454,14 +461,14 @@ func TestSnapshotsTakenDuringIngestMatchTheirSeq(t *testing.T) {
 			running = false
 		default:
 			if s, err := m.Snapshot(1024); err == nil {
+				if len(snaps) == 0 {
+					close(first)
+				}
 				snaps = append(snaps, s)
 			}
 		}
 	}
 	<-done
-	if len(snaps) == 0 {
-		t.Skip("ingest finished before the first snapshot")
-	}
 	for n, s := range snaps {
 		rebuilt := reference{}
 		for i, c := range s.Chunks {
