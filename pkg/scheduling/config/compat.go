@@ -82,8 +82,6 @@ type paramRule struct {
 	// refuse, when set, refuses the parameter for some values only: it
 	// returns the reason, or "" to accept it (superseded, or honoured).
 	refuse func(raw json.RawMessage) string
-	// alias is the parameter's current name, when this is an older one.
-	alias string
 }
 
 // inertType is the kvroute type of an upstream type that is accepted and
@@ -165,11 +163,7 @@ func (r *Registry) resolveUpstream(name, typ string, raw json.RawMessage, l *Loa
 		case Superseded:
 			superseded = append(superseded, key)
 		default:
-			k := key
-			if rule.alias != "" {
-				k = rule.alias
-			}
-			honoured[k] = fields[key]
+			honoured[key] = fields[key]
 		}
 	}
 	switch {
@@ -298,7 +292,7 @@ func UpstreamTypes() []UpstreamType {
 		}
 		for _, k := range slices.Sorted(maps.Keys(u.params)) {
 			p := u.params[k]
-			t.Params = append(t.Params, UpstreamParam{Name: k, Class: p.class, Why: p.why, Conditional: p.refuse != nil, Alias: p.alias})
+			t.Params = append(t.Params, UpstreamParam{Name: k, Class: p.class, Why: p.why, Conditional: p.refuse != nil})
 		}
 		out = append(out, t)
 	}
@@ -324,7 +318,6 @@ type UpstreamParam struct {
 	Why   string
 	// Conditional: refused for some values only (Why says which).
 	Conditional bool
-	Alias       string
 }
 
 // note records a start-up line, once.

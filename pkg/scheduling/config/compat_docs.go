@@ -34,8 +34,6 @@ func UpstreamTable() string {
 			}
 			s := "`" + p.Name + "` "
 			switch {
-			case p.Alias != "":
-				s += "→ `" + p.Alias + "`"
 			case p.Class == Refused:
 				s += "refused: " + p.Why
 			case p.Conditional:

@@ -45,10 +45,6 @@ func refused(name, seen, why string) upstreamType {
 
 func keep(why string) paramRule { return paramRule{class: Honoured, why: why} }
 func drop(why string) paramRule { return paramRule{class: Superseded, why: why} }
-func no(why string) paramRule   { return paramRule{class: Refused, why: why} }
-func renamed(to string) paramRule {
-	return paramRule{class: Honoured, alias: to, why: "older name of " + to}
-}
 func only(why string, ok func(json.RawMessage) bool) paramRule {
 	return paramRule{class: Superseded, why: why, refuse: func(raw json.RawMessage) string {
 		if ok(raw) {
