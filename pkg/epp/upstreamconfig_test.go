@@ -1,33 +1,14 @@
 package epp_test
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
-
-// syncBuffer is a log sink safe for the EPP's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestUpstreamConfigurationSaysWhatIsSuperseded starts the EPP on an llm-d
 // configuration and finds, at start-up, one info line for each part that
@@ -38,7 +19,7 @@ func TestUpstreamConfigurationSaysWhatIsSuperseded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testkit.LogBuffer
 	e, err := epp.New(epp.Options{
 		Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		ConfigText: string(text),

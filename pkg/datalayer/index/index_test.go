@@ -342,15 +342,7 @@ func TestIndexEdgeCases(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ix := New(Options{}, prometheus.NewRegistry())
-			ix.AddEndpoint(ixTestAddr)
-			f := newIxFeeder(ix, ixTestAddr, 0)
-			for _, b := range tc.batches {
-				f.apply(b...)
-			}
-			if got := ixLookupOne(ix, tc.lookup, ixTestAddr); got != tc.want {
-				t.Errorf("Lookup = %+v, want %+v", got, tc.want)
-			}
+			ix := feedAndLookup(t, tc.batches, tc.lookup, tc.want)
 			if st, _ := ix.State(ixTestAddr); st != tc.wantState {
 				t.Errorf("State = %v, want %v", st, tc.wantState)
 			}
@@ -906,4 +898,20 @@ func TestABatchThatClearsTheCacheIsStillNotAppliedTwice(t *testing.T) {
 	if got := ixLookupOne(ix, ixReq{tokens: blockToks(1)}, ixTestAddr); got != (Match{}) {
 		t.Fatalf("the store outlived its removal: %+v", got)
 	}
+}
+
+// feedAndLookup applies batches to one endpoint of a fresh index in order
+// and checks what lookup r then answers; it returns the index.
+func feedAndLookup(t *testing.T, batches [][]events.Event, r ixReq, want Match) *Index {
+	t.Helper()
+	ix := New(Options{}, prometheus.NewRegistry())
+	ix.AddEndpoint(ixTestAddr)
+	f := newIxFeeder(ix, ixTestAddr, 0)
+	for _, b := range batches {
+		f.apply(b...)
+	}
+	if got := ixLookupOne(ix, r, ixTestAddr); got != want {
+		t.Errorf("Lookup = %+v, want %+v", got, want)
+	}
+	return ix
 }

@@ -218,15 +218,7 @@ func TestWhatPublishersEventsMean(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ix := New(Options{}, prometheus.NewRegistry())
-			ix.AddEndpoint(ixTestAddr)
-			f := newIxFeeder(ix, ixTestAddr, 0)
-			for _, b := range tc.batches {
-				f.apply(b...)
-			}
-			if got := ixLookupOne(ix, tc.lookup, ixTestAddr); got != tc.want {
-				t.Errorf("Lookup = %+v, want %+v", got, tc.want)
-			}
+			ix := feedAndLookup(t, tc.batches, tc.lookup, tc.want)
 			checkGaugesMatchContents(t, ix)
 		})
 	}

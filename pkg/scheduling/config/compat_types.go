@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,46 +61,33 @@ func isNullOrEmpty(raw json.RawMessage) bool {
 	return t == "" || t == "null" || t == `""` || t == "[]" || t == "{}" || t == "false" || t == "0"
 }
 
-func isOneOf(vals ...string) func(json.RawMessage) bool {
+// valueIs accepts an absent or empty value, or one that decodes as T and
+// passes ok.
+func valueIs[T any](ok func(T) bool) func(json.RawMessage) bool {
 	return func(raw json.RawMessage) bool {
 		if isNullOrEmpty(raw) {
 			return true
 		}
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return false
-		}
-		for _, v := range vals {
-			if strings.EqualFold(s, v) {
-				return true
-			}
-		}
-		return false
+		var v T
+		return json.Unmarshal(raw, &v) == nil && ok(v)
 	}
+}
+
+func isOneOf(vals ...string) func(json.RawMessage) bool {
+	return valueIs(func(s string) bool {
+		return slices.ContainsFunc(vals, func(v string) bool { return strings.EqualFold(s, v) })
+	})
 }
 
 func isDuration(want time.Duration) func(json.RawMessage) bool {
-	return func(raw json.RawMessage) bool {
-		if isNullOrEmpty(raw) {
-			return true
-		}
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return false
-		}
+	return valueIs(func(s string) bool {
 		d, err := time.ParseDuration(s)
 		return err == nil && d == want
-	}
+	})
 }
 
 func isNumberAtMost(max float64) func(json.RawMessage) bool {
-	return func(raw json.RawMessage) bool {
-		if isNullOrEmpty(raw) {
-			return true
-		}
-		var f float64
-		return json.Unmarshal(raw, &f) == nil && f <= max
-	}
+	return valueIs(func(f float64) bool { return f <= max })
 }
 
 // vllmMetricSpecs are upstream's metric spec parameters with the vLLM

@@ -4,6 +4,7 @@ package schedtest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"testing"
@@ -147,4 +148,24 @@ func RunScoreCases(t *testing.T, s framework.Scorer, cases []ScoreCase) {
 			}
 		})
 	}
+}
+
+// RunFilter makes a filter with factory and raw parameters ("" for none),
+// runs it over the candidates for an empty request, and returns the names
+// it keeps.
+func RunFilter(t *testing.T, factory framework.Factory, raw string, cs ...C) []string {
+	t.Helper()
+	var params json.RawMessage
+	if raw != "" {
+		params = json.RawMessage(raw)
+	}
+	p, err := factory("f", params, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, ok := p.(framework.Filter)
+	if !ok {
+		t.Fatalf("%s is not a filter", p.TypedName())
+	}
+	return Names(f.Filter(context.Background(), Cycle(), &request.Request{}, Cands(cs...)))
 }

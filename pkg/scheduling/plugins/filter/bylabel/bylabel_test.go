@@ -1,13 +1,11 @@
 package bylabel_test
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
@@ -28,15 +26,7 @@ var pool = []schedtest.C{
 
 func run(t *testing.T, f framework.Factory, raw string) []string {
 	t.Helper()
-	var params json.RawMessage
-	if raw != "" {
-		params = json.RawMessage(raw)
-	}
-	p, err := f("f", params, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return schedtest.Names(p.(framework.Filter).Filter(context.Background(), schedtest.Cycle(), &request.Request{}, schedtest.Cands(pool...)))
+	return schedtest.RunFilter(t, f, raw, pool...)
 }
 
 func TestRoleFiltersKeepThePodsServingTheirStage(t *testing.T) {

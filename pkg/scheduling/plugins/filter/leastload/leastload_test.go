@@ -1,37 +1,22 @@
 package leastload_test
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/leastload"
 )
 
-func filter(t *testing.T, f framework.Factory, raw string, cs ...schedtest.C) []string {
-	t.Helper()
-	var params json.RawMessage
-	if raw != "" {
-		params = json.RawMessage(raw)
-	}
-	p, err := f("f", params, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return schedtest.Names(p.(framework.Filter).Filter(context.Background(), schedtest.Cycle(), &request.Request{}, schedtest.Cands(cs...)))
-}
-
 func TestLowQueueKeepsQueuesUpToTheThreshold(t *testing.T) {
 	t.Parallel()
 	cs := []schedtest.C{{Name: "a", Queue: 0}, {Name: "b", Queue: 128}, {Name: "c", Queue: 129}}
-	if got, want := filter(t, leastload.LowQueueFactory, "", cs...), []string{"a", "b"}; !slices.Equal(got, want) {
+	if got, want := schedtest.RunFilter(t, leastload.LowQueueFactory, "", cs...), []string{"a", "b"}; !slices.Equal(got, want) {
 		t.Errorf("default threshold kept %v, want %v", got, want)
 	}
-	if got, want := filter(t, leastload.LowQueueFactory, `{"threshold":0}`, cs...), []string{"a"}; !slices.Equal(got, want) {
+	if got, want := schedtest.RunFilter(t, leastload.LowQueueFactory, `{"threshold":0}`, cs...), []string{"a"}; !slices.Equal(got, want) {
 		t.Errorf("threshold 0 kept %v, want %v", got, want)
 	}
 }
@@ -49,7 +34,7 @@ func TestLeastQueueKeepsTheLowestBand(t *testing.T) {
 		// Range 1..3 over 3: a band of 0, only the minimum.
 		{"a narrow spread keeps only the least", []schedtest.C{{Name: "a", Queue: 2}, {Name: "b", Queue: 1}, {Name: "c", Queue: 3}}, []string{"b"}},
 	} {
-		if got := filter(t, leastload.LeastQueueFactory, "", tt.cs...); !slices.Equal(got, tt.want) {
+		if got := schedtest.RunFilter(t, leastload.LeastQueueFactory, "", tt.cs...); !slices.Equal(got, tt.want) {
 			t.Errorf("%s: kept %v, want %v", tt.name, got, tt.want)
 		}
 	}
@@ -59,11 +44,11 @@ func TestLeastKVCacheKeepsTheLowestBand(t *testing.T) {
 	t.Parallel()
 	cs := []schedtest.C{{Name: "a", KV: 0.2}, {Name: "b", KV: 0.4}, {Name: "c", KV: 0.41}, {Name: "d", KV: 0.8}}
 	// Over 4 endpoints the band reaches 0.2 + 0.6/4 = 0.35.
-	if got, want := filter(t, leastload.LeastKVFactory, "", cs...), []string{"a"}; !slices.Equal(got, want) {
+	if got, want := schedtest.RunFilter(t, leastload.LeastKVFactory, "", cs...), []string{"a"}; !slices.Equal(got, want) {
 		t.Errorf("kept %v, want %v", got, want)
 	}
 	// Over 3 it reaches 0.2 + 0.6/3 = 0.4.
-	if got, want := filter(t, leastload.LeastKVFactory, "", cs[0], cs[1], cs[3]), []string{"a", "b"}; !slices.Equal(got, want) {
+	if got, want := schedtest.RunFilter(t, leastload.LeastKVFactory, "", cs[0], cs[1], cs[3]), []string{"a", "b"}; !slices.Equal(got, want) {
 		t.Errorf("kept %v, want %v", got, want)
 	}
 }
