@@ -27,7 +27,8 @@ log() { echo "== $*" >&2; }
 
 # 1. Debian packages.
 missing=()
-python3 -c 'import msgpack' >/dev/null 2>&1 || missing+=(python3-msgpack)
+# The golden-vector test runs Debian's python3, whatever python3 is first on PATH.
+/usr/bin/python3 -c 'import msgpack' >/dev/null 2>&1 || missing+=(python3-msgpack)
 { command -v pkg-config >/dev/null && pkg-config --exists libzmq; } 2>/dev/null || missing+=(libzmq3-dev pkg-config)
 command -v npm >/dev/null || missing+=(npm)
 if [ "${#missing[@]}" -gt 0 ]; then
