@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -13,7 +14,8 @@ import (
 // A snapshot must rebuild, in the EPP's index, exactly what the live events
 // built: for every shape of event publishers send, the index fed the live
 // batches and the index given the relay's snapshot of them answer every
-// lookup alike.
+// lookup alike, and so does the index given the snapshot of a relay
+// restarted from its checkpoint.
 func TestSnapshotsRebuildWhatEveryPublisherShapeBuilt(t *testing.T) {
 	t.Parallel()
 	const model, addr = "m", "10.0.0.1:8000"
@@ -82,25 +84,29 @@ func TestSnapshotsRebuildWhatEveryPublisherShapeBuilt(t *testing.T) {
 				live.Apply(o, wired)
 				m.Apply(uint64(seq), wired, tc.bs, 0)
 			}
-			s, err := m.Snapshot(1 << 10)
+			rebuilt := installSnapshot(t, m, o)
+			// The relay's checkpoint is made of the same snapshot chunks: a
+			// relay restarted from it must serve the same snapshot again.
+			pos, blocks, err := m.capture()
 			if err != nil {
 				t.Fatal(err)
 			}
-			var chunks []*events.Batch
-			for _, c := range s.Chunks {
-				b, err := events.Decode(c)
-				if err != nil {
-					t.Fatalf("snapshot chunk: %v", err)
+			var ckpt bytes.Buffer
+			if _, err := encodeCheckpoint(&ckpt, checkpointHeader{Position: pos}, blocks, 1<<10); err != nil {
+				t.Fatal(err)
+			}
+			h, restoredChunks, err := decodeCheckpoint(ckpt.Bytes())
+			if err != nil {
+				t.Fatalf("checkpoint: %v", err)
+			}
+			restarted := NewMirror(0)
+			restarted.restore(h.Position, restoredChunks)
+			fromCheckpoint := installSnapshot(t, restarted, o)
+			for _, ix := range []*index.Index{live, rebuilt, fromCheckpoint} {
+				if ix.Bigram(addr) != tc.bigram {
+					t.Fatalf("bigram: live %v, rebuilt %v, from the checkpoint %v, want %v",
+						live.Bigram(addr), rebuilt.Bigram(addr), fromCheckpoint.Bigram(addr), tc.bigram)
 				}
-				chunks = append(chunks, b)
-			}
-			rebuilt := index.New(index.Options{}, nil)
-			rebuilt.AddEndpoint(addr)
-			if err := rebuilt.InstallSnapshot(o, chunks); err != nil {
-				t.Fatalf("install: %v", err)
-			}
-			if live.Bigram(addr) != tc.bigram || rebuilt.Bigram(addr) != tc.bigram {
-				t.Fatalf("bigram: live %v, rebuilt %v, want %v", live.Bigram(addr), rebuilt.Bigram(addr), tc.bigram)
 			}
 			hits := 0
 			for _, p := range prompts {
@@ -111,11 +117,12 @@ func TestSnapshotsRebuildWhatEveryPublisherShapeBuilt(t *testing.T) {
 					} else {
 						keys = index.AppendBlockKeys(nil, index.RootKey(model, "", salt), p, tc.bs)
 					}
-					a, b := make([]index.Match, 1), make([]index.Match, 1)
+					a, b, c := make([]index.Match, 1), make([]index.Match, 1), make([]index.Match, 1)
 					live.Lookup(keys, []string{addr}, a)
 					rebuilt.Lookup(keys, []string{addr}, b)
-					if a[0] != b[0] {
-						t.Fatalf("prompt %v salt %q: live %+v, rebuilt from the snapshot %+v", p, salt, a[0], b[0])
+					fromCheckpoint.Lookup(keys, []string{addr}, c)
+					if a[0] != b[0] || a[0] != c[0] {
+						t.Fatalf("prompt %v salt %q: live %+v, rebuilt from the snapshot %+v, from the checkpoint's %+v", p, salt, a[0], b[0], c[0])
 					}
 					hits += a[0].Blocks
 				}
@@ -125,6 +132,30 @@ func TestSnapshotsRebuildWhatEveryPublisherShapeBuilt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// installSnapshot installs m's snapshot, read back from the wire, into a
+// new index under o.
+func installSnapshot(t *testing.T, m *Mirror, o events.Origin) *index.Index {
+	t.Helper()
+	s, err := m.Snapshot(1 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chunks []*events.Batch
+	for _, c := range s.Chunks {
+		b, err := events.Decode(c)
+		if err != nil {
+			t.Fatalf("snapshot chunk: %v", err)
+		}
+		chunks = append(chunks, b)
+	}
+	ix := index.New(index.Options{}, nil)
+	ix.AddEndpoint(o.Endpoint)
+	if err := ix.InstallSnapshot(o, chunks); err != nil {
+		t.Fatalf("install: %v", err)
+	}
+	return ix
 }
 
 func seqTokens(n int, from uint32) []uint32 {
