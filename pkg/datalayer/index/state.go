@@ -85,9 +85,10 @@ func (ix *Index) Streams(addr string) []events.Stream {
 
 // Holdings returns every block key addr holds for real (speculative
 // holdings aside), each with the set of tiers holding it as a bit mask
-// (1<<events.Tier), over all of its streams. It is for checking the index
-// against an engine's ground truth and for tooling, not for the request
-// path: it copies the endpoint's whole state under its ingest lock.
+// (1<<events.Tier), over all of its streams and, for a hybrid model, all
+// of their KV-cache groups (a block any group holds). It is for checking
+// the index against an engine's ground truth and for tooling, not for the
+// request path: it copies the endpoint's whole state under its ingest lock.
 func (ix *Index) Holdings(addr string) map[uint64]uint8 {
 	ep := ix.member(addr)
 	if ep == nil {
@@ -103,6 +104,12 @@ func (ix *Index) Holdings(addr string) map[uint64]uint8 {
 	for _, st := range ep.streams {
 		for _, hv := range st.handles {
 			out[hv&keyMask] |= uint8(hv &^ keyMask)
+		}
+		for g, sub := range st.groups {
+			gm := groupMask(g)
+			for _, hv := range sub.handles {
+				out[hv&keyMask^gm] |= uint8(hv &^ keyMask)
+			}
 		}
 	}
 	return out
