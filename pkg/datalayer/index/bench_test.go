@@ -85,26 +85,33 @@ func BenchmarkIndexLookup(b *testing.B) {
 					storeRun(ix, addrs[i], uint64(j+1), uint64(j+1)<<32, benchTokens(rng, 256*benchBS))
 				}
 			}
-			out := make([]Match, len(addrs))
-			keys := make([]uint64, 0, tc.blocks)
-			b.ReportAllocs()
-			b.ResetTimer()
-			cpu0 := testkit.CPUTime()
-			for b.Loop() {
-				keys = AppendBlockKeys(keys[:0], RootKey("bench", "", ""), prompt, benchBS)
-				ix.Lookup(keys, addrs, out)
-			}
-			b.StopTimer()
-			blocks := float64(b.N) * float64(tc.blocks)
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/blocks, "ns/block")
-			if cpu := testkit.CPUTime() - cpu0; cpu > 0 {
-				b.ReportMetric(float64(cpu.Nanoseconds())/blocks, "cpu-ns/block")
-			}
+			out := benchLookups(b, ix, prompt, addrs)
 			if want := tc.heldBlocks(tc.endpoints-1, tc.blocks, tc.endpoints); out[tc.endpoints-1].Blocks != want && want > 0 {
 				b.Fatalf("last endpoint matched %d blocks, want %d", out[tc.endpoints-1].Blocks, want)
 			}
 		})
 	}
+}
+
+// benchLookups times b.N lookups of prompt (hashing included) over addrs,
+// reports ns and CPU ns per block, and returns the last answers.
+func benchLookups(b *testing.B, ix *Index, prompt []uint32, addrs []string) []Match {
+	out := make([]Match, len(addrs))
+	keys := make([]uint64, 0, len(prompt)/benchBS)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := testkit.CPUTime()
+	for b.Loop() {
+		keys = AppendBlockKeys(keys[:0], RootKey("bench", "", ""), prompt, benchBS)
+		ix.Lookup(keys, addrs, out)
+	}
+	b.StopTimer()
+	blocks := float64(b.N) * float64(len(prompt)/benchBS)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/blocks, "ns/block")
+	if cpu := testkit.CPUTime() - cpu0; cpu > 0 {
+		b.ReportMetric(float64(cpu.Nanoseconds())/blocks, "cpu-ns/block")
+	}
+	return out
 }
 
 // BenchmarkBlockKeys measures hashing alone.
@@ -297,21 +304,7 @@ func BenchmarkIndexLookupHybrid(b *testing.B) {
 				o := events.Origin{Stream: events.Stream{Endpoint: addrs[i]}, Model: "bench", Instance: "i", BlockSize: benchBS}
 				ix.Apply(o, &events.Batch{Events: evs})
 			}
-			out := make([]Match, len(addrs))
-			keys := make([]uint64, 0, blocks)
-			b.ReportAllocs()
-			b.ResetTimer()
-			cpu0 := testkit.CPUTime()
-			for b.Loop() {
-				keys = AppendBlockKeys(keys[:0], RootKey("bench", "", ""), prompt, benchBS)
-				ix.Lookup(keys, addrs, out)
-			}
-			b.StopTimer()
-			n := float64(b.N) * blocks
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/block")
-			if cpu := testkit.CPUTime() - cpu0; cpu > 0 {
-				b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/block")
-			}
+			out := benchLookups(b, ix, prompt, addrs)
 			if out[endpoints-1].Blocks != blocks {
 				b.Fatalf("the endpoint holding everything matched %d blocks, want %d", out[endpoints-1].Blocks, blocks)
 			}
