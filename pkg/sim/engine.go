@@ -111,6 +111,15 @@ func (e *Engine) Held(req blockpool.Request) blockpool.Held {
 	return e.pool.Held(req)
 }
 
+// blocks is req's full blocks as the engine hashes them, and the tier
+// holding each (blockpool.NotHeld for none).
+func (e *Engine) blocks(req blockpool.Request) ([]uint64, []events.Tier) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := e.pool.BlockHashes(req)
+	return h, e.pool.TiersOf(h)
+}
+
 // Usage is the share of GPU blocks in use by running requests.
 func (e *Engine) Usage() float64 {
 	e.mu.Lock()

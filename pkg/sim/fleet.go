@@ -22,6 +22,10 @@ type FleetConfig struct {
 	// Pool is every engine's block pool (Seed is made per engine).
 	Pool   blockpool.Config
 	Timing Timing
+	// Speeds, when set, makes the fleet heterogeneous: engine i runs
+	// Timing.Scaled(Speeds[i%len(Speeds)]), so that 0.5 is an engine half
+	// as fast as the others.
+	Speeds []float64
 	// Encoding is the event batches' form; MixedEncodings alternates array
 	// and map forms across the fleet, as a fleet mid-upgrade would.
 	Encoding       events.Encoding
@@ -48,8 +52,6 @@ type Fleet struct {
 	err     error
 }
 
-// StartFleet starts the fleet's scheduler loops and servers; they run until
-// Close or until ctx is done.
 // EngineConfig is the configuration of the fleet's engine i, serving at
 // addr: its pod name, its block pool's own seed, its event encoding.
 func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
@@ -66,6 +68,16 @@ func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
 	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc}
 }
 
+// TimingOf is engine i's timing: the fleet's, scaled by its speed.
+func (cfg FleetConfig) TimingOf(i int) Timing {
+	if len(cfg.Speeds) == 0 {
+		return cfg.Timing
+	}
+	return cfg.Timing.Scaled(cfg.Speeds[i%len(cfg.Speeds)])
+}
+
+// StartFleet starts the fleet's scheduler loops and servers; they run until
+// Close or until ctx is done.
 func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if cfg.Engines <= 0 {
 		return nil, errors.New("sim: a fleet needs at least one engine")
@@ -92,7 +104,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 				f.engines = append(f.engines, eng)
 			}
 		}
-		rep := NewReplica(eng, cfg.Timing)
+		rep := NewReplica(eng, cfg.TimingOf(i))
 		srv := NewServer(rep, ln)
 		f.Servers = append(f.Servers, srv)
 		if cfg.Publisher != nil {

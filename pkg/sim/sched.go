@@ -80,7 +80,10 @@ type Seq struct {
 	req       blockpool.Request
 	maxTokens int
 	generated int
-	prefilled bool
+	// prefillLeft is the prompt tokens still to compute once admitted, ctx
+	// the tokens already in its KV cache (cached, computed, generated),
+	// chunk the prefill tokens planned for the current step.
+	prefillLeft, ctx, chunk int
 
 	mu     sync.Mutex
 	cached int
@@ -130,6 +133,10 @@ type Replica struct {
 	stopped bool
 	n       uint64
 	stats   ReplicaStats
+	// inStep is set between a Plan that found work and its Finish;
+	// stepEnd is when that step ends, as its driver said.
+	inStep  bool
+	stepEnd time.Time
 }
 
 // ReplicaStats are a replica's cumulative counters, in vLLM's units.
@@ -196,20 +203,33 @@ func (r *Replica) Stats() ReplicaStats {
 	return r.stats
 }
 
-// Plan starts a step: it admits waiting sequences in arrival order while
-// the batch has room and their blocks fit, and returns the step's work.
-// ok is false when there is nothing to do. Plan and Finish are the loop's
-// two halves; Run drives them in real time, tests call them directly.
+// Plan starts a step: it gives each decoding sequence its token, continues
+// the prefills already under way, then admits waiting sequences in arrival
+// order while the batch has seats, the step's token budget lasts and their
+// blocks fit, and returns the step's work. ok is false when there is
+// nothing to do. Plan and Finish are the loop's two halves; Run drives them
+// in real time, tests and virtual time call them directly.
 func (r *Replica) Plan() (w StepWork, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	b := newBudget(r.timing)
 	for _, s := range r.running {
-		if s.prefilled {
+		if s.prefillLeft == 0 {
 			w.Decoding++
+			w.DecodeContext += int64(s.ctx)
+			b.take(1)
+		}
+	}
+	for _, s := range r.running {
+		if s.prefillLeft > 0 {
+			if s.chunk = b.take(s.prefillLeft); s.chunk == 0 {
+				break
+			}
+			w.addChunk(s.chunk, s.ctx)
 		}
 	}
 	bs := r.eng.cfg.Pool.BlockSize
-	for len(r.waiting) > 0 && len(r.running) < r.timing.MaxSeqs {
+	for len(r.waiting) > 0 && len(r.running) < r.timing.MaxSeqs && b.left() {
 		s := r.waiting[0]
 		gpu, cpu, err := r.eng.admit(s.req)
 		if errors.Is(err, blockpool.ErrNoSpace) {
@@ -230,7 +250,9 @@ func (r *Replica) Plan() (w StepWork, ok bool) {
 		s.mu.Lock()
 		s.cached, s.loaded = cached, cpu*bs
 		s.mu.Unlock()
-		w.Prefill += len(s.req.Tokens) - cached
+		s.prefillLeft, s.ctx = len(s.req.Tokens)-cached, cached
+		s.chunk = b.take(s.prefillLeft)
+		w.addChunk(s.chunk, s.ctx)
 		w.Loaded += cpu * bs
 		r.running = append(r.running, s)
 		r.stats.Requests++
@@ -243,23 +265,65 @@ func (r *Replica) Plan() (w StepWork, ok bool) {
 		s.steps++
 		s.mu.Unlock()
 	}
-	return w, len(r.running) > 0
+	r.inStep = len(r.running) > 0
+	return w, r.inStep
 }
 
-// Finish ends the step Plan started, of simulated duration d: every running
-// sequence emits a token (its first, for those just prefilled), finished
-// ones release their blocks, and the step's KV events are published.
+// budget is a step's token budget (vLLM's max_num_batched_tokens).
+type budget struct {
+	n         int
+	unlimited bool
+}
+
+func newBudget(t Timing) budget {
+	return budget{n: t.MaxBatchedTokens, unlimited: t.MaxBatchedTokens <= 0}
+}
+
+// take spends up to want tokens and returns how many it got.
+func (b *budget) take(want int) int {
+	if b.unlimited {
+		return want
+	}
+	got := max(min(want, b.n), 0)
+	b.n -= got
+	return got
+}
+
+func (b *budget) left() bool { return b.unlimited || b.n > 0 }
+
+// Stepping tells the replica that the step its driver started ends at
+// until, so that EstimateTTFT can count the wait for it.
+func (r *Replica) Stepping(until time.Time) {
+	r.mu.Lock()
+	r.stepEnd = until
+	r.mu.Unlock()
+}
+
+// Finish ends the step Plan started, of simulated duration d: every
+// decoding sequence emits a token, and so does every sequence whose
+// prefill this step completed (its first); finished ones release their
+// blocks, and the step's KV events are published.
 func (r *Replica) Finish(d time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats.Steps++
 	r.stats.Busy += d
+	r.inStep = false
 	kept := r.running[:0]
 	var firstErr error
 	for _, s := range r.running {
-		s.prefilled = true
+		if s.prefillLeft > 0 {
+			s.prefillLeft -= s.chunk
+			s.ctx += s.chunk
+			s.chunk = 0
+			if s.prefillLeft > 0 {
+				kept = append(kept, s) // its prefill goes on next step
+				continue
+			}
+		}
 		s.tokens <- Token{Index: s.generated}
 		s.generated++
+		s.ctx++
 		r.stats.GenerationTokens++
 		if s.generated < s.maxTokens {
 			kept = append(kept, s)
@@ -301,6 +365,7 @@ func (r *Replica) Run(ctx context.Context) error {
 			}
 		}
 		d := r.timing.Step(w)
+		r.Stepping(time.Now().Add(d))
 		timer.Reset(d)
 		select {
 		case <-ctx.Done():

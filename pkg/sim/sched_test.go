@@ -224,3 +224,139 @@ func ExampleTokenize() {
 	fmt.Println(len(Tokenize("the quick  brown\tfox")), Tokenize("a b")[0] == Tokenize("a")[0])
 	// Output: 4 true
 }
+
+func TestTimingGrowsWithContextAndBatch(t *testing.T) {
+	t.Parallel()
+	tm := DefaultTiming()
+	short, long := StepWork{}, StepWork{}
+	short.addChunk(512, 0)
+	long.addChunk(512, 8192)
+	if tm.Step(long) <= tm.Step(short) {
+		t.Errorf("512 tokens after 8k of context cost %v, no more than after none (%v)", tm.Step(long), tm.Step(short))
+	}
+	one := StepWork{Decoding: 1, DecodeContext: 1024}
+	eight := StepWork{Decoding: 8, DecodeContext: 8 * 4096}
+	if tm.Step(eight) <= tm.Step(one) {
+		t.Errorf("a decode step of 8 long sequences cost %v, no more than one short one (%v)", tm.Step(eight), tm.Step(one))
+	}
+	slow := tm.Scaled(0.5)
+	w := StepWork{Prefill: 1000, Decoding: 2}
+	if got, want := slow.Step(w), 2*tm.Step(w); got < want-time.Microsecond || got > want+time.Microsecond {
+		t.Errorf("an engine at half speed took %v for a step the default takes %v; want twice as long", got, tm.Step(w))
+	}
+	if slow.MaxSeqs != tm.MaxSeqs || slow.MaxBatchedTokens != tm.MaxBatchedTokens {
+		t.Errorf("scaling changed the limits: %+v", slow)
+	}
+}
+
+func TestALongPromptIsPrefilledInChunksBesideTheDecodes(t *testing.T) {
+	t.Parallel()
+	r := testReplica(1024, 0, 4)
+	r.timing.MaxBatchedTokens = 1000
+	short, _ := r.Submit(blockpool.Request{Tokens: prompt(1, 100)}, 10)
+	w, _ := r.Plan()
+	if err := r.Finish(r.Timing().Step(w)); err != nil {
+		t.Fatal(err)
+	}
+	long, _ := r.Submit(blockpool.Request{Tokens: prompt(2, 2500)}, 1)
+	var works []StepWork
+	for range 3 {
+		w, _ := r.Plan()
+		works = append(works, w)
+		if err := r.Finish(r.Timing().Step(w)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One budget token for the short sequence's decode each step, the
+	// rest for the long prompt: 999, 999, then the last 502.
+	for i, want := range []int{999, 999, 502} {
+		if works[i].Prefill != want || works[i].Decoding != 1 {
+			t.Errorf("step %d: %+v, want %d prefilled beside 1 decoding", i, works[i], want)
+		}
+	}
+	if works[1].PrefillContext <= works[0].PrefillContext {
+		t.Errorf("the second chunk attends to no more context than the first: %d, %d", works[1].PrefillContext, works[0].PrefillContext)
+	}
+	if got := len(long.Tokens); got != 2 {
+		t.Errorf("the long prompt has %d tokens out after its last chunk, want its only one and its end", got)
+	}
+	if got := len(short.Tokens); got != 4 {
+		t.Errorf("the short sequence emitted %d tokens over 4 steps, want 4 (it kept decoding)", got)
+	}
+}
+
+func TestEstimateTTFTIsWhatTheSchedulerThenDoes(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		maxSeqs int
+		budget  int
+		queued  int
+	}{
+		{"an idle replica", 4, 4096, 0},
+		{"a replica with a batch running", 4, 4096, 3},
+		{"a replica whose batch is full, so the request waits for a seat", 2, 4096, 5},
+		{"a small token budget, so prefills are chunked", 4, 700, 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := testReplica(4096, 0, tt.maxSeqs)
+			r.timing.MaxBatchedTokens = tt.budget
+			shared := prompt(7, 512)
+			for i := range tt.queued {
+				if _, err := r.Submit(blockpool.Request{Tokens: append(append([]uint32{}, shared...), prompt(i, 300)...)}, 6); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A step under way: the estimate starts from its end.
+			now := time.Unix(1000, 0)
+			var first time.Duration
+			if w, ok := r.Plan(); ok {
+				first = r.Timing().Step(w)
+				r.Stepping(now.Add(first))
+			}
+			target := append(append([]uint32{}, shared...), prompt(99, 200)...)
+			est := r.EstimateTTFT(target, now)
+
+			if first > 0 {
+				if err := r.Finish(first); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, _ := r.Submit(blockpool.Request{Tokens: target}, 1)
+			elapsed := first
+			for range 10000 {
+				w, ok := r.Plan()
+				if !ok {
+					t.Fatal("the replica went idle before the request's first token")
+				}
+				d := r.Timing().Step(w)
+				elapsed += d
+				if err := r.Finish(d); err != nil {
+					t.Fatal(err)
+				}
+				if len(s.Tokens) > 0 {
+					break
+				}
+			}
+			if est != elapsed {
+				t.Errorf("estimated %v, the scheduler took %v", est, elapsed)
+			}
+		})
+	}
+}
+
+func TestAFleetWithSpeedsHasEnginesOfDifferentSpeeds(t *testing.T) {
+	t.Parallel()
+	cfg := FleetConfig{Engines: 4, Timing: DefaultTiming(), Speeds: []float64{1, 0.5}}
+	w := StepWork{Prefill: 1000}
+	fast, slow := cfg.TimingOf(0).Step(w), cfg.TimingOf(1).Step(w)
+	if slow != 2*fast || cfg.TimingOf(2).Step(w) != fast || cfg.TimingOf(3).Step(w) != slow {
+		t.Errorf("steps of engines 0-3: %v %v %v %v; want fast, twice as slow, fast, slow",
+			fast, slow, cfg.TimingOf(2).Step(w), cfg.TimingOf(3).Step(w))
+	}
+	if (FleetConfig{Timing: DefaultTiming()}).TimingOf(3) != DefaultTiming() {
+		t.Error("a fleet without speeds does not run the default timing everywhere")
+	}
+}

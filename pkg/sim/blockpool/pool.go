@@ -710,7 +710,11 @@ const NotHeld = events.Tier(events.NumTiers)
 // after one not held can still be held (a middle block evicted before the
 // tail), though no prefix reaches them.
 func (p *Pool) BlockTiers(req Request) []events.Tier {
-	hashes := p.BlockHashes(req)
+	return p.TiersOf(p.BlockHashes(req))
+}
+
+// TiersOf is BlockTiers for blocks whose hashes (BlockHashes) are known.
+func (p *Pool) TiersOf(hashes []uint64) []events.Tier {
 	out := make([]events.Tier, len(hashes))
 	for i, h := range hashes {
 		switch {
