@@ -40,6 +40,9 @@ type Datastore struct {
 type dsEntry struct {
 	ep      *Endpoint
 	metrics atomic.Pointer[Metrics]
+	// load is the EPP's own in-flight accounting, kept across a
+	// replacement at the same address as the metrics are.
+	load *inflight
 }
 
 // dsSnapshot is never modified once published.
@@ -116,11 +119,12 @@ func (ds *Datastore) Upsert(ep *Endpoint) {
 	if had && prev.ep.Equal(ep) {
 		return
 	}
-	e := &dsEntry{ep: ep}
+	e := &dsEntry{ep: ep, load: &inflight{}}
 	var removed []*Endpoint
 	if had {
 		if prev.ep.Address == ep.Address {
 			e.metrics.Store(prev.metrics.Load())
+			e.load = prev.load
 		} else {
 			removed = []*Endpoint{prev.ep}
 		}
@@ -246,7 +250,8 @@ func (e *dsEntry) loadMetrics() Metrics {
 }
 
 // Candidates snapshots, for one request, every endpoint that filter accepts
-// (all of them when filter is nil), with its current metrics and stream state.
+// (all of them when filter is nil), with its current metrics, stream state
+// and in-flight work.
 func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 	s := ds.snap.Load()
 	var streams StreamStates
@@ -268,7 +273,7 @@ func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 		// struct twice and copies it whole.
 		slab = slab[:len(slab)+1]
 		c := &slab[len(slab)-1]
-		c.Endpoint, c.Stream = e.ep, state
+		c.Endpoint, c.Stream, c.InFlight = e.ep, state, e.load.load()
 		if m := e.metrics.Load(); m != nil {
 			c.Metrics = *m
 		}

@@ -132,6 +132,9 @@ type Candidate struct {
 	*Endpoint
 	Metrics Metrics
 	Stream  StreamState
+	// InFlight is the work this EPP had dispatched to the endpoint and not
+	// seen finish when the request arrived.
+	InFlight InFlight
 
 	mu sync.RWMutex
 	// The published values. A request's candidates each carry one to three
@@ -216,7 +219,7 @@ func (c *Candidate) find(key string) *attr {
 // PrepareData graph gives each producer its own views, so that a producer
 // that misses its deadline publishes nothing.
 func (c *Candidate) StageInto(v *Candidate) {
-	v.Endpoint, v.Metrics, v.Stream, v.base = c.Endpoint, c.Metrics, c.Stream, c
+	v.Endpoint, v.Metrics, v.Stream, v.InFlight, v.base = c.Endpoint, c.Metrics, c.Stream, c.InFlight, c
 }
 
 // Commit publishes into c what staged, a staging view of c, holds under

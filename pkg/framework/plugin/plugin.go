@@ -3,7 +3,12 @@
 // which the data-dependency graph is built and checked at start-up.
 package plugin
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvroute/kvroute/pkg/framework/request"
+)
 
 // TypedName names a plugin instance: Type is its registered kebab-case type
 // ("precise-prefix-cache-scorer"), Name the instance name from the config
@@ -33,4 +38,13 @@ type Producer interface {
 type Consumer interface {
 	Plugin
 	Consumes() map[string]any
+}
+
+// ResponseObserver is a plugin that learns from what endpoints answer (the
+// latency predictor trains on it). The request path calls it once per
+// routed request, after the response has ended, off the pick's path; it
+// must not block.
+type ResponseObserver interface {
+	Plugin
+	ObserveResponse(ctx context.Context, req *request.Request, resp *request.Response)
 }

@@ -2,7 +2,10 @@
 // path hands it to PrepareData and the scheduler.
 package request
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"time"
+)
 
 // API says which OpenAI-compatible API a request uses.
 type API uint8
@@ -72,12 +75,72 @@ type Request struct {
 
 	// Headers are the request headers, lower-cased names.
 	Headers map[string]string
+	// Objective names the request's InferenceObjective
+	// (x-gateway-inference-objective), empty for none.
+	Objective string
 	// Priority comes from the request's objective; below zero is sheddable.
 	Priority int
+	// SLO is the latency the request asks for: from its x-slo-ttft-ms and
+	// x-slo-tpot-ms headers, else its objective's defaults.
+	SLO SLO
+	// MaxTokens is the output the request asks for at most (max_tokens or
+	// max_completion_tokens), 0 when it does not say.
+	MaxTokens int
 	// Stream is true for streaming (SSE) requests.
 	Stream bool
 	// Body is the request body as received.
 	Body []byte
+}
+
+// SLO is a request's latency objective; a zero field means none.
+type SLO struct {
+	// TTFT bounds the time to the first token, TPOT the mean time per
+	// output token after it.
+	TTFT, TPOT time.Duration
+}
+
+// Response is what the request path learned of a request's answer, for the
+// plugins that learn from it.
+type Response struct {
+	// Endpoint is the ip:port that served it.
+	Endpoint string
+	Status   int
+	// Streamed is true for a streamed (SSE) answer, whose first body byte
+	// is its first token; a whole answer's first byte is its end.
+	Streamed bool
+	// Start is when the request reached the EPP, FirstByte when the answer's
+	// first body bytes came back (zero if never), End when it finished.
+	Start, FirstByte, End time.Time
+	// Usage, when the answer carried it.
+	PromptTokens, CompletionTokens, CachedTokens int
+	// RequestedModel is the model the client named, before any rewrite.
+	RequestedModel string
+	// Picked is what PrepareData published on the endpoint that was picked
+	// (nil when nothing was).
+	Picked Attributes
+}
+
+// TTFT is the time to the first token, when the answer was streamed and
+// its first byte came.
+func (r *Response) TTFT() (time.Duration, bool) {
+	if !r.Streamed || r.FirstByte.IsZero() || r.Start.IsZero() {
+		return 0, false
+	}
+	return r.FirstByte.Sub(r.Start), true
+}
+
+// TPOT is the mean time per output token after the first, when the answer
+// was streamed with usage and more than one token.
+func (r *Response) TPOT() (time.Duration, bool) {
+	if !r.Streamed || r.FirstByte.IsZero() || r.End.Before(r.FirstByte) || r.CompletionTokens < 2 {
+		return 0, false
+	}
+	return r.End.Sub(r.FirstByte) / time.Duration(r.CompletionTokens-1), true
+}
+
+// Attributes is the per-endpoint data PrepareData published for a request.
+type Attributes interface {
+	Get(key string) (any, bool)
 }
 
 // Sheddable reports whether the request may be rejected when the pool is saturated.

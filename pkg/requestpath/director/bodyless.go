@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -17,7 +16,7 @@ import (
 // hint. Without a prompt there is nothing for PrepareData or the scheduler
 // to weigh, so neither runs and the Pick's Result is nil.
 func (d *Director) PickAny(_ context.Context, in *Input) (*Pick, error) {
-	start := time.Now()
+	start := d.o.Now()
 	req := &request.Request{API: request.APIOther, Headers: in.Headers, ID: in.Headers[HeaderRequestID]}
 	if req.ID == "" {
 		req.ID = uuid.NewString()

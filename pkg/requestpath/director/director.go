@@ -11,11 +11,14 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -33,6 +36,8 @@ const (
 	HeaderDestination   = "x-gateway-destination-endpoint"
 	HeaderSubsetHint    = "x-gateway-destination-endpoint-subset"
 	HeaderServed        = "x-gateway-destination-endpoint-served"
+	HeaderSLOTTFT       = "x-slo-ttft-ms"
+	HeaderSLOTPOT       = "x-slo-tpot-ms"
 	MetadataDestination = "envoy.lb"
 	MetadataSubsetHint  = "envoy.lb.subset_hint"
 )
@@ -91,6 +96,9 @@ type Pick struct {
 	Start      time.Time
 	// labels are the requested and target models as metric label values.
 	labels [2]string
+
+	// dispatch is the pick's place in its endpoint's in-flight accounting.
+	dispatch *datalayer.Dispatch
 }
 
 // DefaultPrepareDataTimeout bounds PrepareData when Options leave it zero:
@@ -110,19 +118,25 @@ type Options struct {
 	PrepareDataTimeout time.Duration
 	// TokenizeTimeout bounds tokenization (default 200ms).
 	TokenizeTimeout time.Duration
-	// Objectives maps an objective name (x-gateway-inference-objective) to
-	// its priority; unknown objectives get priority 0.
-	Objectives map[string]int
+	// Objectives are the pool's InferenceObjectives: the objective a
+	// request names (x-gateway-inference-objective) gives its priority and
+	// default SLOs. An unknown objective, or none, means priority 0.
+	Objectives *datalayer.Objectives
 	// PassUnknownModels routes requests for a model that no endpoint
 	// serves as its base model or reports as a loaded adapter; by default
 	// they are refused with 404, as vLLM refuses them.
 	PassUnknownModels bool
-	Metrics           *Metrics
-	Logger            *slog.Logger
 	// Observers hear every finished response after the director has
 	// accounted for it (the index's self-check compares the engine's
 	// cached tokens with the pick's prediction).
 	Observers []ResponseObserver
+	// PluginObservers are the scheduling plugins that learn from every
+	// routed request's response once it ended (the latency predictor).
+	PluginObservers []plugin.ResponseObserver
+	// Now is the clock requests are timed by; nil means time.Now.
+	Now     func() time.Time
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 // ResponseObserver hears a finished response with the pick it answered.
@@ -153,6 +167,9 @@ func New(o Options) (*Director, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	return &Director{o: o}, nil
 }
 
@@ -160,7 +177,7 @@ func New(o Options) (*Director, error) {
 // the status to answer: 400 for a malformed request, 503 when no endpoint
 // can serve it, 429 when it is shed, 500 otherwise.
 func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) {
-	start := time.Now()
+	start := d.o.Now()
 	req, err := openai.ParseRequest(in.Path, in.Body)
 	if err != nil {
 		d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
@@ -172,8 +189,9 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if m := in.Headers[HeaderModelRewrite]; m != "" {
 		req.Model = m
 	}
-	if obj := in.Headers[HeaderObjective]; obj != "" {
-		req.Priority = d.o.Objectives[obj]
+	if err := d.objective(req, in.Headers); err != nil {
+		d.o.Metrics.errors.WithLabelValues(requested, req.Model, "400").Inc()
+		return nil, &Error{Status: http.StatusBadRequest, Err: err}
 	}
 	known := d.known(req.Model)
 	if !known.base && !known.adapter && !d.o.PassUnknownModels {
@@ -203,7 +221,7 @@ func (d *Director) Route(ctx context.Context, req *request.Request, subset []str
 }
 
 func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string) (*Pick, error) {
-	start := time.Now()
+	start := d.o.Now()
 	if req.ID == "" {
 		req.ID = uuid.NewString()
 	}
@@ -247,6 +265,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: errors.New("scheduler picked no endpoint")}
 	}
 	d.o.Metrics.observePick(p)
+	p.dispatch = d.dispatch(req, res.Targets()[0])
 	return p, nil
 }
 
@@ -266,6 +285,47 @@ func (d *Director) checkContext(req *request.Request) error {
 	return &Error{Status: http.StatusBadRequest, Param: "prompt", Err: fmt.Errorf(
 		"%w: this model's maximum context length is %d tokens, and the prompt alone is %d tokens; shorten the prompt",
 		ErrContextLength, limit, len(req.TokenIDs))}
+}
+
+// dispatch accounts the pick as in flight on its primary endpoint, with the
+// prompt tokens PrepareData says are not cached there.
+func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datalayer.Dispatch {
+	prompt := len(req.TokenIDs)
+	var info datalayer.PrefixCacheInfo
+	if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
+		info, _ = v.(datalayer.PrefixCacheInfo)
+	}
+	if prompt == 0 {
+		prompt = info.TotalBlocks * info.BlockSizeTokens
+	}
+	return d.o.Datastore.Dispatch(c.Name, prompt-info.MatchTokens, prompt)
+}
+
+// objective fills in the request's objective, priority and SLOs: headers
+// first, then the objective's defaults.
+func (d *Director) objective(req *request.Request, h map[string]string) error {
+	if name := h[HeaderObjective]; name != "" {
+		req.Objective = name
+		if obj, ok := d.o.Objectives.Get(name); ok {
+			req.Priority = obj.Priority
+			req.SLO = request.SLO{TTFT: obj.TTFT, TPOT: obj.TPOT}
+		}
+	}
+	for _, s := range []struct {
+		header string
+		into   *time.Duration
+	}{{HeaderSLOTTFT, &req.SLO.TTFT}, {HeaderSLOTPOT, &req.SLO.TPOT}} {
+		v, ok := h[s.header]
+		if !ok {
+			continue
+		}
+		ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || !(ms > 0) || ms > 1e9 {
+			return fmt.Errorf("header %s: %q is not a positive number of milliseconds", s.header, v)
+		}
+		*s.into = time.Duration(ms * float64(time.Millisecond))
+	}
+	return nil
 }
 
 // tokenize fills in req's token ids when the request did not carry them
@@ -294,16 +354,45 @@ type Served struct {
 	Endpoint string
 	Status   int
 	Usage    openai.Usage
+	// Streamed is true for an event-stream response, whose first body
+	// bytes are its first token.
+	Streamed bool
 	// FirstByte is when the response's first body bytes arrived (zero if never).
 	FirstByte time.Time
 	End       time.Time
 }
 
-// HandleResponse accounts for a finished response.
+// HandleFirstByte notes that the pick's response has begun: its endpoint
+// has finished the request's prefill.
+func (d *Director) HandleFirstByte(p *Pick) {
+	p.dispatch.FirstToken()
+}
+
+// HandleResponse accounts for a finished response, and tells the
+// observers. It is called once per pick, however the response ended.
 func (d *Director) HandleResponse(p *Pick, s Served) {
+	p.dispatch.Done()
 	d.o.Metrics.observeResponse(p, s)
 	for _, o := range d.o.Observers {
 		o.ObserveResponse(p, s)
+	}
+	if p.Result == nil || len(d.o.PluginObservers) == 0 {
+		return
+	}
+	resp := &request.Response{
+		Endpoint: s.Endpoint, Status: s.Status, Streamed: s.Streamed,
+		Start: p.Start, FirstByte: s.FirstByte, End: s.End,
+		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
+		RequestedModel: p.RequestedModel,
+	}
+	if t := p.Result.Targets(); len(t) > 0 {
+		resp.Picked = t[0]
+	}
+	if resp.End.IsZero() {
+		resp.End = d.o.Now()
+	}
+	for _, o := range d.o.PluginObservers {
+		o.ObserveResponse(context.Background(), p.Request, resp)
 	}
 }
 

@@ -17,6 +17,7 @@ type Metrics struct {
 	errors           *prometheus.CounterVec
 	duration         *prometheus.HistogramVec
 	ttft             *prometheus.HistogramVec
+	tpot             *prometheus.HistogramVec
 	inputTokens      *prometheus.HistogramVec
 	outputTokens     *prometheus.HistogramVec
 	cachedTokens     *prometheus.HistogramVec
@@ -50,6 +51,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name:    "inference_objective_request_ttft_seconds",
 			Help:    "Time from the request's arrival at the EPP to the response's first body bytes.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, model),
+		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_request_tpot_seconds",
+			Help:    "Mean time per output token after the first, of streamed responses.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, model),
 		inputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "inference_objective_input_tokens", Help: "Prompt tokens per request, from the response's usage.", Buckets: tokenBuckets,
@@ -87,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.errors, m.duration, m.ttft, m.inputTokens, m.outputTokens, m.cachedTokens,
+		reg.MustRegister(m.requests, m.errors, m.duration, m.ttft, m.tpot, m.inputTokens, m.outputTokens, m.cachedTokens,
 			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
 	}
 	for _, s := range datalayer.AllStreamStates {
@@ -137,6 +143,9 @@ func (m *Metrics) observeResponse(p *Pick, s Served) {
 	m.duration.WithLabelValues(model...).Observe(end.Sub(p.Start).Seconds())
 	if !s.FirstByte.IsZero() {
 		m.ttft.WithLabelValues(model...).Observe(s.FirstByte.Sub(p.Start).Seconds())
+	}
+	if s.Streamed && !s.FirstByte.IsZero() && s.Usage.CompletionTokens > 1 && !end.Before(s.FirstByte) {
+		m.tpot.WithLabelValues(model...).Observe(end.Sub(s.FirstByte).Seconds() / float64(s.Usage.CompletionTokens-1))
 	}
 	if s.Usage.PromptTokens > 0 {
 		m.inputTokens.WithLabelValues(model...).Observe(float64(s.Usage.PromptTokens))

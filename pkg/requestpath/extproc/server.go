@@ -63,6 +63,8 @@ type Director interface {
 	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
 	// PickAny routes a request without a body.
 	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
+	// HandleFirstByte notes the response's first body bytes.
+	HandleFirstByte(p *director.Pick)
 	HandleResponse(p *director.Pick, s director.Served)
 }
 

@@ -286,6 +286,7 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 		st.served.Status = code
 	}
 	st.respStreaming = strings.HasPrefix(strings.ToLower(hs["content-type"]), "text/event-stream")
+	st.served.Streamed = st.respStreaming
 	if served := servedEndpoint(req.GetMetadataContext()); served != "" {
 		st.served.Endpoint = served
 	}
@@ -300,6 +301,9 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 	chunk := b.GetBody()
 	if len(chunk) > 0 && st.served.FirstByte.IsZero() {
 		st.served.FirstByte = time.Now()
+		if st.pick != nil {
+			st.s.d.HandleFirstByte(st.pick)
+		}
 	}
 	st.s.m.respBytes.Add(float64(len(chunk)))
 	switch {

@@ -51,6 +51,7 @@ func ParseRequest(path string, body []byte) (*request.Request, error) {
 	if req.CacheSalt, err = optionalString(fields, "cache_salt"); err != nil {
 		return nil, err
 	}
+	req.MaxTokens = maxTokens(fields)
 	if req.API == request.APICompletions {
 		err = parseCompletions(req, obj)
 	} else {
@@ -420,6 +421,20 @@ func firstElement(array []byte) []byte {
 		return nil
 	}
 	return array[i:]
+}
+
+// maxTokens is the output length the request asks for at most, 0 when it
+// does not say. It is a hint for latency prediction, not a field the EPP
+// validates: a value that is not a non-negative integer reads as 0 and is
+// left for the model server to refuse.
+func maxTokens(fields map[string]json.RawMessage) int {
+	for _, name := range []string{"max_completion_tokens", "max_tokens"} {
+		var n int
+		if raw := fields[name]; !isAbsent(raw) && json.Unmarshal(raw, &n) == nil && n >= 0 {
+			return n
+		}
+	}
+	return 0
 }
 
 func requiredString(fields map[string]json.RawMessage, name string) (string, error) {

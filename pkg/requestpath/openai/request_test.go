@@ -39,6 +39,18 @@ func TestParseRequestReadsEachForm(t *testing.T) {
 			want: request.Request{API: request.APICompletions, Model: "llama", Prompt: "x", AddSpecialTokens: true},
 		},
 		{
+			name: "max_tokens is read as the output length asked for",
+			path: "/v1/completions",
+			body: `{"model":"llama","prompt":"x","max_tokens":64}`,
+			want: request.Request{API: request.APICompletions, Model: "llama", Prompt: "x", AddSpecialTokens: true, MaxTokens: 64},
+		},
+		{
+			name: "max_completion_tokens wins over max_tokens, and a bad value is left to the model server",
+			path: "/v1/completions",
+			body: `{"model":"llama","prompt":"x","max_completion_tokens":"lots","max_tokens":7}`,
+			want: request.Request{API: request.APICompletions, Model: "llama", Prompt: "x", AddSpecialTokens: true, MaxTokens: 7},
+		},
+		{
 			name: "add_special_tokens false in the body is honoured",
 			path: "/v1/completions",
 			body: `{"model":"llama","prompt":"x","add_special_tokens":false}`,

@@ -45,6 +45,8 @@ var ErrAllTargetsDown = errors.New("no picked endpoint accepted a connection")
 type Director interface {
 	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
 	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
+	// HandleFirstByte notes the response's first body bytes.
+	HandleFirstByte(p *director.Pick)
 	HandleResponse(p *director.Pick, s director.Served)
 }
 
@@ -345,10 +347,11 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	ex.served.Status = resp.StatusCode
 	if strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream") {
 		ex.sse = &openai.SSEUsageScanner{}
+		ex.served.Streamed = true
 	}
 	ex.mu.Unlock()
 	resp.Header.Set(director.HeaderServed, ex.served.Endpoint)
-	resp.Body = &observedBody{rc: resp.Body, ex: ex}
+	resp.Body = &observedBody{rc: resp.Body, ex: ex, d: s.d}
 	return nil
 }
 
@@ -378,6 +381,7 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 type observedBody struct {
 	rc io.ReadCloser
 	ex *exchange
+	d  Director
 }
 
 func (b *observedBody) Read(p []byte) (int, error) {
@@ -387,6 +391,7 @@ func (b *observedBody) Read(p []byte) (int, error) {
 		ex.mu.Lock()
 		if ex.served.FirstByte.IsZero() {
 			ex.served.FirstByte = time.Now()
+			b.d.HandleFirstByte(ex.pick)
 		}
 		switch {
 		case ex.sse != nil:

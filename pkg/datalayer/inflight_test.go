@@ -1,0 +1,102 @@
+package datalayer
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	d1 := ds.Dispatch("a", 300, 1000)
+	d2 := ds.Dispatch("a", 50, 2000)
+	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 2, PrefillTokens: 350}) {
+		t.Fatalf("after two dispatches: %+v", got)
+	}
+	d1.FirstToken()
+	d1.FirstToken() // a second first byte changes nothing
+	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000}) {
+		t.Fatalf("after the first's first token: %+v", got)
+	}
+	if c := ds.Candidates(nil)[0]; c.InFlight.Requests() != 2 || c.InFlight.DecodeTokens != 1000 {
+		t.Errorf("the candidate's snapshot is %+v", c.InFlight)
+	}
+	d1.Done()
+	d2.Done() // ended before its first token: a refused or cut response
+	d2.Done()
+	d2.FirstToken() // too late to count
+	if got := ds.InFlight("a"); got != (InFlight{}) {
+		t.Errorf("after both ended: %+v, want nothing in flight", got)
+	}
+}
+
+func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	d := ds.Dispatch("a", 10, 10)
+	e := ep("a", "10.0.0.1:8000")
+	e.Labels = map[string]string{"new": "label"}
+	ds.Upsert(e)
+	if got := ds.InFlight("a").Prefilling; got != 1 {
+		t.Errorf("after a relabel the endpoint has %d requests prefilling, want 1", got)
+	}
+	ds.Upsert(ep("a", "10.0.0.9:8000"))
+	if got := ds.InFlight("a"); got != (InFlight{}) {
+		t.Errorf("a new address inherited %+v", got)
+	}
+	d.Done() // the old address's request ends: no effect on the new one
+	if got := ds.InFlight("a"); got != (InFlight{}) {
+		t.Errorf("after the old request ended: %+v", got)
+	}
+	if ds.Dispatch("nobody", 1, 1) != nil {
+		t.Error("a dispatch to an unknown endpoint was accounted")
+	}
+	var nilDispatch *Dispatch
+	nilDispatch.FirstToken()
+	nilDispatch.Done()
+}
+
+func TestInFlightUnderConcurrentRequestsReturnsToZero(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			d := ds.Dispatch("a", i, 2*i)
+			if i%2 == 0 {
+				d.FirstToken()
+			}
+			d.Done()
+		})
+	}
+	wg.Wait()
+	if got := ds.InFlight("a"); got != (InFlight{}) {
+		t.Errorf("after every request ended: %+v", got)
+	}
+}
+
+func TestObjectives(t *testing.T) {
+	t.Parallel()
+	o := NewObjectives(nil)
+	o.Set(Objective{Name: "chat", Priority: 1, TTFT: time.Second})
+	o.Set(Objective{Name: "batch", Priority: -1})
+	if got, ok := o.Get("chat"); !ok || got.Priority != 1 || got.TTFT != time.Second {
+		t.Errorf("Get(chat) = %+v, %v", got, ok)
+	}
+	o.Delete("chat")
+	if _, ok := o.Get("chat"); ok {
+		t.Error("a deleted objective is still there")
+	}
+	o.Replace([]Objective{{Name: "x"}, {Name: "a"}})
+	if l := o.List(); len(l) != 2 || l[0].Name != "a" || l[1].Name != "x" {
+		t.Errorf("after Replace: %+v", l)
+	}
+	var none *Objectives
+	if _, ok := none.Get("a"); ok {
+		t.Error("a nil set found an objective")
+	}
+}

@@ -1,0 +1,41 @@
+package datalayer
+
+// LatencyPredictionInfoKey is the key under which a candidate's
+// LatencyPredictionInfo is published, as upstream's predicted-latency
+// producer names it.
+const LatencyPredictionInfoKey = "LatencyPredictionInfoKey"
+
+// LatencyPredictionInfo is the latency predicted for one request on one
+// endpoint, in upstream's shape (times in milliseconds). TTFT and TPOT are
+// the configured quantile (p90 by default), what SLOs are judged against;
+// the means are what a pick that minimises expected latency weighs.
+type LatencyPredictionInfo struct {
+	// TTFTValid and TPOTValid say whether a prediction was made (a backend
+	// that failed leaves them false, and the rest zero).
+	TTFTValid bool `json:"ttftValid"`
+	TPOTValid bool `json:"tpotValid"`
+	// TTFTHeadroom and TPOTHeadroom are the request's SLO minus the
+	// predicted quantile: negative means the endpoint is predicted to miss
+	// it. Zero when the request has no such SLO (HasTTFTSLO, HasTPOTSLO).
+	TTFTHeadroom float64 `json:"ttftHeadroom"`
+	TPOTHeadroom float64 `json:"tpotHeadroom"`
+	HasTTFTSLO   bool    `json:"hasTtftSlo"`
+	HasTPOTSLO   bool    `json:"hasTpotSlo"`
+	// TTFT and TPOT are the predicted quantiles.
+	TTFT float64 `json:"ttft"`
+	TPOT float64 `json:"tpot"`
+	// TTFTMean and TPOTMean are the predicted means.
+	TTFTMean float64 `json:"ttftMean"`
+	TPOTMean float64 `json:"tpotMean"`
+	// Quantile is the quantile TTFT and TPOT are (0.9 for p90).
+	Quantile float64 `json:"quantile"`
+	// DispatchedRequestCount is the requests this EPP had in flight on the
+	// endpoint when it predicted.
+	DispatchedRequestCount int `json:"dispatchedRequestCount"`
+}
+
+// MeetsSLO reports whether the endpoint is predicted to meet every SLO the
+// request has (true when it has none).
+func (l *LatencyPredictionInfo) MeetsSLO() bool {
+	return (!l.HasTTFTSLO || l.TTFTHeadroom >= 0) && (!l.HasTPOTSLO || l.TPOTHeadroom >= 0)
+}

@@ -1,0 +1,182 @@
+package director_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/scheduling"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
+)
+
+// recorder is a ResponseObserver that keeps what it heard.
+type recorder struct {
+	mu   sync.Mutex
+	seen []*request.Response
+	reqs []*request.Request
+}
+
+func (r *recorder) TypedName() plugin.TypedName { return plugin.TypedName{Type: "recorder", Name: "r"} }
+func (r *recorder) ObserveResponse(_ context.Context, req *request.Request, resp *request.Response) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen, r.reqs = append(r.seen, resp), append(r.reqs, req)
+}
+
+// newDirector is a director over two endpoints with a random picker (no
+// producers: nothing here needs the index), timed by a clock the test
+// moves.
+func newDirector(t *testing.T, objs *datalayer.Objectives, obs ...plugin.ResponseObserver) (*director.Director, *datalayer.Datastore, *time.Time) {
+	t.Helper()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	ds.Upsert(&datalayer.Endpoint{Name: "b", Address: "10.0.0.2:8000", Model: "m"})
+	for _, n := range []string{"a", "b"} {
+		// Fresh and idle, so that a sheddable request is not shed; the
+		// scheduler judges freshness by the wall clock.
+		ds.SetMetrics(n, datalayer.Metrics{UpdateTime: time.Now().Add(time.Hour)})
+	}
+	l, err := config.NewInTreeRegistry().Load([]byte("plugins:\n- type: random-picker\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := scheduling.New(l.SchedulerOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, Objectives: objs, PluginObservers: obs,
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, ds, &now
+}
+
+func TestARequestsObjectiveAndSLOHeadersSetItsPriorityAndSLO(t *testing.T) {
+	t.Parallel()
+	objs := datalayer.NewObjectives(nil)
+	objs.Set(datalayer.Objective{Name: "batch", Priority: -2, TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond})
+	d, _, _ := newDirector(t, objs)
+	tests := []struct {
+		name     string
+		headers  map[string]string
+		priority int
+		slo      request.SLO
+		status   int
+	}{
+		{"no objective and no header: priority 0 and no SLO", nil, 0, request.SLO{}, 0},
+		{"an unknown objective means priority 0", map[string]string{"x-gateway-inference-objective": "nope"}, 0, request.SLO{}, 0},
+		{"a known objective gives its priority and default SLOs", map[string]string{"x-gateway-inference-objective": "batch"},
+			-2, request.SLO{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond}, 0},
+		{"a header overrides the objective's default", map[string]string{"x-gateway-inference-objective": "batch", "x-slo-ttft-ms": "250.5"},
+			-2, request.SLO{TTFT: 250500 * time.Microsecond, TPOT: 100 * time.Millisecond}, 0},
+		{"headers alone set SLOs", map[string]string{"x-slo-ttft-ms": "300", "x-slo-tpot-ms": " 20 "},
+			0, request.SLO{TTFT: 300 * time.Millisecond, TPOT: 20 * time.Millisecond}, 0},
+		{"a header that is not a number is refused", map[string]string{"x-slo-ttft-ms": "soon"}, 0, request.SLO{}, http.StatusBadRequest},
+		{"a header that is not positive is refused", map[string]string{"x-slo-tpot-ms": "-5"}, 0, request.SLO{}, http.StatusBadRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := d.HandleRequest(context.Background(), &director.Input{
+				Path: "/v1/completions", Headers: tt.headers, Body: []byte(`{"model":"m","prompt":"hello"}`),
+			})
+			if tt.status != 0 {
+				if director.StatusOf(err) != tt.status {
+					t.Fatalf("err = %v, want status %d", err, tt.status)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Request.Priority != tt.priority || p.Request.SLO != tt.slo {
+				t.Errorf("priority %d, SLO %+v; want %d, %+v", p.Request.Priority, p.Request.SLO, tt.priority, tt.slo)
+			}
+		})
+	}
+}
+
+func TestAPickIsInFlightUntilItsResponseEndsAndObserversHearOfIt(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	d, ds, now := newDirector(t, nil, rec)
+	ids := make([]uint32, 64)
+	p, err := d.HandleRequest(context.Background(), &director.Input{
+		Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":` + jsonIDs(ids) + `,"stream":true,"max_tokens":9}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := p.Result.Targets()[0].Name
+	if got := ds.InFlight(name); got != (datalayer.InFlight{Prefilling: 1, PrefillTokens: 64}) {
+		t.Fatalf("after the pick: %+v, want one request prefilling its 64 tokens", got)
+	}
+	start := *now
+	*now = start.Add(40 * time.Millisecond)
+	d.HandleFirstByte(p)
+	if got := ds.InFlight(name); got != (datalayer.InFlight{Decoding: 1, DecodeTokens: 64}) {
+		t.Fatalf("after the first byte: %+v, want one request decoding", got)
+	}
+	d.HandleResponse(p, director.Served{
+		Endpoint: p.Targets[0], Status: 200, Streamed: true,
+		FirstByte: start.Add(40 * time.Millisecond), End: start.Add(120 * time.Millisecond),
+		Usage: openai.Usage{PromptTokens: 64, CompletionTokens: 9},
+	})
+	if got := ds.InFlight(name); got != (datalayer.InFlight{}) {
+		t.Errorf("after the end: %+v, want nothing in flight", got)
+	}
+	if len(rec.seen) != 1 {
+		t.Fatalf("observers heard %d responses, want 1", len(rec.seen))
+	}
+	r := rec.seen[0]
+	ttft, ok1 := r.TTFT()
+	tpot, ok2 := r.TPOT()
+	if !ok1 || ttft != 40*time.Millisecond || !ok2 || tpot != 10*time.Millisecond {
+		t.Errorf("TTFT %v (%v), TPOT %v (%v); want 40ms and 10ms", ttft, ok1, tpot, ok2)
+	}
+	if r.Picked == nil || rec.reqs[0].MaxTokens != 9 {
+		t.Errorf("the observer got no picked candidate or lost the request's max_tokens: %+v", rec.reqs[0])
+	}
+}
+
+func TestAResponseThatEndsBeforeItsFirstByteLeavesNothingInFlight(t *testing.T) {
+	t.Parallel()
+	d, ds, _ := newDirector(t, nil)
+	p, err := d.HandleRequest(context.Background(), &director.Input{Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":"x"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 499})
+	d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 499})
+	for _, n := range []string{"a", "b"} {
+		if got := ds.InFlight(n); got != (datalayer.InFlight{}) {
+			t.Errorf("%s: %+v in flight", n, got)
+		}
+	}
+	var e *director.Error
+	_, err = d.HandleRequest(context.Background(), &director.Input{Path: "/v1/completions", Body: []byte(`{`)})
+	if !errors.As(err, &e) || e.Status != http.StatusBadRequest {
+		t.Errorf("a broken body: %v", err)
+	}
+}
+
+func jsonIDs(ids []uint32) string {
+	b := []byte{'['}
+	for i := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '1')
+	}
+	return string(append(b, ']'))
+}
