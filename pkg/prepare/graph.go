@@ -195,10 +195,10 @@ func BuildGraph(plugins []plugin.Plugin, opts ...GraphOption) (*Graph, error) {
 
 	if g.reg != nil {
 		var err error
-		if g.duration, err = registerOrReuse(g.reg, g.duration); err != nil {
+		if g.duration, err = RegisterOrReuse(g.reg, g.duration); err != nil {
 			return nil, err
 		}
-		if g.errors, err = registerOrReuse(g.reg, g.errors); err != nil {
+		if g.errors, err = RegisterOrReuse(g.reg, g.errors); err != nil {
 			return nil, err
 		}
 	}
@@ -231,7 +231,10 @@ func BuildGraph(plugins []plugin.Plugin, opts ...GraphOption) (*Graph, error) {
 	return g, nil
 }
 
-func registerOrReuse[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+// RegisterOrReuse registers c with reg, or returns the collector of the same
+// description already registered there (a producer rebuilt on a
+// configuration reload keeps its series).
+func RegisterOrReuse[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
 	err := reg.Register(c)
 	if err == nil {
 		return c, nil

@@ -116,7 +116,7 @@ type Response struct {
 	// RequestedModel is the model the client named, before any rewrite.
 	RequestedModel string
 	// Picked is what PrepareData published on the endpoint that was picked
-	// (nil when nothing was).
+	// and served it (nil when nothing was, or a fallback served instead).
 	Picked Attributes
 }
 

@@ -385,7 +385,9 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
 		RequestedModel: p.RequestedModel,
 	}
-	if t := p.Result.Targets(); len(t) > 0 {
+	if t := p.Result.Targets(); len(t) > 0 && t[0].Address == s.Endpoint {
+		// What was predicted of the primary pick says nothing of a
+		// fallback that served instead.
 		resp.Picked = t[0]
 	}
 	if resp.End.IsZero() {

@@ -1,0 +1,344 @@
+package predict
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Methods of learning, by the name a configuration gives.
+const (
+	// MethodEWLS is piecewise linear regression over the queue regimes,
+	// fitted by exponentially weighted least squares with a ridge toward
+	// the prior, its quantile from the recent residuals (a locally weighted
+	// conformal bound). The default; docs/predictor.md says why.
+	MethodEWLS = "ewls"
+	// MethodQuantileSGD is online linear quantile regression: the mean and
+	// the quantile each fitted by stochastic gradient descent (squared and
+	// pinball loss) with per-coefficient step sizes (RMSProp).
+	MethodQuantileSGD = "quantile-sgd"
+)
+
+// Methods lists the learning methods.
+var Methods = []string{MethodEWLS, MethodQuantileSGD}
+
+// floorMs bounds every prediction from below: no latency is shorter, and a
+// coefficient fitted slightly wrong must not make one negative.
+const floorMs = 0.05
+
+// coefs are one target's coefficients as a prediction reads them, per
+// regime: the mean's and the quantile's. Immutable once published.
+type coefs struct {
+	mean, quant [NumRegimes]Vector
+}
+
+// predict is the mean and the quantile for x in regime r, never below the
+// floor, never NaN; a quantile above the median is never below the mean.
+func (c *coefs) predict(x *Vector, r int, tau float64) (mean, q float64) {
+	mean, q = dot(&c.mean[r], x), dot(&c.quant[r], x)
+	if !(mean >= floorMs) { // NaN too
+		mean = floorMs
+	}
+	if !(q >= floorMs) {
+		q = floorMs
+	}
+	if tau >= 0.5 && q < mean {
+		q = mean
+	}
+	if math.IsInf(mean, 0) || math.IsInf(q, 0) {
+		// Only a model gone wrong gets here; a huge finite answer still
+		// orders endpoints.
+		mean, q = min(mean, math.MaxFloat32), min(q, math.MaxFloat32)
+	}
+	return mean, q
+}
+
+// learner learns one target (TTFT or TPOT) of one endpoint online.
+type learner interface {
+	// observe learns from y, the latency seen for features x in regime r.
+	observe(x *Vector, r int, y float64)
+	// coefs is what the learner predicts with now.
+	coefs() *coefs
+	// count is the observations learned in regime r.
+	count(r int) int
+	// clone is an independent copy (a new endpoint starting from what its
+	// class has learned).
+	clone() learner
+}
+
+// params tune the learners.
+type params struct {
+	tau float64
+	// lambda is the forgetting factor per observation: the weight of one
+	// observations ago. 1/(1-lambda) is the memory, in observations.
+	lambda float64
+	// ridge pulls each coefficient toward the prior with the weight of
+	// that many observations.
+	ridge float64
+	// window is the recent residuals the quantile is read from.
+	window int
+}
+
+func newLearner(method string, prior Vector, p params) (learner, error) {
+	switch method {
+	case MethodEWLS, "":
+		return newEWLS(prior, p), nil
+	case MethodQuantileSGD:
+		return newQuantileSGD(prior, p), nil
+	}
+	return nil, fmt.Errorf("unknown learning method %q (known: %v)", method, Methods)
+}
+
+// ewls is piecewise linear least squares with exponential forgetting and a
+// ridge toward the prior. Per regime it keeps the weighted Gram matrix A
+// and moment b of what it saw, and solves (A + ρI)θ = b + ρθ₀ after every
+// observation; a coefficient the observations do not excite stays at the
+// prior instead of drifting. The quantile is the mean plus the τ-quantile
+// of recent residuals, each normalised by (prediction + scale): latency's
+// spread grows with latency, so one multiplier of that normalised width
+// covers short and long predictions alike.
+type ewls struct {
+	p     params
+	prior Vector
+	a     [NumRegimes][NumFeatures][NumFeatures]float64
+	b     [NumRegimes]Vector
+	theta [NumRegimes]Vector
+	n     [NumRegimes]int
+	// res holds recent normalised residuals per regime, as a ring; scale
+	// is the regime's recent mean absolute residual.
+	res   [NumRegimes][]float64
+	next  [NumRegimes]int
+	scale [NumRegimes]float64
+	// bias is a short moving average of the signed normalised residual:
+	// it stays near zero while the model fits and leaves it when the
+	// endpoint changes (see observe).
+	bias   [NumRegimes]float64
+	drifts int
+	// k is the quantile's width multiplier per regime, read from res
+	// every few observations; scratch is where res is sorted.
+	k       [NumRegimes]float64
+	scratch []float64
+	out     *coefs
+}
+
+// Drift: when the recent residuals are on average more than driftBias of
+// a width off in one direction, the endpoint has changed; what was
+// learned before is then weighted down to driftKeep, so that the new
+// behaviour is learned in tens of observations rather than a whole memory.
+const (
+	driftBias = 0.3
+	driftKeep = 0.1
+)
+
+// Before any residual is seen, the quantile is this many widths above the
+// mean.
+const priorSpread = 0.5
+
+func newEWLS(prior Vector, p params) *ewls {
+	l := &ewls{p: p, prior: prior}
+	for r := range NumRegimes {
+		l.theta[r] = prior
+		l.scale[r] = math.Max(prior[0], 1)
+		l.k[r] = priorSpread
+	}
+	l.publish()
+	return l
+}
+
+func (l *ewls) count(r int) int { return l.n[r] }
+func (l *ewls) coefs() *coefs   { return l.out }
+
+func (l *ewls) clone() learner {
+	c := *l
+	for r := range NumRegimes {
+		c.res[r] = slices.Clone(l.res[r])
+	}
+	c.scratch = nil
+	c.publish()
+	return &c
+}
+
+func (l *ewls) observe(x *Vector, r int, y float64) {
+	if !(y >= 0) || math.IsInf(y, 0) {
+		return
+	}
+	pred := dot(&l.theta[r], x)
+	width := math.Max(pred, 0) + l.scale[r]
+	if resid := (y - pred) / width; !math.IsNaN(resid) {
+		if len(l.res[r]) < l.p.window {
+			l.res[r] = append(l.res[r], resid)
+		} else {
+			l.res[r][l.next[r]] = resid
+			l.next[r] = (l.next[r] + 1) % l.p.window
+		}
+	}
+	l.scale[r] += (math.Abs(y-pred) - l.scale[r]) / 32
+	l.scale[r] = math.Max(l.scale[r], floorMs)
+
+	keep := l.p.lambda
+	if l.n[r] >= 32 {
+		l.bias[r] += (math.Max(-1, math.Min(1, (y-pred)/width)) - l.bias[r]) / 16
+		if math.Abs(l.bias[r]) > driftBias {
+			keep, l.bias[r] = driftKeep, 0
+			l.drifts++
+		}
+	}
+	a, b := &l.a[r], &l.b[r]
+	for i := range NumFeatures {
+		b[i] = keep*b[i] + y*x[i]
+		for j := range NumFeatures {
+			a[i][j] = keep*a[i][j] + x[i]*x[j]
+		}
+	}
+	l.n[r]++
+	l.solve(r)
+	if n := len(l.res[r]); n >= 16 && (n < l.p.window || l.n[r]%8 == 0) {
+		l.scratch = append(l.scratch[:0], l.res[r]...)
+		l.k[r] = quantileInPlace(l.scratch, l.p.tau)
+	}
+	l.publish()
+}
+
+// solve sets theta[r] by a Cholesky solve of (A + ρI)θ = b + ρθ₀.
+func (l *ewls) solve(r int) {
+	var m [NumFeatures][NumFeatures]float64
+	var rhs Vector
+	for i := range NumFeatures {
+		for j := range NumFeatures {
+			m[i][j] = l.a[r][i][j]
+		}
+		m[i][i] += l.p.ridge
+		rhs[i] = l.b[r][i] + l.p.ridge*l.prior[i]
+	}
+	// m = L·Lᵀ, in place in the lower triangle.
+	for j := range NumFeatures {
+		d := m[j][j]
+		for k := range j {
+			d -= m[j][k] * m[j][k]
+		}
+		if !(d > 0) {
+			return // not positive definite: keep the last coefficients
+		}
+		m[j][j] = math.Sqrt(d)
+		for i := j + 1; i < NumFeatures; i++ {
+			s := m[i][j]
+			for k := range j {
+				s -= m[i][k] * m[j][k]
+			}
+			m[i][j] = s / m[j][j]
+		}
+	}
+	var z Vector
+	for i := range NumFeatures {
+		s := rhs[i]
+		for k := range i {
+			s -= m[i][k] * z[k]
+		}
+		z[i] = s / m[i][i]
+	}
+	var theta Vector
+	for i := NumFeatures - 1; i >= 0; i-- {
+		s := z[i]
+		for k := i + 1; k < NumFeatures; k++ {
+			s -= m[k][i] * theta[k]
+		}
+		theta[i] = s / m[i][i]
+	}
+	for _, v := range theta {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return
+		}
+	}
+	l.theta[r] = theta
+}
+
+func (l *ewls) publish() {
+	c := &coefs{mean: l.theta}
+	for r := range NumRegimes {
+		k := l.k[r]
+		// q = pred + k·(pred + scale)
+		q := l.theta[r]
+		for i := range q {
+			q[i] *= 1 + k
+		}
+		q[0] += k * l.scale[r]
+		c.quant[r] = q
+	}
+	l.out = c
+}
+
+// quantileInPlace is the τ-quantile of xs, which it reorders.
+func quantileInPlace(xs []float64, tau float64) float64 {
+	slices.Sort(xs)
+	i := int(math.Ceil(tau*float64(len(xs)))) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+// quantileSGD fits the mean by squared loss and the quantile by pinball
+// loss, each by stochastic gradient descent with per-coefficient step
+// sizes scaled by the recent gradients (RMSProp, whose memory is the
+// predictor's), starting from the prior.
+type quantileSGD struct {
+	p           params
+	mean, quant [NumRegimes]Vector
+	gm, gq      [NumRegimes]Vector
+	n           [NumRegimes]int
+	out         *coefs
+}
+
+// sgdRate is the step, in milliseconds per unit of feature, that the
+// recent gradients' size scales.
+const sgdRate = 4
+
+func newQuantileSGD(prior Vector, p params) *quantileSGD {
+	l := &quantileSGD{p: p}
+	for r := range NumRegimes {
+		l.mean[r] = prior
+		l.quant[r] = prior
+		l.quant[r][0] += priorSpread * math.Max(prior[0], 1)
+	}
+	l.publish()
+	return l
+}
+
+func (l *quantileSGD) count(r int) int { return l.n[r] }
+func (l *quantileSGD) coefs() *coefs   { return l.out }
+
+func (l *quantileSGD) clone() learner {
+	c := *l
+	c.publish()
+	return &c
+}
+
+func (l *quantileSGD) observe(x *Vector, r int, y float64) {
+	if !(y >= 0) || math.IsInf(y, 0) {
+		return
+	}
+	em := dot(&l.mean[r], x) - y
+	q := dot(&l.quant[r], x)
+	gq := -l.p.tau
+	if y < q {
+		gq = 1 - l.p.tau
+	}
+	// The squared loss's gradient is clipped to a unit-free sign times the
+	// error's size relative to y, so that one outlier does not throw the
+	// mean off by its whole size.
+	gm := math.Max(-1, math.Min(1, em/math.Max(y, 1)))
+	for i := range NumFeatures {
+		if x[i] == 0 {
+			continue
+		}
+		g := gm * x[i]
+		l.gm[r][i] = l.p.lambda*l.gm[r][i] + g*g
+		l.mean[r][i] -= sgdRate * g / math.Sqrt(l.gm[r][i]+1e-9)
+		g = gq * x[i]
+		l.gq[r][i] = l.p.lambda*l.gq[r][i] + g*g
+		l.quant[r][i] -= sgdRate * g / math.Sqrt(l.gq[r][i]+1e-9)
+	}
+	l.n[r]++
+	l.publish()
+}
+
+func (l *quantileSGD) publish() {
+	l.out = &coefs{mean: l.mean, quant: l.quant}
+}

@@ -1,0 +1,335 @@
+package predict
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configure a Predictor. The zero value is usable: p90, the EWLS
+// method, the default prior.
+type Options struct {
+	// Quantile is the quantile predicted besides the mean, in (0,1)
+	// (default 0.9).
+	Quantile float64
+	// Method is the learning method (MethodEWLS by default).
+	Method string
+	// Prior is the cold start (DefaultPrior when zero).
+	Prior *Prior
+	// Memory is how many recent observations of an endpoint weigh most:
+	// older ones fade with weight exp(-age/Memory), so a model follows an
+	// endpoint that slowed down or sped up (default 200).
+	Memory int
+	// ClassMinObservations is how many observations a class (model and
+	// hardware) needs before a new endpoint of it starts from what the
+	// class has learned rather than from the prior (default 100).
+	ClassMinObservations int
+	// Synchronous learns inside Observe rather than on Run's goroutine:
+	// for runs in virtual time, which must repeat exactly.
+	Synchronous bool
+	// Queue bounds the observations waiting to be learned; beyond it they
+	// are dropped and counted (default 4096).
+	Queue int
+	// Record, when set, is given every observation learned, in order (to
+	// record traces for offline evaluation).
+	Record func(Sample)
+	// Registerer takes the predictor's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// Sample is one observation: what was known at pick time and what the
+// response then took, in milliseconds.
+type Sample struct {
+	Endpoint string  `json:"endpoint"`
+	Class    string  `json:"class,omitempty"`
+	Input    Input   `json:"input"`
+	TTFTMs   float64 `json:"ttftMs,omitempty"`
+	TPOTMs   float64 `json:"tpotMs,omitempty"`
+	HasTTFT  bool    `json:"hasTtft,omitempty"`
+	HasTPOT  bool    `json:"hasTpot,omitempty"`
+}
+
+// Prediction is one request's predicted latency on one endpoint, in
+// milliseconds: the mean and the quantile of each.
+type Prediction struct {
+	TTFT, TTFTQuantile float64
+	TPOT, TPOTQuantile float64
+}
+
+// Predictor predicts per endpoint and learns from observations. Predict is
+// safe for concurrent use and allocation-free; learning is serialised.
+type Predictor struct {
+	o       Options
+	p       params
+	priorTT Vector
+	priorTP Vector
+	prior   *snapshot
+
+	models atomic.Pointer[map[string]*model]
+	obs    chan Sample
+
+	// trainMu guards the learners (every model's, every class's) and
+	// membership changes.
+	trainMu sync.Mutex
+	classes map[string]*classModel
+
+	m *metrics
+}
+
+// model is one endpoint's: its learners, owned by whoever holds trainMu,
+// and the snapshot predictions read.
+type model struct {
+	class      string
+	ttft, tpot learner
+	snap       atomic.Pointer[snapshot]
+}
+
+type classModel struct {
+	ttft, tpot learner
+}
+
+type snapshot struct {
+	ttft, tpot *coefs
+}
+
+// New returns a predictor that starts from the prior everywhere.
+func New(o Options) (*Predictor, error) {
+	if o.Quantile == 0 {
+		o.Quantile = 0.9
+	}
+	if !(o.Quantile > 0 && o.Quantile < 1) {
+		return nil, fmt.Errorf("predict: quantile %v, want a value in (0,1)", o.Quantile)
+	}
+	if o.Prior == nil {
+		p := DefaultPrior()
+		o.Prior = &p
+	}
+	if err := o.Prior.Validate(); err != nil {
+		return nil, fmt.Errorf("predict: %w", err)
+	}
+	if o.Memory <= 0 {
+		o.Memory = 200
+	}
+	if o.ClassMinObservations <= 0 {
+		o.ClassMinObservations = 100
+	}
+	if o.Queue <= 0 {
+		o.Queue = 4096
+	}
+	if o.Method == "" {
+		o.Method = MethodEWLS
+	}
+	p := &Predictor{
+		o: o,
+		p: params{tau: o.Quantile, lambda: math.Exp(-1 / float64(o.Memory)), ridge: 1, window: 256},
+		priorTT: o.Prior.ttft(), priorTP: o.Prior.tpot(),
+		obs:     make(chan Sample, o.Queue),
+		classes: map[string]*classModel{},
+	}
+	tt, tp, err := p.newLearners()
+	if err != nil {
+		return nil, fmt.Errorf("predict: %w", err)
+	}
+	p.prior = &snapshot{ttft: tt.coefs(), tpot: tp.coefs()}
+	p.models.Store(&map[string]*model{})
+	if p.m, err = newMetrics(o.Registerer); err != nil {
+		return nil, fmt.Errorf("predict: %w", err)
+	}
+	return p, nil
+}
+
+func (p *Predictor) newLearners() (ttft, tpot learner, err error) {
+	if ttft, err = newLearner(p.o.Method, p.priorTT, p.p); err != nil {
+		return nil, nil, err
+	}
+	tpot, err = newLearner(p.o.Method, p.priorTP, p.p)
+	return ttft, tpot, err
+}
+
+// Quantile is the quantile predicted besides the mean.
+func (p *Predictor) Quantile() float64 { return p.o.Quantile }
+
+// Method is the learning method in use.
+func (p *Predictor) Method() string { return p.o.Method }
+
+// Predict is the latency predicted for in on the endpoint at addr. An
+// endpoint the predictor does not know is predicted by the prior.
+func (p *Predictor) Predict(addr string, in *Input) Prediction {
+	s := p.prior
+	if m := (*p.models.Load())[addr]; m != nil {
+		s = m.snap.Load()
+	}
+	r := in.Regime()
+	var x Vector
+	var out Prediction
+	in.TTFTFeatures(&x)
+	out.TTFT, out.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile)
+	in.TPOTFeatures(&x)
+	out.TPOT, out.TPOTQuantile = s.tpot.predict(&x, r, p.o.Quantile)
+	return out
+}
+
+// AddEndpoint gives the endpoint at addr a model of its own, starting from
+// what its class (model and hardware; "" for none) has learned when the
+// class has seen enough, else from the prior. An endpoint already known
+// keeps its model.
+func (p *Predictor) AddEndpoint(addr, class string) {
+	p.trainMu.Lock()
+	defer p.trainMu.Unlock()
+	cur := *p.models.Load()
+	if _, ok := cur[addr]; ok {
+		return
+	}
+	m := &model{class: class}
+	if c := p.classes[class]; c != nil && c.ttft.count(RegimeIdle)+c.ttft.count(RegimeQueued) >= p.o.ClassMinObservations {
+		m.ttft, m.tpot = c.ttft.clone(), c.tpot.clone()
+	} else {
+		m.ttft, m.tpot, _ = p.newLearners() // the method was checked in New
+	}
+	m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs()})
+	next := maps.Clone(cur)
+	next[addr] = m
+	p.models.Store(&next)
+	p.m.endpoints.Set(float64(len(next)))
+}
+
+// RemoveEndpoint forgets the endpoint at addr; its late observations are
+// dropped.
+func (p *Predictor) RemoveEndpoint(addr string) {
+	p.trainMu.Lock()
+	defer p.trainMu.Unlock()
+	cur := *p.models.Load()
+	if _, ok := cur[addr]; !ok {
+		return
+	}
+	next := maps.Clone(cur)
+	delete(next, addr)
+	p.models.Store(&next)
+	p.m.endpoints.Set(float64(len(next)))
+}
+
+// Observe hands the predictor one observation to learn from. It never
+// blocks: with Synchronous it learns at once, otherwise Run's goroutine
+// learns it, and an observation that finds the queue full is dropped.
+func (p *Predictor) Observe(s Sample) {
+	if p.o.Synchronous {
+		p.learn(s)
+		return
+	}
+	select {
+	case p.obs <- s:
+	default:
+		p.m.dropped.Inc()
+	}
+}
+
+// Run learns the observations Observe queues until ctx is done.
+func (p *Predictor) Run(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case s := <-p.obs:
+			p.learn(s)
+		}
+	}
+}
+
+// ErrUnknownEndpoint is an observation of an endpoint the predictor has no
+// model for (never added, or removed since).
+var ErrUnknownEndpoint = errors.New("predict: unknown endpoint")
+
+func (p *Predictor) learn(s Sample) {
+	start := time.Now()
+	p.trainMu.Lock()
+	defer p.trainMu.Unlock()
+	m := (*p.models.Load())[s.Endpoint]
+	if m == nil {
+		p.m.learned.WithLabelValues("unknown_endpoint").Inc()
+		return
+	}
+	if !(s.HasTTFT && s.TTFTMs >= 0 && !math.IsInf(s.TTFTMs, 0)) && !(s.HasTPOT && s.TPOTMs >= 0 && !math.IsInf(s.TPOTMs, 0)) {
+		p.m.learned.WithLabelValues("invalid").Inc()
+		return
+	}
+	c := p.classes[m.class]
+	if c == nil {
+		c = &classModel{}
+		c.ttft, c.tpot, _ = p.newLearners()
+		p.classes[m.class] = c
+	}
+	r := s.Input.Regime()
+	var x Vector
+	if s.HasTTFT {
+		s.Input.TTFTFeatures(&x)
+		m.ttft.observe(&x, r, s.TTFTMs)
+		c.ttft.observe(&x, r, s.TTFTMs)
+	}
+	if s.HasTPOT {
+		s.Input.TPOTFeatures(&x)
+		m.tpot.observe(&x, r, s.TPOTMs)
+		c.tpot.observe(&x, r, s.TPOTMs)
+	}
+	m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs()})
+	if p.o.Record != nil {
+		s.Class = m.class
+		p.o.Record(s)
+	}
+	p.m.learned.WithLabelValues("learned").Inc()
+	p.m.learnTime.Observe(time.Since(start).Seconds())
+}
+
+// Observations is how many observations each endpoint's model has learned.
+func (p *Predictor) Observations(addr string) int {
+	p.trainMu.Lock()
+	defer p.trainMu.Unlock()
+	m := (*p.models.Load())[addr]
+	if m == nil {
+		return 0
+	}
+	return m.ttft.count(RegimeIdle) + m.ttft.count(RegimeQueued)
+}
+
+type metrics struct {
+	learned   *prometheus.CounterVec
+	dropped   prometheus.Counter
+	endpoints prometheus.Gauge
+	learnTime prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		learned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_predictor_observations_total",
+			Help: "Response observations the latency predictor processed, by outcome (learned, unknown_endpoint, invalid).",
+		}, []string{"result"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_predictor_observations_dropped_total",
+			Help: "Response observations dropped because the predictor's learning queue was full.",
+		}),
+		endpoints: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_predictor_endpoints",
+			Help: "Endpoints with a latency model of their own.",
+		}),
+		learnTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvroute_predictor_learn_duration_seconds",
+			Help:    "Time to learn one observation, off the request path.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10),
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.learned, m.dropped, m.endpoints, m.learnTime} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register predictor metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

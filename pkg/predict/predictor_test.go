@@ -1,0 +1,252 @@
+package predict
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvroute/kvroute/pkg/testkit"
+)
+
+// world is a synthetic endpoint whose latency is a known function of the
+// inputs, with multiplicative noise.
+type world struct {
+	rng   *rand.Rand
+	slow  float64 // 1 normally; 2 for an endpoint that slowed down
+	noise float64
+}
+
+func (w *world) input() Input {
+	in := Input{InputTokens: 200 + w.rng.IntN(6000), Running: w.rng.IntN(8), KVUsage: w.rng.Float64()}
+	in.GPUTokens = w.rng.IntN(in.InputTokens)
+	if w.rng.IntN(3) == 0 {
+		in.CPUTokens = w.rng.IntN(in.InputTokens - in.GPUTokens)
+	}
+	if w.rng.IntN(2) == 0 {
+		in.Waiting = 1 + w.rng.IntN(6)
+		in.Prefilling = in.Waiting
+		in.PrefillTokens = in.Waiting * (100 + w.rng.IntN(2000))
+	}
+	in.Decoding = in.Running
+	return in
+}
+
+// truth is the latency the world gives: prefill of the uncached tokens,
+// loads, the queue's prefill work, the batch.
+func (w *world) truth(in Input) (ttft, tpot float64) {
+	ttft = w.slow * (12 + 0.06*float64(in.Uncached()) + 0.01*float64(in.CPUTokens) +
+		0.05*float64(in.PrefillTokens) + 15*float64(in.Waiting) + 1.5*float64(in.Running))
+	tpot = w.slow * (8 + 0.4*float64(in.Running) + 0.2*float64(in.Waiting))
+	n := func() float64 { return 1 + w.noise*(w.rng.Float64()*2-1) }
+	return ttft * n(), tpot * n()
+}
+
+func newTestPredictor(t testing.TB, o Options) *Predictor {
+	t.Helper()
+	o.Synchronous = true
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// accuracy is the mean absolute percentage error of the mean prediction
+// and the share of observations at or under the quantile, over n fresh
+// draws, learning from each after it is scored.
+func accuracy(p *Predictor, w *world, addr string, n int) (mape, coverage float64) {
+	var ape, covered float64
+	for range n {
+		in := w.input()
+		ttft, tpot := w.truth(in)
+		pr := p.Predict(addr, &in)
+		ape += math.Abs(pr.TTFT-ttft) / ttft
+		if ttft <= pr.TTFTQuantile {
+			covered++
+		}
+		p.Observe(Sample{Endpoint: addr, Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
+	}
+	return ape / float64(n), covered / float64(n)
+}
+
+func TestLearningAKnownRelationRecoversIt(t *testing.T) {
+	t.Parallel()
+	for _, method := range Methods {
+		t.Run(method, func(t *testing.T) {
+			t.Parallel()
+			p := newTestPredictor(t, Options{Method: method})
+			p.AddEndpoint("a", "")
+			w := &world{rng: rand.New(rand.NewPCG(1, 2)), slow: 1, noise: 0.1}
+			accuracy(p, w, "a", 3000) // warm-up
+			mape, cov := accuracy(p, w, "a", 2000)
+			// Noise of ±10% uniform: 5% mean absolute error is the floor.
+			if mape > 0.08 {
+				t.Errorf("TTFT MAPE after learning = %.1f%%, want ≤ 8%%", 100*mape)
+			}
+			if cov < 0.85 || cov > 0.95 {
+				t.Errorf("p90 coverage = %.1f%%, want 85-95%%", 100*cov)
+			}
+		})
+	}
+}
+
+func TestTheEWLSModelRecoversTheCoefficientsThemselves(t *testing.T) {
+	t.Parallel()
+	p := newTestPredictor(t, Options{Memory: 2000})
+	p.AddEndpoint("a", "")
+	w := &world{rng: rand.New(rand.NewPCG(3, 4)), slow: 1}
+	accuracy(p, w, "a", 3000) // no noise: the relation is exactly linear
+	in := Input{InputTokens: 4000, GPUTokens: 1000}
+	want, _ := w.truth(in)
+	if got := p.Predict("a", &in).TTFT; math.Abs(got-want) > 0.01*want {
+		t.Errorf("3000 uncached tokens on an idle endpoint: predicted %.2fms, truth %.2fms", got, want)
+	}
+}
+
+func TestAFleetChangeIsLearnedAgainWithinBoundedObservations(t *testing.T) {
+	t.Parallel()
+	for _, method := range Methods {
+		t.Run(method, func(t *testing.T) {
+			t.Parallel()
+			p := newTestPredictor(t, Options{Method: method})
+			p.AddEndpoint("a", "")
+			w := &world{rng: rand.New(rand.NewPCG(5, 6)), slow: 1, noise: 0.05}
+			accuracy(p, w, "a", 3000)
+			w.slow = 2 // the engine slows down mid-run
+			const window, bound = 50, 300
+			recovered := -1
+			for n := window; n <= 2000; n += window {
+				if mape, _ := accuracy(p, w, "a", window); mape < 0.1 {
+					recovered = n
+					break
+				}
+			}
+			if recovered < 0 || recovered > bound {
+				t.Errorf("after the engine slowed, MAPE was back under 10%% after %d observations; want ≤ %d", recovered, bound)
+			}
+		})
+	}
+}
+
+func TestPredictionsAreNeverNaNOrNegative(t *testing.T) {
+	t.Parallel()
+	p := newTestPredictor(t, Options{})
+	p.AddEndpoint("a", "")
+	// Observations a broken response path could produce, learned or refused.
+	for _, y := range []float64{math.NaN(), math.Inf(1), -5, 0, 1e12} {
+		p.Observe(Sample{Endpoint: "a", Input: Input{InputTokens: 10}, TTFTMs: y, TPOTMs: y, HasTTFT: true, HasTPOT: true})
+	}
+	for _, in := range []Input{
+		{},
+		{InputTokens: -100, GPUTokens: 5000, Waiting: -3},
+		{InputTokens: 1 << 30, Waiting: 1 << 20, Running: 1 << 20, KVUsage: math.NaN()},
+		{InputTokens: 100, KVUsage: math.Inf(1), MetricsStale: true},
+	} {
+		for _, addr := range []string{"a", "unknown"} {
+			pr := p.Predict(addr, &in)
+			for _, v := range []float64{pr.TTFT, pr.TTFTQuantile, pr.TPOT, pr.TPOTQuantile} {
+				if !(v >= 0) || math.IsInf(v, 0) {
+					t.Errorf("Predict(%s, %+v) = %+v", addr, in, pr)
+				}
+			}
+		}
+	}
+}
+
+func TestARestartStartsFromThePrior(t *testing.T) {
+	t.Parallel()
+	prior := DefaultPrior()
+	prior.TTFTPerUncachedTokenMs = 0.1
+	in := Input{InputTokens: 3000, Running: 2}
+	fresh := newTestPredictor(t, Options{Prior: &prior})
+	before := fresh.Predict("a", &in)
+	if want := prior.TTFTBaseMs + 0.1*3000; math.Abs(before.TTFT-want) > 1e-9 {
+		t.Errorf("a fresh predictor predicts %.3fms, want the prior's %.3fms", before.TTFT, want)
+	}
+	fresh.AddEndpoint("a", "")
+	w := &world{rng: rand.New(rand.NewPCG(7, 8)), slow: 1}
+	accuracy(fresh, w, "a", 500)
+	if fresh.Predict("a", &in) == before {
+		t.Fatal("learning changed nothing")
+	}
+	restarted := newTestPredictor(t, Options{Prior: &prior})
+	restarted.AddEndpoint("a", "")
+	if got := restarted.Predict("a", &in); got != before {
+		t.Errorf("after a restart: %+v, want the prior's %+v", got, before)
+	}
+}
+
+func TestANewEndpointStartsFromItsClass(t *testing.T) {
+	t.Parallel()
+	p := newTestPredictor(t, Options{ClassMinObservations: 200})
+	p.AddEndpoint("a", "h100")
+	w := &world{rng: rand.New(rand.NewPCG(9, 10)), slow: 2}
+	accuracy(p, w, "a", 1000)
+	p.AddEndpoint("b", "h100")
+	p.AddEndpoint("c", "l4")
+	in := Input{InputTokens: 3000}
+	want, _ := w.truth(in)
+	if got := p.Predict("b", &in).TTFT; math.Abs(got-want) > 0.05*want {
+		t.Errorf("a new h100 endpoint predicts %.1fms, want its class's %.1fms", got, want)
+	}
+	if got, prior := p.Predict("c", &in).TTFT, p.Predict("nobody", &in).TTFT; got != prior {
+		t.Errorf("a new endpoint of an unseen class predicts %.1fms, want the prior's %.1fms", got, prior)
+	}
+	p.RemoveEndpoint("a")
+	before := p.Observations("a")
+	p.Observe(Sample{Endpoint: "a", Input: in, TTFTMs: 1, HasTTFT: true})
+	if before != 0 || p.Observations("a") != 0 {
+		t.Error("a removed endpoint still learns")
+	}
+}
+
+func TestObservationsAreLearnedOffThePathByRun(t *testing.T) {
+	t.Parallel()
+	p, err := New(Options{Queue: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.AddEndpoint("a", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	w := &world{rng: rand.New(rand.NewPCG(11, 12)), slow: 1}
+	sent := 0
+	for range 100 {
+		in := w.input()
+		ttft, _ := w.truth(in)
+		p.Observe(Sample{Endpoint: "a", Input: in, TTFTMs: ttft, HasTTFT: true})
+		sent++
+		testkit.WaitFor(t, "the observation to be learned", func() bool { return p.Observations("a") == sent })
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBadOptionsAreRefused(t *testing.T) {
+	t.Parallel()
+	bad := DefaultPrior()
+	bad.TTFTBaseMs = -1
+	for name, o := range map[string]Options{
+		"a quantile of 1":      {Quantile: 1},
+		"an unknown method":    {Method: "magic"},
+		"a negative prior":     {Prior: &bad},
+		"a quantile below one": {Quantile: -0.5},
+	} {
+		if _, err := New(o); err == nil {
+			t.Errorf("%s was accepted", name)
+		}
+	}
+}
+
+func TestPredictAllocatesNothing(t *testing.T) {
+	p := newTestPredictor(t, Options{})
+	p.AddEndpoint("10.0.0.1:8000", "")
+	in := Input{InputTokens: 4000, GPUTokens: 3000, Waiting: 2, Running: 5, KVUsage: 0.4, Prefilling: 1, PrefillTokens: 900}
+	if n := testing.AllocsPerRun(1000, func() { _ = p.Predict("10.0.0.1:8000", &in) }); n != 0 {
+		t.Errorf("Predict allocates %.1f times per call, want 0", n)
+	}
+}

@@ -1,0 +1,326 @@
+// Package latency is the PrepareData producer that predicts, for every
+// candidate of a request, its time to first token and time per output
+// token (upstream's predicted-latency-producer): it reads the candidate's
+// PrefixCacheInfo (tokens cached per tier, exactly), its scraped load and
+// the EPP's own in-flight accounting, asks a latency backend (kvroute's
+// in-process predictor, or upstream's predictor sidecar), and publishes a
+// LatencyPredictionInfo with the headroom against the request's SLOs. It
+// also observes every response, so that the backend learns from what each
+// endpoint then took.
+package latency
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/predict"
+	"github.com/kvroute/kvroute/pkg/prepare"
+)
+
+// Type is the producer's registered plugin type, upstream's name.
+const Type = "predicted-latency-producer"
+
+// InputKey is where the producer publishes, per candidate, the
+// predict.Input it predicted from (a *predict.Input), so that the response
+// of the picked one can be learned with what was known at pick time.
+const InputKey = "LatencyPredictionInputKey"
+
+// Backend predicts and learns latency.
+type Backend interface {
+	// PredictAll predicts ins[i] on the endpoint at addrs[i] into out[i];
+	// an error means no prediction is valid.
+	PredictAll(ctx context.Context, addrs []string, ins []predict.Input, out []predict.Prediction) error
+	// Observe learns from one response; it must not block.
+	Observe(s predict.Sample)
+	// Quantile is the quantile the backend predicts besides the mean.
+	Quantile() float64
+}
+
+// InProcess is kvroute's own predictor as a Backend.
+type InProcess struct{ P *predict.Predictor }
+
+// PredictAll implements Backend; it cannot fail.
+func (b InProcess) PredictAll(_ context.Context, addrs []string, ins []predict.Input, out []predict.Prediction) error {
+	for i := range ins {
+		out[i] = b.P.Predict(addrs[i], &ins[i])
+	}
+	return nil
+}
+
+// Observe implements Backend.
+func (b InProcess) Observe(s predict.Sample) { b.P.Observe(s) }
+
+// Quantile implements Backend.
+func (b InProcess) Quantile() float64 { return b.P.Quantile() }
+
+// charsPerToken estimates a prompt's tokens from its text when neither its
+// token ids nor its block count are known.
+const charsPerToken = 4
+
+// Producer is the predicted-latency-producer.
+type Producer struct {
+	name      string
+	backend   Backend
+	staleness time.Duration
+	m         *metrics
+}
+
+var (
+	_ prepare.DataProducer    = (*Producer)(nil)
+	_ plugin.ResponseObserver = (*Producer)(nil)
+)
+
+// New returns a producer predicting with backend. Scraped metrics older
+// than staleness count as unknown. Its metrics are registered with reg
+// unless reg is nil; a producer made again with the same reg (a reload)
+// shares them.
+func New(name string, backend Backend, staleness time.Duration, reg prometheus.Registerer) (*Producer, error) {
+	if name == "" {
+		name = Type
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Producer{name: name, backend: backend, staleness: staleness, m: m}, nil
+}
+
+// TypedName implements plugin.Plugin.
+func (p *Producer) TypedName() plugin.TypedName { return plugin.TypedName{Type: Type, Name: p.name} }
+
+// Produces implements plugin.Producer.
+func (p *Producer) Produces() map[string]any {
+	return map[string]any{
+		datalayer.LatencyPredictionInfoKey: datalayer.LatencyPredictionInfo{},
+		InputKey:                           (*predict.Input)(nil),
+	}
+}
+
+// Consumes implements plugin.Consumer: the prefix match per tier is the
+// prediction's main input.
+func (p *Producer) Consumes() map[string]any {
+	return map[string]any{datalayer.PrefixCacheMatchInfoKey: datalayer.PrefixCacheInfo{}}
+}
+
+// Produce implements prepare.DataProducer.
+func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error {
+	n := len(cands)
+	ins := make([]predict.Input, n)
+	addrs := make([]string, n)
+	out := make([]predict.Prediction, n)
+	now := time.Now()
+	for i, c := range cands {
+		addrs[i] = c.Address
+		ins[i] = inputOf(req, c, now, p.staleness)
+	}
+	start := time.Now()
+	err := p.backend.PredictAll(ctx, addrs, ins, out)
+	took := time.Since(start).Seconds()
+	p.m.ttftDuration.Observe(took)
+	p.m.tpotDuration.Observe(took)
+	if err != nil {
+		p.m.failures.Inc()
+	}
+	q := p.backend.Quantile()
+	for i, c := range cands {
+		info := datalayer.LatencyPredictionInfo{Quantile: q, DispatchedRequestCount: c.InFlight.Requests()}
+		if err == nil {
+			pr := out[i]
+			info.TTFTValid, info.TPOTValid = true, true
+			info.TTFT, info.TTFTMean, info.TPOT, info.TPOTMean = pr.TTFTQuantile, pr.TTFT, pr.TPOTQuantile, pr.TPOT
+			if slo := req.SLO.TTFT; slo > 0 {
+				info.HasTTFTSLO, info.TTFTHeadroom = true, ms(slo)-info.TTFT
+			}
+			if slo := req.SLO.TPOT; slo > 0 {
+				info.HasTPOTSLO, info.TPOTHeadroom = true, ms(slo)-info.TPOT
+			}
+		}
+		c.Put(datalayer.LatencyPredictionInfoKey, info)
+		c.Put(InputKey, &ins[i])
+	}
+	return err
+}
+
+// inputOf is what is known of req on c when it is picked.
+func inputOf(req *request.Request, c *datalayer.Candidate, now time.Time, staleness time.Duration) predict.Input {
+	var info datalayer.PrefixCacheInfo
+	if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
+		info, _ = v.(datalayer.PrefixCacheInfo)
+	}
+	bs := info.BlockSizeTokens
+	in := predict.Input{
+		InputTokens:       len(req.TokenIDs),
+		GPUTokens:         info.BlocksByTier[events.TierGPU] * bs,
+		CPUTokens:         info.BlocksByTier[events.TierCPU] * bs,
+		StorageTokens:     info.BlocksByTier[events.TierStorage] * bs,
+		SpeculativeTokens: info.SpeculativeBlocks * bs,
+		Prefilling:        c.InFlight.Prefilling,
+		PrefillTokens:     c.InFlight.PrefillTokens,
+		Decoding:          c.InFlight.Decoding,
+		DecodeTokens:      c.InFlight.DecodeTokens,
+		MaxTokens:         req.MaxTokens,
+	}
+	if in.InputTokens == 0 {
+		in.InputTokens = info.TotalBlocks * bs
+	}
+	if in.InputTokens == 0 {
+		in.InputTokens = len(req.Prompt) / charsPerToken
+	}
+	if c.Metrics.Fresh(now, staleness) {
+		in.Waiting, in.Running, in.KVUsage = c.Metrics.WaitingQueueSize, c.Metrics.RunningRequests, c.Metrics.KVCacheUsage
+	} else {
+		in.MetricsStale = true
+	}
+	return in
+}
+
+// ObserveResponse implements plugin.ResponseObserver: the picked
+// endpoint's prediction is compared with what it took, counted against
+// the SLOs, and learned from.
+func (p *Producer) ObserveResponse(_ context.Context, req *request.Request, resp *request.Response) {
+	if resp.Picked == nil || resp.Status >= 400 || resp.Status == 0 {
+		return
+	}
+	v, ok := resp.Picked.Get(InputKey)
+	in, _ := v.(*predict.Input)
+	if !ok || in == nil {
+		return
+	}
+	var info datalayer.LatencyPredictionInfo
+	if v, ok := resp.Picked.Get(datalayer.LatencyPredictionInfoKey); ok {
+		info, _ = v.(datalayer.LatencyPredictionInfo)
+	}
+	model := []string{resp.RequestedModel, req.Model}
+	s := predict.Sample{Endpoint: resp.Endpoint, Input: *in}
+	if ttft, ok := resp.TTFT(); ok {
+		s.TTFTMs, s.HasTTFT = ms(ttft), true
+		if info.TTFTValid {
+			p.m.predictedTTFT.WithLabelValues(model...).Observe(info.TTFT / 1e3)
+			p.m.accuracy(resp.Endpoint, "ttft", info.TTFTMean, info.TTFT, s.TTFTMs)
+		}
+		if slo := req.SLO.TTFT; slo > 0 && ttft > slo {
+			p.m.violations.WithLabelValues(append(model, "ttft")...).Inc()
+		}
+	}
+	if tpot, ok := resp.TPOT(); ok {
+		s.TPOTMs, s.HasTPOT = ms(tpot), true
+		if info.TPOTValid {
+			p.m.predictedTPOT.WithLabelValues(model...).Observe(info.TPOT / 1e3)
+			p.m.accuracy(resp.Endpoint, "tpot", info.TPOTMean, info.TPOT, s.TPOTMs)
+		}
+		if slo := req.SLO.TPOT; slo > 0 && tpot > slo {
+			p.m.violations.WithLabelValues(append(model, "tpot")...).Inc()
+		}
+	}
+	if s.HasTTFT || s.HasTPOT {
+		p.backend.Observe(s)
+	}
+}
+
+// ForgetEndpoint drops the per-endpoint series of an endpoint that left.
+func (p *Producer) ForgetEndpoint(addr string) {
+	for _, target := range []string{"ttft", "tpot"} {
+		p.m.ape.DeleteLabelValues(addr, target)
+		for _, within := range []string{"true", "false"} {
+			p.m.coverage.DeleteLabelValues(addr, target, within)
+		}
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+type metrics struct {
+	predictedTTFT, predictedTPOT *prometheus.HistogramVec
+	ttftDuration, tpotDuration   prometheus.Histogram
+	violations                   *prometheus.CounterVec
+	failures                     prometheus.Counter
+	ape                          *prometheus.HistogramVec
+	coverage                     *prometheus.CounterVec
+}
+
+func (m *metrics) accuracy(addr, target string, mean, quant, actual float64) {
+	if actual > 0 {
+		m.ape.WithLabelValues(addr, target).Observe(math.Abs(mean-actual) / actual)
+	}
+	within := "false"
+	if actual <= quant {
+		within = "true"
+	}
+	m.coverage.WithLabelValues(addr, target, within).Inc()
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	model := []string{"model_name", "target_model_name"}
+	lat := prometheus.ExponentialBuckets(0.001, 2, 16)
+	m := &metrics{
+		predictedTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_request_predicted_ttft_seconds", Buckets: lat,
+			Help: "Predicted time to first token (the configured quantile) of the endpoint each request was sent to.",
+		}, model),
+		predictedTPOT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "inference_objective_request_predicted_tpot_seconds", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+			Help: "Predicted time per output token (the configured quantile) of the endpoint each request was sent to.",
+		}, model),
+		ttftDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "inference_objective_request_ttft_prediction_duration_seconds", Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+			Help: "Time to predict every candidate's latency for one request (TTFT and TPOT are predicted together).",
+		}),
+		tpotDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "inference_objective_request_tpot_prediction_duration_seconds", Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+			Help: "Time to predict every candidate's latency for one request (TTFT and TPOT are predicted together).",
+		}),
+		violations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_slo_violation_total",
+			Help: "Requests whose TTFT or TPOT exceeded their SLO, by type.",
+		}, append(model, "type")),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_latency_prediction_failures_total",
+			Help: "Requests whose latency backend failed to predict (a sidecar that did not answer).",
+		}),
+		ape: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_latency_prediction_abs_percentage_error",
+			Help:    "|predicted mean - actual| / actual of the picked endpoint, per endpoint and target (ttft, tpot).",
+			Buckets: []float64{0.05, 0.1, 0.15, 0.25, 0.5, 1, 2},
+		}, []string{"endpoint", "target"}),
+		coverage: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_latency_prediction_quantile_observations_total",
+			Help: "Responses by whether the actual latency was within the predicted quantile; within/all is the quantile's coverage.",
+		}, []string{"endpoint", "target", "within_quantile"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.predictedTTFT, err = prepare.RegisterOrReuse(reg, m.predictedTTFT); err != nil {
+		return nil, err
+	}
+	if m.predictedTPOT, err = prepare.RegisterOrReuse(reg, m.predictedTPOT); err != nil {
+		return nil, err
+	}
+	if m.ttftDuration, err = prepare.RegisterOrReuse(reg, m.ttftDuration); err != nil {
+		return nil, err
+	}
+	if m.tpotDuration, err = prepare.RegisterOrReuse(reg, m.tpotDuration); err != nil {
+		return nil, err
+	}
+	if m.violations, err = prepare.RegisterOrReuse(reg, m.violations); err != nil {
+		return nil, err
+	}
+	if m.failures, err = prepare.RegisterOrReuse(reg, m.failures); err != nil {
+		return nil, err
+	}
+	if m.ape, err = prepare.RegisterOrReuse(reg, m.ape); err != nil {
+		return nil, err
+	}
+	if m.coverage, err = prepare.RegisterOrReuse(reg, m.coverage); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

@@ -1,0 +1,141 @@
+package latency_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/predict"
+	"github.com/kvroute/kvroute/pkg/prepare/latency"
+	"github.com/kvroute/kvroute/pkg/testkit"
+)
+
+func candidates(now time.Time) []*datalayer.Candidate {
+	hit := datalayer.NewCandidate(&datalayer.Endpoint{Name: "hit", Address: "10.0.0.1:8000"},
+		datalayer.Metrics{RunningRequests: 1, UpdateTime: now}, datalayer.StreamExact)
+	var byTier [events.NumTiers]int
+	byTier[events.TierGPU], byTier[events.TierCPU] = 200, 40
+	hit.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+		MatchBlocks: 240, TotalBlocks: 250, BlockSizeTokens: 16, MatchTokens: 3840, BlocksByTier: byTier, Exact: true})
+	cold := datalayer.NewCandidate(&datalayer.Endpoint{Name: "cold", Address: "10.0.0.2:8000"},
+		datalayer.Metrics{UpdateTime: now.Add(-time.Hour)}, datalayer.StreamExact)
+	cold.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{TotalBlocks: 250, BlockSizeTokens: 16, Exact: true})
+	return []*datalayer.Candidate{hit, cold}
+}
+
+func info(t *testing.T, c *datalayer.Candidate) datalayer.LatencyPredictionInfo {
+	t.Helper()
+	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
+	if !ok {
+		t.Fatalf("%s: no LatencyPredictionInfo", c.Name)
+	}
+	return v.(datalayer.LatencyPredictionInfo)
+}
+
+func TestTheProducerPredictsEachCandidateFromItsCachedTiersAndLoad(t *testing.T) {
+	t.Parallel()
+	p, err := predict.New(predict.Options{Synchronous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &request.Request{TokenIDs: make([]uint32, 4000), SLO: request.SLO{TTFT: 100 * time.Millisecond}}
+	cands := candidates(time.Now())
+	if err := prod.Produce(context.Background(), req, cands); err != nil {
+		t.Fatal(err)
+	}
+	hit, cold := info(t, cands[0]), info(t, cands[1])
+	if !hit.TTFTValid || !hit.TPOTValid || hit.Quantile != 0.9 {
+		t.Fatalf("hit: %+v", hit)
+	}
+	if !(hit.TTFTMean < cold.TTFTMean) {
+		t.Errorf("the endpoint holding 3840 of 4000 tokens is predicted %.1fms, no faster than the cold one (%.1fms)", hit.TTFTMean, cold.TTFTMean)
+	}
+	if !hit.HasTTFTSLO || hit.TTFTHeadroom != 100-hit.TTFT || hit.HasTPOTSLO {
+		t.Errorf("hit's headroom: %+v", hit)
+	}
+	if !hit.MeetsSLO() || cold.MeetsSLO() {
+		t.Errorf("a 200ms cold prefill against a 100ms SLO: hit meets %v, cold meets %v", hit.MeetsSLO(), cold.MeetsSLO())
+	}
+	v, _ := cands[1].Get(latency.InputKey)
+	if in := v.(*predict.Input); !in.MetricsStale || in.InputTokens != 4000 || in.Uncached() != 4000 {
+		t.Errorf("the cold candidate's input: %+v", in)
+	}
+	v, _ = cands[0].Get(latency.InputKey)
+	if in := v.(*predict.Input); in.GPUTokens != 3200 || in.CPUTokens != 640 || in.Running != 1 {
+		t.Errorf("the hit candidate's input: %+v", in)
+	}
+}
+
+// failing is a backend whose predictions fail, as an unreachable sidecar's.
+type failing struct{ observed int }
+
+func (f *failing) PredictAll(context.Context, []string, []predict.Input, []predict.Prediction) error {
+	return errors.New("sidecar down")
+}
+func (f *failing) Observe(predict.Sample) { f.observed++ }
+func (f *failing) Quantile() float64      { return 0.9 }
+
+func TestAFailedBackendLeavesThePredictionsInvalid(t *testing.T) {
+	t.Parallel()
+	prod, err := latency.New("", &failing{}, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := candidates(time.Now())
+	if err := prod.Produce(context.Background(), &request.Request{TokenIDs: make([]uint32, 10)}, cands); err == nil {
+		t.Error("a failed backend's error was swallowed")
+	}
+	if i := info(t, cands[0]); i.TTFTValid || i.TPOTValid || i.TTFT != 0 {
+		t.Errorf("after a failure: %+v", i)
+	}
+}
+
+func TestTheProducerLearnsFromThePickedEndpointsResponse(t *testing.T) {
+	t.Parallel()
+	p, err := predict.New(predict.Options{Synchronous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.AddEndpoint("10.0.0.1:8000", "")
+	reg := prometheus.NewRegistry()
+	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &request.Request{Model: "m", TokenIDs: make([]uint32, 4000), SLO: request.SLO{TTFT: 10 * time.Millisecond}}
+	cands := candidates(time.Now())
+	if err := prod.Produce(context.Background(), req, cands); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Unix(100, 0)
+	resp := &request.Response{Endpoint: "10.0.0.1:8000", Status: 200, Streamed: true, Start: start,
+		FirstByte: start.Add(50 * time.Millisecond), End: start.Add(250 * time.Millisecond),
+		CompletionTokens: 21, RequestedModel: "m", Picked: cands[0]}
+	prod.ObserveResponse(context.Background(), req, resp)
+	if got := p.Observations("10.0.0.1:8000"); got != 1 {
+		t.Errorf("the predictor learned %d observations, want 1", got)
+	}
+	if v := testkit.Value(t, reg, "inference_objective_request_slo_violation_total", "type", "ttft"); v != 1 {
+		t.Errorf("TTFT SLO violations = %v, want 1 (50ms against 10ms)", v)
+	}
+	if n := testkit.HistCount(t, reg, "inference_objective_request_predicted_ttft_seconds"); n != 1 {
+		t.Errorf("predicted TTFT observed %d times, want 1", n)
+	}
+	// A failed response, or one without a pick, teaches nothing.
+	prod.ObserveResponse(context.Background(), req, &request.Response{Endpoint: "10.0.0.1:8000", Status: 503, Picked: cands[0]})
+	prod.ObserveResponse(context.Background(), req, &request.Response{Endpoint: "10.0.0.1:8000", Status: 200, Streamed: true})
+	if got := p.Observations("10.0.0.1:8000"); got != 1 {
+		t.Errorf("after two unusable responses the predictor has %d observations, want 1", got)
+	}
+	prod.ForgetEndpoint("10.0.0.1:8000")
+}
