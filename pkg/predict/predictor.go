@@ -127,8 +127,8 @@ func New(o Options) (*Predictor, error) {
 		o.Method = MethodEWLS
 	}
 	p := &Predictor{
-		o: o,
-		p: params{tau: o.Quantile, lambda: math.Exp(-1 / float64(o.Memory)), ridge: 1, window: 256},
+		o:       o,
+		p:       params{tau: o.Quantile, lambda: math.Exp(-1 / float64(o.Memory)), ridge: 1, window: 256},
 		priorTT: o.Prior.ttft(), priorTP: o.Prior.tpot(),
 		obs:     make(chan Sample, o.Queue),
 		classes: map[string]*classModel{},
