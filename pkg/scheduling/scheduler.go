@@ -46,6 +46,9 @@ type Options struct {
 	// Detector decides admission of sheddable requests; nil means upstream's
 	// thresholds (queue 5, KV 0.8) with the default metrics staleness.
 	Detector *saturation.Detector
+	// Admitters run after the detector, in order; the first refusal sheds
+	// the request.
+	Admitters []framework.Admitter
 	// Rand seeds every cycle's random source; a fixed seed makes a sequence
 	// of cycles reproducible. nil means a seed from crypto/rand.
 	Rand *rand.Rand
@@ -61,6 +64,8 @@ type Scheduler struct {
 	profiles []*framework.Profile
 	runs     map[*framework.Profile]*profileRun
 	detector *saturation.Detector
+	admit    []framework.Admitter
+	admitT   []prometheus.Observer
 	now      func() time.Time
 	metrics  *metrics
 	handlerT prometheus.Observer
@@ -93,6 +98,7 @@ func New(opts Options) (*Scheduler, error) {
 		profiles: opts.Profiles,
 		runs:     make(map[*framework.Profile]*profileRun, len(opts.Profiles)),
 		detector: opts.Detector,
+		admit:    opts.Admitters,
 		now:      opts.Now,
 		metrics:  m,
 		rng:      opts.Rand,
@@ -115,6 +121,12 @@ func New(opts Options) (*Scheduler, error) {
 		s.rng = rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
 	}
 	s.handlerT = s.observer("profile_handler", s.handler)
+	for _, a := range s.admit {
+		if a == nil {
+			return nil, errors.New("scheduler admitter is nil")
+		}
+		s.admitT = append(s.admitT, s.observer("admitter", a))
+	}
 	seen := make(map[string]bool, len(opts.Profiles))
 	for _, p := range opts.Profiles {
 		if p == nil || p.Name == "" {
@@ -172,6 +184,18 @@ func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []
 	now := s.now()
 	if req.Sheddable() && s.detector.AllSaturated(cands, now) {
 		return nil, statusShed, fmt.Errorf("schedule request %s: %w", req.ID, ErrShed)
+	}
+	for i, a := range s.admit {
+		t := time.Now()
+		err := a.Admit(ctx, req, cands)
+		s.admitT[i].Observe(time.Since(t).Seconds())
+		if err != nil {
+			status := statusError
+			if errors.Is(err, ErrShed) {
+				status = statusShed
+			}
+			return nil, status, fmt.Errorf("schedule request %s: %w", req.ID, err)
+		}
 	}
 	s.rngMu.Lock()
 	seed1, seed2 := s.rng.Uint64(), s.rng.Uint64()

@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // newScheduler loads text (the default config when empty) and builds a
@@ -517,4 +518,32 @@ func TestConcurrentSchedulingIsSafe(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+func TestAnAdmitterInTheConfigurationShedsWithItsReason(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	s := newScheduler(t, `
+plugins:
+- type: latency-slo-admitter
+- type: latency-scorer
+`, 1, reg)
+	late := func(name string) schedtest.C { return schedtest.C{Name: name} }
+	cands := schedtest.Cands(late("a"), late("b"))
+	for _, c := range cands {
+		c.Put(datalayer.LatencyPredictionInfoKey, datalayer.LatencyPredictionInfo{TTFTValid: true, TTFT: 900, HasTTFTSLO: true, TTFTHeadroom: -800, Quantile: 0.9})
+	}
+	r := req("r")
+	r.Priority, r.SLO.TTFT = -1, 100*time.Millisecond
+	_, err := s.Schedule(context.Background(), r, cands)
+	if !errors.Is(err, scheduling.ErrShed) || !strings.Contains(err.Error(), "no endpoint is predicted to meet its TTFT SLO") {
+		t.Fatalf("err = %v, want a shed with the admitter's reason", err)
+	}
+	if v := testkit.Value(t, reg, "inference_extension_scheduler_attempts_total", "status", "shed"); v != 1 {
+		t.Errorf("shed attempts = %v, want 1", v)
+	}
+	r.Priority = 0 // the same request, not sheddable: served
+	if _, err := s.Schedule(context.Background(), r, cands); err != nil {
+		t.Errorf("a critical request was refused: %v", err)
+	}
 }

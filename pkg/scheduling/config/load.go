@@ -30,6 +30,8 @@ type Loaded struct {
 	Profiles []*framework.Profile
 	Handler  framework.ProfileHandler
 	Detector *saturation.Detector
+	// Admitters are every admitter plugin, in configuration order.
+	Admitters []framework.Admitter
 	// FeatureGates are the gates the config names, on or off.
 	FeatureGates map[string]bool
 	// Notes say, one line each, what of an upstream configuration kvroute
@@ -44,7 +46,7 @@ type Loaded struct {
 // SchedulerOptions returns options for scheduling.New with the loaded
 // profiles, handler and detector.
 func (l *Loaded) SchedulerOptions() scheduling.Options {
-	return scheduling.Options{Profiles: l.Profiles, Handler: l.Handler, Detector: l.Detector}
+	return scheduling.Options{Profiles: l.Profiles, Handler: l.Handler, Detector: l.Detector, Admitters: l.Admitters}
 }
 
 // Parse decodes configuration text strictly: unknown or duplicate fields are
@@ -225,6 +227,11 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 		return nil, err
 	}
 
+	for _, p := range l.Plugins {
+		if a, ok := p.(framework.Admitter); ok {
+			l.Admitters = append(l.Admitters, a)
+		}
+	}
 	var detRef *PluginRef
 	if sd := cfg.SaturationDetector; sd != nil {
 		switch inline := sd.inline(); {

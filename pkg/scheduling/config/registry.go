@@ -9,12 +9,14 @@ import (
 	"sync"
 
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/admitter/latencyslo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/decisiontree"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/headertest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/leastload"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/loraaffinity"
 	satfilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/saturation"
+	slofilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/slo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/random"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/softmax"
@@ -22,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/postpick/speculative"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/kvcache"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/latency"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/loadaware"
 	loraaffinityscorer "github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/loraaffinity"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/nohitlru"
@@ -111,6 +114,9 @@ func NewInTreeRegistry() *Registry {
 		single.Type:              single.Factory,
 		speculative.Type:         speculative.Factory,
 		saturation.Type:          saturation.Factory,
+		latency.Type:             latency.Factory,
+		slofilter.Type:           slofilter.Factory,
+		latencyslo.Type:          latencyslo.Factory,
 	} {
 		r.mustRegister(typ, f)
 	}

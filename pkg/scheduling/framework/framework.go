@@ -25,6 +25,24 @@ var (
 	ErrShed = errors.New("request shed: all candidate endpoints are saturated")
 )
 
+// Shed is an ErrShed with a reason of its own ("request shed: reason"),
+// for an admitter to say why it refused a request.
+func Shed(reason string) error { return &shedError{reason: reason} }
+
+type shedError struct{ reason string }
+
+func (e *shedError) Error() string        { return "request shed: " + e.reason }
+func (e *shedError) Is(target error) bool { return target == ErrShed }
+
+// Admitter decides, once PrepareData has run and before any profile does,
+// whether a request is served at all. A refusal is an error for which
+// errors.Is(err, ErrShed) holds (see Shed), saying why; the request path
+// answers it with 429.
+type Admitter interface {
+	plugin.Plugin
+	Admit(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error
+}
+
 // ProfileHandler decides which profiles run for a request, possibly over
 // several rounds (e.g. a prefill profile chosen after a decode profile), and
 // turns their results into the scheduling result.

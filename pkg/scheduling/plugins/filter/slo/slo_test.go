@@ -1,0 +1,58 @@
+package slo_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/slo"
+)
+
+func predicted(name string, headroom float64) *datalayer.Candidate {
+	c := schedtest.C{Name: name}.Build()
+	c.Put(datalayer.LatencyPredictionInfoKey, datalayer.LatencyPredictionInfo{TTFTValid: true, HasTTFTSLO: true, TTFTHeadroom: headroom, TTFT: 100 - headroom})
+	return c
+}
+
+func TestTheFilterKeepsTheCandidatesPredictedToMeetTheSLO(t *testing.T) {
+	t.Parallel()
+	p, err := slo.Factory("f", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.(framework.Filter)
+	withSLO := &request.Request{SLO: request.SLO{TTFT: 100 * time.Millisecond}}
+	tests := []struct {
+		name  string
+		req   *request.Request
+		cands []*datalayer.Candidate
+		want  []string
+	}{
+		{"those predicted to meet it are kept", withSLO, []*datalayer.Candidate{predicted("a", 10), predicted("b", -5), predicted("c", 0)}, []string{"a", "c"}},
+		{"when none is, all are kept for admission to decide", withSLO, []*datalayer.Candidate{predicted("a", -1), predicted("b", -5)}, []string{"a", "b"}},
+		{"a request without an SLO passes untouched", &request.Request{}, []*datalayer.Candidate{predicted("a", -1), predicted("b", 5)}, []string{"a", "b"}},
+		{"a candidate without a prediction is not predicted to meet it", withSLO, []*datalayer.Candidate{schedtest.C{Name: "x"}.Build(), predicted("b", 5)}, []string{"b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := f.Filter(context.Background(), nil, tt.req, tt.cands)
+			var names []string
+			for _, c := range got {
+				names = append(names, c.Name)
+			}
+			if len(names) != len(tt.want) {
+				t.Fatalf("kept %v, want %v", names, tt.want)
+			}
+			for i := range names {
+				if names[i] != tt.want[i] {
+					t.Fatalf("kept %v, want %v", names, tt.want)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,185 @@
+// Package latency is the latency-scorer: it scores each candidate by the
+// latency predicted for the request there (upstream's name). By default
+// the least predicted time to first token wins; upstream's headroom
+// strategies (least headroom: the tightest fit that still meets the SLO;
+// most headroom: the most slack) are there for requests with SLOs.
+package latency
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/latencyinfo"
+)
+
+// Type is the plugin's registered type name.
+const Type = "latency-scorer"
+
+// Strategies.
+const (
+	// LeastLatency prefers the least predicted latency.
+	LeastLatency = "least-latency"
+	// LeastHeadroom prefers, among candidates predicted to meet the SLO,
+	// the one with the least headroom (a best fit, leaving the others'
+	// slack for requests that need it); those predicted to miss come after
+	// every one predicted to meet it, least late first.
+	LeastHeadroom = "least-headroom"
+	// MostHeadroom prefers the most headroom.
+	MostHeadroom = "most-headroom"
+)
+
+// Params are the scorer's parameters.
+type Params struct {
+	// Strategy is least-latency (default), least-headroom or most-headroom
+	// (upstream's "least" and "most" are accepted). The headroom strategies
+	// fall back to least-latency for a request without an SLO.
+	Strategy string `json:"strategy,omitempty"`
+	// Use is which prediction least-latency compares: "mean" (default; the
+	// expected wait) or "quantile".
+	Use string `json:"use,omitempty"`
+	// TPOTWeight adds the predicted time per output token, times this
+	// weight, to the time to first token being compared (0 by default: a
+	// pick decides its prefill's wait far more than its decode's pace).
+	TPOTWeight *float64 `json:"tpotWeight,omitempty"`
+}
+
+// Scorer is the latency-scorer.
+type Scorer struct {
+	name       plugin.TypedName
+	strategy   string
+	quantile   bool
+	tpotWeight float64
+}
+
+var (
+	_ framework.Scorer = (*Scorer)(nil)
+	_ plugin.Consumer  = (*Scorer)(nil)
+)
+
+// Factory makes the scorer from its configuration.
+func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+	var p Params
+	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
+		return nil, err
+	}
+	s := &Scorer{name: plugin.TypedName{Type: Type, Name: name}, strategy: LeastLatency}
+	switch p.Strategy {
+	case "", LeastLatency:
+	case LeastHeadroom, "least":
+		s.strategy = LeastHeadroom
+	case MostHeadroom, "most":
+		s.strategy = MostHeadroom
+	default:
+		return nil, framework.ParamError(Type, name, "strategy %q, want %s, %s or %s", p.Strategy, LeastLatency, LeastHeadroom, MostHeadroom)
+	}
+	switch p.Use {
+	case "", "mean":
+	case "quantile":
+		s.quantile = true
+	default:
+		return nil, framework.ParamError(Type, name, "use %q, want mean or quantile", p.Use)
+	}
+	if v := p.TPOTWeight; v != nil {
+		if !(*v >= 0) || math.IsInf(*v, 0) {
+			return nil, framework.ParamError(Type, name, "tpotWeight = %v, want a finite value ≥ 0", *v)
+		}
+		s.tpotWeight = *v
+	}
+	return s, nil
+}
+
+// TypedName implements plugin.Plugin.
+func (s *Scorer) TypedName() plugin.TypedName { return s.name }
+
+// Category implements framework.Scorer: predicted latency weighs load and
+// affinity together; it is configured as the balancing term.
+func (s *Scorer) Category() framework.ScorerCategory { return framework.Balance }
+
+// Consumes implements plugin.Consumer.
+func (s *Scorer) Consumes() map[string]any { return latencyinfo.Consumes() }
+
+// Score implements framework.Scorer. A candidate without a valid
+// prediction scores 0.
+func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, req *request.Request, cands []*datalayer.Candidate, out []float64) {
+	hasSLO := req.SLO.TTFT > 0 || req.SLO.TPOT > 0
+	if s.strategy == LeastLatency || !hasSLO {
+		s.leastLatency(cands, out)
+		return
+	}
+	s.headroom(cands, out)
+}
+
+// leastLatency scores (min + 1ms)/(cost + 1ms): the fastest scores 1, one
+// twice as slow about 0.5, so that the score weighs like the time saved.
+func (s *Scorer) leastLatency(cands []*datalayer.Candidate, out []float64) {
+	best := math.Inf(1)
+	for i, c := range cands {
+		info, ok := latencyinfo.Get(c)
+		if !ok {
+			out[i] = math.NaN()
+			continue
+		}
+		cost := info.TTFTMean + s.tpotWeight*info.TPOTMean
+		if s.quantile {
+			cost = info.TTFT + s.tpotWeight*info.TPOT
+		}
+		out[i] = cost
+		best = min(best, cost)
+	}
+	for i, v := range out {
+		if math.IsNaN(v) {
+			out[i] = 0
+			continue
+		}
+		out[i] = (best + 1) / (v + 1)
+	}
+}
+
+// headroom scores by the worse of a candidate's TTFT and TPOT headroom,
+// relative to its SLO: candidates predicted to meet the SLO score in
+// (0.5, 1], those predicted to miss it in [0, 0.5).
+func (s *Scorer) headroom(cands []*datalayer.Candidate, out []float64) {
+	for i, c := range cands {
+		info, ok := latencyinfo.Get(c)
+		if !ok {
+			out[i] = 0
+			continue
+		}
+		h := math.Inf(1) // relative headroom: headroom / SLO, ≤ 1
+		if info.HasTTFTSLO {
+			h = min(h, rel(info.TTFTHeadroom, info.TTFT))
+		}
+		if info.HasTPOTSLO {
+			h = min(h, rel(info.TPOTHeadroom, info.TPOT))
+		}
+		if math.IsInf(h, 1) {
+			out[i] = 0.5
+			continue
+		}
+		if h >= 0 {
+			// In (0,1]: 1 at no headroom (least) or at all of it (most).
+			if s.strategy == LeastHeadroom {
+				out[i] = 1 - h/2
+			} else {
+				out[i] = 0.5 + h/2
+			}
+			continue
+		}
+		out[i] = 0.5 / (1 - h) // missing: less late is better
+	}
+}
+
+// rel is headroom over the SLO it was taken from (SLO = headroom +
+// predicted).
+func rel(headroom, predicted float64) float64 {
+	slo := headroom + predicted
+	if !(slo > 0) {
+		return -1
+	}
+	return headroom / slo
+}
