@@ -41,8 +41,8 @@ func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
 	}
 	e, err := epp.New(epp.Options{
 		Pool: "pool", Namespace: ns, EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Discovery: func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (epp.Discovery, error) {
-			return k8s.NewSource(k8s.SourceOptions{Namespace: ns, Pool: "pool", Config: apiServer.Config, DefaultModel: "m"}, ds, reg, logger)
+		Discovery: func(ds *datalayer.Datastore, objectives *datalayer.Objectives, reg prometheus.Registerer, logger *slog.Logger) (epp.Discovery, error) {
+			return k8s.NewSource(k8s.SourceOptions{Namespace: ns, Pool: "pool", Config: apiServer.Config, DefaultModel: "m"}, ds, objectives, reg, logger)
 		},
 	})
 	if err != nil {

@@ -79,6 +79,7 @@ func run(args []string) error {
 	fs.IntVar(&o.SelfCheck.Window, "self-check-window", 32, "an endpoint's last checked responses judged together; more than half disagreeing resyncs it")
 	fs.Float64Var(&o.SelfCheck.ToleranceShare, "self-check-tolerance", 0.25, "share of a prediction (at least one block) by which the engine's cached tokens may differ and still agree")
 	fs.StringVar(&o.EndpointsFile, "endpoints-file", "", "static endpoints YAML, reloaded when it changes")
+	fs.StringVar(&o.ObjectivesFile, "objectives-file", "", "static InferenceObjectives YAML (priority, default SLOs), reloaded when it changes; with --kubernetes the pool's InferenceObjective objects are read instead")
 	fs.BoolVar(&kubeOn, "kubernetes", false, "discover endpoints from the Kubernetes API: the InferencePool --pool-name, or the pods --endpoint-selector picks")
 	fs.StringVar(&kso.PoolGroup, "pool-group", "inference.networking.k8s.io", "the InferencePool's API group")
 	fs.StringVar(&kso.Selector, "endpoint-selector", "", "standalone mode, without the InferencePool CRD: label selector of the model-server pods (implies --kubernetes)")
@@ -134,9 +135,9 @@ func run(args []string) error {
 	o.ScrapeOptions = scrape.Options{Interval: scrapeEvery}
 	kubeOn = kubeOn || kso.Selector != ""
 	if kubeOn {
-		o.Discovery = func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (epp.Discovery, error) {
+		o.Discovery = func(ds *datalayer.Datastore, objectives *datalayer.Objectives, reg prometheus.Registerer, logger *slog.Logger) (epp.Discovery, error) {
 			kso.Namespace, kso.Pool = o.Namespace, o.Pool
-			return k8s.NewSource(kso, ds, reg, logger)
+			return k8s.NewSource(kso, ds, objectives, reg, logger)
 		}
 	}
 	o.RequestPath.Plaintext = !*secure

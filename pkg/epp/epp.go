@@ -28,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/discovery/static"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
 	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/prepare"
@@ -92,6 +93,9 @@ type Options struct {
 	// PrepareDataTimeout bounds the PrepareData producers per request
 	// (default 400ms).
 	PrepareDataTimeout time.Duration
+	// Now is the request path's clock (default time.Now): a run in virtual
+	// time times its requests by its own.
+	Now func() time.Time
 	// Seed, when non-zero, seeds the scheduler's random choices (ties
 	// between equal endpoints, random pickers), so that a run in virtual
 	// time repeats exactly; zero seeds them from crypto/rand.
@@ -116,6 +120,15 @@ type Options struct {
 	Index index.Options
 	// ApproxCapacity is blocks remembered per endpoint by the fallback.
 	ApproxCapacity int
+	// Predict adjusts the latency predictors the scheduling configuration
+	// makes (predicted-latency-producer).
+	Predict PredictOptions
+
+	// ObjectivesFile is a static InferenceObjectives file (standalone
+	// mode), reloaded when it changes; Kubernetes discovery writes the
+	// pool's InferenceObjective objects instead.
+	ObjectivesFile string
+
 	// Prefix are the defaults of the prefix producer the scheduling
 	// configuration runs (precise-prefix-cache-producer, or upstream's
 	// approx-prefix-cache-producer mapped onto it): the parameters the
@@ -130,7 +143,7 @@ type Options struct {
 	// to the EPP's datastore (Kubernetes discovery: see cmd/epp); it runs
 	// with the EPP, and readiness waits for its first sync. A factory keeps
 	// this package, and every binary built on it, free of client-go.
-	Discovery func(ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (Discovery, error)
+	Discovery func(ds *datalayer.Datastore, objectives *datalayer.Objectives, reg prometheus.Registerer, logger *slog.Logger) (Discovery, error)
 
 	// DebugAddr serves /debug/prefix (and, with EnablePprof,
 	// /debug/pprof) on a listener of its own; empty, the default, serves
@@ -156,8 +169,10 @@ type EPP struct {
 
 	nats      *natsembed.Server
 	nc        *nats.Conn
-	ds        *datalayer.Datastore
-	index     *index.Index
+	ds         *datalayer.Datastore
+	objectives *datalayer.Objectives
+	latency    *latencySetup
+	index      *index.Index
 	approx    *approx.Index
 	consumer  *consumer.Consumer
 	recovery  *recovery.Recovery
@@ -171,6 +186,7 @@ type EPP struct {
 	proxy     *proxy.Server
 	discovery Discovery
 	static    *static.File
+	staticObj *static.Objectives
 
 	// connectedAt is when Ready first found the consumer connected (unix
 	// nanoseconds, 0 before); caughtUp latches once the first sync and
@@ -210,6 +226,7 @@ func New(opts Options) (*EPP, error) {
 	}
 
 	e.ds = datalayer.NewDatastore(e.reg)
+	e.objectives = datalayer.NewObjectives(e.reg)
 	idxOpts := opts.Index
 	if idxOpts.MaxHoldings == 0 || opts.Consumer.MaxQueuedBytes == 0 {
 		mem, source := MemoryBudget()
@@ -288,6 +305,13 @@ func New(opts Options) (*EPP, error) {
 		// are members before the first event arrives.
 		var err error
 		if e.static, err = static.Load(opts.EndpointsFile, e.ds, e.reg, e.logger); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("epp: %w", err)
+		}
+	}
+	if opts.ObjectivesFile != "" {
+		var err error
+		if e.staticObj, err = static.LoadObjectives(opts.ObjectivesFile, e.objectives, e.reg, e.logger); err != nil {
 			e.Close()
 			return nil, fmt.Errorf("epp: %w", err)
 		}
@@ -410,7 +434,8 @@ func (e *EPP) ensureStream(co consumer.Options) error {
 // dependencies of its plugins, and makes the director that runs them.
 func (e *EPP) buildScheduling() error {
 	prefix := prefixParams(e.opts.Prefix)
-	reg, err := newRegistry(prefix, e.index, e.approx)
+	e.latency = &latencySetup{opts: e.opts.Predict, reg: e.reg, logger: e.logger}
+	reg, err := newRegistry(prefix, e.index, e.approx, e.latency)
 	if err != nil {
 		return fmt.Errorf("epp: plugin registry: %w", err)
 	}
@@ -452,13 +477,23 @@ func (e *EPP) buildScheduling() error {
 	if e.sched, err = scheduling.New(so); err != nil {
 		return fmt.Errorf("epp: scheduler: %w", err)
 	}
+	e.latency.follow(e.ds)
+	var learners []plugin.ResponseObserver
+	for _, p := range loaded.Plugins {
+		if o, ok := p.(plugin.ResponseObserver); ok {
+			learners = append(learners, o)
+		}
+	}
 	e.tokenizer = e.newTokenizer()
 	var observers []director.ResponseObserver
 	if e.selfcheck != nil {
 		observers = append(observers, e.selfcheck)
 	}
 	e.director, err = director.New(director.Options{
+		Objectives:         e.objectives,
 		Observers:          observers,
+		PluginObservers:    learners,
+		Now:                e.opts.Now,
 		Datastore:          e.ds,
 		Graph:              e.graph,
 		Scheduler:          e.sched,
@@ -537,7 +572,7 @@ func (e *EPP) setupDiscovery() error {
 	if e.opts.Discovery == nil {
 		return nil
 	}
-	d, err := e.opts.Discovery(e.ds, e.reg, e.logger)
+	d, err := e.opts.Discovery(e.ds, e.objectives, e.reg, e.logger)
 	if err != nil {
 		return fmt.Errorf("epp: discovery: %w", err)
 	}
@@ -553,6 +588,10 @@ func (e *EPP) Pool() string { return e.opts.Pool }
 
 // Datastore is where endpoints are registered and read from.
 func (e *EPP) Datastore() *datalayer.Datastore { return e.ds }
+
+// Objectives are the pool's InferenceObjectives, as the request path reads
+// them.
+func (e *EPP) Objectives() *datalayer.Objectives { return e.objectives }
 
 // Index is the exact prefix index.
 func (e *EPP) Index() *index.Index { return e.index }
@@ -648,11 +687,15 @@ func (e *EPP) Run(ctx context.Context) error {
 		goRun(func() error { return e.recovery.Run(ctx) })
 	}
 	goRun(func() error { e.index.Run(ctx, time.Second); return nil })
+	e.latency.run(ctx, goRun)
 	if e.scraper != nil {
 		goRun(func() error { e.scraper.Run(ctx); return nil })
 	}
 	if e.static != nil {
 		goRun(func() error { e.static.Run(ctx); return nil })
+	}
+	if e.staticObj != nil {
+		goRun(func() error { e.staticObj.Run(ctx); return nil })
 	}
 	e.runRequestPath(ctx, goRun)
 	goRun(func() error {

@@ -1,23 +1,42 @@
 package epp
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/approx"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/predict"
+	"github.com/kvroute/kvroute/pkg/predict/sidecar"
+	"github.com/kvroute/kvroute/pkg/prepare/latency"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
 // newRegistry is the in-tree plugin registry plus the plugins that need
-// this process's index: the precise prefix producer, registered as the
-// default producer of the keys it publishes, whose parameters start from
-// defaults and are overridden by those its configuration gives.
-func newRegistry(defaults prefixmatch.Params, index prefixmatch.Index, approx prefixmatch.Approx) (*config.Registry, error) {
+// this process's state: the precise prefix producer (the index), registered
+// as the default producer of the keys it publishes, whose parameters start
+// from defaults and are overridden by those its configuration gives; and
+// the predicted-latency producer (a latency predictor of its own, which
+// lat keeps so that the EPP runs it and tells it of endpoints).
+func newRegistry(defaults prefixmatch.Params, index prefixmatch.Index, approx prefixmatch.Approx, lat *latencySetup) (*config.Registry, error) {
 	r := config.NewInTreeRegistry()
+	if err := r.Register(latency.Type, lat.factory); err != nil {
+		return nil, err
+	}
+	for _, key := range []string{datalayer.LatencyPredictionInfoKey, latency.InputKey} {
+		if err := r.RegisterDefaultProducer(key, latency.Type); err != nil {
+			return nil, err
+		}
+	}
 	err := r.Register(prefixmatch.Type, func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
 		p := defaults
 		if err := framework.DecodeParams(prefixmatch.Type, name, raw, &p); err != nil {
@@ -79,4 +98,114 @@ func (s *speculator) Speculate(addr string, keys []uint64, held int) {
 // were unknown), which only the approximate index can use.
 func (s *speculator) RecordHistory(addr string, hashes []uint64) {
 	s.approx.Record(addr, hashes)
+}
+
+// PredictOptions adjust every in-process latency predictor a scheduling
+// configuration makes.
+type PredictOptions struct {
+	// Synchronous learns each response as it is observed rather than on
+	// the predictor's goroutine: for runs in virtual time, which must
+	// repeat exactly.
+	Synchronous bool
+	// Record, when set, is given every observation learned (traces for
+	// offline evaluation).
+	Record func(predict.Sample)
+}
+
+// latencySetup makes the predicted-latency producers of a configuration
+// and keeps what the EPP must run and keep informed of endpoints.
+type latencySetup struct {
+	opts   PredictOptions
+	reg    prometheus.Registerer
+	logger *slog.Logger
+	made   []*latencyInstance
+}
+
+type latencyInstance struct {
+	producer   *latency.Producer
+	predictor  *predict.Predictor // nil with a sidecar
+	sidecar    *sidecar.Client
+	classLabel string
+}
+
+func (l *latencySetup) factory(name string, raw json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
+	var p latency.Params
+	if err := framework.DecodeParams(latency.Type, name, raw, &p); err != nil {
+		return nil, err
+	}
+	// Each instance's metrics carry its name, so that two can coexist.
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"predictor": name}, l.reg)
+	inst := &latencyInstance{classLabel: p.ClassLabel}
+	var backend latency.Backend
+	if sc := p.Sidecar; sc != nil {
+		o := sidecar.Options{PredictionURL: sc.PredictionURL, TrainingURL: sc.TrainingURL, Quantile: p.Quantile, Registerer: reg, Logger: l.logger}
+		if o.PredictionURL == "" {
+			o.PredictionURL = "http://localhost:8001"
+		}
+		if o.TrainingURL == "" {
+			o.TrainingURL = "http://localhost:8000"
+		}
+		if sc.Timeout != "" {
+			d, err := time.ParseDuration(sc.Timeout)
+			if err != nil || d <= 0 {
+				return nil, framework.ParamError(latency.Type, name, "sidecar.timeout %q is not a positive duration", sc.Timeout)
+			}
+			o.Timeout = d
+		}
+		if p.Method != "" || p.Prior != nil || p.Memory != 0 {
+			return nil, framework.ParamError(latency.Type, name, "method, prior and memory tune the in-process predictor, not a sidecar")
+		}
+		c, err := sidecar.New(o)
+		if err != nil {
+			return nil, framework.ParamError(latency.Type, name, "%v", err)
+		}
+		inst.sidecar, backend = c, c
+	} else {
+		pr, err := predict.New(predict.Options{
+			Quantile: p.Quantile, Method: p.Method, Prior: p.Prior, Memory: p.Memory,
+			Synchronous: l.opts.Synchronous, Record: l.opts.Record, Registerer: reg,
+		})
+		if err != nil {
+			return nil, framework.ParamError(latency.Type, name, "%v", err)
+		}
+		inst.predictor, backend = pr, latency.InProcess{P: pr}
+	}
+	prod, err := latency.New(name, backend, framework.StalenessOf(h), l.reg)
+	if err != nil {
+		return nil, fmt.Errorf("plugin %q: %w", name, err)
+	}
+	inst.producer = prod
+	l.made = append(l.made, inst)
+	return prod, nil
+}
+
+// follow keeps every predictor's endpoints those of ds.
+func (l *latencySetup) follow(ds *datalayer.Datastore) {
+	for _, inst := range l.made {
+		ds.OnChange(func(added, removed []*datalayer.Endpoint) {
+			for _, ep := range removed {
+				if inst.predictor != nil {
+					inst.predictor.RemoveEndpoint(ep.Address)
+				}
+				inst.producer.ForgetEndpoint(ep.Address)
+			}
+			for _, ep := range added {
+				if inst.predictor != nil {
+					inst.predictor.AddEndpoint(ep.Address, latency.Class(ep, inst.classLabel))
+				}
+			}
+		})
+	}
+}
+
+// run runs every predictor's learning (or sidecar's flushing) with goRun.
+func (l *latencySetup) run(ctx context.Context, goRun func(func() error)) {
+	for _, inst := range l.made {
+		switch {
+		case inst.predictor != nil && !l.opts.Synchronous:
+			goRun(func() error { return inst.predictor.Run(ctx) })
+		case inst.sidecar != nil:
+			goRun(func() error { return inst.sidecar.Run(ctx) })
+		}
+	}
 }

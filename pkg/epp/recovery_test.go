@@ -152,7 +152,7 @@ func TestRestartedEPPReplaysTheJetStreamStream(t *testing.T) {
 	// filling): the stream waits for it rather than dropping the batches
 	// of endpoints it does not know yet.
 	opts.EndpointsFile = ""
-	opts.Discovery = func(ds *datalayer.Datastore, _ prometheus.Registerer, _ *slog.Logger) (Discovery, error) {
+	opts.Discovery = func(ds *datalayer.Datastore, _ *datalayer.Objectives, _ prometheus.Registerer, _ *slog.Logger) (Discovery, error) {
 		return &slowDiscovery{ds: ds, delay: 300 * time.Millisecond, engines: engines}, nil
 	}
 	third, _ := runEPP(t, opts)

@@ -54,6 +54,8 @@ type Sample struct {
 	TPOTMs   float64 `json:"tpotMs,omitempty"`
 	HasTTFT  bool    `json:"hasTtft,omitempty"`
 	HasTPOT  bool    `json:"hasTpot,omitempty"`
+	// OutputTokens is how many tokens the response generated.
+	OutputTokens int `json:"outputTokens,omitempty"`
 }
 
 // Prediction is one request's predicted latency on one endpoint, in

@@ -31,6 +31,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	inferencev1alpha2 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 )
@@ -71,6 +72,9 @@ func New(cfg *rest.Config, ds *datalayer.Datastore, opts Options) (*Discovery, e
 		return nil, fmt.Errorf("k8s discovery: scheme: %w", err)
 	}
 	if err := inferencev1.Install(scheme); err != nil {
+		return nil, fmt.Errorf("k8s discovery: scheme: %w", err)
+	}
+	if err := inferencev1alpha2.Install(scheme); err != nil {
 		return nil, fmt.Errorf("k8s discovery: scheme: %w", err)
 	}
 
@@ -140,6 +144,9 @@ func (d *Discovery) setup() error {
 		}))
 	if err != nil {
 		return fmt.Errorf("k8s discovery: InferencePool controller: %w", err)
+	}
+	if d.opts.Objectives != nil {
+		return d.setupObjectives()
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
 )
 
 // ErrOptions marks discovery options that cannot work together.
@@ -56,6 +58,11 @@ type Options struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// OnLeader runs on the elected replica until ctx is done.
 	OnLeader func(ctx context.Context) error
+
+	// Objectives, when set in InferencePool mode, receives the pool's
+	// InferenceObjectives (priority, and SLO defaults from the
+	// kvroute.io/slo-ttft-ms and kvroute.io/slo-tpot-ms annotations).
+	Objectives *datalayer.Objectives
 
 	// Registerer receives discovery's metrics; nil registers none.
 	Registerer prometheus.Registerer

@@ -39,7 +39,8 @@ type SourceOptions struct {
 var setCtrlLogger sync.Once
 
 // NewSource makes Kubernetes discovery writing to ds, as the EPP runs it.
-func NewSource(so SourceOptions, ds *datalayer.Datastore, reg prometheus.Registerer, logger *slog.Logger) (*Discovery, error) {
+// objectives, when not nil, receives the pool's InferenceObjectives.
+func NewSource(so SourceOptions, ds *datalayer.Datastore, objectives *datalayer.Objectives, reg prometheus.Registerer, logger *slog.Logger) (*Discovery, error) {
 	// controller-runtime's packages log through a global logger and
 	// complain, with a stack trace, until one is set.
 	setCtrlLogger.Do(func() {
@@ -75,7 +76,7 @@ func NewSource(so SourceOptions, ds *datalayer.Datastore, reg prometheus.Registe
 		// The lease is per pool even without the CRD.
 		o.LeaderElectionID = so.Pool + "-epp-leader"
 	} else {
-		o.PoolName = so.Pool
+		o.PoolName, o.Objectives = so.Pool, objectives
 	}
 	return New(cfg, ds, o)
 }

@@ -169,26 +169,12 @@ func (f *File) Run(ctx context.Context) {
 }
 
 func (f *File) run(ctx context.Context, every time.Duration) {
-	// Polling content rather than watching inotify events: a ConfigMap
-	// volume swaps a symlink, editors rename over the file, and network
-	// file systems send no events at all; re-reading a small file once a
-	// second handles every case alike.
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := f.w.load(); err != nil && !errors.Is(err, errUnchanged) {
-				f.w.logger.Error("static endpoints file rejected, keeping the last good endpoints",
-					"path", f.w.path, "error", err)
-			}
-		}
-	}
+	poll(ctx, every, f.w.load, func(err error) {
+		f.w.logger.Error("static endpoints file rejected, keeping the last good endpoints", "path", f.w.path, "error", err)
+	})
 }
 
-var errUnchanged = errors.New("static endpoints file: already reported")
+var errUnchanged = errors.New("static file: already reported")
 
 type staticWatcher struct {
 	path    string

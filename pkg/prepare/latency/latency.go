@@ -198,7 +198,7 @@ func (p *Producer) ObserveResponse(_ context.Context, req *request.Request, resp
 		info, _ = v.(datalayer.LatencyPredictionInfo)
 	}
 	model := []string{resp.RequestedModel, req.Model}
-	s := predict.Sample{Endpoint: resp.Endpoint, Input: *in}
+	s := predict.Sample{Endpoint: resp.Endpoint, Input: *in, OutputTokens: resp.CompletionTokens}
 	if ttft, ok := resp.TTFT(); ok {
 		s.TTFTMs, s.HasTTFT = ms(ttft), true
 		if info.TTFTValid {
@@ -323,4 +323,49 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// Params are the producer's configuration parameters: which backend it
+// predicts with and how that learns.
+type Params struct {
+	// Quantile is the quantile predicted besides the mean (default 0.9).
+	Quantile float64 `json:"quantile,omitempty"`
+	// Method is the in-process predictor's learning method (ewls, the
+	// default, or quantile-sgd).
+	Method string `json:"method,omitempty"`
+	// Prior is the cold start, in milliseconds per unit (predict.Prior).
+	Prior *predict.Prior `json:"prior,omitempty"`
+	// Memory is how many recent observations per endpoint weigh most.
+	Memory int `json:"memory,omitempty"`
+	// ClassLabel is the endpoint label that names its hardware: a new
+	// endpoint starts from what was learned of endpoints with the same
+	// model and label value (default DefaultClassLabel).
+	ClassLabel string `json:"classLabel,omitempty"`
+	// Sidecar, when set, predicts with upstream's latency predictor
+	// sidecar instead of in process.
+	Sidecar *SidecarParams `json:"sidecar,omitempty"`
+}
+
+// SidecarParams locate upstream's predictor sidecar.
+type SidecarParams struct {
+	// PredictionURL serves /predict/bulk/strict (upstream's default
+	// http://localhost:8001); TrainingURL serves /add_training_data_bulk
+	// (http://localhost:8000).
+	PredictionURL string `json:"predictionURL,omitempty"`
+	TrainingURL   string `json:"trainingURL,omitempty"`
+	// Timeout bounds one prediction call, a Go duration (default 50ms,
+	// within the PrepareData deadline).
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// DefaultClassLabel is the endpoint label naming an endpoint's hardware.
+const DefaultClassLabel = "kvroute.io/accelerator"
+
+// Class is the endpoint's class for the predictor: its model and its
+// hardware, as label names it.
+func Class(ep *datalayer.Endpoint, label string) string {
+	if label == "" {
+		label = DefaultClassLabel
+	}
+	return ep.Model + "/" + ep.Labels[label]
 }
