@@ -167,26 +167,26 @@ type EPP struct {
 	logger *slog.Logger
 	reg    *prometheus.Registry
 
-	nats      *natsembed.Server
-	nc        *nats.Conn
+	nats       *natsembed.Server
+	nc         *nats.Conn
 	ds         *datalayer.Datastore
 	objectives *datalayer.Objectives
 	latency    *latencySetup
 	index      *index.Index
-	approx    *approx.Index
-	consumer  *consumer.Consumer
-	recovery  *recovery.Recovery
-	selfcheck *selfcheck.Checker
-	scraper   *scrape.Scraper
-	graph     *prepare.Graph
-	sched     *scheduling.Scheduler
-	director  *director.Director
-	tokenizer tokenize.Tokenizer
-	extproc   *extproc.Server
-	proxy     *proxy.Server
-	discovery Discovery
-	static    *static.File
-	staticObj *static.Objectives
+	approx     *approx.Index
+	consumer   *consumer.Consumer
+	recovery   *recovery.Recovery
+	selfcheck  *selfcheck.Checker
+	scraper    *scrape.Scraper
+	graph      *prepare.Graph
+	sched      *scheduling.Scheduler
+	director   *director.Director
+	tokenizer  tokenize.Tokenizer
+	extproc    *extproc.Server
+	proxy      *proxy.Server
+	discovery  Discovery
+	static     *static.File
+	staticObj  *static.Objectives
 
 	// connectedAt is when Ready first found the consumer connected (unix
 	// nanoseconds, 0 before); caughtUp latches once the first sync and
