@@ -3,6 +3,7 @@
 //	kvsim demo  [--serve]   kvroute against random routing on a small fleet (make run)
 //	kvsim serve             a fleet with vLLM's HTTP API, publishing KV events
 //	kvsim bench             the routing benchmark (make bench-routing)
+//	kvsim predict-eval      the latency predictor's learning methods compared on recorded traces
 package main
 
 import (
@@ -43,7 +44,8 @@ const usage = `usage: kvsim <command> [flags]
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
   bench   the routing benchmark; writes docs/routing-benchmark.md and its plots
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/reliability.md
-  scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/scale.md`
+  scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/scale.md
+  predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time`
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -60,6 +62,8 @@ func run(ctx context.Context, args []string) error {
 		return chaosCmd(ctx, args[1:])
 	case "scale":
 		return scaleCmd(ctx, args[1:])
+	case "predict-eval":
+		return predictEval(ctx, args[1:])
 	default:
 		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 	}
@@ -212,6 +216,7 @@ func bench(ctx context.Context, args []string) error {
 	only := fs.String("workloads", "", "comma-separated workloads to run (default all)")
 	rates := fs.String("rates", "", "comma-separated request rates overriding every workload's ladder")
 	policies := fs.String("policies", strings.Join(loadgen.AllPolicies, ","), "policies to compare")
+	seed := fs.Uint64("seed", 42, "seed of the arrivals, prompts and engines")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -234,7 +239,7 @@ func bench(ctx context.Context, args []string) error {
 		Virtual:  *virtual,
 		Plans:    plans,
 		Policies: strings.Split(*policies, ","),
-		Fleet:    fo, Duration: *dur, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: 42,
+		Fleet:    fo, Duration: *dur, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: *seed,
 		Progress: os.Stdout,
 	}
 	if *quick {

@@ -1,6 +1,11 @@
 package datalayer
 
-import "sync/atomic"
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // InFlight is the work this EPP has sent an endpoint and not yet seen
 // finish, by its own accounting: dispatched on the pick, moved from
@@ -16,6 +21,11 @@ type InFlight struct {
 	// DecodeTokens sums their prompts' lengths (the context every decode
 	// step reads for them).
 	Decoding, DecodeTokens int
+	// NextDecodeEnd is when the first of the decoding requests is expected
+	// to finish (its first token's time plus its max_tokens at its
+	// predicted pace), the zero time when none is: when the endpoint's
+	// batch is full, a new request waits for that seat.
+	NextDecodeEnd time.Time
 }
 
 // Requests is every request in flight.
@@ -24,16 +34,55 @@ func (f InFlight) Requests() int { return f.Prefilling + f.Decoding }
 // inflight is an endpoint's live counters.
 type inflight struct {
 	prefilling, prefillTokens, decoding, decodeTokens atomic.Int64
+	// nextEnd is the earliest expected end among ends, in Unix
+	// nanoseconds (0: none); mu guards ends, which holds the expected end
+	// of every decoding request that said how long it would decode.
+	nextEnd atomic.Int64
+	mu      sync.Mutex
+	ends    []int64
 }
 
 func (c *inflight) load() InFlight {
 	if c == nil {
 		return InFlight{}
 	}
-	return InFlight{
+	f := InFlight{
 		Prefilling: int(c.prefilling.Load()), PrefillTokens: int(c.prefillTokens.Load()),
 		Decoding: int(c.decoding.Load()), DecodeTokens: int(c.decodeTokens.Load()),
 	}
+	if n := c.nextEnd.Load(); n != 0 {
+		f.NextDecodeEnd = time.Unix(0, n)
+	}
+	return f
+}
+
+// addEnd and removeEnd keep ends and nextEnd; they run on the response
+// path, once per request, never per pick.
+func (c *inflight) addEnd(end int64) {
+	c.mu.Lock()
+	c.ends = append(c.ends, end)
+	c.setNext()
+	c.mu.Unlock()
+}
+
+func (c *inflight) removeEnd(end int64) {
+	c.mu.Lock()
+	if i := slices.Index(c.ends, end); i >= 0 {
+		c.ends[i] = c.ends[len(c.ends)-1]
+		c.ends = c.ends[:len(c.ends)-1]
+	}
+	c.setNext()
+	c.mu.Unlock()
+}
+
+func (c *inflight) setNext() {
+	var next int64
+	for _, e := range c.ends {
+		if next == 0 || e < next {
+			next = e
+		}
+	}
+	c.nextEnd.Store(next)
 }
 
 // Dispatch is one request's place in an endpoint's in-flight accounting.
@@ -43,6 +92,10 @@ type Dispatch struct {
 	c       *inflight
 	prefill int64
 	prompt  int64
+	// decodeFor is how long the request is expected to decode (0:
+	// unknown); end is when, once its first token came.
+	decodeFor time.Duration
+	end       int64
 	// state: 0 prefilling, 1 decoding, 2 done.
 	state atomic.Uint32
 }
@@ -61,8 +114,18 @@ func (ds *Datastore) Dispatch(name string, prefillTokens, promptTokens int) *Dis
 	return d
 }
 
-// FirstToken moves the request from prefill to decode.
-func (d *Dispatch) FirstToken() {
+// ExpectDecode says how long the request is expected to decode once its
+// first token comes (its max_tokens at its predicted pace), so that the
+// endpoint's NextDecodeEnd can be known. Call it before FirstToken.
+func (d *Dispatch) ExpectDecode(dur time.Duration) {
+	if d != nil && dur > 0 {
+		d.decodeFor = dur
+	}
+}
+
+// FirstToken moves the request from prefill to decode; at is when its
+// first token came.
+func (d *Dispatch) FirstToken(at time.Time) {
 	if d == nil || !d.state.CompareAndSwap(0, 1) {
 		return
 	}
@@ -70,6 +133,10 @@ func (d *Dispatch) FirstToken() {
 	d.c.prefillTokens.Add(-d.prefill)
 	d.c.decoding.Add(1)
 	d.c.decodeTokens.Add(d.prompt)
+	if d.decodeFor > 0 {
+		d.end = at.Add(d.decodeFor).UnixNano()
+		d.c.addEnd(d.end)
+	}
 }
 
 // Done removes the request, from whichever stage it had reached.
@@ -84,6 +151,9 @@ func (d *Dispatch) Done() {
 	case 1:
 		d.c.decoding.Add(-1)
 		d.c.decodeTokens.Add(-d.prompt)
+		if d.end != 0 {
+			d.c.removeEnd(d.end)
+		}
 	}
 }
 

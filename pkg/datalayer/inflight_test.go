@@ -15,8 +15,8 @@ func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
 	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 2, PrefillTokens: 350}) {
 		t.Fatalf("after two dispatches: %+v", got)
 	}
-	d1.FirstToken()
-	d1.FirstToken() // a second first byte changes nothing
+	d1.FirstToken(time.Unix(5, 0))
+	d1.FirstToken(time.Unix(6, 0)) // a second first byte changes nothing
 	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000}) {
 		t.Fatalf("after the first's first token: %+v", got)
 	}
@@ -26,7 +26,7 @@ func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
 	d1.Done()
 	d2.Done() // ended before its first token: a refused or cut response
 	d2.Done()
-	d2.FirstToken() // too late to count
+	d2.FirstToken(time.Unix(7, 0)) // too late to count
 	if got := ds.InFlight("a"); got != (InFlight{}) {
 		t.Errorf("after both ended: %+v, want nothing in flight", got)
 	}
@@ -55,7 +55,8 @@ func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 		t.Error("a dispatch to an unknown endpoint was accounted")
 	}
 	var nilDispatch *Dispatch
-	nilDispatch.FirstToken()
+	nilDispatch.ExpectDecode(time.Second)
+	nilDispatch.FirstToken(time.Now())
 	nilDispatch.Done()
 }
 
@@ -68,7 +69,8 @@ func TestInFlightUnderConcurrentRequestsReturnsToZero(t *testing.T) {
 		wg.Go(func() {
 			d := ds.Dispatch("a", i, 2*i)
 			if i%2 == 0 {
-				d.FirstToken()
+				d.ExpectDecode(time.Duration(i) * time.Millisecond)
+				d.FirstToken(time.Unix(int64(i), 0))
 			}
 			d.Done()
 		})
@@ -98,5 +100,33 @@ func TestObjectives(t *testing.T) {
 	var none *Objectives
 	if _, ok := none.Get("a"); ok {
 		t.Error("a nil set found an objective")
+	}
+}
+
+func TestTheNextDecodeEndIsTheEarliestExpectedEnd(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	long, short, unknown := ds.Dispatch("a", 1, 1), ds.Dispatch("a", 1, 1), ds.Dispatch("a", 1, 1)
+	long.ExpectDecode(time.Second)
+	short.ExpectDecode(300 * time.Millisecond)
+	if !ds.InFlight("a").NextDecodeEnd.IsZero() {
+		t.Fatal("an end is expected before anything decodes")
+	}
+	long.FirstToken(t0)
+	short.FirstToken(t0.Add(100 * time.Millisecond))
+	unknown.FirstToken(t0) // no max_tokens: no expectation
+	if got := ds.InFlight("a").NextDecodeEnd; !got.Equal(t0.Add(400 * time.Millisecond)) {
+		t.Errorf("next end %v, want the short one's, t0+400ms", got)
+	}
+	short.Done()
+	if got := ds.InFlight("a").NextDecodeEnd; !got.Equal(t0.Add(time.Second)) {
+		t.Errorf("after the short one ended: %v, want t0+1s", got)
+	}
+	long.Done()
+	unknown.Done()
+	if got := ds.InFlight("a"); got != (InFlight{}) {
+		t.Errorf("after all ended: %+v", got)
 	}
 }

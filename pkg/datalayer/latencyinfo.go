@@ -27,6 +27,9 @@ type LatencyPredictionInfo struct {
 	// TTFTMean and TPOTMean are the predicted means.
 	TTFTMean float64 `json:"ttftMean"`
 	TPOTMean float64 `json:"tpotMean"`
+	// TTFTAlone is the predicted mean TTFT with nothing ahead of the
+	// request: its own prefill's engine time there.
+	TTFTAlone float64 `json:"ttftAlone"`
 	// Quantile is the quantile TTFT and TPOT are (0.9 for p90).
 	Quantile float64 `json:"quantile"`
 	// DispatchedRequestCount is the requests this EPP had in flight on the

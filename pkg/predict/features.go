@@ -32,6 +32,10 @@ type Input struct {
 	DecodeTokens  int `json:"decodeTokens"`
 	// MaxTokens is the output the request asks for at most (0: unknown).
 	MaxTokens int `json:"maxTokens,omitempty"`
+	// NextDecodeEndMs is how long until the first of the requests this EPP
+	// has decoding on the endpoint is expected to finish, in milliseconds
+	// (0: none is known): the wait for a seat when the batch is full.
+	NextDecodeEndMs float64 `json:"nextDecodeEndMs,omitempty"`
 }
 
 // Uncached is the prompt tokens the endpoint has to compute.
@@ -40,25 +44,33 @@ func (in *Input) Uncached() int {
 }
 
 // NumFeatures is the length of a feature vector.
-const NumFeatures = 16
+const NumFeatures = 22
 
 // Vector is a feature vector. Features are scaled to be of order one
 // (thousands of tokens, counts of requests, shares), so that one ridge
 // strength suits them all.
 type Vector [NumFeatures]float64
 
-// The regimes a model is piecewise over: an endpoint with a queue behaves
-// unlike an idle one (a request waits for a seat, not only for its own
-// prefill), so each has its own coefficients.
+// The regimes a model is piecewise over, by the endpoint's queue: idle
+// (the request's own prefill is all it waits for), queued (prefills ahead
+// of it, seats free), or full (it waits for a running request to finish
+// before it even gets a seat). Each behaves unlike the others, so each has
+// its own coefficients.
 const (
 	RegimeIdle = iota
 	RegimeQueued
+	RegimeFull
 	NumRegimes
 )
 
-// Regime is the queue state in's endpoint is in.
-func (in *Input) Regime() int {
-	if (!in.MetricsStale && in.Waiting > 0) || in.Prefilling > 0 {
+// Regime is the queue state in's endpoint is in, given the endpoint's batch
+// limit as learned (seats; 0 when unknown).
+func (in *Input) Regime(seats int) int {
+	waiting, running, _, _ := in.scraped()
+	switch {
+	case seats > 0 && running+waiting+float64(in.Prefilling)+1 > float64(seats):
+		return RegimeFull
+	case waiting > 0 || in.Prefilling > 0:
 		return RegimeQueued
 	}
 	return RegimeIdle
@@ -70,9 +82,17 @@ func (in *Input) Regime() int {
 // speculative tokens that may or may not be computed by then) and what
 // stands before it (the endpoint's queue and batch, and the prefill work
 // this EPP dispatched there and has not seen start decoding).
-func (in *Input) TTFTFeatures(v *Vector) {
+//
+// seats is the endpoint's batch limit as learned (the most requests it has
+// been seen running; 0 when unknown): requests beyond it wait for a running
+// one to finish, which costs far more than a place in the prefill queue.
+func (in *Input) TTFTFeatures(v *Vector, seats int) {
 	un := float64(in.Uncached())
 	waiting, running, kv, stale := in.scraped()
+	full := 0.0
+	if seats > 0 {
+		full = max(0, running+waiting+float64(in.Prefilling)+1-float64(seats))
+	}
 	*v = Vector{
 		1,
 		un / 1e3,
@@ -90,14 +110,55 @@ func (in *Input) TTFTFeatures(v *Vector) {
 		float64(in.DecodeTokens) / 1e4,
 		float64(in.Prefilling) * un / 1e3,
 		stale,
+		busy(in),
+		busy(in) * un / 1e3,
+		full,
+		min(full, 1) * clampFinite(in.NextDecodeEndMs, 0, 1e6) / 100,
+		drain(in, waiting),
 	}
+}
+
+// drain estimates, in hundreds of decode steps, how long the requests
+// ahead of this one keep it from a seat: each of the ahead+1 admissions
+// waits for a running request to finish, and the running ones finish at
+// about one per output length over their number. It matters when the
+// engine queues (its batch or its KV cache is full); the model learns what
+// a step costs there.
+func drain(in *Input, waiting float64) float64 {
+	ahead := max(waiting, float64(in.Prefilling))
+	if ahead == 0 {
+		return 0
+	}
+	out := float64(in.MaxTokens)
+	if out <= 0 {
+		out = 128
+	}
+	return (ahead + 1) * out / max(float64(in.Decoding), 1) / 100
+}
+
+// alone keeps, of TTFT features, only the request's own work: what it
+// would cost with nothing queued or running beside it.
+func alone(v *Vector) {
+	for i := 7; i < NumFeatures; i++ {
+		v[i] = 0
+	}
+}
+
+// busy is 1 when the endpoint is decoding: a request arriving then waits
+// for the step under way to end before its own begins, where on an idle
+// engine it starts at once.
+func busy(in *Input) float64 {
+	if (!in.MetricsStale && in.Running > 0) || in.Decoding > 0 {
+		return 1
+	}
+	return 0
 }
 
 // TPOTFeatures fills v with the features time per output token is
 // predicted from: the batch the request will decode in (its size and the
 // context it reads), the prefill work that will share its steps, and its
 // own context.
-func (in *Input) TPOTFeatures(v *Vector) {
+func (in *Input) TPOTFeatures(v *Vector, seats int) {
 	waiting, running, kv, stale := in.scraped()
 	*v = Vector{
 		1,

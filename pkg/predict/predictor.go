@@ -63,6 +63,10 @@ type Sample struct {
 type Prediction struct {
 	TTFT, TTFTQuantile float64
 	TPOT, TPOTQuantile float64
+	// TTFTAlone is the mean TTFT with nothing ahead of the request: the
+	// engine time its own prefill takes there, which every request queued
+	// after it on that endpoint will wait for.
+	TTFTAlone float64
 }
 
 // Predictor predicts per endpoint and learns from observations. Predict is
@@ -90,7 +94,10 @@ type Predictor struct {
 type model struct {
 	class      string
 	ttft, tpot learner
-	snap       atomic.Pointer[snapshot]
+	// seats is the most requests the endpoint has been seen running: its
+	// batch limit, as far as the observations show it.
+	seats int
+	snap  atomic.Pointer[snapshot]
 }
 
 type classModel struct {
@@ -99,6 +106,7 @@ type classModel struct {
 
 type snapshot struct {
 	ttft, tpot *coefs
+	seats      int
 }
 
 // New returns a predictor that starts from the prior everywhere.
@@ -168,12 +176,15 @@ func (p *Predictor) Predict(addr string, in *Input) Prediction {
 	if m := (*p.models.Load())[addr]; m != nil {
 		s = m.snap.Load()
 	}
-	r := in.Regime()
+	r := in.Regime(s.seats)
 	var x Vector
 	var out Prediction
-	in.TTFTFeatures(&x)
+	in.TTFTFeatures(&x, s.seats)
 	out.TTFT, out.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile)
-	in.TPOTFeatures(&x)
+	alone(&x)
+	out.TTFTAlone, _ = s.ttft.predict(&x, RegimeIdle, p.o.Quantile)
+	out.TTFTAlone = min(out.TTFTAlone, out.TTFT)
+	in.TPOTFeatures(&x, s.seats)
 	out.TPOT, out.TPOTQuantile = s.tpot.predict(&x, r, p.o.Quantile)
 	return out
 }
@@ -190,7 +201,7 @@ func (p *Predictor) AddEndpoint(addr, class string) {
 		return
 	}
 	m := &model{class: class}
-	if c := p.classes[class]; c != nil && c.ttft.count(RegimeIdle)+c.ttft.count(RegimeQueued) >= p.o.ClassMinObservations {
+	if c := p.classes[class]; c != nil && c.ttft.count(RegimeIdle)+c.ttft.count(RegimeQueued)+c.ttft.count(RegimeFull) >= p.o.ClassMinObservations {
 		m.ttft, m.tpot = c.ttft.clone(), c.tpot.clone()
 	} else {
 		m.ttft, m.tpot, _ = p.newLearners() // the method was checked in New
@@ -267,19 +278,22 @@ func (p *Predictor) learn(s Sample) {
 		c.ttft, c.tpot, _ = p.newLearners()
 		p.classes[m.class] = c
 	}
-	r := s.Input.Regime()
+	if !s.Input.MetricsStale {
+		m.seats = max(m.seats, s.Input.Running)
+	}
+	r := s.Input.Regime(m.seats)
 	var x Vector
 	if s.HasTTFT {
-		s.Input.TTFTFeatures(&x)
+		s.Input.TTFTFeatures(&x, m.seats)
 		m.ttft.observe(&x, r, s.TTFTMs)
 		c.ttft.observe(&x, r, s.TTFTMs)
 	}
 	if s.HasTPOT {
-		s.Input.TPOTFeatures(&x)
+		s.Input.TPOTFeatures(&x, m.seats)
 		m.tpot.observe(&x, r, s.TPOTMs)
 		c.tpot.observe(&x, r, s.TPOTMs)
 	}
-	m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs()})
+	m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs(), seats: m.seats})
 	if p.o.Record != nil {
 		s.Class = m.class
 		p.o.Record(s)
@@ -296,7 +310,11 @@ func (p *Predictor) Observations(addr string) int {
 	if m == nil {
 		return 0
 	}
-	return m.ttft.count(RegimeIdle) + m.ttft.count(RegimeQueued)
+	n := 0
+	for r := range NumRegimes {
+		n += m.ttft.count(r)
+	}
+	return n
 }
 
 type metrics struct {

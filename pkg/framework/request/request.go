@@ -86,6 +86,9 @@ type Request struct {
 	// MaxTokens is the output the request asks for at most (max_tokens or
 	// max_completion_tokens), 0 when it does not say.
 	MaxTokens int
+	// Arrival is when the request path began routing it, by the request
+	// path's clock.
+	Arrival time.Time
 	// Stream is true for streaming (SSE) requests.
 	Stream bool
 	// Body is the request body as received.

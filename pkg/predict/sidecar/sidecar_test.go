@@ -174,9 +174,12 @@ func TestTrainingSamplesAreBatchedToTheSidecar(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	for i := range 4 {
+	observe := func(i int) {
 		c.Observe(predict.Sample{Endpoint: "a", Input: predict.Input{InputTokens: 100 * (i + 1), GPUTokens: 50},
 			TTFTMs: float64(20 + i), HasTTFT: true, TPOTMs: 9, HasTPOT: i%2 == 0, OutputTokens: 32})
+	}
+	for i := range 3 {
+		observe(i)
 	}
 	// The third filled a batch: it is sent without waiting for the tick.
 	testkit.WaitFor(t, "a full batch to reach the sidecar", func() bool {
@@ -184,6 +187,7 @@ func TestTrainingSamplesAreBatchedToTheSidecar(t *testing.T) {
 		defer f.mu.Unlock()
 		return len(f.entries) == 3
 	})
+	observe(3)
 	cancel() // the fourth goes with the last flush
 	if err := <-done; err != nil {
 		t.Fatal(err)

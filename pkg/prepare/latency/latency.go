@@ -135,6 +135,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 			pr := out[i]
 			info.TTFTValid, info.TPOTValid = true, true
 			info.TTFT, info.TTFTMean, info.TPOT, info.TPOTMean = pr.TTFTQuantile, pr.TTFT, pr.TPOTQuantile, pr.TPOT
+			info.TTFTAlone = pr.TTFTAlone
 			if slo := req.SLO.TTFT; slo > 0 {
 				info.HasTTFTSLO, info.TTFTHeadroom = true, ms(slo)-info.TTFT
 			}
@@ -166,6 +167,9 @@ func inputOf(req *request.Request, c *datalayer.Candidate, now time.Time, stalen
 		Decoding:          c.InFlight.Decoding,
 		DecodeTokens:      c.InFlight.DecodeTokens,
 		MaxTokens:         req.MaxTokens,
+	}
+	if next := c.InFlight.NextDecodeEnd; !next.IsZero() && !req.Arrival.IsZero() && next.After(req.Arrival) {
+		in.NextDecodeEndMs = float64(next.Sub(req.Arrival)) / float64(time.Millisecond)
 	}
 	if in.InputTokens == 0 {
 		in.InputTokens = info.TotalBlocks * bs

@@ -189,10 +189,6 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if m := in.Headers[HeaderModelRewrite]; m != "" {
 		req.Model = m
 	}
-	if err := d.objective(req, in.Headers); err != nil {
-		d.o.Metrics.errors.WithLabelValues(requested, req.Model, "400").Inc()
-		return nil, &Error{Status: http.StatusBadRequest, Err: err}
-	}
 	known := d.known(req.Model)
 	if !known.base && !known.adapter && !d.o.PassUnknownModels {
 		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
@@ -212,21 +208,27 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	return p, nil
 }
 
-// Route schedules an already parsed request: it finds the prompt's token
-// ids if the request lacks them, runs PrepareData over the candidates (the
-// endpoints in subset, or all when subset is empty), and schedules. Its
-// errors are as HandleRequest's.
+// Route schedules an already parsed request: it reads the objective and
+// SLOs its headers name, finds the prompt's token ids if the request lacks
+// them, runs PrepareData over the candidates (the endpoints in subset, or
+// all when subset is empty), and schedules. Its errors are as
+// HandleRequest's.
 func (d *Director) Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error) {
 	return d.route(ctx, req, subset, req.Model)
 }
 
 func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string) (*Pick, error) {
 	start := d.o.Now()
+	req.Arrival = start
 	if req.ID == "" {
 		req.ID = uuid.NewString()
 	}
-	d.tokenize(ctx, req)
 	labels := [2]string{d.modelLabel(requested), d.modelLabel(req.Model)}
+	if err := d.objective(req, req.Headers); err != nil {
+		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "400").Inc()
+		return nil, &Error{Status: http.StatusBadRequest, Err: err}
+	}
+	d.tokenize(ctx, req)
 	if err := d.checkContext(req); err != nil {
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "400").Inc()
 		return nil, err
@@ -298,7 +300,14 @@ func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datal
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
-	return d.o.Datastore.Dispatch(c.Name, prompt-info.MatchTokens, prompt)
+	dp := d.o.Datastore.Dispatch(c.Name, prompt-info.MatchTokens, prompt)
+	if v, ok := c.Get(datalayer.LatencyPredictionInfoKey); ok && req.MaxTokens > 0 {
+		if lat, _ := v.(datalayer.LatencyPredictionInfo); lat.TPOTValid {
+			// The rest of its output at its predicted pace.
+			dp.ExpectDecode(time.Duration(float64(req.MaxTokens-1) * lat.TPOTMean * float64(time.Millisecond)))
+		}
+	}
+	return dp
 }
 
 // objective fills in the request's objective, priority and SLOs: headers
@@ -365,7 +374,7 @@ type Served struct {
 // HandleFirstByte notes that the pick's response has begun: its endpoint
 // has finished the request's prefill.
 func (d *Director) HandleFirstByte(p *Pick) {
-	p.dispatch.FirstToken()
+	p.dispatch.FirstToken(d.o.Now())
 }
 
 // HandleResponse accounts for a finished response, and tells the

@@ -14,6 +14,9 @@ type Plan struct {
 	// GPUBlocks, when set, overrides the fleet's GPU cache per engine for
 	// this workload, whose working set needs a cache of another size.
 	GPUBlocks int
+	// Speeds, when set, makes this workload's fleet heterogeneous
+	// (sim.FleetConfig.Speeds).
+	Speeds []float64
 }
 
 // BenchOptions shape a routing benchmark: every plan's workload at each of
@@ -58,9 +61,9 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 				}
 				out = append(out, pt)
 				if o.Progress != nil {
-					fmt.Fprintf(o.Progress, "%-14s %-22s %5.1f req/s  TTFT p50 %7s p90 %7s p99 %7s  hit %5.1f%%  out %6.0f tok/s  (%d req, %d err, %d cut)\n",
-						p.Workload.Name, pol, rate, ms(pt.TTFTp50), ms(pt.TTFTp90), ms(pt.TTFTp99), 100*pt.HitRate, pt.OutputTPS,
-						pt.Requests, pt.Errors, pt.Cut)
+					fmt.Fprintf(o.Progress, "%-13s %-25s %5.1f req/s  TTFT p50 %7s p90 %7s p99 %7s  hit %5.1f%%  SLO %5.1f%%  goodput %5.1f/s  (%d req, %d shed, %d err, %d cut)\n",
+						p.Workload.Name, pol, rate, ms(pt.TTFTp50), ms(pt.TTFTp90), ms(pt.TTFTp99), 100*pt.HitRate,
+						100*pt.SLOAttainment, pt.Goodput, pt.Requests, pt.Shed, pt.Errors, pt.Cut)
 				}
 			}
 		}
@@ -72,6 +75,9 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	w, fleet := p.Workload, o.Fleet
 	if p.GPUBlocks > 0 {
 		fleet.Pool.GPUBlocks = p.GPUBlocks
+	}
+	if len(p.Speeds) > 0 {
+		fleet.Speeds = p.Speeds
 	}
 	ro := RunOptions{
 		Model: o.Fleet.Model, Rate: rate, Duration: o.Duration, Drain: o.Drain,

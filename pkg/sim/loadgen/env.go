@@ -53,6 +53,24 @@ schedulingProfiles:
     weight: 1
   - pluginRef: speculative-prefix-recorder
 `
+	// PredictedConfig is the predicted-latency profile: the least
+	// predicted TTFT, among the endpoints predicted to meet the request's
+	// SLO when it has one, sheddable requests none can meet refused. The
+	// latency producer (and the prefix producer it reads) are added as the
+	// default producers of what the plugins consume.
+	PredictedConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: slo-headroom-tier-filter
+- type: latency-scorer
+- type: latency-slo-admitter
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: latency-scorer
+  - pluginRef: speculative-prefix-recorder
+`
 	// ApproxConfig is upstream's default profile (prefix 3, queue 2, KV
 	// usage 2) on its approximate prefix scorer; the EPP receives no KV
 	// events, so prefix answers come from its routing history alone.
@@ -76,12 +94,36 @@ schedulingProfiles:
 `
 )
 
+// traceConfig routes as kvroute-prefill-cost does and runs the latency
+// producer beside it, unused by the picks, so that every response is
+// recorded with what was known at its pick: traces for evaluating the
+// predictor's learning methods, made by a policy none of them steers.
+const traceConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-cost-scorer
+- type: speculative-prefix-recorder
+- name: recorder
+  type: predicted-latency-producer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefill-cost-scorer
+    weight: 1
+  - pluginRef: speculative-prefix-recorder
+`
+
+// policyTrace is the policy that records traces (see traceConfig).
+const policyTrace = "trace-recorder"
+
 // FleetOptions shape the simulated fleet of a benchmark environment.
 type FleetOptions struct {
 	Engines int
 	Model   string
 	Pool    blockpool.Config
 	Timing  sim.Timing
+	// Speeds makes the fleet heterogeneous (sim.FleetConfig.Speeds).
+	Speeds []float64
 	// Encoding of the engines' events; Mixed alternates array and map.
 	Encoding events.Encoding
 	Mixed    bool
@@ -112,7 +154,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 			return nil, err
 		}
 		env.Fleet = f
-		env.router, err = newDirect(policy, f.Replicas(), fo.Model, seed)
+		env.router, err = newDirect(policy, f.Replicas(), fo.Model, seed, time.Now)
 		if err != nil {
 			env.Close()
 			return nil, err
@@ -212,6 +254,9 @@ func (env *Env) Close() error {
 
 // Run drives the environment with one open-loop run.
 func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
+	if env.EPP != nil {
+		setObjectives(env.EPP, w)
+	}
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
@@ -275,9 +320,20 @@ func (env *Env) CheckIndex(ctx context.Context, prompts [][]uint32) (IndexCheck,
 	return c, nil
 }
 
+// setObjectives gives the EPP the InferenceObjectives of w's classes.
+func setObjectives(e *epp.EPP, w Workload) {
+	for _, cl := range w.Classes {
+		e.Objectives().Set(datalayer.Objective{Name: cl.Objective, Priority: cl.Priority})
+	}
+}
+
 // eppConfig is the scheduling configuration of an EPP-routed policy.
 func eppConfig(policy string) string {
 	switch policy {
+	case PolicyPredicted:
+		return PredictedConfig
+	case policyTrace:
+		return traceConfig
 	case PolicyPrecise:
 		return PreciseConfig
 	case PolicyApproxEPP:
@@ -292,7 +348,7 @@ func eppConfig(policy string) string {
 // seeded from seed.
 func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	fc := sim.FleetConfig{
-		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing,
+		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing, Speeds: fo.Speeds,
 		Encoding: fo.Encoding, MixedEncodings: fo.Mixed,
 	}
 	fc.Pool.Seed = seed

@@ -10,7 +10,9 @@ import (
 )
 
 // DefaultPlans are the benchmark's workloads and rate ladders, sized for
-// `make bench-routing` to finish within 15 minutes on a 2-core machine.
+// `make bench-routing` to finish within about an hour on a 2-core machine.
+// Every request states a TTFT SLO (x-slo-ttft-ms), by which SLO
+// attainment and goodput are judged.
 //   - shared-prefix: the working set (8 groups of 2048-token system prompts,
 //     1024 blocks) is twice one engine's GPU cache, so only routing that
 //     keeps each group on few engines can hold it.
@@ -21,17 +23,27 @@ import (
 //     all requests look alike), then 8 turns of 512-token tool output. The
 //     conversations' histories, not the shared prompt, are what a pick can
 //     win; engines get 4096 GPU blocks so that they can hold them.
+//   - mixed-slo: interactive traffic with a tight SLO beside sheddable
+//     batch traffic with a loose one, on a heterogeneous fleet (two
+//     engines at full speed, two at half), so that where a request goes
+//     and whether it is served at all both matter.
 //   - unrelated: nothing to reuse, the control.
 func DefaultPlans(quick bool) []Plan {
 	plans := []Plan{
-		{Workload: Workload{Name: "shared-prefix", Kind: KindSharedPrefix, Groups: 8, SystemTokens: 2048, QuestionTokens: 64},
-			Rates: []float64{8, 16, 32}},
-		{Workload: Workload{Name: "multi-turn", Kind: KindMultiTurn, Groups: 4, SystemTokens: 1024, QuestionTokens: 128, Turns: 4},
-			Rates: []float64{8, 20}},
-		{Workload: Workload{Name: "agent", Kind: KindMultiTurn, Groups: 1, SystemTokens: 3072, QuestionTokens: 512, Turns: 8},
-			GPUBlocks: 4096, Rates: []float64{12, 24, 36}},
-		{Workload: Workload{Name: "unrelated", Kind: KindUnrelated, SystemTokens: 1024, QuestionTokens: 64},
-			Rates: []float64{12}},
+		{Workload: Workload{Name: "shared-prefix", Kind: KindSharedPrefix, Groups: 8, SystemTokens: 2048, QuestionTokens: 64, SLO: 250 * time.Millisecond},
+			Rates: []float64{8, 16, 24, 32, 40}},
+		{Workload: Workload{Name: "multi-turn", Kind: KindMultiTurn, Groups: 4, SystemTokens: 1024, QuestionTokens: 128, Turns: 4, SLO: 150 * time.Millisecond},
+			Rates: []float64{8, 14, 20, 26, 32}},
+		{Workload: Workload{Name: "agent", Kind: KindMultiTurn, Groups: 1, SystemTokens: 3072, QuestionTokens: 512, Turns: 8, SLO: 300 * time.Millisecond},
+			GPUBlocks: 4096, Rates: []float64{12, 18, 24, 30, 36, 42}},
+		{Workload: Workload{Name: "mixed-slo", Kind: KindSharedPrefix, Groups: 6, SystemTokens: 1536, QuestionTokens: 256,
+			Classes: []Class{
+				{Objective: "interactive", Priority: 0, SLO: 300 * time.Millisecond, Share: 0.6},
+				{Objective: "batch", Priority: -1, SLO: 1500 * time.Millisecond, Share: 0.4},
+			}},
+			Speeds: []float64{1, 1, 0.5, 0.5}, Rates: []float64{6, 12, 18, 24, 30}},
+		{Workload: Workload{Name: "unrelated", Kind: KindUnrelated, SystemTokens: 1024, QuestionTokens: 64, SLO: 250 * time.Millisecond},
+			Rates: []float64{6, 12, 18}},
 	}
 	if quick {
 		for i := range plans {

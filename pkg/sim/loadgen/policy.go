@@ -7,9 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim"
-	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
 // Policy names, in the order reports list them.
@@ -25,16 +23,25 @@ const (
 	PolicyPrecise     = "kvroute-precise"
 	PolicyPreciseLoad = "kvroute-precise-load"
 	PolicyPrefillCost = "kvroute-prefill-cost"
-	PolicyOracle      = "oracle"
+	// PolicyPredicted is kvroute's EPP with the predicted-latency profile:
+	// its latency predictor, fed the exact index, picks the least
+	// predicted TTFT, keeps requests with SLOs on endpoints predicted to
+	// meet them and sheds sheddable ones none can.
+	PolicyPredicted = "kvroute-predicted-latency"
+	PolicyOracle    = "oracle"
 )
 
 // AllPolicies lists every policy the benchmark compares.
-var AllPolicies = []string{PolicyRandom, PolicyRoundRobin, PolicyLeastQueue, PolicyApprox, PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyOracle}
+var AllPolicies = []string{PolicyRandom, PolicyRoundRobin, PolicyLeastQueue, PolicyApprox, PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyPredicted, PolicyOracle}
 
 // viaEPP says whether a policy routes through kvroute's EPP (its proxy)
 // rather than choosing the engine in the client.
 func viaEPP(policy string) bool {
-	return policy == PolicyApproxEPP || policy == PolicyPrecise || policy == PolicyPreciseLoad || policy == PolicyPrefillCost
+	switch policy {
+	case PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyPredicted, policyTrace:
+		return true
+	}
+	return false
 }
 
 // router picks the base URL a request is sent to, knowing its prompt (the
@@ -62,8 +69,9 @@ type viaProxy struct{ url string }
 
 func (v viaProxy) pick(string, []uint32) string { return v.url }
 
-// newDirect builds a client-side policy over replicas.
-func newDirect(policy string, replicas []*sim.Replica, model string, seed uint64) (router, error) {
+// newDirect builds a client-side policy over replicas; now is the run's
+// clock (the oracle's estimates need it).
+func newDirect(policy string, replicas []*sim.Replica, model string, seed uint64, now func() time.Time) (router, error) {
 	d := &direct{replicas: replicas}
 	switch policy {
 	case PolicyApprox:
@@ -87,7 +95,7 @@ func newDirect(policy string, replicas []*sim.Replica, model string, seed uint64
 			return best
 		}
 	case PolicyOracle:
-		o := &oracle{replicas: replicas}
+		o := &oracle{replicas: replicas, now: now}
 		d.choose = o.choose
 	default:
 		return nil, fmt.Errorf("loadgen: unknown client-side policy %q", policy)
@@ -95,43 +103,32 @@ func newDirect(policy string, replicas []*sim.Replica, model string, seed uint64
 	return d, nil
 }
 
-// oracle picks the replica with the lowest estimated time to first token,
-// knowing every engine's true cache and queue: its own prefill (uncached
-// tokens computed, CPU-tier tokens loaded) plus the prefill of the
-// requests queued ahead of it, priced at the replica's mean so far, plus a
-// decode step's wait per sequence beyond a full batch. Near-ties (within a
-// millisecond, e.g. a prefix no engine holds) go to the least loaded
-// engine, and among equals to the next in turn, so that new prefixes spread
-// over the fleet instead of piling onto the first engine and evicting each
-// other there.
+// oracle picks the replica with the least true time to first token: for
+// each, the replica's own scheduler run forward from its true state (the
+// step under way, the batch, the queue, every prompt's cache hits as the
+// engine holds them; sim.Replica.EstimateTTFT). It is the best the
+// simulator can compute at the moment of the pick; it does not know the
+// arrivals to come, so it is greedy, as every policy here is. Near-ties
+// (within a millisecond, e.g. a prefix no engine holds on idle engines) go
+// to the least loaded engine, and among equals to the next in turn, so
+// that new prefixes spread over the fleet.
 type oracle struct {
 	replicas []*sim.Replica
+	now      func() time.Time
 	turn     atomic.Uint64
 }
 
 func (o *oracle) choose(tokens []uint32) int {
-	req := blockpool.Request{Tokens: tokens}
 	n := len(o.replicas)
 	costs := make([]time.Duration, n)
 	loads := make([]int, n)
 	minCost := time.Duration(1 << 62)
+	now := o.now()
 	for i, r := range o.replicas {
-		t := r.Timing()
-		bs := r.Engine().Config().Pool.BlockSize
-		held := r.Engine().Held(req)
-		cached := min(held.Blocks*bs, max(len(tokens)-1, 0))
-		loaded := min(held.ByTier[events.TierCPU]*bs, cached)
-		cost := t.Step(sim.StepWork{Prefill: len(tokens) - cached, Loaded: loaded})
+		costs[i] = r.EstimateTTFT(tokens, now)
 		w, run := r.Load()
-		st := r.Stats()
-		if st.Requests > 0 {
-			cost += time.Duration(w) * time.Duration(st.PromptTokens-st.PrefixHits) * t.PrefillPerToken / time.Duration(st.Requests)
-		}
-		if run+w >= t.MaxSeqs {
-			cost += time.Duration(run+w-t.MaxSeqs+1) * t.DecodeStep
-		}
-		costs[i], loads[i] = cost, w+run
-		minCost = min(minCost, cost)
+		loads[i] = w + run
+		minCost = min(minCost, costs[i])
 	}
 	start := int(o.turn.Add(1) % uint64(n))
 	best := -1

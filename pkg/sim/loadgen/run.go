@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/sim"
 )
@@ -30,6 +31,9 @@ type RunOptions struct {
 	ThinkTime time.Duration
 	Seed      uint64
 	Client    *http.Client
+	// Record, in virtual time, is given every response the EPP's latency
+	// predictor learned (a trace); policies without one give none.
+	Record func(predict.Sample)
 }
 
 // Result is a run's samples and the time its traffic took.
@@ -97,7 +101,7 @@ func run(ctx context.Context, w Workload, r router, o RunOptions) Result {
 				}
 				s, reply := send(cutCtx, r, conv, i, replies, o, start)
 				record(s)
-				if s.Err != nil || s.Cut {
+				if s.Err != nil || s.Cut || s.Shed {
 					return
 				}
 				replies = append(replies, reply)
@@ -129,11 +133,19 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 		return s, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range conv.headers() {
+		req.Header.Set(k, v)
+	}
+	s.SLO = conv.SLO
 	resp, err := o.Client.Do(req)
 	if err != nil {
 		return cut(s, t0, ctx, err), ""
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		s.Shed = true
+		return s, ""
+	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		s.Err = fmt.Errorf("loadgen: status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))

@@ -16,7 +16,11 @@ type Sample struct {
 	PromptTokens int
 	CachedTokens int
 	OutputTokens int
-	Err          error
+	// SLO is the request's TTFT objective (zero: none); Shed marks a
+	// request the EPP refused with 429, never served.
+	SLO  time.Duration
+	Shed bool
+	Err  error
 }
 
 // Summary condenses a run.
@@ -28,6 +32,13 @@ type Summary struct {
 	OutputTPS float64
 	// HitRate is cached prompt tokens over prompt tokens.
 	HitRate float64
+	// Shed counts requests refused with 429. SLOAttainment is the share of
+	// the admitted requests with an SLO whose TTFT met it (cut ones count
+	// as missed unless their first token came in time); Goodput is those
+	// that met it per second of the run.
+	Shed          int
+	SLOAttainment float64
+	Goodput       float64
 }
 
 // Percentile is the nearest-rank p-th percentile (0 < p <= 100) of xs,
@@ -48,12 +59,22 @@ func Percentile(xs []time.Duration, p float64) time.Duration {
 func Summarize(samples []Sample, makespan time.Duration) Summary {
 	var s Summary
 	var ttft, e2e []time.Duration
-	var prompt, cached, output int
+	var prompt, cached, output, withSLO, met int
 	for _, x := range samples {
 		s.Requests++
+		if x.Shed {
+			s.Shed++
+			continue
+		}
 		if x.Err != nil {
 			s.Errors++
 			continue
+		}
+		if x.SLO > 0 {
+			withSLO++
+			if x.TTFT <= x.SLO {
+				met++
+			}
 		}
 		if x.Cut {
 			s.Cut++
@@ -71,6 +92,12 @@ func Summarize(samples []Sample, makespan time.Duration) Summary {
 	}
 	if prompt > 0 {
 		s.HitRate = float64(cached) / float64(prompt)
+	}
+	if withSLO > 0 {
+		s.SLOAttainment = float64(met) / float64(withSLO)
+	}
+	if makespan > 0 {
+		s.Goodput = float64(met) / makespan.Seconds()
 	}
 	return s
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -38,11 +40,14 @@ import (
 // routing could do with perfect information, and the real-time mode what
 // it does through the real transport.
 func RunVirtual(ctx context.Context, policy string, fo FleetOptions, w Workload, o RunOptions) (Result, error) {
-	v, err := newVirtualRun(policy, fo, o.Seed)
+	v, err := newVirtualRun(policy, fo, o.Seed, o.Record)
 	if err != nil {
 		return Result{}, err
 	}
 	defer v.close()
+	if v.eppSrv != nil {
+		setObjectives(v.eppSrv, w)
+	}
 	return v.run(ctx, w, o)
 }
 
@@ -76,7 +81,7 @@ func (c *virtualClock) set(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func newVirtualRun(policy string, fo FleetOptions, seed uint64) (*virtualRun, error) {
+func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(predict.Sample)) (*virtualRun, error) {
 	v := &virtualRun{clock: &virtualClock{base: time.Unix(1e9, 0)}, addrs: map[string]int{}}
 	if viaEPP(policy) {
 		e, err := epp.New(epp.Options{
@@ -84,7 +89,12 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64) (*virtualRun, er
 			ConfigText: eppConfig(policy), NoRecovery: true, Seed: seed,
 			Prefix: prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
 			Index:  index.Options{Now: v.clock.Now},
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			// The request path is timed by the run's clock, and the
+			// predictor learns each response as it ends, so that a run
+			// repeats exactly.
+			Now:     v.clock.Now,
+			Predict: epp.PredictOptions{Synchronous: true, Record: record},
+			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: EPP: %w", err)
@@ -102,11 +112,11 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64) (*virtualRun, er
 			}
 			v.eppSrv.Datastore().Upsert(&datalayer.Endpoint{Name: ec.Pod, Address: ec.Address, Pod: ec.Pod, Model: fo.Model})
 		}
-		v.replicas = append(v.replicas, sim.NewReplica(sim.NewEngine(ec, nil), fo.Timing))
+		v.replicas = append(v.replicas, sim.NewReplica(sim.NewEngine(ec, nil), fc.TimingOf(i)))
 		v.addrs[ec.Address] = i
 	}
 	if v.eppSrv == nil {
-		r, err := newDirect(policy, v.replicas, fo.Model, seed)
+		r, err := newDirect(policy, v.replicas, fo.Model, seed, v.clock.Now)
 		if err != nil {
 			return nil, err
 		}
@@ -121,16 +131,17 @@ func (v *virtualRun) close() {
 	}
 }
 
-// pick chooses the replica for a parsed request.
-func (v *virtualRun) pick(ctx context.Context, path string, body []byte) (int, []uint32, error) {
+// pick chooses the replica for a parsed request; p is the EPP's pick,
+// when the EPP picked.
+func (v *virtualRun) pick(ctx context.Context, path string, body []byte, headers map[string]string) (i int, tokens []uint32, p *director.Pick, err error) {
 	req, err := openai.ParseRequest(path, body)
 	if err != nil {
-		return 0, nil, fmt.Errorf("loadgen: own request refused: %w", err)
+		return 0, nil, nil, fmt.Errorf("loadgen: own request refused: %w", err)
 	}
-	tokens := sim.Tokenize(req.Prompt)
+	tokens = sim.Tokenize(req.Prompt)
 	if v.dir == nil {
 		url := v.router.pick(req.Prompt, tokens)
-		return v.addrs[strings.TrimPrefix(url, "http://")], tokens, nil
+		return v.addrs[strings.TrimPrefix(url, "http://")], tokens, nil, nil
 	}
 	ds := v.eppSrv.Datastore()
 	for _, r := range v.replicas {
@@ -143,15 +154,16 @@ func (v *virtualRun) pick(ctx context.Context, path string, body []byte) (int, [
 		})
 	}
 	req.TokenIDs = tokens // as the engines' /tokenize would answer
-	p, err := v.dir.Route(ctx, req, nil)
+	req.Headers = headers
+	p, err = v.dir.Route(ctx, req, nil)
 	if err != nil {
-		return 0, nil, err
+		return 0, tokens, nil, err
 	}
 	i, ok := v.addrs[p.Targets[0]]
 	if !ok {
-		return 0, nil, fmt.Errorf("loadgen: picked %s, no engine's address", p.Targets[0])
+		return 0, nil, nil, fmt.Errorf("loadgen: picked %s, no engine's address", p.Targets[0])
 	}
-	return i, tokens, nil
+	return i, tokens, p, nil
 }
 
 // vreq is a request in flight in virtual time.
@@ -161,6 +173,9 @@ type vreq struct {
 	sample  Sample
 	started time.Duration
 	out     int
+	// pick is the EPP's, whose response path the run plays out.
+	pick      *director.Pick
+	firstByte time.Time
 }
 
 // vconv is a conversation: its turns so far and their replies.
@@ -238,6 +253,7 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 		}
 		busy[i] = true
 		d := v.replicas[i].Timing().Step(work)
+		v.replicas[i].Stepping(v.clock.base.Add(now + d))
 		push(vevent{at: now + d, replica: i, step: d})
 	}
 	for q.Len() > 0 {
@@ -267,10 +283,14 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 		if err != nil {
 			return Result{}, err
 		}
-		i, tokens, err := v.pick(ctx, path, body)
-		r := &vreq{conv: c, started: now, sample: Sample{Start: now, PromptTokens: len(tokens)}}
+		i, tokens, pick, err := v.pick(ctx, path, body, c.conv.headers())
+		r := &vreq{conv: c, started: now, pick: pick, sample: Sample{Start: now, PromptTokens: len(tokens), SLO: c.conv.SLO}}
 		if err != nil {
-			r.sample.Err = err
+			if director.StatusOf(err) == http.StatusTooManyRequests {
+				r.sample.Shed = true
+			} else {
+				r.sample.Err = err
+			}
 			samples = append(samples, r.sample)
 			continue
 		}
@@ -320,6 +340,10 @@ func (v *virtualRun) collect(i int, now time.Duration, flight [][]*vreq, samples
 				}
 				if r.out == 0 {
 					r.sample.TTFT = now - r.started
+					if r.pick != nil {
+						r.firstByte = v.clock.base.Add(now)
+						v.dir.HandleFirstByte(r.pick)
+					}
 				}
 				r.out++
 			default:
@@ -333,6 +357,17 @@ func (v *virtualRun) collect(i int, now time.Duration, flight [][]*vreq, samples
 		r.sample.E2E = now - r.started
 		r.sample.CachedTokens, r.sample.OutputTokens = r.seq.Cached(), r.out
 		*samples = append(*samples, r.sample)
+		if r.pick != nil {
+			status := http.StatusOK
+			if r.sample.Err != nil {
+				status = http.StatusServiceUnavailable
+			}
+			v.dir.HandleResponse(r.pick, director.Served{
+				Endpoint: r.pick.Targets[0], Status: status, Streamed: true,
+				FirstByte: r.firstByte, End: v.clock.base.Add(now),
+				Usage: openai.Usage{PromptTokens: r.seq.PromptTokens(), CompletionTokens: r.out, CachedTokens: r.seq.Cached()},
+			})
+		}
 		if r.sample.Err != nil && errors.Is(r.sample.Err, sim.ErrStopped) {
 			continue
 		}

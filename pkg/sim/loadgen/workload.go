@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Kind is a workload's shape.
@@ -46,6 +47,22 @@ type Workload struct {
 	OutputTokens int
 	// Vocab bounds the words drawn (default 20000).
 	Vocab int
+	// SLO is every request's TTFT objective, sent as x-slo-ttft-ms and
+	// what SLO attainment is judged by (zero: none). Classes, when set,
+	// give each conversation one of several instead.
+	SLO     time.Duration
+	Classes []Class
+}
+
+// Class is a kind of traffic in a mixed workload: the InferenceObjective
+// its requests name (x-gateway-inference-objective) with its priority
+// (below zero: sheddable), and its TTFT SLO.
+type Class struct {
+	Objective string
+	Priority  int
+	SLO       time.Duration
+	// Share is the class's share of conversations.
+	Share float64
 }
 
 // Conversation is a unit of arrival: one request, or a chat's turns sent
@@ -55,6 +72,22 @@ type Conversation struct {
 	System string
 	// Users are the user messages (completions: the single prompt).
 	Users []string
+	// Objective and SLO are the conversation's class's (or the workload's
+	// SLO, with no objective).
+	Objective string
+	SLO       time.Duration
+}
+
+// headers are the request headers a conversation's requests carry.
+func (c Conversation) headers() map[string]string {
+	h := map[string]string{}
+	if c.Objective != "" {
+		h["x-gateway-inference-objective"] = c.Objective
+	}
+	if c.SLO > 0 {
+		h["x-slo-ttft-ms"] = strconv.FormatFloat(float64(c.SLO)/float64(time.Millisecond), 'f', -1, 64)
+	}
+	return h
 }
 
 // generator draws conversations for a workload.
@@ -94,19 +127,41 @@ func (g *generator) words(n int) string {
 }
 
 func (g *generator) next() Conversation {
+	var c Conversation
 	switch g.w.Kind {
 	case KindMultiTurn:
-		c := Conversation{Chat: true, System: g.systems[g.rng.IntN(len(g.systems))]}
+		c = Conversation{Chat: true, System: g.systems[g.rng.IntN(len(g.systems))]}
 		for range g.w.Turns {
 			c.Users = append(c.Users, g.words(g.w.QuestionTokens))
 		}
-		return c
 	case KindUnrelated:
-		return Conversation{Users: []string{g.words(g.w.SystemTokens + g.w.QuestionTokens)}}
+		c = Conversation{Users: []string{g.words(g.w.SystemTokens + g.w.QuestionTokens)}}
 	default:
 		sys := g.systems[g.rng.IntN(len(g.systems))]
-		return Conversation{Users: []string{sys + " " + g.words(g.w.QuestionTokens)}}
+		c = Conversation{Users: []string{sys + " " + g.words(g.w.QuestionTokens)}}
 	}
+	c.SLO = g.w.SLO
+	if len(g.w.Classes) > 0 {
+		cl := g.class()
+		c.Objective, c.SLO = cl.Objective, cl.SLO
+	}
+	return c
+}
+
+// class draws a class by share.
+func (g *generator) class() Class {
+	total := 0.0
+	for _, cl := range g.w.Classes {
+		total += cl.Share
+	}
+	x := g.rng.Float64() * total
+	for _, cl := range g.w.Classes {
+		if x < cl.Share {
+			return cl
+		}
+		x -= cl.Share
+	}
+	return g.w.Classes[len(g.w.Classes)-1]
 }
 
 // message is a chat message.

@@ -20,6 +20,11 @@ import (
 // Type is the plugin's registered type name.
 const Type = "latency-scorer"
 
+// DefaultPrefillWeight is the weight of a pick's own prefill time on an
+// endpoint whose KV cache is full (it scales with usage squared). It was
+// chosen by measurement: docs/routing-benchmark.md and docs/predictor.md.
+const DefaultPrefillWeight = 3.0
+
 // Strategies.
 const (
 	// LeastLatency prefers the least predicted latency.
@@ -46,14 +51,23 @@ type Params struct {
 	// weight, to the time to first token being compared (0 by default: a
 	// pick decides its prefill's wait far more than its decode's pace).
 	TPOTWeight *float64 `json:"tpotWeight,omitempty"`
+	// PrefillWeight adds the request's own predicted prefill time there
+	// (its TTFT with nothing ahead), times this weight and the endpoint's
+	// KV-cache usage squared: the engine time a pick spends, which the
+	// requests queued after it wait for and which, on a nearly full cache,
+	// evicts prefixes others will want. It keeps prefixes where they are
+	// cached when a cold endpoint would be a little faster for this
+	// request alone (default DefaultPrefillWeight; 0 is pure least latency).
+	PrefillWeight *float64 `json:"prefillWeight,omitempty"`
 }
 
 // Scorer is the latency-scorer.
 type Scorer struct {
-	name       plugin.TypedName
-	strategy   string
-	quantile   bool
-	tpotWeight float64
+	name          plugin.TypedName
+	strategy      string
+	quantile      bool
+	tpotWeight    float64
+	prefillWeight float64
 }
 
 var (
@@ -90,6 +104,13 @@ func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugi
 		}
 		s.tpotWeight = *v
 	}
+	s.prefillWeight = DefaultPrefillWeight
+	if v := p.PrefillWeight; v != nil {
+		if !(*v >= 0) || math.IsInf(*v, 0) {
+			return nil, framework.ParamError(Type, name, "prefillWeight = %v, want a finite value ≥ 0", *v)
+		}
+		s.prefillWeight = *v
+	}
 	return s, nil
 }
 
@@ -124,9 +145,14 @@ func (s *Scorer) leastLatency(cands []*datalayer.Candidate, out []float64) {
 			out[i] = math.NaN()
 			continue
 		}
-		cost := info.TTFTMean + s.tpotWeight*info.TPOTMean
+		// The pick's own engine time weighs by how full the endpoint's
+		// KV cache is: where it is nearly full, the prefill evicts cached
+		// prefixes and holds up the admissions behind it.
+		kv := min(max(c.Metrics.KVCacheUsage, 0), 1)
+		pw := s.prefillWeight * kv * kv
+		cost := info.TTFTMean + s.tpotWeight*info.TPOTMean + pw*info.TTFTAlone
 		if s.quantile {
-			cost = info.TTFT + s.tpotWeight*info.TPOT
+			cost = info.TTFT + s.tpotWeight*info.TPOT + pw*info.TTFTAlone
 		}
 		out[i] = cost
 		best = min(best, cost)

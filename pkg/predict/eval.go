@@ -1,0 +1,97 @@
+package predict
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Accuracy is how well one target was predicted over a trace.
+type Accuracy struct {
+	// N is the observations scored.
+	N int
+	// MAPE is the mean absolute percentage error of the mean prediction;
+	// MedianAPE its median.
+	MAPE, MedianAPE float64
+	// Coverage is the share of observations at or under the predicted
+	// quantile (0.9 for a well-calibrated p90).
+	Coverage float64
+}
+
+// Evaluation is a method's accuracy on a held-apart trace.
+type Evaluation struct {
+	Method     string
+	TTFT, TPOT Accuracy
+}
+
+// Evaluate trains a predictor with o on train, in order, then scores each
+// observation of test against the prediction made before it: with learn,
+// the predictor goes on learning from test as it is scored (prequential
+// evaluation, as it runs in the EPP: every prediction is still of an
+// observation it has not seen), without it the model is frozen after
+// train. Every endpoint in either trace gets a model of its own, of its
+// recorded class.
+func Evaluate(o Options, train, test []Sample, learn bool) (Evaluation, error) {
+	o.Synchronous, o.Record, o.Registerer = true, nil, nil
+	p, err := New(o)
+	if err != nil {
+		return Evaluation{}, err
+	}
+	for _, tr := range [][]Sample{train, test} {
+		for _, s := range tr {
+			p.AddEndpoint(s.Endpoint, s.Class)
+		}
+	}
+	for _, s := range train {
+		p.Observe(s)
+	}
+	var tt, tp scorer
+	for _, s := range test {
+		pr := p.Predict(s.Endpoint, &s.Input)
+		if s.HasTTFT {
+			tt.add(pr.TTFT, pr.TTFTQuantile, s.TTFTMs)
+		}
+		if s.HasTPOT {
+			tp.add(pr.TPOT, pr.TPOTQuantile, s.TPOTMs)
+		}
+		if learn {
+			p.Observe(s)
+		}
+	}
+	return Evaluation{Method: p.Method(), TTFT: tt.accuracy(), TPOT: tp.accuracy()}, nil
+}
+
+type scorer struct {
+	ape     []float64
+	covered int
+}
+
+func (s *scorer) add(mean, quant, actual float64) {
+	if !(actual > 0) {
+		return
+	}
+	s.ape = append(s.ape, math.Abs(mean-actual)/actual)
+	if actual <= quant {
+		s.covered++
+	}
+}
+
+func (s *scorer) accuracy() Accuracy {
+	a := Accuracy{N: len(s.ape)}
+	if a.N == 0 {
+		return a
+	}
+	sum := 0.0
+	for _, v := range s.ape {
+		sum += v
+	}
+	a.MAPE = sum / float64(a.N)
+	slices.Sort(s.ape)
+	a.MedianAPE = s.ape[a.N/2]
+	a.Coverage = float64(s.covered) / float64(a.N)
+	return a
+}
+
+func (a Accuracy) String() string {
+	return fmt.Sprintf("MAPE %.1f%%, median APE %.1f%%, coverage %.1f%% (n=%d)", 100*a.MAPE, 100*a.MedianAPE, 100*a.Coverage, a.N)
+}
