@@ -26,6 +26,11 @@ type InFlight struct {
 	// predicted pace), the zero time when none is: when the endpoint's
 	// batch is full, a new request waits for that seat.
 	NextDecodeEnd time.Time
+	// OldestPrefill is when the longest-waiting of the prefilling requests
+	// was dispatched, the zero time when none is: a request still without
+	// its first token long after it was sent says the endpoint's queue is
+	// long before any response can say so.
+	OldestPrefill time.Time
 }
 
 // Requests is every request in flight.
@@ -38,8 +43,12 @@ type inflight struct {
 	// nanoseconds (0: none); mu guards ends, which holds the expected end
 	// of every decoding request that said how long it would decode.
 	nextEnd atomic.Int64
-	mu      sync.Mutex
-	ends    []int64
+	// oldest is the earliest of starts, the dispatch times of the
+	// requests prefilling, in Unix nanoseconds (0: none).
+	oldest atomic.Int64
+	mu     sync.Mutex
+	ends   []int64
+	starts []int64
 }
 
 func (c *inflight) load() InFlight {
@@ -53,36 +62,40 @@ func (c *inflight) load() InFlight {
 	if n := c.nextEnd.Load(); n != 0 {
 		f.NextDecodeEnd = time.Unix(0, n)
 	}
+	if n := c.oldest.Load(); n != 0 {
+		f.OldestPrefill = time.Unix(0, n)
+	}
 	return f
 }
 
-// addEnd and removeEnd keep ends and nextEnd; they run on the response
-// path, once per request, never per pick.
-func (c *inflight) addEnd(end int64) {
+// add and remove keep a list of times and its earliest, published in
+// first; they run once per request (on the pick and the response path),
+// never per candidate.
+func (c *inflight) add(list *[]int64, first *atomic.Int64, t int64) {
 	c.mu.Lock()
-	c.ends = append(c.ends, end)
-	c.setNext()
+	*list = append(*list, t)
+	first.Store(earliest(*list))
 	c.mu.Unlock()
 }
 
-func (c *inflight) removeEnd(end int64) {
+func (c *inflight) remove(list *[]int64, first *atomic.Int64, t int64) {
 	c.mu.Lock()
-	if i := slices.Index(c.ends, end); i >= 0 {
-		c.ends[i] = c.ends[len(c.ends)-1]
-		c.ends = c.ends[:len(c.ends)-1]
+	if i := slices.Index(*list, t); i >= 0 {
+		(*list)[i] = (*list)[len(*list)-1]
+		*list = (*list)[:len(*list)-1]
 	}
-	c.setNext()
+	first.Store(earliest(*list))
 	c.mu.Unlock()
 }
 
-func (c *inflight) setNext() {
-	var next int64
-	for _, e := range c.ends {
-		if next == 0 || e < next {
-			next = e
+func earliest(ts []int64) int64 {
+	var first int64
+	for _, t := range ts {
+		if first == 0 || t < first {
+			first = t
 		}
 	}
-	c.nextEnd.Store(next)
+	return first
 }
 
 // Dispatch is one request's place in an endpoint's in-flight accounting.
@@ -96,21 +109,24 @@ type Dispatch struct {
 	// unknown); end is when, once its first token came.
 	decodeFor time.Duration
 	end       int64
+	// start is when it was dispatched, in Unix nanoseconds.
+	start int64
 	// state: 0 prefilling, 1 decoding, 2 done.
 	state atomic.Uint32
 }
 
-// Dispatch records that a request goes to the endpoint named name, with
-// prefillTokens of its promptTokens still to compute there. It returns nil
-// when no such endpoint is present.
-func (ds *Datastore) Dispatch(name string, prefillTokens, promptTokens int) *Dispatch {
+// Dispatch records that a request goes, at at, to the endpoint named
+// name, with prefillTokens of its promptTokens still to compute there. It
+// returns nil when no such endpoint is present.
+func (ds *Datastore) Dispatch(name string, at time.Time, prefillTokens, promptTokens int) *Dispatch {
 	e, ok := ds.snap.Load().byName[name]
 	if !ok {
 		return nil
 	}
-	d := &Dispatch{c: e.load, prefill: int64(max(prefillTokens, 0)), prompt: int64(max(promptTokens, 0))}
+	d := &Dispatch{c: e.load, prefill: int64(max(prefillTokens, 0)), prompt: int64(max(promptTokens, 0)), start: at.UnixNano()}
 	d.c.prefilling.Add(1)
 	d.c.prefillTokens.Add(d.prefill)
+	d.c.add(&d.c.starts, &d.c.oldest, d.start)
 	return d
 }
 
@@ -131,11 +147,12 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
+	d.c.remove(&d.c.starts, &d.c.oldest, d.start)
 	d.c.decoding.Add(1)
 	d.c.decodeTokens.Add(d.prompt)
 	if d.decodeFor > 0 {
 		d.end = at.Add(d.decodeFor).UnixNano()
-		d.c.addEnd(d.end)
+		d.c.add(&d.c.ends, &d.c.nextEnd, d.end)
 	}
 }
 
@@ -148,11 +165,12 @@ func (d *Dispatch) Done() {
 	case 0:
 		d.c.prefilling.Add(-1)
 		d.c.prefillTokens.Add(-d.prefill)
+		d.c.remove(&d.c.starts, &d.c.oldest, d.start)
 	case 1:
 		d.c.decoding.Add(-1)
 		d.c.decodeTokens.Add(-d.prompt)
 		if d.end != 0 {
-			d.c.removeEnd(d.end)
+			d.c.remove(&d.c.ends, &d.c.nextEnd, d.end)
 		}
 	}
 }

@@ -10,14 +10,14 @@ func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
-	d1 := ds.Dispatch("a", 300, 1000)
-	d2 := ds.Dispatch("a", 50, 2000)
-	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 2, PrefillTokens: 350}) {
+	d1 := ds.Dispatch("a", time.Unix(1, 0), 300, 1000)
+	d2 := ds.Dispatch("a", time.Unix(2, 0), 50, 2000)
+	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 2, PrefillTokens: 350, OldestPrefill: time.Unix(1, 0)}) {
 		t.Fatalf("after two dispatches: %+v", got)
 	}
 	d1.FirstToken(time.Unix(5, 0))
 	d1.FirstToken(time.Unix(6, 0)) // a second first byte changes nothing
-	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000}) {
+	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000, OldestPrefill: time.Unix(2, 0)}) {
 		t.Fatalf("after the first's first token: %+v", got)
 	}
 	if c := ds.Candidates(nil)[0]; c.InFlight.Requests() != 2 || c.InFlight.DecodeTokens != 1000 {
@@ -36,7 +36,7 @@ func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
-	d := ds.Dispatch("a", 10, 10)
+	d := ds.Dispatch("a", time.Now(), 10, 10)
 	e := ep("a", "10.0.0.1:8000")
 	e.Labels = map[string]string{"new": "label"}
 	ds.Upsert(e)
@@ -51,7 +51,7 @@ func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 	if got := ds.InFlight("a"); got != (InFlight{}) {
 		t.Errorf("after the old request ended: %+v", got)
 	}
-	if ds.Dispatch("nobody", 1, 1) != nil {
+	if ds.Dispatch("nobody", time.Now(), 1, 1) != nil {
 		t.Error("a dispatch to an unknown endpoint was accounted")
 	}
 	var nilDispatch *Dispatch
@@ -67,7 +67,7 @@ func TestInFlightUnderConcurrentRequestsReturnsToZero(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 64 {
 		wg.Go(func() {
-			d := ds.Dispatch("a", i, 2*i)
+			d := ds.Dispatch("a", time.Unix(int64(i), 0), i, 2*i)
 			if i%2 == 0 {
 				d.ExpectDecode(time.Duration(i) * time.Millisecond)
 				d.FirstToken(time.Unix(int64(i), 0))
@@ -108,10 +108,10 @@ func TestTheNextDecodeEndIsTheEarliestExpectedEnd(t *testing.T) {
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
 	t0 := time.Unix(100, 0)
-	long, short, unknown := ds.Dispatch("a", 1, 1), ds.Dispatch("a", 1, 1), ds.Dispatch("a", 1, 1)
+	long, short, unknown := ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1)
 	long.ExpectDecode(time.Second)
 	short.ExpectDecode(300 * time.Millisecond)
-	if !ds.InFlight("a").NextDecodeEnd.IsZero() {
+	if f := ds.InFlight("a"); !f.NextDecodeEnd.IsZero() || !f.OldestPrefill.Equal(t0) {
 		t.Fatal("an end is expected before anything decodes")
 	}
 	long.FirstToken(t0)

@@ -36,6 +36,11 @@ type Input struct {
 	// has decoding on the endpoint is expected to finish, in milliseconds
 	// (0: none is known): the wait for a seat when the batch is full.
 	NextDecodeEndMs float64 `json:"nextDecodeEndMs,omitempty"`
+	// OldestPrefillMs is how long the longest-waiting of the requests this
+	// EPP sent the endpoint has been without its first token, in
+	// milliseconds (0: none is waiting): a lower bound on the queue's wait
+	// that responses have not yet told.
+	OldestPrefillMs float64 `json:"oldestPrefillMs,omitempty"`
 }
 
 // Uncached is the prompt tokens the endpoint has to compute.
@@ -44,7 +49,7 @@ func (in *Input) Uncached() int {
 }
 
 // NumFeatures is the length of a feature vector.
-const NumFeatures = 22
+const NumFeatures = 23
 
 // Vector is a feature vector. Features are scaled to be of order one
 // (thousands of tokens, counts of requests, shares), so that one ridge
@@ -115,6 +120,7 @@ func (in *Input) TTFTFeatures(v *Vector, seats int) {
 		full,
 		min(full, 1) * clampFinite(in.NextDecodeEndMs, 0, 1e6) / 100,
 		drain(in, waiting),
+		clampFinite(in.OldestPrefillMs, 0, 1e6) / 100,
 	}
 }
 
@@ -187,6 +193,22 @@ func clampFinite(v, lo, hi float64) float64 {
 		return lo
 	}
 	return min(max(v, lo), hi)
+}
+
+// ttftMonotone and tpotMonotone mark the features that can only make a
+// request slower: more uncached tokens, more queued work, a fuller batch.
+// Their coefficients are kept at zero or above, so that a model fitted on
+// a quiet stretch does not extrapolate a longer queue into a shorter wait.
+var (
+	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21)
+	tpotMonotone = mask(1, 2, 4, 5, 6, 7, 8)
+)
+
+func mask(idx ...int) (m [NumFeatures]bool) {
+	for _, i := range idx {
+		m[i] = true
+	}
+	return m
 }
 
 func dot(a, b *Vector) float64 {

@@ -79,12 +79,12 @@ type params struct {
 	window int
 }
 
-func newLearner(method string, prior Vector, p params) (learner, error) {
+func newLearner(method string, prior Vector, monotone [NumFeatures]bool, p params) (learner, error) {
 	switch method {
 	case MethodEWLS, "":
-		return newEWLS(prior, p), nil
+		return newEWLS(prior, monotone, p), nil
 	case MethodQuantileSGD:
-		return newQuantileSGD(prior, p), nil
+		return newQuantileSGD(prior, monotone, p), nil
 	}
 	return nil, fmt.Errorf("unknown learning method %q (known: %v)", method, Methods)
 }
@@ -98,12 +98,13 @@ func newLearner(method string, prior Vector, p params) (learner, error) {
 // spread grows with latency, so one multiplier of that normalised width
 // covers short and long predictions alike.
 type ewls struct {
-	p     params
-	prior Vector
-	a     [NumRegimes][NumFeatures][NumFeatures]float64
-	b     [NumRegimes]Vector
-	theta [NumRegimes]Vector
-	n     [NumRegimes]int
+	p        params
+	prior    Vector
+	monotone [NumFeatures]bool
+	a        [NumRegimes][NumFeatures][NumFeatures]float64
+	b        [NumRegimes]Vector
+	theta    [NumRegimes]Vector
+	n        [NumRegimes]int
 	// res holds recent normalised residuals per regime, as a ring; scale
 	// is the regime's recent mean absolute residual.
 	res   [NumRegimes][]float64
@@ -134,8 +135,8 @@ const (
 // mean.
 const priorSpread = 0.5
 
-func newEWLS(prior Vector, p params) *ewls {
-	l := &ewls{p: p, prior: prior}
+func newEWLS(prior Vector, monotone [NumFeatures]bool, p params) *ewls {
+	l := &ewls{p: p, prior: prior, monotone: monotone}
 	for r := range NumRegimes {
 		l.theta[r] = prior
 		l.scale[r] = math.Max(prior[0], 1)
@@ -244,12 +245,51 @@ func (l *ewls) solve(r int) {
 		}
 		theta[i] = s / m[i][i]
 	}
-	for _, v := range theta {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return
+	if l.constrain(&theta, &rhs, r) {
+		for _, v := range theta {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return
+			}
+		}
+		l.theta[r] = theta
+	}
+}
+
+// constrain makes theta the least-squares solution with every monotone
+// coefficient at zero or above, when the unconstrained one has a negative
+// one: projected Gauss-Seidel on (A + ρI)θ = rhs, from the clipped
+// solution. It reports false when the system cannot be solved.
+func (l *ewls) constrain(theta, rhs *Vector, r int) bool {
+	neg := false
+	for i, v := range theta {
+		if l.monotone[i] && v < 0 {
+			theta[i], neg = 0, true
 		}
 	}
-	l.theta[r] = theta
+	if !neg {
+		return true
+	}
+	a := &l.a[r]
+	for range 30 {
+		for i := range NumFeatures {
+			d := a[i][i] + l.p.ridge
+			if !(d > 0) {
+				return false
+			}
+			s := rhs[i]
+			for j := range NumFeatures {
+				if j != i {
+					s -= a[i][j] * theta[j]
+				}
+			}
+			v := s / d
+			if l.monotone[i] && v < 0 {
+				v = 0
+			}
+			theta[i] = v
+		}
+	}
+	return true
 }
 
 func (l *ewls) publish() {
@@ -280,6 +320,7 @@ func quantileInPlace(xs []float64, tau float64) float64 {
 // predictor's), starting from the prior.
 type quantileSGD struct {
 	p           params
+	monotone    [NumFeatures]bool
 	mean, quant [NumRegimes]Vector
 	gm, gq      [NumRegimes]Vector
 	n           [NumRegimes]int
@@ -290,8 +331,8 @@ type quantileSGD struct {
 // recent gradients' size scales.
 const sgdRate = 4
 
-func newQuantileSGD(prior Vector, p params) *quantileSGD {
-	l := &quantileSGD{p: p}
+func newQuantileSGD(prior Vector, monotone [NumFeatures]bool, p params) *quantileSGD {
+	l := &quantileSGD{p: p, monotone: monotone}
 	for r := range NumRegimes {
 		l.mean[r] = prior
 		l.quant[r] = prior
@@ -334,6 +375,9 @@ func (l *quantileSGD) observe(x *Vector, r int, y float64) {
 		g = gq * x[i]
 		l.gq[r][i] = l.p.lambda*l.gq[r][i] + g*g
 		l.quant[r][i] -= sgdRate * g / math.Sqrt(l.gq[r][i]+1e-9)
+		if l.monotone[i] {
+			l.mean[r][i], l.quant[r][i] = max(l.mean[r][i], 0), max(l.quant[r][i], 0)
+		}
 	}
 	l.n[r]++
 	l.publish()

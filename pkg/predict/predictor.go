@@ -156,10 +156,10 @@ func New(o Options) (*Predictor, error) {
 }
 
 func (p *Predictor) newLearners() (ttft, tpot learner, err error) {
-	if ttft, err = newLearner(p.o.Method, p.priorTT, p.p); err != nil {
+	if ttft, err = newLearner(p.o.Method, p.priorTT, ttftMonotone, p.p); err != nil {
 		return nil, nil, err
 	}
-	tpot, err = newLearner(p.o.Method, p.priorTP, p.p)
+	tpot, err = newLearner(p.o.Method, p.priorTP, tpotMonotone, p.p)
 	return ttft, tpot, err
 }
 

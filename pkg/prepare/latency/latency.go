@@ -171,6 +171,9 @@ func inputOf(req *request.Request, c *datalayer.Candidate, now time.Time, stalen
 	if next := c.InFlight.NextDecodeEnd; !next.IsZero() && !req.Arrival.IsZero() && next.After(req.Arrival) {
 		in.NextDecodeEndMs = float64(next.Sub(req.Arrival)) / float64(time.Millisecond)
 	}
+	if old := c.InFlight.OldestPrefill; !old.IsZero() && !req.Arrival.IsZero() && req.Arrival.After(old) {
+		in.OldestPrefillMs = float64(req.Arrival.Sub(old)) / float64(time.Millisecond)
+	}
 	if in.InputTokens == 0 {
 		in.InputTokens = info.TotalBlocks * bs
 	}

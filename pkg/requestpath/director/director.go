@@ -300,7 +300,7 @@ func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datal
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
-	dp := d.o.Datastore.Dispatch(c.Name, prompt-info.MatchTokens, prompt)
+	dp := d.o.Datastore.Dispatch(c.Name, req.Arrival, prompt-info.MatchTokens, prompt)
 	if v, ok := c.Get(datalayer.LatencyPredictionInfoKey); ok && req.MaxTokens > 0 {
 		if lat, _ := v.(datalayer.LatencyPredictionInfo); lat.TPOTValid {
 			// The rest of its output at its predicted pace.

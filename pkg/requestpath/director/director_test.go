@@ -118,7 +118,7 @@ func TestAPickIsInFlightUntilItsResponseEndsAndObserversHearOfIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := p.Result.Targets()[0].Name
-	if got := ds.InFlight(name); got != (datalayer.InFlight{Prefilling: 1, PrefillTokens: 64}) {
+	if got := ds.InFlight(name); got != (datalayer.InFlight{Prefilling: 1, PrefillTokens: 64, OldestPrefill: *now}) {
 		t.Fatalf("after the pick: %+v, want one request prefilling its 64 tokens", got)
 	}
 	start := *now
