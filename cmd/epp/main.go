@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -30,6 +31,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/transport/natsauth"
 )
 
@@ -110,6 +112,7 @@ func run(args []string) error {
 	fs.DurationVar(&o.RequestPath.TokenizeTimeout, "tokenize-timeout", 200*time.Millisecond, "bound on one /tokenize round trip; past it the request is routed approximately")
 	fs.StringVar(&o.ConfigFile, "config-file", "", "EndpointPickerConfig YAML file")
 	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
+	configName := fs.String("config-name", "", "a named scheduling configuration instead of a file or text: predicted-latency (the default), upstream-weights, prefill-cost or precise-prefix (docs/plugins.md)")
 	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "age after which an endpoint's scraped metrics count as unknown load")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on --debug-addr")
 	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 0, "bound on (block, endpoint, tier) holdings in the prefix index; 0 sizes it from GOMEMLIMIT or the container's memory limit (half of it, at 96 bytes a holding)")
@@ -125,6 +128,16 @@ func run(args []string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if *configName != "" {
+		if o.ConfigFile != "" || o.ConfigText != "" {
+			return errors.New("--config-name excludes --config-file and --config-text")
+		}
+		text, err := config.NamedText(*configName)
+		if err != nil {
+			return fmt.Errorf("--config-name: %w", err)
+		}
+		o.ConfigText = text
+	}
 	o.NoRecovery = !recoveryOn
 	o.NoSelfCheck = !selfCheckOn
 	natsOpts, err := auth.Options()

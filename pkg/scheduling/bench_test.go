@@ -5,15 +5,18 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 )
 
-// BenchmarkSchedule runs full cycles of the default profile (precise prefix
-// 3, queue 2, KV usage 2, max-score picker) over a busy pool.
+// BenchmarkSchedule runs full cycles of upstream's weights on the precise
+// scorer (precise prefix 3, queue 2, KV usage 2, max-score picker) over a
+// busy pool. The default profile, with its predictor, is measured with
+// its producers in pkg/epp's BenchmarkRoutePredicted.
 func BenchmarkSchedule(b *testing.B) {
 	for _, n := range []int{16, 64, 256} {
 		b.Run(fmt.Sprintf("candidates=%d", n), func(b *testing.B) {
-			s := newScheduler(b, "", 1, nil)
+			s := newScheduler(b, config.UpstreamWeightsConfigText, 1, nil)
 			cands := schedtest.Fleet(n)
 			r := req("bench")
 			ctx := context.Background()

@@ -95,7 +95,7 @@ func TestDefaultProfileFollowsTheCache(t *testing.T) {
 			for seed := range uint64(20) {
 				cs := evenPool()
 				tt.modify(cs)
-				s := newScheduler(t, "", seed, nil)
+				s := newScheduler(t, config.UpstreamWeightsConfigText, seed, nil)
 				if got := primary(t, s, req("r"), schedtest.Cands(cs...)); got != tt.want {
 					t.Fatalf("seed %d: picked %s, want %s", seed, got, tt.want)
 				}
@@ -298,7 +298,7 @@ func TestAdmission(t *testing.T) {
 			r := req("r")
 			r.Priority = tt.priority
 			reg := prometheus.NewPedanticRegistry()
-			res, err := newScheduler(t, "", 1, reg).Schedule(context.Background(), r, schedtest.Cands(tt.cands...))
+			res, err := newScheduler(t, config.UpstreamWeightsConfigText, 1, reg).Schedule(context.Background(), r, schedtest.Cands(tt.cands...))
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}

@@ -13,7 +13,9 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/prepare/latency"
 	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
@@ -52,6 +54,21 @@ func registryCapturingParams(t testing.TB) (*config.Registry, func() producer.Pa
 		t.Fatal(err)
 	}
 	if err := r.RegisterDefaultProducer(datalayer.PrefixCacheMatchInfoKey, producer.Type); err != nil {
+		t.Fatal(err)
+	}
+	// The latency producer, as the EPP registers it, with a predictor of
+	// its own.
+	err = r.Register(latency.Type, func(name string, _ json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
+		p, err := predict.New(predict.Options{})
+		if err != nil {
+			return nil, err
+		}
+		return latency.New(name, latency.InProcess{P: p}, framework.StalenessOf(h), nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RegisterDefaultProducer(datalayer.LatencyPredictionInfoKey, latency.Type); err != nil {
 		t.Fatal(err)
 	}
 	return r, func() producer.Params {
@@ -100,8 +117,24 @@ func TestLoadGoodConfigs(t *testing.T) {
 		wantHandler string
 	}{
 		{
-			name: "no config gives the default profile with the precise prefix scorer and the recorder",
+			name: "no config gives the predicted-latency profile, its producers added as defaults",
 			text: "",
+			wantPlugins: []string{
+				"slo-headroom-tier-filter/slo-headroom-tier-filter", "latency-scorer/latency-scorer",
+				"latency-slo-admitter/latency-slo-admitter",
+				"speculative-prefix-recorder/speculative-prefix-recorder", "max-score-picker/max-score-picker",
+				"single-profile-handler/single-profile-handler", "predicted-latency-producer/predicted-latency-producer",
+				"precise-prefix-cache-producer/precise-prefix-cache-producer",
+			},
+			wantProfile: map[string][]string{"default": {
+				"filter:slo-headroom-tier-filter/slo-headroom-tier-filter", "scorer:latency-scorer/latency-scorer*1",
+				"picker:max-score-picker/max-score-picker", "postpick:speculative-prefix-recorder/speculative-prefix-recorder",
+			}},
+			wantHandler: "single-profile-handler/single-profile-handler",
+		},
+		{
+			name: "upstream's weights stay available by name",
+			text: config.UpstreamWeightsConfigText,
 			wantPlugins: []string{
 				"precise-prefix-cache-scorer/precise-prefix-cache-scorer", "queue-scorer/queue-scorer",
 				"kv-cache-utilization-scorer/kv-cache-utilization-scorer",
@@ -609,5 +642,25 @@ schedulingProfiles:
 	l, err = registryWithProducer(t).Load(nil, &config.Handle{Spec: schedtest.NopSpeculator{}})
 	if err != nil || len(l.Notes) != 0 {
 		t.Errorf("the default configuration: err %v, notes %q", err, l.Notes)
+	}
+}
+
+func TestNamedConfigurationsLoad(t *testing.T) {
+	t.Parallel()
+	for name := range config.Named {
+		text, err := config.NamedText(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := registryWithProducer(t).Load([]byte(text), &config.Handle{Spec: schedtest.NopSpeculator{}})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := prepare.BuildGraph(l.Plugins); err != nil {
+			t.Errorf("%s: BuildGraph: %v", name, err)
+		}
+	}
+	if _, err := config.NamedText("fastest"); err == nil || !strings.Contains(err.Error(), "upstream-weights") {
+		t.Errorf("an unknown name: %v, want an error listing the known ones", err)
 	}
 }

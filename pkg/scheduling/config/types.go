@@ -5,7 +5,11 @@
 // anything it cannot honour, naming what is wrong.
 package config
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+)
 
 // The apiVersion and kind written (either may be left out). APIVersionLLMD
 // is the same schema under llm-d-router's group, accepted alike.
@@ -68,11 +72,36 @@ type PluginRef struct {
 }
 
 // DefaultConfigText is the configuration the EPP runs when given none:
-// upstream's default profile (prefix 3, queue 2, KV usage 2) with kvroute's
-// precise prefix scorer in place of upstream's approximate one, and the
-// speculative recorder, so that a burst of same-prefix requests follows the
-// first pick before its KV events arrive.
+// predicted latency. The predicted-latency producer (added as the default
+// producer of the latency data the plugins consume, and reading the exact
+// prefix producer's per-tier matches) predicts each candidate's TTFT; the
+// latency-scorer prefers the least, its own prefill weighted by how full
+// the endpoint's KV cache is; a request with an SLO goes to an endpoint
+// predicted to meet it when one is, and a sheddable one none is predicted
+// to meet is refused. The speculative recorder lets a burst of one prefix
+// follow the first pick before its KV events arrive. It was the best
+// policy measured: docs/routing-benchmark.md.
 const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: slo-headroom-tier-filter
+- type: latency-scorer
+- type: latency-slo-admitter
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: slo-headroom-tier-filter
+  - pluginRef: latency-scorer
+  - pluginRef: speculative-prefix-recorder
+`
+
+// UpstreamWeightsConfigText is upstream's default profile (prefix 3, queue
+// 2, KV usage 2) with kvroute's precise prefix scorer in place of
+// upstream's approximate one, and the speculative recorder: the default
+// before the latency predictor, kept for users who tuned around those
+// weights.
+const UpstreamWeightsConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: precise-prefix-cache-scorer
@@ -90,3 +119,56 @@ schedulingProfiles:
     weight: 2
   - pluginRef: speculative-prefix-recorder
 `
+
+// PrefillCostConfigText scores by the estimated prefill work a pick adds
+// and finds queued there (the exact index's uncached tokens plus the
+// queue), with no predictor.
+const PrefillCostConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-cost-scorer
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefill-cost-scorer
+    weight: 1
+  - pluginRef: speculative-prefix-recorder
+`
+
+// PrecisePrefixConfigText scores by the exact index alone (plus the
+// speculative recorder): the cache, and nothing of load.
+const PrecisePrefixConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+- type: speculative-prefix-recorder
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 1
+  - pluginRef: speculative-prefix-recorder
+`
+
+// Named are the configurations a user can pick by name (cmd/epp's
+// --config-name) rather than write; docs/plugins.md describes each.
+var Named = map[string]string{
+	"predicted-latency": DefaultConfigText,
+	"upstream-weights":  UpstreamWeightsConfigText,
+	"prefill-cost":      PrefillCostConfigText,
+	"precise-prefix":    PrecisePrefixConfigText,
+}
+
+// NamedText is the configuration called name.
+func NamedText(name string) (string, error) {
+	if text, ok := Named[name]; ok {
+		return text, nil
+	}
+	names := make([]string, 0, len(Named))
+	for n := range Named {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return "", fmt.Errorf("%w: no configuration named %q (known: %v)", ErrInvalid, name, names)
+}

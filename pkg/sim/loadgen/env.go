@@ -22,55 +22,19 @@ import (
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
-// Scheduler configurations of the EPP-routed policies.
+// Scheduler configurations of the EPP-routed policies: the named ones of
+// scheduling/config, and upstream's approximate profile.
 const (
-	// PreciseConfig scores by the exact index only (plus the speculative
-	// recorder, so a burst of one prefix follows the first pick before
-	// its events land).
-	PreciseConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: precise-prefix-cache-scorer
-- type: speculative-prefix-recorder
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: precise-prefix-cache-scorer
-    weight: 1
-  - pluginRef: speculative-prefix-recorder
-`
-	// PrefillCostConfig scores by the estimated prefill work a pick adds
-	// and finds queued: the exact index's uncached tokens plus the queue.
-	PrefillCostConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: prefill-cost-scorer
-- type: speculative-prefix-recorder
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: prefill-cost-scorer
-    weight: 1
-  - pluginRef: speculative-prefix-recorder
-`
-	// PredictedConfig is the predicted-latency profile: the least
-	// predicted TTFT, among the endpoints predicted to meet the request's
-	// SLO when it has one, sheddable requests none can meet refused. The
-	// latency producer (and the prefix producer it reads) are added as the
-	// default producers of what the plugins consume.
-	PredictedConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: slo-headroom-tier-filter
-- type: latency-scorer
-- type: latency-slo-admitter
-- type: speculative-prefix-recorder
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: latency-scorer
-  - pluginRef: speculative-prefix-recorder
-`
+	// PreciseConfig scores by the exact index only.
+	PreciseConfig = config.PrecisePrefixConfigText
+	// PrefillCostConfig scores by the prefill work a pick adds and finds
+	// queued.
+	PrefillCostConfig = config.PrefillCostConfigText
+	// PredictedConfig is the predicted-latency profile, the EPP's default.
+	PredictedConfig = config.DefaultConfigText
+	// PreciseLoadConfig is upstream's weights on the precise scorer.
+	PreciseLoadConfig = config.UpstreamWeightsConfigText
+
 	// ApproxConfig is upstream's default profile (prefix 3, queue 2, KV
 	// usage 2) on its approximate prefix scorer; the EPP receives no KV
 	// events, so prefix answers come from its routing history alone.
@@ -340,6 +304,8 @@ func eppConfig(policy string) string {
 		return ApproxConfig
 	case PolicyPrefillCost:
 		return PrefillCostConfig
+	case PolicyPreciseLoad:
+		return PreciseLoadConfig
 	}
 	return config.DefaultConfigText
 }

@@ -23,7 +23,7 @@ const Type = "latency-scorer"
 // DefaultPrefillWeight is the weight of a pick's own prefill time on an
 // endpoint whose KV cache is full (it scales with usage squared). It was
 // chosen by measurement: docs/routing-benchmark.md and docs/predictor.md.
-const DefaultPrefillWeight = 3.0
+const DefaultPrefillWeight = 6.0
 
 // Strategies.
 const (
