@@ -41,7 +41,7 @@ func DefaultPlans(quick bool) []Plan {
 				{Objective: "interactive", Priority: 0, SLO: 300 * time.Millisecond, Share: 0.6},
 				{Objective: "batch", Priority: -1, SLO: 1500 * time.Millisecond, Share: 0.4},
 			}},
-			Speeds: []float64{1, 1, 0.5, 0.5}, Rates: []float64{6, 12, 18, 24, 30}},
+			Speeds: []float64{1, 1, 0.5, 0.5}, Rates: []float64{12, 24, 36, 48, 60}},
 		{Workload: Workload{Name: "unrelated", Kind: KindUnrelated, SystemTokens: 1024, QuestionTokens: 64, SLO: 250 * time.Millisecond},
 			Rates: []float64{6, 12, 18}},
 	}
@@ -72,13 +72,13 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 	if o.Virtual {
 		serving, eventsGo = "stepped in virtual time", "Every engine step's KV batch goes straight to kvroute's index."
 	}
-	fmt.Fprintf(&b, ", %s, with a scheduler loop (at most %d running sequences; prefill %s per uncached token, CPU-tier load %s per token, decode step %s + %s per running sequence). %s\n\n",
-		serving, t.MaxSeqs, t.PrefillPerToken, t.LoadPerToken, t.DecodeStep, t.DecodePerSeq, eventsGo)
+	fmt.Fprintf(&b, ", %s, with vLLM's scheduler loop (at most %d running sequences, a step budget of %d tokens shared by decodes and chunked prefills; prefill %s per uncached token plus %s per token per 1024 tokens of context, CPU-tier load %s per token, decode step %s + %s per running sequence + %s per 1024 tokens each reads). Workloads that say so run on a heterogeneous fleet (engines at fractions of that speed). %s\n\n",
+		serving, t.MaxSeqs, t.MaxBatchedTokens, t.PrefillPerToken, t.PrefillAttention, t.LoadPerToken, t.DecodeStep, t.DecodePerSeq, t.DecodePerKToken, eventsGo)
 	ttftNote := "TTFT is measured by the client at the first streamed token."
 	if o.Virtual {
 		ttftNote = "TTFT runs from a request's arrival to the end of the engine step that made its first token."
 	}
-	fmt.Fprintf(&b, "Traffic: open-loop Poisson arrivals for %s per run (then up to %s to finish; requests still running are cut and counted with their time so far), %d output tokens per request, streamed; a conversation's turns follow one another %s apart, conversations starting at the rate divided by the turns; every policy sees the same arrivals and prompts, on a fresh fleet with cold caches. %s\n\n",
+	fmt.Fprintf(&b, "Traffic: open-loop Poisson arrivals for %s per run (then up to %s to finish; requests still running are cut and counted with their time so far), %d output tokens per request, streamed; a conversation's turns follow one another %s apart, conversations starting at the rate divided by the turns; every policy sees the same arrivals and prompts, on a fresh fleet with cold caches. %s Every request states a TTFT SLO (`x-slo-ttft-ms`); SLO attainment is the share of the requests served (not shed) whose TTFT met it, goodput those per second. In mixed-slo, 60%% of conversations are `interactive` (priority 0, SLO 300ms) and 40%% `batch` (priority -1, sheddable, SLO 1.5s), named by `x-gateway-inference-objective`; only kvroute's EPP can shed (429), which the tables count.\n\n",
 		o.Duration, o.Drain, o.MaxTokens, o.ThinkTime, ttftNote)
 	b.WriteString(`Policies:
 
@@ -91,12 +91,13 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 | kvroute-precise | kvroute's EPP, precise-prefix-cache-scorer only (plus the speculative recorder), fed by the engines' KV events over NATS |
 | kvroute-precise-load | kvroute's EPP with its default profile, upstream's weights on the precise scorer (precise prefix 3, queue 2, KV usage 2) |
 | kvroute-prefill-cost | kvroute's EPP with the prefill-cost-scorer: per engine, the prompt tokens the exact index says are not cached there plus the prefill work queued there; the cheapest wins |
-| oracle | in the client, reading every engine's true cache and queue: lowest estimated TTFT |
+| **kvroute-predicted-latency** (the default) | kvroute's EPP with its latency predictor (` + "`predicted-latency-producer`" + `, learning online from the responses, fed the exact index's tokens per tier and the EPP's own in-flight accounting) and the ` + "`latency-scorer`" + ` (least predicted TTFT, plus its own prefill time weighted by the endpoint's KV usage squared); ` + "`latency-slo-admitter`" + ` sheds sheddable requests no endpoint is predicted to serve within their SLO |
+| oracle | in the client, reading every engine's true state: for each engine, its own scheduler replayed forward from its step under way, batch, queue and caches (` + "`sim.Replica.EstimateTTFT`" + `); the least true TTFT wins. It is greedy (it knows no future arrivals, and weighs only the request at hand) and never sheds, so under overload a policy that keeps prefixes together, or sheds, can beat it |
 
 Workloads:
 
-| workload | shape | groups | system prompt (tokens) | question or turn (tokens) | turns | GPU blocks per engine | rates (req/s) |
-|---|---|---:|---:|---:|---:|---:|---|
+| workload | shape | groups | system prompt (tokens) | question or turn (tokens) | turns | GPU blocks per engine | engine speeds | TTFT SLO | rates (req/s) |
+|---|---|---:|---:|---:|---:|---:|---|---|---|
 ` + workloadRows(o) + `
 approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoint without KV events takes; approx-prefix is the faithful upstream algorithm, run in the client, which the checks compare against.
 
@@ -133,9 +134,18 @@ approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoin
 		if err := f.Close(); err != nil {
 			return fmt.Errorf("loadgen: %w", err)
 		}
-		fmt.Fprintf(&b, "![%s: TTFT p90 against request rate](%s)\n\n", wl, name)
+		sloName := "routing-" + wl + "-slo.svg"
+		g, err := os.Create(dir + sloName)
+		if err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		WritePlot(g, pts, wl, MetricSLOAttainment)
+		if err := g.Close(); err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		fmt.Fprintf(&b, "![%s: TTFT p90 against request rate](%s)\n![%s: SLO attainment against request rate](%s)\n\n", wl, name, wl, sloName)
 	}
-	fmt.Fprintf(&b, "Raw numbers: [routing-benchmark.json](routing-benchmark.json).\n\n")
+	fmt.Fprintf(&b, "Raw numbers: [routing-benchmark.json](routing-benchmark.json). In the tables, *p90 vs oracle* is each policy's TTFT p90 over the oracle's at the same rate (below 1: the policy beat the greedy oracle).\n\n")
 	var tb strings.Builder
 	WriteTables(&tb, pts)
 	b.WriteString(tb.String())
@@ -165,8 +175,24 @@ func workloadRows(o BenchOptions) string {
 		for i, r := range p.Rates {
 			rates[i] = strconv.FormatFloat(r, 'f', -1, 64)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s |\n",
-			w.Name, w.Kind, max(w.Groups, 1), w.SystemTokens, w.QuestionTokens, max(w.Turns, 1), blocks, strings.Join(rates, ", "))
+		speeds := "all 1"
+		if len(p.Speeds) > 0 {
+			ss := make([]string, len(p.Speeds))
+			for i, v := range p.Speeds {
+				ss[i] = strconv.FormatFloat(v, 'f', -1, 64)
+			}
+			speeds = strings.Join(ss, ", ")
+		}
+		slo := w.SLO.String()
+		if len(w.Classes) > 0 {
+			var cs []string
+			for _, c := range w.Classes {
+				cs = append(cs, fmt.Sprintf("%s %s", c.Objective, c.SLO))
+			}
+			slo = strings.Join(cs, ", ")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %s | %s |\n",
+			w.Name, w.Kind, max(w.Groups, 1), w.SystemTokens, w.QuestionTokens, max(w.Turns, 1), blocks, speeds, slo, strings.Join(rates, ", "))
 	}
 	return b.String()
 }

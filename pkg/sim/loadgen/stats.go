@@ -37,6 +37,7 @@ type Summary struct {
 	// as missed unless their first token came in time); Goodput is those
 	// that met it per second of the run.
 	Shed          int
+	WithSLO       int
 	SLOAttainment float64
 	Goodput       float64
 }
@@ -93,6 +94,7 @@ func Summarize(samples []Sample, makespan time.Duration) Summary {
 	if prompt > 0 {
 		s.HitRate = float64(cached) / float64(prompt)
 	}
+	s.WithSLO = withSLO
 	if withSLO > 0 {
 		s.SLOAttainment = float64(met) / float64(withSLO)
 	}

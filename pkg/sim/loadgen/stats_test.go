@@ -91,21 +91,28 @@ func TestChecksFindWhereTheApproximatePolicyBlowsUp(t *testing.T) {
 	if got[3].Outcome != Fail || got[3].Policy != PolicyPrefillCost {
 		t.Errorf("TTFT check = %+v; want a failure with 4.5x", got[3])
 	}
-	// The overall claim rests on the prefill-cost profile, which fell short.
+	// The overall claim rests on the default policy, which was not run.
 	if got[4].Workload != "all" || got[4].Outcome != Fail {
 		t.Errorf("overall check = %+v; want a failure", got[4])
 	}
-	pts[len(pts)-1] = point("w", PolicyPrefillCost, 3, 150*ms, 0.9)
-	if got := Checks(pts); got[4].Outcome != Pass || !strings.Contains(got[3].Detail, "6.0x") {
-		t.Errorf("checks = %+v; want the prefill-cost row at 6x and the overall check passing", got)
+	// Run at 3 req/s only, the default is 6x lower than approx there (so
+	// the overall claim holds), and 1.5x precise-load's (so the claim
+	// against the best other policy fails), which comes first.
+	pts = append(pts, point("w", PolicyPredicted, 3, 150*ms, 0.9))
+	got = Checks(pts)
+	if len(got) != 7 || got[0].Outcome != Fail || !strings.Contains(got[0].Detail, "1.50x") {
+		t.Fatalf("checks = %+v; want seven, the first failing at 1.5x", got)
+	}
+	if got[5].Policy != PolicyPredicted || !strings.Contains(got[5].Detail, "6.0x") || got[6].Outcome != Pass {
+		t.Errorf("checks = %+v; want the default's row at 6x and the overall check passing", got)
 	}
 
 	// The EPP's approximate variant blows up at 2 req/s (600ms), where
 	// precise is 12x lower.
 	pts = append(pts, point("w", PolicyApproxEPP, 1, 100*ms, 0.3), point("w", PolicyApproxEPP, 2, 600*ms, 0.3))
 	got = Checks(pts)
-	if len(got) != 6 || got[4].Outcome != Pass || !strings.Contains(got[4].Detail, "at 2.0 req/s") || !strings.Contains(got[4].Detail, "12.0x") {
-		t.Errorf("checks = %+v; want a fifth, passing at 2 req/s with 12x", got)
+	if len(got) != 8 || got[6].Outcome != Pass || !strings.Contains(got[6].Detail, "at 2.0 req/s") || !strings.Contains(got[6].Detail, "12.0x") {
+		t.Errorf("checks = %+v; want a row for approx-prefix-epp, passing at 2 req/s with 12x", got)
 	}
 
 	// Where approx never blows up the TTFT claim does not apply, and the
@@ -125,6 +132,73 @@ func TestChecksFindWhereTheApproximatePolicyBlowsUp(t *testing.T) {
 	none := []Point{point("n", PolicyApprox, 1, 100*ms, 0), point("n", PolicyApprox, 2, 900*ms, 0), point("n", PolicyOracle, 1, 100*ms, 0)}
 	if got := Checks(none); len(got) != 1 || got[0].Workload != "all" {
 		t.Errorf("checks = %+v; want only the overall one for a workload with nothing to reuse", got)
+	}
+}
+
+func sloPoint(wl, pol string, rate float64, p90 time.Duration, attained float64) Point {
+	p := point(wl, pol, rate, p90, 0.5)
+	p.WithSLO, p.SLOAttainment = 100, attained
+	return p
+}
+
+func TestTheDefaultPolicyIsCheckedAgainstTheBestOtherAtEveryRate(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	tests := []struct {
+		name string
+		pts  []Point
+		// want is each check's claim (a distinctive part) and outcome, in
+		// order, the hit-rate and blown-up checks left out.
+		want []string
+	}{
+		{
+			name: "within 10% everywhere and best at the top rate passes both",
+			pts: []Point{
+				sloPoint("agent", PolicyPrecise, 1, 100*ms, 0.99), sloPoint("agent", PolicyPredicted, 1, 108*ms, 1),
+				sloPoint("agent", PolicyPrecise, 2, 300*ms, 0.9), sloPoint("agent", PolicyPredicted, 2, 200*ms, 0.97),
+				sloPoint("agent", PolicyOracle, 2, 50*ms, 1),
+			},
+			want: []string{"at every rate pass", "highest rate pass", "SLO attainment n/a"},
+		},
+		{
+			name: "more than 10% above another policy at one rate fails, naming it",
+			pts: []Point{
+				sloPoint("agent", PolicyPrecise, 1, 100*ms, 0.7), sloPoint("agent", PolicyPredicted, 1, 120*ms, 0.96),
+				sloPoint("agent", PolicyPrecise, 2, 300*ms, 0.5), sloPoint("agent", PolicyPredicted, 2, 290*ms, 0.8),
+			},
+			want: []string{"at every rate fail 1.20x at 1.0 req/s", "highest rate pass", "SLO attainment pass 96.0%"},
+		},
+		{
+			name: "the oracle is no rival and the top rate is checked only for agent and multi-turn",
+			pts: []Point{
+				sloPoint("mixed-slo", PolicyPrecise, 1, 100*ms, 0.9), sloPoint("mixed-slo", PolicyPredicted, 1, 100*ms, 0.99),
+				sloPoint("mixed-slo", PolicyOracle, 1, 10*ms, 1),
+				sloPoint("mixed-slo", PolicyPrecise, 2, 100*ms, 0.79), sloPoint("mixed-slo", PolicyPredicted, 2, 105*ms, 0.9),
+			},
+			want: []string{"at every rate pass", "SLO attainment fail 90.0%"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var got []string
+			for _, c := range Checks(tt.pts) {
+				if c.Policy != PolicyPredicted || strings.Contains(c.Claim, "approx") {
+					continue
+				}
+				got = append(got, c.Claim+" "+string(c.Outcome)+" "+c.Detail)
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("checks:\n%s\nwant %d", strings.Join(got, "\n"), len(tt.want))
+			}
+			for i, w := range tt.want {
+				for _, part := range strings.Fields(w) {
+					if !strings.Contains(got[i], part) {
+						t.Errorf("check %d = %q, want it to say %q", i, got[i], part)
+					}
+				}
+			}
+		})
 	}
 }
 
