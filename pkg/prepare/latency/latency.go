@@ -149,6 +149,21 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 	return err
 }
 
+// matchCredit is the share of a prefix match counted as cached, by how far
+// the index's answer can be trusted (docs/reliability.md): exact and
+// partial matches are held (partial is a lower bound), so they count in
+// full; a recovering stream's answer is likely right but may be stale, an
+// uncertain one's and the routing history's (none) are guesses, so part
+// of what they claim is predicted as tokens to compute. The rest of the
+// prediction is then on the cautious side where the cache is in doubt.
+var matchCredit = [datalayer.NumStreamStates]float64{
+	datalayer.StreamExact:      1,
+	datalayer.StreamPartial:    1,
+	datalayer.StreamRecovering: 0.75,
+	datalayer.StreamUncertain:  0.5,
+	datalayer.StreamNone:       0.5,
+}
+
 // inputOf is what is known of req on c when it is picked.
 func inputOf(req *request.Request, c *datalayer.Candidate, now time.Time, staleness time.Duration) predict.Input {
 	var info datalayer.PrefixCacheInfo
@@ -156,11 +171,12 @@ func inputOf(req *request.Request, c *datalayer.Candidate, now time.Time, stalen
 		info, _ = v.(datalayer.PrefixCacheInfo)
 	}
 	bs := info.BlockSizeTokens
+	credit := func(blocks int) int { return int(float64(blocks*bs) * matchCredit[info.State]) }
 	in := predict.Input{
 		InputTokens:       len(req.TokenIDs),
-		GPUTokens:         info.BlocksByTier[events.TierGPU] * bs,
-		CPUTokens:         info.BlocksByTier[events.TierCPU] * bs,
-		StorageTokens:     info.BlocksByTier[events.TierStorage] * bs,
+		GPUTokens:         credit(info.BlocksByTier[events.TierGPU]),
+		CPUTokens:         credit(info.BlocksByTier[events.TierCPU]),
+		StorageTokens:     credit(info.BlocksByTier[events.TierStorage]),
 		SpeculativeTokens: info.SpeculativeBlocks * bs,
 		Prefilling:        c.InFlight.Prefilling,
 		PrefillTokens:     c.InFlight.PrefillTokens,

@@ -22,10 +22,10 @@ func candidates(now time.Time) []*datalayer.Candidate {
 	var byTier [events.NumTiers]int
 	byTier[events.TierGPU], byTier[events.TierCPU] = 200, 40
 	hit.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
-		MatchBlocks: 240, TotalBlocks: 250, BlockSizeTokens: 16, MatchTokens: 3840, BlocksByTier: byTier, Exact: true})
+		MatchBlocks: 240, TotalBlocks: 250, BlockSizeTokens: 16, MatchTokens: 3840, BlocksByTier: byTier, Exact: true, State: datalayer.StreamExact})
 	cold := datalayer.NewCandidate(&datalayer.Endpoint{Name: "cold", Address: "10.0.0.2:8000"},
 		datalayer.Metrics{UpdateTime: now.Add(-time.Hour)}, datalayer.StreamExact)
-	cold.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{TotalBlocks: 250, BlockSizeTokens: 16, Exact: true})
+	cold.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{TotalBlocks: 250, BlockSizeTokens: 16, Exact: true, State: datalayer.StreamExact})
 	return []*datalayer.Candidate{hit, cold}
 }
 
@@ -73,6 +73,51 @@ func TestTheProducerPredictsEachCandidateFromItsCachedTiersAndLoad(t *testing.T)
 	v, _ = cands[0].Get(latency.InputKey)
 	if in := v.(*predict.Input); in.GPUTokens != 3200 || in.CPUTokens != 640 || in.Running != 1 {
 		t.Errorf("the hit candidate's input: %+v", in)
+	}
+}
+
+func TestAMatchCountsAsCachedAsFarAsItsStreamIsTrusted(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		state datalayer.StreamState
+		// wantGPU is the 3200 GPU-held tokens credited as cached.
+		wantGPU int
+	}{
+		{datalayer.StreamExact, 3200},
+		{datalayer.StreamPartial, 3200},
+		{datalayer.StreamRecovering, 2400},
+		{datalayer.StreamUncertain, 1600},
+		{datalayer.StreamNone, 1600},
+	}
+	p, err := predict.New(predict.Options{Synchronous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prevTTFT float64
+	for _, tt := range tests {
+		t.Run(tt.state.String(), func(t *testing.T) {
+			c := datalayer.NewCandidate(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000"}, datalayer.Metrics{UpdateTime: time.Now()}, tt.state)
+			var byTier [events.NumTiers]int
+			byTier[events.TierGPU] = 200
+			c.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+				MatchBlocks: 200, TotalBlocks: 250, BlockSizeTokens: 16, MatchTokens: 3200, BlocksByTier: byTier, State: tt.state})
+			if err := prod.Produce(context.Background(), &request.Request{TokenIDs: make([]uint32, 4000)}, []*datalayer.Candidate{c}); err != nil {
+				t.Fatal(err)
+			}
+			v, _ := c.Get(latency.InputKey)
+			if in := v.(*predict.Input); in.GPUTokens != tt.wantGPU || in.Uncached() != 4000-tt.wantGPU {
+				t.Errorf("input %+v, want %d tokens credited as held in GPU", in, tt.wantGPU)
+			}
+			if got := info(t, c).TTFTMean; got < prevTTFT {
+				t.Errorf("TTFT %.2fms, less than a more trusted stream's %.2fms", got, prevTTFT)
+			} else {
+				prevTTFT = got
+			}
+		})
 	}
 }
 
