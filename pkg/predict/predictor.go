@@ -31,6 +31,14 @@ type Options struct {
 	// hardware) needs before a new endpoint of it starts from what the
 	// class has learned rather than from the prior (default 100).
 	ClassMinObservations int
+	// OwnMinObservations is how many observations an endpoint's own model
+	// needs before its predictions are its own; until then the endpoint
+	// is predicted by its class's model, which learns from every endpoint
+	// of the class (default 8). One or two observations of an endpoint
+	// say little about it, and an endpoint predicted from them against
+	// others still at the prior would be judged by how it was observed
+	// rather than by its cache and queue.
+	OwnMinObservations int
 	// Synchronous learns inside Observe rather than on Run's goroutine:
 	// for runs in virtual time, which must repeat exactly.
 	Synchronous bool
@@ -90,9 +98,11 @@ type Predictor struct {
 }
 
 // model is one endpoint's: its learners, owned by whoever holds trainMu,
-// and the snapshot predictions read.
+// and the snapshot predictions read (nil until the model has learned
+// OwnMinObservations: its class's is read instead).
 type model struct {
 	class      string
+	cls        *classModel
 	ttft, tpot learner
 	// seats is the most requests the endpoint has been seen running: its
 	// batch limit, as far as the observations show it.
@@ -100,8 +110,11 @@ type model struct {
 	snap  atomic.Pointer[snapshot]
 }
 
+// classModel learns from every endpoint of a class (model and hardware).
 type classModel struct {
 	ttft, tpot learner
+	seats      int
+	snap       atomic.Pointer[snapshot]
 }
 
 type snapshot struct {
@@ -129,6 +142,9 @@ func New(o Options) (*Predictor, error) {
 	}
 	if o.ClassMinObservations <= 0 {
 		o.ClassMinObservations = 100
+	}
+	if o.OwnMinObservations <= 0 {
+		o.OwnMinObservations = 8
 	}
 	if o.Queue <= 0 {
 		o.Queue = 4096
@@ -174,7 +190,9 @@ func (p *Predictor) Method() string { return p.o.Method }
 func (p *Predictor) Predict(addr string, in *Input) Prediction {
 	s := p.prior
 	if m := (*p.models.Load())[addr]; m != nil {
-		s = m.snap.Load()
+		if s = m.snap.Load(); s == nil {
+			s = m.cls.snap.Load()
+		}
 	}
 	r := in.Regime(s.seats)
 	var x Vector
@@ -200,13 +218,15 @@ func (p *Predictor) AddEndpoint(addr, class string) {
 	if _, ok := cur[addr]; ok {
 		return
 	}
-	m := &model{class: class}
-	if c := p.classes[class]; c != nil && c.ttft.count(RegimeIdle)+c.ttft.count(RegimeQueued)+c.ttft.count(RegimeFull) >= p.o.ClassMinObservations {
+	c := p.class(class)
+	m := &model{class: class, cls: c}
+	if total(c.ttft) >= p.o.ClassMinObservations {
 		m.ttft, m.tpot = c.ttft.clone(), c.tpot.clone()
+		m.seats = c.seats
 	} else {
 		m.ttft, m.tpot, _ = p.newLearners() // the method was checked in New
 	}
-	m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs()})
+	p.publish(m)
 	next := maps.Clone(cur)
 	next[addr] = m
 	p.models.Store(&next)
@@ -272,14 +292,10 @@ func (p *Predictor) learn(s Sample) {
 		p.m.learned.WithLabelValues("invalid").Inc()
 		return
 	}
-	c := p.classes[m.class]
-	if c == nil {
-		c = &classModel{}
-		c.ttft, c.tpot, _ = p.newLearners()
-		p.classes[m.class] = c
-	}
+	c := m.cls
 	if !s.Input.MetricsStale {
 		m.seats = max(m.seats, s.Input.Running)
+		c.seats = max(c.seats, m.seats)
 	}
 	r := s.Input.Regime(m.seats)
 	var x Vector
@@ -293,13 +309,43 @@ func (p *Predictor) learn(s Sample) {
 		m.tpot.observe(&x, r, s.TPOTMs)
 		c.tpot.observe(&x, r, s.TPOTMs)
 	}
-	m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs(), seats: m.seats})
+	c.snap.Store(&snapshot{ttft: c.ttft.coefs(), tpot: c.tpot.coefs(), seats: c.seats})
+	p.publish(m)
 	if p.o.Record != nil {
 		s.Class = m.class
 		p.o.Record(s)
 	}
 	p.m.learned.WithLabelValues("learned").Inc()
 	p.m.learnTime.Observe(time.Since(start).Seconds())
+}
+
+// class is the class model called name, made from the prior if new; the
+// caller holds trainMu.
+func (p *Predictor) class(name string) *classModel {
+	c := p.classes[name]
+	if c == nil {
+		c = &classModel{}
+		c.ttft, c.tpot, _ = p.newLearners() // the method was checked in New
+		c.snap.Store(&snapshot{ttft: c.ttft.coefs(), tpot: c.tpot.coefs()})
+		p.classes[name] = c
+	}
+	return c
+}
+
+// publish makes m's own model what its predictions read, once it has
+// learned enough to stand on its own; the caller holds trainMu.
+func (p *Predictor) publish(m *model) {
+	if total(m.ttft) >= p.o.OwnMinObservations {
+		m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs(), seats: m.seats})
+	}
+}
+
+func total(l learner) int {
+	n := 0
+	for r := range NumRegimes {
+		n += l.count(r)
+	}
+	return n
 }
 
 // Observations is how many observations each endpoint's model has learned.
@@ -310,11 +356,7 @@ func (p *Predictor) Observations(addr string) int {
 	if m == nil {
 		return 0
 	}
-	n := 0
-	for r := range NumRegimes {
-		n += m.ttft.count(r)
-	}
-	return n
+	return total(m.ttft)
 }
 
 type metrics struct {

@@ -201,6 +201,41 @@ func TestANewEndpointStartsFromItsClass(t *testing.T) {
 	}
 }
 
+func TestAnEndpointWithFewObservationsIsPredictedByItsClass(t *testing.T) {
+	t.Parallel()
+	p := newTestPredictor(t, Options{OwnMinObservations: 20})
+	p.AddEndpoint("seen", "h100")
+	p.AddEndpoint("unseen", "h100")
+	p.AddEndpoint("other", "l4")
+	w := &world{rng: rand.New(rand.NewPCG(11, 12)), slow: 3}
+	in := Input{InputTokens: 3000, GPUTokens: 1000}
+	prior := p.Predict("other", &in)
+	for i := range 19 {
+		obs := w.input()
+		ttft, tpot := w.truth(obs)
+		p.Observe(Sample{Endpoint: "seen", Input: obs, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
+		seen, unseen := p.Predict("seen", &in), p.Predict("unseen", &in)
+		if seen != unseen {
+			t.Fatalf("after %d observations: the observed endpoint predicts %+v, its unobserved classmate %+v; want both the class's", i+1, seen, unseen)
+		}
+	}
+	if got := p.Predict("unseen", &in); got == prior {
+		t.Error("the class learned nothing from its endpoint's observations")
+	}
+	if got := p.Predict("other", &in); got != prior {
+		t.Errorf("an endpoint of another class predicts %+v, want the prior's %+v", got, prior)
+	}
+	obs := w.input()
+	ttft, tpot := w.truth(obs)
+	p.Observe(Sample{Endpoint: "seen", Input: obs, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
+	// The classmate's observation is of the very input predicted, so the
+	// class's prediction of it moves; the endpoint's own does not.
+	p.Observe(Sample{Endpoint: "unseen", Input: in, TTFTMs: 1, TPOTMs: 1, HasTTFT: true, HasTPOT: true})
+	if p.Predict("seen", &in) == p.Predict("unseen", &in) {
+		t.Error("after 20 observations the endpoint's own model is not the one predicting")
+	}
+}
+
 func TestObservationsAreLearnedOffThePathByRun(t *testing.T) {
 	t.Parallel()
 	p, err := New(Options{Queue: 8})
