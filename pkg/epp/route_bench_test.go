@@ -10,26 +10,35 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // BenchmarkRoute measures a whole scheduling decision as the request path
 // makes it, PrepareData included: candidate snapshot, the precise prefix
-// producer (block keys and index lookup), the default profile's scorers and
-// picker, and the speculative recorder. Each endpoint holds a different
-// share of the prompt's prefix, as after a shared-prefix workload.
+// producer (block keys and index lookup), the profile's producers, scorers
+// and picker, and the speculative recorder. Each endpoint holds a different
+// share of the prompt's prefix, as after a shared-prefix workload. The
+// default profile (predicted latency: the latency producer runs the
+// predictor for every candidate) is measured beside upstream's weights.
 func BenchmarkRoute(b *testing.B) {
-	for _, n := range []int{16, 64, 256} {
-		for _, tokens := range []int{1024, 8192} {
-			b.Run(fmt.Sprintf("endpoints=%d/tokens=%d", n, tokens), func(b *testing.B) {
-				benchmarkRoute(b, n, tokens)
-			})
+	for _, cfg := range []string{"predicted-latency", "upstream-weights"} {
+		for _, n := range []int{16, 64, 256} {
+			for _, tokens := range []int{1024, 8192} {
+				b.Run(fmt.Sprintf("config=%s/endpoints=%d/tokens=%d", cfg, n, tokens), func(b *testing.B) {
+					text, err := config.NamedText(cfg)
+					if err != nil {
+						b.Fatal(err)
+					}
+					benchmarkRoute(b, text, n, tokens)
+				})
+			}
 		}
 	}
 }
 
-func benchmarkRoute(b *testing.B, endpoints, tokens int) {
-	e, err := New(Options{Pool: "bench", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+func benchmarkRoute(b *testing.B, configText string, endpoints, tokens int) {
+	e, err := New(Options{Pool: "bench", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigText: configText})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // BenchmarkPredict is the request path's cost per candidate: one TTFT and
@@ -30,10 +32,12 @@ func BenchmarkPredict(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sink float64
+	cpu := testkit.CPUTime()
 	for i := range b.N {
 		sink += p.Predict(addrs[i%endpoints], &in).TTFT
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/candidate")
+	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/candidate")
 	if math.IsNaN(sink) {
 		b.Fatal("NaN")
 	}
@@ -57,10 +61,12 @@ func BenchmarkLearn(b *testing.B) {
 				samples[i] = Sample{Endpoint: "a", Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true}
 			}
 			b.ResetTimer()
+			cpu := testkit.CPUTime()
 			for i := range b.N {
 				p.Observe(samples[i%len(samples)])
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e3, "µs/observation")
+			b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N)/1e3, "cpu-µs/observation")
 		})
 	}
 }
