@@ -220,3 +220,26 @@ func TestTheSVGPlotHasALinePerPolicy(t *testing.T) {
 		t.Errorf("table lacks the 2 req/s rows:\n%s", tb.String())
 	}
 }
+
+func TestCompareSaysLowerOrHigherHonestly(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	tests := []struct {
+		name string
+		a, b time.Duration
+		want string
+	}{
+		{"a lower value is so many times lower", 100 * ms, 230 * ms, "2.3× lower"},
+		{"a higher value is said to be higher, not a fraction lower", 266 * ms, 213 * ms, "1.2× higher"},
+		{"equal values are no different", 5 * ms, 5 * ms, "no different"},
+		{"an unknown value compares as no different", 0, 5 * ms, "no different"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := Compare(tt.a, tt.b); got != tt.want {
+				t.Errorf("Compare(%v, %v) = %q, want %q", tt.a, tt.b, got, tt.want)
+			}
+		})
+	}
+}
