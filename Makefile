@@ -29,7 +29,7 @@ test-interop: ## the relay against vLLM's own transport library (needs libzmq3-d
 bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~12 min)
+bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~40 min)
 	$(GO) run ./cmd/kvsim bench
 
 bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virtual-time/
