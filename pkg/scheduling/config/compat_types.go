@@ -26,7 +26,7 @@ const (
 	whyDiscovery     = "kvroute discovers endpoints from the InferencePool or a pod selector (--kubernetes, --endpoint-selector)"
 	whyNoPD          = "kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)"
 	whyNoFlowControl = "kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission"
-	whyLatency       = "kvroute has no latency predictor; prefill-cost-scorer weighs the prefill work a pick saves against queued load"
+	whySLOAware      = "use predicted-latency-producer, latency-scorer, slo-headroom-tier-filter and latency-slo-admitter in one profile (kvroute's default)"
 	whyMulticluster  = "kvroute routes one pool; run one EPP per cluster"
 	whySpecTTL       = "kvroute's index holds speculative entries for 2s, upstream's default; another TTL cannot be set"
 	whyNoSession     = "kvroute keeps a conversation's turns together through the prefix they share, which the exact index sees"
@@ -227,9 +227,9 @@ var upstreamTypes = func() map[string]upstreamType {
 		refused("endpoint-attribute-scorer", "llm-d-router v0.10–main", "kvroute scores from vLLM's metrics and its index, not arbitrary endpoint attributes"),
 		refused("topology-affinity-scorer", "llm-d-router v0.10–main", "kvroute has no topology data"),
 		refused("mm-embeddings-cache-scorer", "llm-d-router v0.9–main", "kvroute does not track multimodal encoder caches; requests with multimodal parts are routed on load alone"),
-		refused("latency-scorer", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
-		refused("predicted-latency-scorer", "GIE v1.3–v1.5", whyLatency),
-		refused("slo-aware-routing", "GIE v1.2", whyLatency),
+		honoured("latency-scorer", "GIE v1.5; llm-d-router v0.9–main", nil),
+		refused("predicted-latency-scorer", "GIE v1.3–v1.5", "use latency-scorer, which scores the predicted-latency-producer's predictions"),
+		refused("slo-aware-routing", "GIE v1.2", whySLOAware),
 		// Filters.
 		superseded("lora-affinity-filter", "GIE v0.5", "", "kvroute's lora-affinity-filter keeps LoRA requests on endpoints with the adapter (or room for it) and never empties the candidates", map[string]paramRule{
 			"threshold": drop("kvroute always prefers endpoints with the adapter, where upstream did with this probability"),
@@ -258,8 +258,8 @@ var upstreamTypes = func() map[string]upstreamType {
 		refused("endpoint-attribute-filter", "llm-d-router v0.10–main", "kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes"),
 		refused("utilization-filter", "llm-d-router v0.10–main", "use saturation-filter, which drops endpoints whose queue or KV usage reaches a threshold"),
 		refused("topology-affinity-filter", "llm-d-router v0.10–main", "kvroute has no topology data"),
-		refused("prefix-cache-affinity-filter", "GIE v1.5; llm-d-router v0.9–main", whyLatency+"; weight precise-prefix-cache-scorer for affinity"),
-		refused("slo-headroom-tier-filter", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
+		refused("prefix-cache-affinity-filter", "GIE v1.5; llm-d-router v0.9–main", "kvroute has no prefix affinity filter; weight precise-prefix-cache-scorer for affinity, or let the latency-scorer weigh the cache in its predictions"),
+		honoured("slo-headroom-tier-filter", "GIE v1.5; llm-d-router v0.9–main", nil),
 		// Pickers and profile handlers.
 		honoured("max-score-picker", "GIE v0.5–v1.5; llm-d-router v0.9–main", pickerParams),
 		honoured("random-picker", "GIE v0.5–v1.5; llm-d-router v0.9–main", pickerParams),
@@ -275,7 +275,7 @@ var upstreamTypes = func() map[string]upstreamType {
 		refused("p2p-source-producer", "llm-d-router v0.10–main", whyNoPD),
 		refused("data-parallel-profile-handler", "llm-d v0.4–v0.8; llm-d-router v0.9–main", "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events"),
 		refused("header-profile-handler", "llm-d-router v0.10–main", "kvroute picks profiles with single-profile-handler"),
-		refused("slo-aware-profile-handler", "GIE v1.2", whyLatency),
+		refused("slo-aware-profile-handler", "GIE v1.2", whySLOAware),
 		// Data producers.
 		{name: "approx-prefix-cache-producer", seen: "GIE v1.5; llm-d-router v0.9–main", class: Superseded, target: "precise-prefix-cache-producer",
 			why:    "kvroute's precise-prefix-cache-producer publishes the same PrefixCacheMatchInfo, exactly from KV events where an endpoint's stream is in order and by upstream's approximation elsewhere",
@@ -294,7 +294,7 @@ var upstreamTypes = func() map[string]upstreamType {
 		}),
 		refused("burst-prefix-cache-producer", "llm-d-router v0.10–main", "use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick"),
 		refused("mm-embeddings-cache-producer", "llm-d-router v0.9–main", "kvroute does not track multimodal encoder caches"),
-		refused("predicted-latency-producer", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
+		honoured("predicted-latency-producer", "GIE v1.5; llm-d-router v0.9–main", nil),
 		// Admission and saturation.
 		honoured("utilization-detector", "GIE v1.5; llm-d-router v0.9–main", map[string]paramRule{
 			"queueDepthThreshold":       keep("a saturated endpoint's queue"),
@@ -309,7 +309,7 @@ var upstreamTypes = func() map[string]upstreamType {
 				}},
 		}),
 		refused("concurrency-detector", "GIE v1.4–v1.5; llm-d-router v0.9–main", "use utilization-detector, which judges saturation from the engines' queues and KV usage"),
-		refused("latency-slo-admitter", "GIE v1.5; llm-d-router v0.9–main", whyLatency),
+		honoured("latency-slo-admitter", "GIE v1.5; llm-d-router v0.9–main", nil),
 		refused("probabilistic-admitter", "llm-d-router v0.9–main", "use utilization-detector, which sheds sheddable requests when every candidate is saturated"),
 		// Data layer.
 		superseded("metrics-data-source", "GIE v1.3–v1.5; llm-d-router v0.9–main", inertType, whyScrape, metricsSource),
