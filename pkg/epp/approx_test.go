@@ -8,13 +8,18 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
 )
 
 // Endpoints that publish no events are routed on the routing history: a
 // pick must teach it, so that the same prompt is later matched to where it
 // went, whether the request carried token ids or only text.
 func TestPicksTeachTheRoutingHistoryOfEndpointsWithoutEvents(t *testing.T) {
-	e := startEPP(t)
+	// The prefix scorer alone, so that the second pick follows what the
+	// history says: the default profile would send a request away from an
+	// endpoint still computing the same prompt, which is what it should do
+	// but not what this test asks.
+	e := startEPPWith(t, Options{ConfigText: config.PrecisePrefixConfigText})
 	for i := range 4 {
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: fmt.Sprintf("10.9.0.%d:8000", i+1), Model: "m"})
 	}

@@ -25,7 +25,13 @@ import (
 // the test ends.
 func startEPP(t *testing.T) *EPP {
 	t.Helper()
-	e, err := New(Options{Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0"})
+	return startEPPWith(t, Options{})
+}
+
+// startEPPWith is startEPP with o's scheduling configuration.
+func startEPPWith(t *testing.T, o Options) *EPP {
+	t.Helper()
+	e, err := New(Options{Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0", ConfigText: o.ConfigText})
 	if err != nil {
 		t.Fatal(err)
 	}
