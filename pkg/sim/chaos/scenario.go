@@ -264,12 +264,33 @@ func RunScenario(ctx context.Context, s Scenario, logger *slog.Logger) Result {
 	res.Converged, res.Detail = run.settle(expect, ConvergeLimit)
 	res.Converge = time.Since(end)
 	res.Picks, res.PeakFalse = run.picks, run.peak
-	var views [][]PodView
-	for _, rp := range run.Replicas {
-		v, err := w.View(rp)
-		if err != nil {
+	// The end state is read once the replicas agree (bounded): a stream
+	// left honestly uncertain is still resynced now and then, and one
+	// replica may be in the middle of it while the other is not.
+	deadline, settled := time.Now().Add(5*time.Second), res.Detail
+	for {
+		res.Detail = settled
+		if err := run.readEnd(&res); err != nil {
 			res.Err = err
 			return res
+		}
+		if res.Agree || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return res
+}
+
+// readEnd reads the end state of every replica into res.
+func (r *Run) readEnd(res *Result) error {
+	res.False, res.Missing, res.Held = 0, 0, 0
+	res.States = map[datalayer.StreamState]int{}
+	var views [][]PodView
+	for _, rp := range r.Replicas {
+		v, err := r.W.View(rp)
+		if err != nil {
+			return err
 		}
 		views = append(views, v)
 		for _, pv := range v {
@@ -288,7 +309,7 @@ func RunScenario(ctx context.Context, s Scenario, logger *slog.Logger) Result {
 			}
 		}
 	}
-	return res
+	return nil
 }
 
 // settle waits until every pod meets its outcome on every replica and the
