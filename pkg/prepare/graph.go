@@ -55,6 +55,8 @@ type graphNode struct {
 	// deps index Graph.nodes; all are earlier in the order.
 	deps     []int
 	produces []string
+	// inline: the producer runs on the caller's goroutine (InlineProducer).
+	inline bool
 
 	duration prometheus.Observer
 	timeouts prometheus.Counter
@@ -214,6 +216,7 @@ func BuildGraph(plugins []plugin.Plugin, opts ...GraphOption) (*Graph, error) {
 			p:        dp,
 			name:     name,
 			produces: sortedKeys(dp.Produces()),
+			inline:   isInline(dp),
 			duration: g.duration.WithLabelValues(name),
 			timeouts: g.errors.WithLabelValues(name, "timeout"),
 			failures: g.errors.WithLabelValues(name, "error"),
@@ -369,7 +372,8 @@ func (g *Graph) Order() []plugin.TypedName {
 // and one that fails publishes nothing either. A failure is logged under the
 // producer's name and does not stop the others (its dependents run without
 // its data). Run returns when every producer has finished or the deadline
-// has passed, with the producers' errors joined.
+// has passed, with the producers' errors joined. An InlineProducer runs on
+// the caller's goroutine, so Run returns no sooner than it does.
 func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Request, cands []*datalayer.Candidate) error {
 	if len(g.nodes) == 0 {
 		return nil
@@ -394,11 +398,21 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 	for i := range runs {
 		runs[i].done = make(chan struct{})
 	}
+	// The capacity is cut so that a producer appending to its slice cannot
+	// write over the next producer's views.
+	staged := func(i int) []*datalayer.Candidate { return views[i*nc : (i+1)*nc : (i+1)*nc] }
 	for i, n := range g.nodes {
-		// The capacity is cut so that a producer appending to its slice
-		// cannot write over the next producer's views.
-		staged := views[i*nc : (i+1)*nc : (i+1)*nc]
-		go g.runNode(ctx, n, runs, i, req, cands, staged)
+		if !n.inline {
+			go g.runNode(ctx, n, runs, i, req, cands, staged(i))
+		}
+	}
+	// Inline producers run here, in dependency order, while the others run
+	// on their own goroutines; each still waits for the producers it
+	// depends on, or the deadline.
+	for i, n := range g.nodes {
+		if n.inline {
+			g.runNode(ctx, n, runs, i, req, cands, staged(i))
+		}
 	}
 	for i := range runs {
 		select {
@@ -475,6 +489,11 @@ func (r *producerRun) result() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
+}
+
+func isInline(dp DataProducer) bool {
+	ip, ok := dp.(InlineProducer)
+	return ok && ip.ProducesInline()
 }
 
 func (g *Graph) runNode(ctx context.Context, n *graphNode, runs []producerRun, i int, req *request.Request, cands, staged []*datalayer.Candidate) {

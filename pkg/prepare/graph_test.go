@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -579,4 +581,81 @@ func TestGraphPublishesOnlyDeclaredKeysHoweverManyAreStaged(t *testing.T) {
 
 func ep(name, addr string) *datalayer.Endpoint {
 	return &datalayer.Endpoint{Name: name, Address: addr, Pod: name, Model: "m"}
+}
+
+// inlineProducer is a keyProducer that asks to run on Run's goroutine.
+type inlineProducer struct{ *keyProducer }
+
+func (inlineProducer) ProducesInline() bool { return true }
+
+// onRunsGoroutine reports whether the caller has Graph.Run on its stack.
+func onRunsGoroutine() bool {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs)])
+	for {
+		f, more := frames.Next()
+		if strings.HasSuffix(f.Function, "prepare.(*Graph).Run") {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+func TestGraphRunsInlineProducersOnTheCallersGoroutineInDependencyOrder(t *testing.T) {
+	t.Parallel()
+	// inline top → goroutine middle → inline bottom: each sees the one before.
+	var topInline, middleInline, bottomInline atomic.Bool
+	top := &keyProducer{name: "top", produces: produces("A"), produce: func(_ context.Context, cands []*datalayer.Candidate) error {
+		topInline.Store(onRunsGoroutine())
+		for i, c := range cands {
+			c.Put("A", i+1)
+		}
+		return nil
+	}}
+	middle := derive("middle", "B", func(in []int) int { middleInline.Store(onRunsGoroutine()); return in[0] * 10 }, "A")
+	bottom := derive("bottom", "C", func(in []int) int { bottomInline.Store(onRunsGoroutine()); return in[0] + 1 }, "B")
+	g, err := BuildGraph([]plugin.Plugin{inlineProducer{bottom}, middle, inlineProducer{top}, &keyScorer{name: "s", consumes: produces("C")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := testCandidates(3)
+	if err := g.Run(t.Context(), 10*time.Second, &request.Request{ID: "r1"}, cands); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cands {
+		if got, _ := getInt(c, "C"); got != (i+1)*10+1 {
+			t.Errorf("candidate %d: C = %d, want %d", i, got, (i+1)*10+1)
+		}
+	}
+	if !topInline.Load() || !bottomInline.Load() || middleInline.Load() {
+		t.Errorf("on Run's goroutine: top %v, middle %v, bottom %v; want true, false, true",
+			topInline.Load(), middleInline.Load(), bottomInline.Load())
+	}
+}
+
+func TestGraphInlineProducerPastTheDeadlinePublishesNothing(t *testing.T) {
+	t.Parallel()
+	slow := &keyProducer{name: "slow", produces: produces("A"), produce: func(ctx context.Context, cands []*datalayer.Candidate) error {
+		for _, c := range cands {
+			c.Put("A", 1)
+		}
+		<-ctx.Done() // still running at the deadline, then returning nil
+		return nil
+	}}
+	g, err := BuildGraph([]plugin.Plugin{inlineProducer{slow}, &keyScorer{name: "s", consumes: produces("A")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := testCandidates(2)
+	err = g.Run(t.Context(), 10*time.Millisecond, &request.Request{ID: "r1"}, cands)
+	if !errors.Is(err, ErrProducerTimeout) {
+		t.Errorf("Run = %v, want ErrProducerTimeout", err)
+	}
+	for i, c := range cands {
+		if _, ok := c.Get("A"); ok {
+			t.Errorf("candidate %d has A from a producer that missed its deadline", i)
+		}
+	}
 }

@@ -17,3 +17,13 @@ type DataProducer interface {
 	plugin.Consumer
 	Produce(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error
 }
+
+// InlineProducer is a DataProducer whose Produce computes only over memory
+// the process holds: no I/O, no waiting on anything but briefly held locks.
+// When ProducesInline reports true, Graph.Run calls it on the request's own
+// goroutine instead of handing the request to a goroutine of its own and
+// back; its deadline is then checked when it returns, as for any producer,
+// but Run cannot return before it does.
+type InlineProducer interface {
+	ProducesInline() bool
+}

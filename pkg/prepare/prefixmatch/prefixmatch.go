@@ -115,6 +115,11 @@ func (p *Producer) Produces() map[string]any {
 	}
 }
 
+// ProducesInline implements prepare.InlineProducer: the producer reads
+// only the index and the routing history, both in memory, so the request's
+// own goroutine runs it.
+func (p *Producer) ProducesInline() bool { return true }
+
 // Consumes implements plugin.Consumer: the producer reads only the request
 // and the index.
 func (p *Producer) Consumes() map[string]any { return nil }
@@ -210,10 +215,43 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 			p.approximate(keys[:min(len(keys), p.params.ApproxMaxBlocks)], g.blockSize, total, streamless, cands, infos)
 		}
 	}
+	var boxes infoBoxes
 	for i, c := range cands {
-		c.Put(datalayer.PrefixCacheMatchInfoKey, infos[i])
+		c.Put(datalayer.PrefixCacheMatchInfoKey, boxes.box(infos[i]))
 	}
 	return nil
+}
+
+// infoBoxes shares one boxed PrefixCacheInfo among the candidates whose
+// answers are equal. Boxing a struct in an interface allocates a copy, and
+// most of a request's candidates give the same answer (nothing held, or
+// the same shared prefix), so boxing each was an allocation per candidate
+// per request. A boxed value is never written through, so sharing it is safe.
+type infoBoxes struct {
+	vals  [4]datalayer.PrefixCacheInfo
+	boxed [4]any
+	n     int
+}
+
+func (b *infoBoxes) box(v datalayer.PrefixCacheInfo) any {
+	for k := range b.n {
+		if b.vals[k] == v {
+			return b.boxed[k]
+		}
+	}
+	var boxed any = v
+	// The most recent distinct answers are kept: the candidates come in
+	// address order, and equal answers tend to sit together.
+	k := b.n % len(b.vals)
+	if b.n < len(b.vals) {
+		b.n++
+	} else {
+		copy(b.vals[:], b.vals[1:])
+		copy(b.boxed[:], b.boxed[1:])
+		k = len(b.vals) - 1
+	}
+	b.vals[k], b.boxed[k] = v, boxed
+	return boxed
 }
 
 // approximate answers, from the routing-history fallback, for candidates

@@ -109,6 +109,13 @@ type Options struct {
 // large bodies benefits from it too (grpc/experimental.WithBufferPool).
 func BufferPool() mem.BufferPool { return sharedPool }
 
+// ServerOptions are the gRPC options every ext_proc server is built with,
+// credentials aside: the benchmarks' do-nothing floor (pkg/testkit/envoy)
+// is built with them too, so that the two differ only in what they do.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{experimental.BufferPool(BufferPool())}
+}
+
 // Server is the ext_proc gRPC server.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
@@ -151,7 +158,7 @@ func New(d Director, o Options) (*Server, error) {
 	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), health: health.NewServer(),
 		failLog: rate.NewLimiter(rate.Every(time.Second), 5)}
 
-	opts := []grpc.ServerOption{experimental.BufferPool(BufferPool())}
+	opts := ServerOptions()
 	if o.Plaintext && o.ClientCAFile != "" {
 		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
 	}

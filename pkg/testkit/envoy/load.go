@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Load is a benchmark's traffic: N completions requests whose bodies are
+// Load is a benchmark's traffic: N requests whose bodies are
 // drawn from Bodies, each split into 16 KiB chunks as Envoy forwards them,
 // sent by Workers concurrent streams. With Interval set, request i is due
 // at start + i*Interval (open loop) and its latency counts from then if it
@@ -17,6 +17,8 @@ import (
 // without it every worker sends its next request as soon as the last is
 // answered.
 type Load struct {
+	// Path is every request's :path (/v1/completions when empty).
+	Path     string
 	Bodies   [][]byte
 	N        int
 	Workers  int
@@ -48,6 +50,10 @@ func (l Load) Run(c *Client) LoadResult {
 		failures atomic.Int64
 		wg       sync.WaitGroup
 	)
+	path := l.Path
+	if path == "" {
+		path = "/v1/completions"
+	}
 	start := time.Now()
 	for w := range max(l.Workers, 1) {
 		wg.Add(1)
@@ -77,7 +83,7 @@ func (l Load) Run(c *Client) LoadResult {
 					}
 				}
 				res, err := c.Do(context.Background(), Request{
-					Path: "/v1/completions", Body: body, Chunks: len(body)/16384 + 1,
+					Path: path, Body: body, Chunks: len(body)/16384 + 1,
 				}, nil)
 				if err != nil || res.Immediate != nil {
 					failures.Add(1)

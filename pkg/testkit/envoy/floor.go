@@ -1,0 +1,147 @@
+package envoy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+)
+
+// Floor is the least an ext_proc endpoint picker can do in
+// FULL_DUPLEX_STREAMED mode: gather the body, answer the headers with a
+// fixed destination (header and envoy.lb metadata), and pass the body back
+// in chunks of at most 64 KiB, parsing nothing. It runs with the ext_proc
+// server's own gRPC options (extproc.ServerOptions), so that a benchmark
+// driving both with the same client and load measures what routing adds
+// and nothing else. The response phase is passed through unchanged.
+type Floor struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	dest string
+	srv  *grpc.Server
+	ln   net.Listener
+}
+
+// StartFloor serves a Floor in plaintext on loopback, answering every
+// request with dest, until the test ends.
+func StartFloor(tb testing.TB, dest string) *Floor {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f := &Floor{dest: dest, srv: grpc.NewServer(extproc.ServerOptions()...), ln: ln}
+	extprocv3.RegisterExternalProcessorServer(f.srv, f)
+	done := make(chan error, 1)
+	go func() { done <- f.srv.Serve(ln) }()
+	tb.Cleanup(func() {
+		f.srv.Stop()
+		select {
+		case err := <-done:
+			if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				tb.Errorf("floor: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			tb.Error("floor did not stop within 10s")
+		}
+	})
+	return f
+}
+
+// Addr is the floor's listen address.
+func (f *Floor) Addr() string { return f.ln.Addr().String() }
+
+// Process serves one stream.
+func (f *Floor) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
+	var body []byte
+	for {
+		req, err := ps.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			if errors.Is(ps.Context().Err(), context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		var out []*extprocv3.ProcessingResponse
+		switch r := req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
+				if h.GetKey() == "content-length" {
+					if n, err := strconv.Atoi(string(h.GetRawValue())); err == nil && n > 0 && n <= extproc.DefaultMaxBodyBytes {
+						body = make([]byte, 0, n)
+					}
+				}
+			}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			body = append(body, r.RequestBody.GetBody()...)
+			if r.RequestBody.GetEndOfStream() {
+				out = f.answer(body)
+			}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+				ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			out = append(out, streamed(true, r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream()))
+		default:
+			return fmt.Errorf("floor: %T is not served", req.Request)
+		}
+		for _, m := range out {
+			if err := ps.Send(m); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (f *Floor) answer(body []byte) []*extprocv3.ProcessingResponse {
+	set := func(k, v string) *corev3.HeaderValueOption {
+		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+	}
+	out := []*extprocv3.ProcessingResponse{{
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: &extprocv3.HeaderMutation{
+				SetHeaders: []*corev3.HeaderValueOption{
+					set(director.HeaderDestination, f.dest),
+					set("content-length", strconv.Itoa(len(body))),
+				}}},
+		}},
+		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			director.MetadataDestination: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				director.HeaderDestination: structpb.NewStringValue(f.dest),
+			}}),
+		}},
+	}}
+	for first := true; first || len(body) > 0; first = false {
+		n := min(len(body), 64<<10)
+		out = append(out, streamed(false, body[:n], n == len(body)))
+		body = body[n:]
+	}
+	return out
+}
+
+func streamed(response bool, chunk []byte, eos bool) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+		BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: eos},
+		}},
+	}}
+	if response {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+}
