@@ -3,6 +3,7 @@ package extproc_test
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -104,6 +105,7 @@ func startRig(b *testing.B, chat bool) *rig {
 		Endpoints: endpoints, BlockSize: blockSize, GPUBlocks: 4096,
 		NoTokenizer: true, ScrapeInterval: time.Second,
 		EPP: func(o *epp.Options) {
+			o.Logger = slog.New(slog.DiscardHandler)
 			o.RequestPath.ExtProcAddr, o.RequestPath.Plaintext = "127.0.0.1:0", true
 			if r.tok != nil {
 				o.RequestPath.Tokenizers = map[string]*hftokenizer.Tokenizer{"m": r.tok}

@@ -309,6 +309,9 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 	switch {
 	case st.respStreaming:
 		st.sse.Write(chunk)
+	case b.GetEndOfStream() && st.respBuf == nil && !st.respOverflow && len(chunk) <= maxUsageBody:
+		// The whole response in one message is read where it lies.
+		st.respBuf = chunk
 	case !st.respOverflow && len(st.respBuf)+len(chunk) <= maxUsageBody:
 		st.respBuf = append(st.respBuf, chunk...)
 	default:

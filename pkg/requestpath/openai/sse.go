@@ -11,18 +11,23 @@ const DefaultMaxSSELine = 64 << 10
 // token usage, which the model server sends in the final chunk when the
 // request set stream_options.include_usage (and in every chunk with
 // continuous usage stats). Feed it the body as it passes, in chunks split
-// anywhere. Its zero value is ready to use; it is not safe for concurrent
-// use.
+// anywhere. Lines and events that lie whole within a chunk are read where
+// they lie; only a line or an event's data that a chunk boundary cuts is
+// copied, to be completed by the next chunk. Its zero value is ready to
+// use; it is not safe for concurrent use.
 type SSEUsageScanner struct {
 	// MaxLine bounds the bytes held for a partial line and for one event's
 	// data; longer lines and events are skipped and counted. Zero means
 	// DefaultMaxSSELine.
 	MaxLine int
 
-	line      []byte // the current line, until its end arrives
-	lineOver  bool   // the current line outgrew MaxLine and is being skipped
-	afterCR   bool   // the last byte was '\r', so a leading '\n' ends nothing
-	data      []byte // the current event's data lines, joined by '\n'
+	line     []byte // the current line, until its end arrives
+	lineOver bool   // the current line outgrew MaxLine and is being skipped
+	afterCR  bool   // the last byte was '\r', so a leading '\n' ends nothing
+	// The current event's data: its one line within the chunk being
+	// written (ref), or its lines joined by '\n' in data, owned here.
+	ref       []byte
+	data      []byte
 	hasData   bool
 	dataOver  bool
 	usage     Usage
@@ -32,7 +37,8 @@ type SSEUsageScanner struct {
 	errs      int
 }
 
-// Write feeds the next bytes of the stream.
+// Write feeds the next bytes of the stream. The scanner keeps no reference
+// to chunk after it returns.
 func (s *SSEUsageScanner) Write(chunk []byte) {
 	if len(chunk) == 0 {
 		return
@@ -45,9 +51,18 @@ func (s *SSEUsageScanner) Write(chunk []byte) {
 		i := bytes.IndexAny(chunk, "\r\n")
 		if i < 0 {
 			s.appendLine(chunk)
-			return
+			break
 		}
-		s.appendLine(chunk[:i])
+		line, owned := chunk[:i], false
+		if len(s.line) > 0 || s.lineOver {
+			// The line began in an earlier chunk.
+			s.appendLine(line)
+			line, owned = s.line, true
+		} else if len(line) > s.maxLine() {
+			s.overflows++
+			s.dataOver = true
+			s.lineOver = true
+		}
 		if chunk[i] == '\r' {
 			if i+1 == len(chunk) {
 				s.afterCR = true
@@ -59,9 +74,19 @@ func (s *SSEUsageScanner) Write(chunk []byte) {
 		if s.lineOver {
 			s.lineOver = false
 		} else {
-			s.processLine(s.line)
+			s.processLine(line, owned)
 		}
 		s.line = s.line[:0]
+	}
+	// The chunk is the caller's: an event still open keeps its own copy.
+	s.own()
+}
+
+// own copies the current event's data out of the chunk it lies in.
+func (s *SSEUsageScanner) own() {
+	if s.ref != nil {
+		s.data = append(s.data[:0], s.ref...)
+		s.ref = nil
 	}
 }
 
@@ -99,7 +124,9 @@ func (s *SSEUsageScanner) appendLine(b []byte) {
 	s.line = append(s.line, b...)
 }
 
-func (s *SSEUsageScanner) processLine(line []byte) {
+// processLine reads one complete line; owned says it lies in s.line,
+// which the next line overwrites.
+func (s *SSEUsageScanner) processLine(line []byte, owned bool) {
 	if len(line) == 0 {
 		s.dispatch()
 		return
@@ -115,21 +142,32 @@ func (s *SSEUsageScanner) processLine(line []byte) {
 	if string(field) != "data" || s.dataOver {
 		return
 	}
-	if s.hasData {
-		if len(s.data)+1+len(value) > s.maxLine() {
-			s.dataOver = true
-			s.overflows++
+	if !s.hasData {
+		s.hasData = true
+		if !owned {
+			// Read where it lies, if the event ends within this chunk.
+			s.ref = value
 			return
 		}
-		s.data = append(s.data, '\n')
+		s.data = append(s.data[:0], value...)
+		return
 	}
+	s.own()
+	if len(s.data)+1+len(value) > s.maxLine() {
+		s.dataOver = true
+		s.overflows++
+		return
+	}
+	s.data = append(s.data, '\n')
 	s.data = append(s.data, value...)
-	s.hasData = true
 }
 
 func (s *SSEUsageScanner) dispatch() {
 	data, ok := s.data, s.hasData && !s.dataOver
-	s.data, s.hasData, s.dataOver = s.data[:0], false, false
+	if s.ref != nil {
+		data = s.ref
+	}
+	s.ref, s.data, s.hasData, s.dataOver = nil, s.data[:0], false, false
 	if !ok {
 		return
 	}

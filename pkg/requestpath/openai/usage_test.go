@@ -200,3 +200,24 @@ func TestSSEUsageScannerKeepsACRLFSplitByAnEmptyWrite(t *testing.T) {
 		t.Errorf("Usage = %+v, %v; want 4 prompt tokens", u, ok)
 	}
 }
+
+func TestSSEUsageScannerReadsEventsWholeInAChunkWithoutCopyingThem(t *testing.T) {
+	t.Parallel()
+	var s SSEUsageScanner
+	// One event per chunk, as a model server flushes them.
+	for _, ev := range strings.SplitAfter(stream, "\n\n") {
+		s.Write([]byte(ev))
+		if cap(s.line) != 0 || cap(s.data) != 0 {
+			t.Fatalf("after %q: holding %d and %d bytes; want none", ev, cap(s.line), cap(s.data))
+		}
+	}
+	if u, ok := s.Usage(); !ok || u.PromptTokens != 40 || u.CachedTokens != 32 || !s.Done() {
+		t.Errorf("Usage = %+v, %v, done %v; want the final usage and done", u, ok, s.Done())
+	}
+	// An event cut by a chunk boundary is held until its end arrives.
+	s.Write([]byte("data: {\"usage\":{\"prompt_tokens\":7}}\n"))
+	s.Write([]byte("\n"))
+	if u, _ := s.Usage(); u.PromptTokens != 7 {
+		t.Errorf("an event ended by the next chunk: Usage = %+v, want 7 prompt tokens", u)
+	}
+}
