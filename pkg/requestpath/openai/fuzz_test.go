@@ -185,3 +185,27 @@ func FuzzSplitObject(f *testing.F) {
 		}
 	})
 }
+
+// FuzzStringValue holds the string decoder to encoding/json on every valid
+// string literal: escapes, surrogates (paired, lone, broken) and invalid
+// UTF-8 all decode alike.
+func FuzzStringValue(f *testing.F) {
+	for _, s := range []string{`"plain"`, `"a\nb\"c\\d\/e\b\f\r\t"`, `"\u00e9\ud83d\ude00"`, `"\ud83d"`, `"\ud83d\u0041"`,
+		`"\ude00\ud83d"`, "\"\xff\xfe ok \xc3\"", `"\uD83D\uDE00x"`, `""`, `"\\"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		raw = bytes.TrimSpace(raw)
+		if len(raw) == 0 || raw[0] != '"' || !json.Valid(raw) {
+			return
+		}
+		var want string
+		if err := json.Unmarshal(raw, &want); err != nil {
+			t.Fatalf("encoding/json: %v", err)
+		}
+		got, err := stringValue(raw)
+		if err != nil || got != want {
+			t.Fatalf("stringValue(%q) = %q, %v; encoding/json says %q", raw, got, err, want)
+		}
+	})
+}

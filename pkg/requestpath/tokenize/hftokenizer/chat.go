@@ -13,6 +13,7 @@ import (
 	"github.com/ardanlabs/jinja"
 
 	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
 
 // chatTemplate renders chat messages into the prompt text a model server
@@ -286,6 +287,73 @@ func isPySpace(r rune) bool {
 // their order, because tojson prints them in that order and the ids depend
 // on it.
 func decodeJSONValue(data []byte) (jinja.Value, error) {
+	if openai.ValidJSON(data) {
+		v, _, err := decodeValid(data, openai.SkipSpace(data, 0), 0)
+		return v, err
+	}
+	// Invalid: encoding/json says what is wrong.
+	return decodeJSONStream(data)
+}
+
+// decodeValid decodes the value at b[i] of valid JSON, returning the index
+// just past it. encoding/json's token stream costs a function call per byte
+// and a copy per token, which for a chat's long system prompt was most of
+// rendering it.
+func decodeValid(b []byte, i, depth int) (jinja.Value, int, error) {
+	if depth > maxJSONDepth {
+		return jinja.Undefined(), i, errors.New("JSON nested too deeply")
+	}
+	next := func(j int) int {
+		j = openai.SkipSpace(b, j)
+		if b[j] == ',' {
+			j = openai.SkipSpace(b, j+1)
+		}
+		return j
+	}
+	end := openai.SkipValue(b, i)
+	switch b[i] {
+	case '"':
+		s, err := openai.DecodeString(b[i:end])
+		return jinja.NewString(s), end, err
+	case 't', 'f':
+		return jinja.NewBool(b[i] == 't'), end, nil
+	case 'n':
+		return jinja.None(), end, nil
+	case '[':
+		var items []jinja.Value
+		j := openai.SkipSpace(b, i+1)
+		for b[j] != ']' {
+			item, after, err := decodeValid(b, j, depth+1)
+			if err != nil {
+				return jinja.Undefined(), j, err
+			}
+			items = append(items, item)
+			j = next(after)
+		}
+		return jinja.NewList(items), j + 1, nil
+	case '{':
+		d := jinja.NewDict()
+		j := openai.SkipSpace(b, i+1)
+		for b[j] != '}' {
+			keyEnd := openai.SkipValue(b, j)
+			key, err := openai.DecodeString(b[j:keyEnd])
+			if err != nil {
+				return jinja.Undefined(), j, err
+			}
+			val, after, err := decodeValid(b, openai.SkipSpace(b, openai.SkipSpace(b, keyEnd)+1), depth+1)
+			if err != nil {
+				return jinja.Undefined(), j, err
+			}
+			d.AsDict().Set(key, val)
+			j = next(after)
+		}
+		return d, j + 1, nil
+	}
+	return jinja.FromGoValue(json.Number(b[i:end])), end, nil
+}
+
+// decodeJSONStream is decodeJSONValue through encoding/json's token stream.
+func decodeJSONStream(data []byte) (jinja.Value, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	v, err := decodeValue(dec, 0)

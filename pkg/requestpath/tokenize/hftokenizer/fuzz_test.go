@@ -2,12 +2,15 @@ package hftokenizer
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/ardanlabs/jinja"
 	"github.com/dlclark/regexp2/v2"
 
 	"github.com/kvroute/kvroute/pkg/framework/request"
@@ -109,5 +112,51 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		_, _ = tok.Encode("hello <s> world", true)
+	})
+}
+
+// FuzzDecodeJSONValue holds the decoder of chat JSON to encoding/json's
+// token stream, which it replaced: the same values, keys in the same
+// order, and an error for the same inputs.
+func FuzzDecodeJSONValue(f *testing.F) {
+	for _, s := range []string{
+		`[{"role":"user","content":"hi\n\"there\"","n":-1.5e3,"b":[true,false,null],"e":{}}]`,
+		`{"b":1,"a":2,"b":3}`, `[]`, ` [ 1 , 2 ] `, `"\ud83d\ude00"`, `[1,]`, `{"a"}`, `[1] [2]`, "[\"\xff\"]",
+		strings.Repeat("[", 70) + strings.Repeat("]", 70),
+	} {
+		f.Add([]byte(s))
+	}
+	var dump func(v jinja.Value) string
+	dump = func(v jinja.Value) string {
+		switch {
+		case v.IsDict():
+			var b strings.Builder
+			b.WriteString("{")
+			for _, k := range v.AsDict().Keys {
+				e, _ := v.AsDict().Get(k)
+				fmt.Fprintf(&b, "%q:%s,", k, dump(e))
+			}
+			return b.String() + "}"
+		case v.IsList():
+			var b strings.Builder
+			b.WriteString("[")
+			for _, e := range v.AsList().Items {
+				b.WriteString(dump(e) + ",")
+			}
+			return b.String() + "]"
+		case v.IsString():
+			return fmt.Sprintf("%q", v.AsString())
+		}
+		return fmt.Sprintf("%T:%v", v, v.String())
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := decodeJSONValue(data)
+		want, werr := decodeJSONStream(data)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("decodeJSONValue(%q): error %v; the token stream's %v", data, err, werr)
+		}
+		if err == nil && dump(got) != dump(want) {
+			t.Fatalf("decodeJSONValue(%q) = %s; the token stream gives %s", data, dump(got), dump(want))
+		}
 	})
 }
