@@ -241,6 +241,14 @@ func validContainer(b []byte, i, depth int) (int, bool) {
 // not.
 func validString(b []byte, i int) (int, bool) {
 	for i++; i < len(b); {
+		// Eight bytes at a time past the plain ones: a chat message is
+		// tens of kilobytes of text with few quotes or backslashes.
+		for i+8 <= len(b) && plain8(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		if i >= len(b) {
+			break
+		}
 		switch c := b[i]; {
 		case c == '"':
 			return i + 1, true
@@ -266,6 +274,22 @@ func validString(b []byte, i int) (int, bool) {
 		}
 	}
 	return i, false
+}
+
+// plain8 reports whether none of the eight bytes in x is a quote, a
+// backslash or a control character (below 0x20): none of them ends or
+// escapes a string, or makes it invalid.
+func plain8(x uint64) bool {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	// A byte b has its high bit set in (b - n) &^ b only when b < n (for
+	// b < 0x80); a byte is zero after the XOR exactly where it matched.
+	below := (x - ones*0x20) &^ x
+	quote := x ^ (ones * '"')
+	slash := x ^ (ones * '\\')
+	return (below|(quote-ones)&^quote|(slash-ones)&^slash)&highs == 0
 }
 
 func isHex(c byte) bool {
