@@ -214,12 +214,14 @@ func (c *Candidate) find(key string) *attr {
 	return nil
 }
 
-// StageInto makes v, which must be unused, a staging view of c: reads fall
+// StageInto makes v, which no one else is using (a view an earlier run
+// used may serve again), a staging view of c: reads fall
 // through to c, writes stay in v until Commit publishes them. The
 // PrepareData graph gives each producer its own views, so that a producer
 // that misses its deadline publishes nothing.
 func (c *Candidate) StageInto(v *Candidate) {
-	v.Endpoint, v.Metrics, v.Stream, v.InFlight, v.base = c.Endpoint, c.Metrics, c.Stream, c.InFlight, c
+	// Whole, so that a view used by an earlier run starts empty.
+	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, InFlight: c.InFlight, base: c}
 }
 
 // Commit publishes into c what staged, a staging view of c, holds under

@@ -47,6 +47,11 @@ type Graph struct {
 	// failLog bounds the failure lines: requests decide how often
 	// producers fail (a flood of them times them out).
 	failLog *rate.Limiter
+
+	// allInline: every producer runs on Run's goroutine, and the staging
+	// views of finished runs are pooled.
+	allInline bool
+	staging   sync.Pool
 }
 
 type graphNode struct {
@@ -230,6 +235,7 @@ func BuildGraph(plugins []plugin.Plugin, opts ...GraphOption) (*Graph, error) {
 		}
 		pos[i] = len(g.nodes)
 		g.nodes = append(g.nodes, n)
+		g.allInline = len(g.nodes) == 1 && n.inline || g.allInline && n.inline
 	}
 	return g, nil
 }
@@ -384,11 +390,15 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 	// Each producer stages its writes in its own views of the candidates,
 	// and all the views of a run come from one slab: a request has tens of
 	// candidates, so this replaces an allocation per candidate per producer
-	// with one per run. The slab is never reused, because a producer that
-	// misses the deadline may still write into its views after Run returns.
+	// with one per run. A slab is reused only when every producer runs
+	// inline: a producer on its own goroutine that misses the deadline may
+	// still write into its views after Run returns.
 	nc := len(cands)
-	slab := make([]datalayer.Candidate, len(g.nodes)*nc)
-	views := make([]*datalayer.Candidate, len(slab))
+	st := g.stagingFor(len(g.nodes) * nc)
+	if st.pooled {
+		defer g.staging.Put(st)
+	}
+	slab, views := st.slab, st.views
 	for k := range slab {
 		c, v := cands[k%nc], &slab[k]
 		c.StageInto(v)
@@ -489,6 +499,27 @@ func (r *producerRun) result() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
+}
+
+// staging is one Run's views of its candidates.
+type staging struct {
+	slab   []datalayer.Candidate
+	views  []*datalayer.Candidate
+	pooled bool
+}
+
+// stagingFor returns views for n candidates: from the graph's pool when
+// every producer runs inline, so that nothing writes into them after Run.
+func (g *Graph) stagingFor(n int) *staging {
+	if !g.allInline {
+		return &staging{slab: make([]datalayer.Candidate, n), views: make([]*datalayer.Candidate, n)}
+	}
+	st, _ := g.staging.Get().(*staging)
+	if st == nil || cap(st.slab) < n {
+		st = &staging{slab: make([]datalayer.Candidate, n), views: make([]*datalayer.Candidate, n), pooled: true}
+	}
+	st.slab, st.views = st.slab[:n], st.views[:n]
+	return st
 }
 
 func isInline(dp DataProducer) bool {

@@ -659,3 +659,33 @@ func TestGraphInlineProducerPastTheDeadlinePublishesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestGraphReusedStagingCarriesNothingIntoTheNextRun(t *testing.T) {
+	t.Parallel()
+	var put atomic.Bool
+	put.Store(true)
+	p := &keyProducer{name: "p", produces: produces("A"), produce: func(_ context.Context, cands []*datalayer.Candidate) error {
+		if put.Load() {
+			for _, c := range cands {
+				c.Put("A", 1)
+			}
+		}
+		return nil
+	}}
+	g, err := BuildGraph([]plugin.Plugin{inlineProducer{p}, &keyScorer{name: "s", consumes: produces("A")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for run := range 20 {
+		put.Store(run%2 == 0)
+		cands := testCandidates(4)
+		if err := g.Run(t.Context(), 10*time.Second, &request.Request{ID: "r"}, cands); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range cands {
+			if _, ok := c.Get("A"); ok != (run%2 == 0) {
+				t.Fatalf("run %d, candidate %d: has A %v, want %v", run, i, ok, run%2 == 0)
+			}
+		}
+	}
+}

@@ -7,6 +7,7 @@ package prefixmatch
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
@@ -137,9 +138,9 @@ type group struct {
 
 // Produce implements datalayer.DataProducer.
 func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error {
-	infos := make([]datalayer.PrefixCacheInfo, len(cands))
-	addrs := make([]string, 0, len(cands))
-	matches := make([]index.Match, len(cands))
+	sc := getScratch(len(cands))
+	defer scratchPool.Put(sc)
+	infos, addrs, matches := sc.infos, sc.addrs, sc.matches
 	var textHashes []uint64 // approximate hashes of the text, when tokens are unknown
 
 	for _, g := range p.groups(cands) {
@@ -220,6 +221,27 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		c.Put(datalayer.PrefixCacheMatchInfoKey, boxes.box(infos[i]))
 	}
 	return nil
+}
+
+// scratch is one Produce's working memory, pooled: none of it outlives
+// the call (the answers are boxed copies).
+type scratch struct {
+	infos   []datalayer.PrefixCacheInfo
+	addrs   []string
+	matches []index.Match
+}
+
+var scratchPool sync.Pool
+
+func getScratch(n int) *scratch {
+	sc, _ := scratchPool.Get().(*scratch)
+	if sc == nil || cap(sc.infos) < n {
+		sc = &scratch{infos: make([]datalayer.PrefixCacheInfo, n), addrs: make([]string, 0, n), matches: make([]index.Match, n)}
+	}
+	sc.infos, sc.addrs, sc.matches = sc.infos[:n], sc.addrs[:0], sc.matches[:n]
+	clear(sc.infos)
+	clear(sc.matches)
+	return sc
 }
 
 // infoBoxes shares one boxed PrefixCacheInfo among the candidates whose
