@@ -7,7 +7,7 @@ BENCH    ?= .
 BENCHTIME ?= 1s
 FUZZTIME ?= 10000x
 
-.PHONY: run test test-interop bench bench-routing bench-routing-virtual chaos scale fuzz-smoke lint help
+.PHONY: run test test-interop bench bench-extproc bench-routing bench-routing-virtual chaos scale fuzz-smoke lint help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ test-interop: ## the relay against vLLM's own transport library (needs libzmq3-d
 
 bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns in one run (~6 min)
+	$(GO) test -run '^$$' -bench 'BenchmarkExtProc(Floor|Rates)' -benchtime 1800x -timeout 40m ./pkg/requestpath/extproc/
 
 bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~40 min)
 	$(GO) run ./cmd/kvsim bench

@@ -5,6 +5,8 @@
 // response headers, body and trailers. It checks the server's answers
 // against what Envoy accepts and hands back what Envoy would have done
 // with them: the destination, the mutated body, the immediate response.
+// Beside it stands Floor, an ext_proc server that does the least the
+// protocol allows, against which benchmarks measure what routing costs.
 package envoy
 
 import (
