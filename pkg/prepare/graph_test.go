@@ -588,6 +588,20 @@ type inlineProducer struct{ *keyProducer }
 
 func (inlineProducer) ProducesInline() bool { return true }
 
+// runOnce builds a graph of plugins and runs it once over n candidates.
+func runOnce(t *testing.T, plugins []plugin.Plugin, n int) []*datalayer.Candidate {
+	t.Helper()
+	g, err := BuildGraph(plugins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands := testCandidates(n)
+	if err := g.Run(t.Context(), 10*time.Second, &request.Request{ID: "r1"}, cands); err != nil {
+		t.Fatal(err)
+	}
+	return cands
+}
+
 // onRunsGoroutine reports whether the caller has Graph.Run on its stack.
 func onRunsGoroutine() bool {
 	pcs := make([]uintptr, 64)
@@ -616,14 +630,7 @@ func TestGraphRunsInlineProducersOnTheCallersGoroutineInDependencyOrder(t *testi
 	}}
 	middle := derive("middle", "B", func(in []int) int { middleInline.Store(onRunsGoroutine()); return in[0] * 10 }, "A")
 	bottom := derive("bottom", "C", func(in []int) int { bottomInline.Store(onRunsGoroutine()); return in[0] + 1 }, "B")
-	g, err := BuildGraph([]plugin.Plugin{inlineProducer{bottom}, middle, inlineProducer{top}, &keyScorer{name: "s", consumes: produces("C")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cands := testCandidates(3)
-	if err := g.Run(t.Context(), 10*time.Second, &request.Request{ID: "r1"}, cands); err != nil {
-		t.Fatal(err)
-	}
+	cands := runOnce(t, []plugin.Plugin{inlineProducer{bottom}, middle, inlineProducer{top}, &keyScorer{name: "s", consumes: produces("C")}}, 3)
 	for i, c := range cands {
 		if got, _ := getInt(c, "C"); got != (i+1)*10+1 {
 			t.Errorf("candidate %d: C = %d, want %d", i, got, (i+1)*10+1)

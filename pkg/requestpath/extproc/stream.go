@@ -243,7 +243,7 @@ func (st *stream) route(eos bool) (bool, error) {
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), maxChunk)
 		last := n == len(body)
-		if err := st.send(streamedBody(false, body[:n], last && eos)); err != nil {
+		if err := st.send(StreamedBody(false, body[:n], last && eos)); err != nil {
 			return false, err
 		}
 		body = body[n:]
@@ -319,7 +319,7 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 	}
 	var resp *extprocv3.ProcessingResponse
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		resp = streamedBody(true, chunk, b.GetEndOfStream())
+		resp = StreamedBody(true, chunk, b.GetEndOfStream())
 	} else {
 		resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
 			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}}
@@ -379,7 +379,9 @@ func headersResponse(mut *extprocv3.HeaderMutation) *extprocv3.ProcessingRespons
 	return &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: cr}}
 }
 
-func streamedBody(response bool, chunk []byte, eos bool) *extprocv3.ProcessingResponse {
+// StreamedBody is the full-duplex answer passing chunk on: in the request
+// phase or, when response is set, the response phase.
+func StreamedBody(response bool, chunk []byte, eos bool) *extprocv3.ProcessingResponse {
 	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
 		BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: eos},

@@ -95,7 +95,7 @@ func (f *Floor) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 				ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
 		case *extprocv3.ProcessingRequest_ResponseBody:
-			out = append(out, streamed(true, r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream()))
+			out = append(out, extproc.StreamedBody(true, r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream()))
 		default:
 			return fmt.Errorf("floor: %T is not served", req.Request)
 		}
@@ -128,20 +128,8 @@ func (f *Floor) answer(body []byte) []*extprocv3.ProcessingResponse {
 	}}
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), 64<<10)
-		out = append(out, streamed(false, body[:n], n == len(body)))
+		out = append(out, extproc.StreamedBody(false, body[:n], n == len(body)))
 		body = body[n:]
 	}
 	return out
-}
-
-func streamed(response bool, chunk []byte, eos bool) *extprocv3.ProcessingResponse {
-	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-		BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: eos},
-		}},
-	}}
-	if response {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
-	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
 }
