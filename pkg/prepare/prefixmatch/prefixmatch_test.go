@@ -170,3 +170,39 @@ func TestProduceReportsNoHitForARequestWithNonTextParts(t *testing.T) {
 		}
 	}
 }
+
+func TestProduceAllocatesAlikeForEightAndSixtyFourCandidatesWithEqualAnswers(t *testing.T) {
+	prompt := make([]uint32, 1024)
+	for i := range prompt {
+		prompt[i] = uint32(7 + i)
+	}
+	allocs := map[int]float64{}
+	for _, n := range []int{8, 64} {
+		ix := index.New(index.Options{}, nil)
+		var cands []*datalayer.Candidate
+		for i := range n {
+			addr := fmt.Sprintf("10.0.1.%d:8000", i+1)
+			ix.AddEndpoint(addr)
+			// Every engine holds the same two blocks of the prompt.
+			store(ix, addr, "m", 16, 2, prompt)
+			cands = append(cands, datalayer.NewCandidate(&datalayer.Endpoint{Name: addr, Address: addr, Model: "m"},
+				datalayer.Metrics{BlockSize: 16}, datalayer.StreamExact))
+		}
+		p := prefixmatch.New("", prefixmatch.Params{}, ix, nil)
+		req := &request.Request{Model: "m", TokenIDs: prompt}
+		allocs[n] = testing.AllocsPerRun(50, func() {
+			if err := p.Produce(context.Background(), req, cands); err != nil {
+				t.Fatal(err)
+			}
+		})
+		for i, c := range cands {
+			v, _ := c.Get(datalayer.PrefixCacheMatchInfoKey)
+			if info, _ := v.(datalayer.PrefixCacheInfo); info.MatchBlocks != 2 {
+				t.Fatalf("%d candidates: candidate %d matches %d blocks, want 2", n, i, info.MatchBlocks)
+			}
+		}
+	}
+	if allocs[64] != allocs[8] {
+		t.Errorf("allocations per Produce: %v with 8 candidates, %v with 64; want the same", allocs[8], allocs[64])
+	}
+}
