@@ -1,0 +1,5 @@
+//go:build !race
+
+package prefixmatch_test
+
+const raceEnabled = false
