@@ -103,6 +103,17 @@ func (p *Producer) Produces() map[string]any {
 	}
 }
 
+// ProducesInline implements prepare.InlineProducer: kvroute's own
+// predictor predicts from memory, so the request's goroutine runs it; a
+// sidecar is asked over the network, on a goroutine of its own.
+func (p *Producer) ProducesInline() bool {
+	switch p.backend.(type) {
+	case InProcess, *InProcess:
+		return true
+	}
+	return false
+}
+
 // Consumes implements plugin.Consumer: the prefix match per tier is the
 // prediction's main input.
 func (p *Producer) Consumes() map[string]any {
