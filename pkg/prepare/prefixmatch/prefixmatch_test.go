@@ -172,8 +172,12 @@ func TestProduceReportsNoHitForARequestWithNonTextParts(t *testing.T) {
 }
 
 func TestProduceAllocatesAlikeForEightAndSixtyFourCandidatesWithEqualAnswers(t *testing.T) {
+	// Under the race detector sync.Pool drops items at random, so a run
+	// may allocate again what a pool would have given back: a few
+	// allocations either way, while a box per candidate would be 56 more.
+	tolerance := 0.0
 	if raceEnabled {
-		t.Skip("under the race detector sync.Pool drops items at random, so allocations are not counted")
+		tolerance = 4
 	}
 	prompt := make([]uint32, 1024)
 	for i := range prompt {
@@ -193,7 +197,7 @@ func TestProduceAllocatesAlikeForEightAndSixtyFourCandidatesWithEqualAnswers(t *
 		}
 		p := prefixmatch.New("", prefixmatch.Params{}, ix, nil)
 		req := &request.Request{Model: "m", TokenIDs: prompt}
-		allocs[n] = testing.AllocsPerRun(50, func() {
+		allocs[n] = testing.AllocsPerRun(200, func() {
 			if err := p.Produce(context.Background(), req, cands); err != nil {
 				t.Fatal(err)
 			}
@@ -205,7 +209,7 @@ func TestProduceAllocatesAlikeForEightAndSixtyFourCandidatesWithEqualAnswers(t *
 			}
 		}
 	}
-	if allocs[64] != allocs[8] {
-		t.Errorf("allocations per Produce: %v with 8 candidates, %v with 64; want the same", allocs[8], allocs[64])
+	if d := allocs[64] - allocs[8]; d > tolerance || d < -tolerance {
+		t.Errorf("allocations per Produce: %v with 8 candidates, %v with 64; want the same (within %v)", allocs[8], allocs[64], tolerance)
 	}
 }
