@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// A small fleet run measures every figure of the report, the replayed
+// A small fleet run measures the report's figures of work and time, the replayed
 // replica ends with the live one's index, and replicas routing the same
 // pool in turn answer alike but for their own speculative holdings.
 func TestASmallFleetRunMeasuresEveryFigureAndTheReplicasAgree(t *testing.T) {
@@ -27,7 +27,11 @@ func TestASmallFleetRunMeasuresEveryFigureAndTheReplicasAgree(t *testing.T) {
 		t.Fatalf("the fleet ran nothing: %+v", f)
 	case f.HitRate <= 0 || f.HitRate > 1:
 		t.Fatalf("fleet hit rate %v", f.HitRate)
-	case in.Batches == 0 || in.Events == 0 || in.CPU <= 0 || in.IndexBytes == 0 || in.LookupNs <= 0 || in.PickUs <= 0:
+	// The heap figures are not checked: at a thousand holdings the index's
+	// share is inside the noise of the process's heap (other tests'
+	// goroutines, the NATS server); `make scale` measures them at sizes
+	// where it is not.
+	case in.Batches == 0 || in.Events == 0 || in.CPU <= 0 || in.LookupNs <= 0 || in.PickUs <= 0:
 		t.Fatalf("the replay measured nothing: %+v", in)
 	case in.Holdings != f.Holdings[0]:
 		t.Fatalf("the replayed replica holds %d, the live one held %d", in.Holdings, f.Holdings[0])
