@@ -134,9 +134,12 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 		}
 	}
 
-	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
-		t.Fatalf("/readyz with endpoints and a connected consumer = %d %q", code, body)
-	}
+	// Ready once it has caught up: a resync the events started may still
+	// be in flight when the index already answers.
+	testkit.WaitFor(t, "/readyz to answer 200 with endpoints and a connected consumer", func() bool {
+		code, _ := get(t, base+"/readyz")
+		return code == http.StatusOK
+	})
 	_, metrics := get(t, base+"/metrics")
 	for _, name := range []string{"kvroute_events_batches_total", "kvroute_index_", "kvroute_datastore_endpoints"} {
 		if !strings.Contains(metrics, name) {
