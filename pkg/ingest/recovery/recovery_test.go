@@ -396,17 +396,25 @@ func TestARestartDuringAResyncAbandonsIt(t *testing.T) {
 	}
 }
 
-func TestAGapTheSnapshotCoversIsNoGap(t *testing.T) {
-	t.Parallel()
+// joinedAtSnapshot is an EPP that starts late beside an engine 12 batches
+// in: the endpoint joins and the relay's snapshot at seq 8 is installed.
+func joinedAtSnapshot(t *testing.T) (*engineTape, *unit) {
 	tape := recordEngine(t, 12)
 	u := newUnit(t, recovery.Options{})
 	u.respond(t, nil, func() []*nats.Msg {
 		return chunks(tape.origin("inst-a", 8), tape.snapshotAt(t, "inst-a", 8), true)
 	})
 	u.run(t)
-	// An EPP that starts late: the endpoint joins, its snapshot is installed.
 	u.rec.AddEndpoint(unitAddr)
-	testkit.WaitFor(t, "the install", func() bool { s, _ := u.ix.State(unitAddr); return s == datalayer.StreamExact })
+	testkit.WaitFor(t, "the install", func() bool { return stateOf(u) == datalayer.StreamExact })
+	return tape, u
+}
+
+func stateOf(u *unit) datalayer.StreamState { s, _ := u.ix.State(unitAddr); return s }
+
+func TestAGapTheSnapshotCoversIsNoGap(t *testing.T) {
+	t.Parallel()
+	tape, u := joinedAtSnapshot(t)
 	// The consumer sees the stream for the first time at seq 9 and calls it
 	// a gap; against the snapshot it follows on.
 	u.rec.Uncertain(unitStream, events.ReasonGap)

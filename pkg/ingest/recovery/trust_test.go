@@ -19,8 +19,6 @@ func withState(msgs []*nats.Msg, state string) []*nats.Msg {
 	return msgs
 }
 
-func stateOf(u *unit) datalayer.StreamState { s, _ := u.ix.State(unitAddr); return s }
-
 func TestAPartialSnapshotSettlesTheStreamPartial(t *testing.T) {
 	t.Parallel()
 	tape := recordEngine(t, 12)
@@ -94,14 +92,7 @@ func TestAHeartbeatPastTheStreamHealsItsLostTail(t *testing.T) {
 
 func TestAHeartbeatTheSnapshotCoveredIsNoLoss(t *testing.T) {
 	t.Parallel()
-	tape := recordEngine(t, 12)
-	u := newUnit(t, recovery.Options{})
-	u.respond(t, nil, func() []*nats.Msg {
-		return chunks(tape.origin("inst-a", 8), tape.snapshotAt(t, "inst-a", 8), true)
-	})
-	u.run(t)
-	u.rec.AddEndpoint(unitAddr)
-	testkit.WaitFor(t, "the install", func() bool { return stateOf(u) == datalayer.StreamExact })
+	tape, u := joinedAtSnapshot(t)
 	// The consumer never saw a batch; the heartbeat is ahead of it but not
 	// of the snapshot.
 	u.rec.Tail(tape.origin("inst-a", 8))
