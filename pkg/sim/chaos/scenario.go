@@ -144,12 +144,23 @@ func (r *Run) Crash(i int) error {
 // Until serves traffic until cond holds (bounded), as engines keep
 // stepping while a fault runs its course.
 func (r *Run) Until(what string, cond func() bool) error {
+	return r.until(what, cond, func() error { return r.Serve(3) })
+}
+
+// UntilOn is Until with the traffic sent to pod p itself, for what only
+// p's own batches can bring about: the picks may all go to other pods (a
+// restarted engine's empty cache draws none).
+func (r *Run) UntilOn(p *Pod, what string, cond func() bool) error {
+	return r.until(what, cond, func() error { return r.servePod(p, 3) })
+}
+
+func (r *Run) until(what string, cond func() bool, serve func() error) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("chaos: %s never happened", what)
 		}
-		if err := r.Serve(3); err != nil {
+		if err := serve(); err != nil {
 			return err
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -569,7 +580,7 @@ func Scenarios() []Scenario {
 				if err := r.W.RestartEngine(p); err != nil {
 					return err
 				}
-				if err := r.Until("the relay to see the restart", func() bool {
+				if err := r.UntilOn(p, "the relay to see the restart", func() bool {
 					return Metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") > 0
 				}); err != nil {
 					return err
@@ -672,7 +683,7 @@ func Scenarios() []Scenario {
 				p := r.W.Pods[1]
 				err := r.W.RestartEngine(p)
 				if err == nil {
-					err = r.Until("the relay to see the restart", func() bool {
+					err = r.UntilOn(p, "the relay to see the restart", func() bool {
 						return Metric(p.RelayMetrics, "kvroute_relay_engine_restarts_total") > 0
 					})
 				}
