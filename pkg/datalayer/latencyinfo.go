@@ -2,7 +2,10 @@ package datalayer
 
 // LatencyPredictionInfoKey is the key under which a candidate's
 // LatencyPredictionInfo is published, as upstream's predicted-latency
-// producer names it.
+// producer names it. kvroute's producer publishes a
+// *LatencyPredictionInfo (into a per-request slab, so that publishing
+// boxes nothing); read it with LatencyPredictionOf, which takes a value
+// as well.
 const LatencyPredictionInfoKey = "LatencyPredictionInfoKey"
 
 // LatencyPredictionInfo is the latency predicted for one request on one
@@ -41,4 +44,24 @@ type LatencyPredictionInfo struct {
 // request has (true when it has none).
 func (l *LatencyPredictionInfo) MeetsSLO() bool {
 	return (!l.HasTTFTSLO || l.TTFTHeadroom >= 0) && (!l.HasTPOTSLO || l.TPOTHeadroom >= 0)
+}
+
+// LatencyPredictionOf returns the prediction published on a (a candidate,
+// or a response's picked one) under LatencyPredictionInfoKey, held as a
+// *LatencyPredictionInfo or a LatencyPredictionInfo; ok is false when
+// there is none.
+func LatencyPredictionOf(a interface{ Get(string) (any, bool) }) (LatencyPredictionInfo, bool) {
+	v, ok := a.Get(LatencyPredictionInfoKey)
+	if !ok {
+		return LatencyPredictionInfo{}, false
+	}
+	switch p := v.(type) {
+	case *LatencyPredictionInfo:
+		if p != nil {
+			return *p, true
+		}
+	case LatencyPredictionInfo:
+		return p, true
+	}
+	return LatencyPredictionInfo{}, false
 }

@@ -4,7 +4,7 @@
 // PrefixCacheInfo (tokens cached per tier, exactly), its scraped load and
 // the EPP's own in-flight accounting, asks a latency backend (kvroute's
 // in-process predictor, or upstream's predictor sidecar), and publishes a
-// LatencyPredictionInfo with the headroom against the request's SLOs. It
+// *LatencyPredictionInfo with the headroom against the request's SLOs. It
 // also observes every response, so that the backend learns from what each
 // endpoint then took.
 package latency
@@ -12,6 +12,8 @@ package latency
 import (
 	"context"
 	"math"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,7 +100,7 @@ func (p *Producer) TypedName() plugin.TypedName { return plugin.TypedName{Type: 
 // Produces implements plugin.Producer.
 func (p *Producer) Produces() map[string]any {
 	return map[string]any{
-		datalayer.LatencyPredictionInfoKey: datalayer.LatencyPredictionInfo{},
+		datalayer.LatencyPredictionInfoKey: (*datalayer.LatencyPredictionInfo)(nil),
 		InputKey:                           (*predict.Input)(nil),
 	}
 }
@@ -120,19 +122,45 @@ func (p *Producer) Consumes() map[string]any {
 	return map[string]any{datalayer.PrefixCacheMatchInfoKey: datalayer.PrefixCacheInfo{}}
 }
 
-// Produce implements prepare.DataProducer.
+// published is what the producer publishes on one candidate, both values
+// behind pointers into one per-request slab, so that publishing boxes
+// nothing: a candidate's prediction and the input it was predicted from.
+type published struct {
+	in   predict.Input
+	info datalayer.LatencyPredictionInfo
+}
+
+// scratch is one Produce call's working memory for the backend: the
+// addresses, inputs and predictions as the Backend takes them. Nothing
+// keeps it past the call (the published inputs are copies), so it is
+// pooled.
+type scratch struct {
+	addrs []string
+	ins   []predict.Input
+	out   []predict.Prediction
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// Produce implements prepare.DataProducer. Per request it allocates one
+// slab for what it publishes, however many candidates there are.
 func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error {
 	n := len(cands)
-	ins := make([]predict.Input, n)
-	addrs := make([]string, n)
-	out := make([]predict.Prediction, n)
+	sc := scratchPool.Get().(*scratch)
+	defer func() {
+		clear(sc.addrs) // drop the strings, so the pool keeps no endpoint alive
+		scratchPool.Put(sc)
+	}()
+	sc.addrs = slices.Grow(sc.addrs[:0], n)[:n]
+	sc.ins = slices.Grow(sc.ins[:0], n)[:n]
+	sc.out = slices.Grow(sc.out[:0], n)[:n]
 	now := time.Now()
 	for i, c := range cands {
-		addrs[i] = c.Address
-		ins[i] = inputOf(req, c, now, p.staleness)
+		sc.addrs[i] = c.Address
+		inputOf(&sc.ins[i], req, c, now, p.staleness)
 	}
 	start := time.Now()
-	err := p.backend.PredictAll(ctx, addrs, ins, out)
+	err := p.backend.PredictAll(ctx, sc.addrs, sc.ins, sc.out)
 	took := time.Since(start).Seconds()
 	p.m.ttftDuration.Observe(took)
 	p.m.tpotDuration.Observe(took)
@@ -140,10 +168,14 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		p.m.failures.Inc()
 	}
 	q := p.backend.Quantile()
+	slab := make([]published, n)
 	for i, c := range cands {
-		info := datalayer.LatencyPredictionInfo{Quantile: q, DispatchedRequestCount: c.InFlight.Requests()}
+		pub := &slab[i]
+		pub.in = sc.ins[i]
+		info := &pub.info
+		info.Quantile, info.DispatchedRequestCount = q, c.InFlight.Requests()
 		if err == nil {
-			pr := out[i]
+			pr := &sc.out[i]
 			info.TTFTValid, info.TPOTValid = true, true
 			info.TTFT, info.TTFTMean, info.TPOT, info.TPOTMean = pr.TTFTQuantile, pr.TTFT, pr.TPOTQuantile, pr.TPOT
 			info.TTFTAlone = pr.TTFTAlone
@@ -155,7 +187,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 			}
 		}
 		c.Put(datalayer.LatencyPredictionInfoKey, info)
-		c.Put(InputKey, &ins[i])
+		c.Put(InputKey, &pub.in)
 	}
 	return err
 }
@@ -176,14 +208,15 @@ var matchCredit = [datalayer.NumStreamStates]float64{
 }
 
 // inputOf is what is known of req on c when it is picked.
-func inputOf(req *request.Request, c *datalayer.Candidate, now time.Time, staleness time.Duration) predict.Input {
+// It fills in, which may hold an earlier request's input, whole.
+func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, now time.Time, staleness time.Duration) {
 	var info datalayer.PrefixCacheInfo
 	if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
 		info, _ = v.(datalayer.PrefixCacheInfo)
 	}
 	bs := info.BlockSizeTokens
 	credit := func(blocks int) int { return int(float64(blocks*bs) * matchCredit[info.State]) }
-	in := predict.Input{
+	*in = predict.Input{
 		InputTokens:       len(req.TokenIDs),
 		GPUTokens:         credit(info.BlocksByTier[events.TierGPU]),
 		CPUTokens:         credit(info.BlocksByTier[events.TierCPU]),
@@ -212,7 +245,6 @@ func inputOf(req *request.Request, c *datalayer.Candidate, now time.Time, stalen
 	} else {
 		in.MetricsStale = true
 	}
-	return in
 }
 
 // ObserveResponse implements plugin.ResponseObserver: the picked
@@ -227,10 +259,7 @@ func (p *Producer) ObserveResponse(_ context.Context, req *request.Request, resp
 	if !ok || in == nil {
 		return
 	}
-	var info datalayer.LatencyPredictionInfo
-	if v, ok := resp.Picked.Get(datalayer.LatencyPredictionInfoKey); ok {
-		info, _ = v.(datalayer.LatencyPredictionInfo)
-	}
+	info, _ := datalayer.LatencyPredictionOf(resp.Picked)
 	model := []string{resp.RequestedModel, req.Model}
 	s := predict.Sample{Endpoint: resp.Endpoint, Input: *in, OutputTokens: resp.CompletionTokens}
 	if ttft, ok := resp.TTFT(); ok {

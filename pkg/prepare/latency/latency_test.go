@@ -3,6 +3,7 @@ package latency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func info(t *testing.T, c *datalayer.Candidate) datalayer.LatencyPredictionInfo 
 	if !ok {
 		t.Fatalf("%s: no LatencyPredictionInfo", c.Name)
 	}
-	return v.(datalayer.LatencyPredictionInfo)
+	return *v.(*datalayer.LatencyPredictionInfo)
 }
 
 func TestTheProducerPredictsEachCandidateFromItsCachedTiersAndLoad(t *testing.T) {
@@ -183,4 +184,46 @@ func TestTheProducerLearnsFromThePickedEndpointsResponse(t *testing.T) {
 		t.Errorf("after two unusable responses the predictor has %d observations, want 1", got)
 	}
 	prod.ForgetEndpoint("10.0.0.1:8000")
+}
+
+func TestPredictingARequestAllocatesOnceHoweverManyCandidatesItHas(t *testing.T) {
+	p, err := predict.New(predict.Options{Synchronous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ candidates, tokens int }{{1, 1024}, {64, 1024}, {64, 32768}} {
+		now := time.Now()
+		cands := make([]*datalayer.Candidate, tt.candidates)
+		for i := range cands {
+			addr := fmt.Sprintf("10.0.0.%d:8000", i)
+			p.AddEndpoint(addr, "")
+			cands[i] = datalayer.NewCandidate(&datalayer.Endpoint{Name: addr, Address: addr},
+				datalayer.Metrics{RunningRequests: i, UpdateTime: now}, datalayer.StreamExact)
+			cands[i].Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+				MatchBlocks: i, TotalBlocks: tt.tokens / 16, BlockSizeTokens: 16, State: datalayer.StreamExact})
+		}
+		req := &request.Request{TokenIDs: make([]uint32, tt.tokens), SLO: request.SLO{TTFT: time.Second}}
+		allocs := testing.AllocsPerRun(50, func() {
+			if err := prod.Produce(context.Background(), req, cands); err != nil {
+				t.Fatal(err)
+			}
+		})
+		// The one slab of what is published; the backend's scratch is
+		// pooled (under the race detector a pool drops items at random, and
+		// its three slices may be made again).
+		want := 1.0
+		if raceEnabled {
+			want += 3
+		}
+		if allocs > want {
+			t.Errorf("%d candidates, %d tokens: %v allocations per request, want at most %v", tt.candidates, tt.tokens, allocs, want)
+		}
+		if i := info(t, cands[len(cands)-1]); !i.TTFTValid || !i.HasTTFTSLO {
+			t.Errorf("%d candidates: the last one's prediction is %+v", tt.candidates, i)
+		}
+	}
 }

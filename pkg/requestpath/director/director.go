@@ -301,8 +301,8 @@ func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datal
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
 	dp := d.o.Datastore.Dispatch(c.Name, req.Arrival, prompt-info.MatchTokens, prompt)
-	if v, ok := c.Get(datalayer.LatencyPredictionInfoKey); ok && req.MaxTokens > 0 {
-		if lat, _ := v.(datalayer.LatencyPredictionInfo); lat.TPOTValid {
+	if req.MaxTokens > 0 {
+		if lat, _ := datalayer.LatencyPredictionOf(c); lat.TPOTValid {
 			// The rest of its output at its predicted pace.
 			dp.ExpectDecode(time.Duration(float64(req.MaxTokens-1) * lat.TPOTMean * float64(time.Millisecond)))
 		}

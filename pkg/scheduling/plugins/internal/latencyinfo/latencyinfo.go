@@ -5,8 +5,9 @@ package latencyinfo
 import "github.com/kvroute/kvroute/pkg/datalayer"
 
 // Exemplar is the type consumers declare for
-// datalayer.LatencyPredictionInfoKey.
-var Exemplar = datalayer.LatencyPredictionInfo{}
+// datalayer.LatencyPredictionInfoKey: the predicted-latency producer
+// publishes a pointer.
+var Exemplar = (*datalayer.LatencyPredictionInfo)(nil)
 
 // Consumes is a consumer's declaration of that key.
 func Consumes() map[string]any {
@@ -16,21 +17,6 @@ func Consumes() map[string]any {
 // Get returns the candidate's prediction; ok is false when there is none
 // or it is not valid.
 func Get(c *datalayer.Candidate) (datalayer.LatencyPredictionInfo, bool) {
-	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
-	if !ok {
-		return datalayer.LatencyPredictionInfo{}, false
-	}
-	var info datalayer.LatencyPredictionInfo
-	switch p := v.(type) {
-	case datalayer.LatencyPredictionInfo:
-		info = p
-	case *datalayer.LatencyPredictionInfo:
-		if p == nil {
-			return info, false
-		}
-		info = *p
-	default:
-		return info, false
-	}
-	return info, info.TTFTValid || info.TPOTValid
+	info, ok := datalayer.LatencyPredictionOf(c)
+	return info, ok && (info.TTFTValid || info.TPOTValid)
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package latency_test
+
+const raceEnabled = false
