@@ -137,11 +137,13 @@ type Candidate struct {
 	InFlight InFlight
 
 	mu sync.RWMutex
-	// The published values. A request's candidates each carry one to three
-	// keys, so the first few sit in the candidate itself and are found by a
-	// short scan; a map here cost an allocation or two per candidate per
-	// producer on every request. Further keys spill into more.
-	inline  [3]attr
+	// The published values. A request's candidates each carry one to four
+	// keys (the default configuration's: block keys, prefix match, latency
+	// prediction and its input), so the first few sit in the candidate
+	// itself and are found by a short scan; a map here cost an allocation
+	// or two per candidate per producer on every request. Further keys
+	// spill into more.
+	inline  [4]attr
 	ninline int
 	more    []attr
 	// base, when set, is the candidate this one stages writes for: reads
