@@ -114,6 +114,42 @@ func benchLookups(b *testing.B, ix *Index, prompt []uint32, addrs []string) []Ma
 	return out
 }
 
+// BenchmarkIndexSpeculate measures recording a pick's speculative
+// holdings: a request's blocks, none held by the picked endpoint, renewed
+// by each pick (the clock moves half a TTL per pick, so that expiry runs
+// too), in an index that also holds other holdings.
+func BenchmarkIndexSpeculate(b *testing.B) {
+	for _, blocks := range []int{64, 512, 2048} {
+		b.Run(fmt.Sprintf("%dk tokens", blocks*benchBS/1024), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			now := time.Unix(1000, 0)
+			ix := New(Options{Now: func() time.Time { return now }, SpeculativeTTL: 2 * time.Second}, nil)
+			addrs := make([]string, 16)
+			for i := range addrs {
+				addrs[i] = benchAddr(i)
+				ix.AddEndpoint(addrs[i])
+				for j := range 256_000 / len(addrs) / 256 {
+					storeRun(ix, addrs[i], uint64(j), uint64(i)<<40|uint64(j+1)<<32, benchTokens(rng, 256*benchBS))
+				}
+			}
+			keys := AppendBlockKeys(nil, RootKey("bench", "", ""), benchTokens(rng, blocks*benchBS), benchBS)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := testkit.CPUTime()
+			for i := 0; b.Loop(); i++ {
+				now = now.Add(time.Second)
+				ix.Speculate(addrs[i%len(addrs)], keys)
+			}
+			b.StopTimer()
+			n := float64(b.N) * float64(blocks)
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/block")
+			if cpu := testkit.CPUTime() - cpu0; cpu > 0 {
+				b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/block")
+			}
+		})
+	}
+}
+
 // BenchmarkBlockKeys measures hashing alone.
 func BenchmarkBlockKeys(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -89,6 +89,8 @@ type specRecord struct {
 	deadlineMs uint64
 }
 
+func recordKey(r *specRecord) uint64 { return r.key }
+
 type ixEndpoint struct {
 	addr string
 	id   uint16
@@ -299,10 +301,35 @@ func (ix *Index) Speculate(addr string, keys []uint64) {
 		// endpoint leaving meanwhile finds them all when it drops its
 		// speculation and frees its id.
 		ix.specMu.Lock()
-		for _, k := range keys {
-			if ix.shard(k).speculate(k, ep.id, deadline, &d) {
-				ix.specQ = append(ix.specQ, specRecord{key: k, ep: ep.id, deadlineMs: deadline})
+		if len(keys) < groupMinKeys {
+			for _, k := range keys {
+				sh := ix.shard(k)
+				sh.mu.Lock()
+				ix.speculateLocked(sh, k, ep.id, deadline, &d)
+				sh.mu.Unlock()
 			}
+		} else {
+			// Many keys: each shard is locked once for all of its keys,
+			// not once per key (512 keys fall in about 220 of the 256
+			// shards). One shard is held at a time, as before, so the lock
+			// order (ep.mu, specMu, a shard) is unchanged. The records'
+			// order in specQ does not matter: they share one deadline.
+			sc := ix.scratch.Get().(*lookupScratch)
+			var bounds [numShards + 1]int32
+			sc.grouped = groupByShard(sc.grouped[:0], keys, keyOf, &bounds)
+			for s := range numShards {
+				group := sc.grouped[bounds[s]:bounds[s+1]]
+				if len(group) == 0 {
+					continue
+				}
+				sh := &ix.shards[s]
+				sh.mu.Lock()
+				for _, k := range group {
+					ix.speculateLocked(sh, k, ep.id, deadline, &d)
+				}
+				sh.mu.Unlock()
+			}
+			ix.scratch.Put(sc)
 		}
 		ix.specMu.Unlock()
 	}
@@ -311,20 +338,55 @@ func (ix *Index) Speculate(addr string, keys []uint64) {
 	ix.stats.add(&d)
 }
 
+// speculateLocked records on sh, whose lock is held as is specMu, that
+// ep will hold k until deadline, and queues the record for expiry.
+func (ix *Index) speculateLocked(sh *keyShard, k uint64, ep uint16, deadline uint64, d *delta) {
+	if sh.speculate(k, ep, deadline, d) {
+		ix.specQ = append(ix.specQ, specRecord{key: k, ep: ep, deadlineMs: deadline})
+	}
+}
+
 // expireSpeculation removes speculative holdings whose deadline has passed.
 func (ix *Index) expireSpeculation(nowMs uint64, d *delta) {
 	ix.specMu.Lock()
 	defer ix.specMu.Unlock()
-	for ix.specHead < len(ix.specQ) {
-		r := ix.specQ[ix.specHead]
-		if r.deadlineMs > nowMs {
-			break
-		}
-		if ix.shard(r.key).unspeculate(r.key, r.ep, nowMs, false, d) {
-			ix.stats.evictions[evictSpeculative].Add(1)
-		}
-		ix.specHead++
+	end := ix.specHead
+	for end < len(ix.specQ) && ix.specQ[end].deadlineMs <= nowMs {
+		end++
 	}
+	due := ix.specQ[ix.specHead:end]
+	var evicted int64
+	if len(due) < groupMinKeys {
+		for _, r := range due {
+			if ix.shard(r.key).unspeculate(r.key, r.ep, nowMs, false, d) {
+				evicted++
+			}
+		}
+	} else {
+		// Grouped by shard, each locked once, as Speculate records them.
+		sc := ix.scratch.Get().(*lookupScratch)
+		var bounds [numShards + 1]int32
+		sc.due = groupByShard(sc.due[:0], due, recordKey, &bounds)
+		for s := range numShards {
+			group := sc.due[bounds[s]:bounds[s+1]]
+			if len(group) == 0 {
+				continue
+			}
+			sh := &ix.shards[s]
+			sh.mu.Lock()
+			for _, r := range group {
+				if sh.unspeculateLocked(r.key, r.ep, nowMs, false, d) {
+					evicted++
+				}
+			}
+			sh.mu.Unlock()
+		}
+		ix.scratch.Put(sc)
+	}
+	if evicted > 0 {
+		ix.stats.evictions[evictSpeculative].Add(evicted)
+	}
+	ix.specHead = end
 	// Compact once the dead front outweighs the live rest.
 	if ix.specHead > 1024 && ix.specHead*2 > len(ix.specQ) {
 		n := copy(ix.specQ, ix.specQ[ix.specHead:])

@@ -2,6 +2,8 @@ package index
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -914,4 +916,72 @@ func feedAndLookup(t *testing.T, batches [][]events.Event, r ixReq, want Match) 
 		t.Errorf("Lookup = %+v, want %+v", got, want)
 	}
 	return ix
+}
+
+func TestSpeculatingManyBlocksRecordsEachOnceWhateverItsShard(t *testing.T) {
+	t.Parallel()
+	// Below groupMinKeys the blocks are recorded one lock each; from it
+	// on, grouped by shard: the answers must not tell the two apart.
+	for _, n := range []int{3, groupMinKeys - 1, groupMinKeys, 600} {
+		t.Run(fmt.Sprintf("%d blocks", n), func(t *testing.T) {
+			clk := newIxClock()
+			reg := prometheus.NewRegistry()
+			ix := New(Options{Now: clk.Now, SpeculativeTTL: time.Second}, reg)
+			ix.AddEndpoint(ixTestAddr)
+			f := newIxFeeder(ix, ixTestAddr, 0)
+			f.apply(evStore([]uint64{1}, blockToks(1)))
+			bases := make([]uint32, n)
+			for i := range bases {
+				bases[i] = uint32(i + 1)
+			}
+			r := ixReq{tokens: blockToks(bases...)}
+			keys := r.keys()
+			// Twice: a block speculated again is renewed, not counted again.
+			ix.Speculate(ixTestAddr, keys)
+			ix.Speculate(ixTestAddr, keys)
+			want := Match{Blocks: n, ByTier: [events.NumTiers]int{1, 0, 0}, Speculative: n - 1}
+			if got := ixLookupOne(ix, r, ixTestAddr); got != want {
+				t.Fatalf("after Speculate: %+v, want %+v", got, want)
+			}
+			if got := ix.stats.spec.Load(); got != int64(n-1) {
+				t.Fatalf("%d speculative holdings counted, want %d", got, n-1)
+			}
+			checkGaugesMatchContents(t, ix)
+			clk.Advance(1500 * time.Millisecond)
+			ix.Expire()
+			if got := ix.stats.spec.Load(); got != 0 {
+				t.Fatalf("%d speculative holdings left after their TTL", got)
+			}
+			if got := ixLookupOne(ix, r, ixTestAddr); got != gpuMatch(1) {
+				t.Fatalf("after the TTL: %+v", got)
+			}
+			checkGaugesMatchContents(t, ix)
+		})
+	}
+}
+
+func TestGroupingKeysByShardKeepsEachKeyAndTheirOrderWithinAShard(t *testing.T) {
+	t.Parallel()
+	keys := AppendBlockKeys(nil, RootKey(ixTestModel, "", ""), make([]uint32, 700*ixTestBS), ixTestBS)
+	keys = append(keys, keys[5], keys[0]) // repeats stay
+	var bounds [numShards + 1]int32
+	got := groupByShard([]uint64{42}, keys, keyOf, &bounds)
+	if got[0] != 42 || len(got) != 1+len(keys) {
+		t.Fatalf("the keys were not appended after what dst held: len %d", len(got))
+	}
+	got = got[1:]
+	if bounds[0] != 0 || int(bounds[numShards]) != len(keys) {
+		t.Fatalf("bounds run %d..%d, want 0..%d", bounds[0], bounds[numShards], len(keys))
+	}
+	for s := range numShards {
+		var want []uint64
+		for _, k := range keys {
+			if int(k>>shardShift) == s {
+				want = append(want, k)
+			}
+		}
+		if g := got[bounds[s]:bounds[s+1]]; !slices.Equal(g, want) {
+			t.Fatalf("shard %d holds %x, want %x", s, g, want)
+		}
+	}
 }

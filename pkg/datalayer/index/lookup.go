@@ -31,6 +31,10 @@ type lookupScratch struct {
 	hybrid []hybridCand
 	// tiers is a hybrid answer's tier per block of its full-attention run.
 	tiers []int8
+	// grouped is Speculate's keys ordered by shard, due the speculative
+	// records expiring.
+	grouped []uint64
+	due     []specRecord
 }
 
 type hybridCand struct {

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/kvroute/kvroute/pkg/events"
@@ -218,6 +219,39 @@ func (s *keyShard) freeSet(idx uint32) {
 	s.free = append(s.free, idx)
 }
 
+// groupMinKeys is how many keys make it worth grouping them by shard, so
+// that each shard is locked once rather than once per key: below it most
+// keys fall in shards of their own anyway, and grouping (a pass over the
+// 256 shards) costs more than the locks it saves
+// (BenchmarkIndexSpeculate: 64 keys cost 20-30% more grouped, 512 keys
+// 15% less, 2048 keys 20% less).
+const groupMinKeys = 256
+
+// groupByShard appends items to dst ordered by the shard of their key (in
+// their order within a shard) and sets bounds so that shard s's items are
+// dst[base+bounds[s]:base+bounds[s+1]], base being len(dst) before.
+func groupByShard[T any](dst, items []T, key func(*T) uint64, bounds *[numShards + 1]int32) []T {
+	*bounds = [numShards + 1]int32{}
+	for i := range items {
+		bounds[key(&items[i])>>shardShift+1]++
+	}
+	for s := 1; s <= numShards; s++ {
+		bounds[s] += bounds[s-1]
+	}
+	base := len(dst)
+	dst = slices.Grow(dst, len(items))[:base+len(items)]
+	var next [numShards]int32
+	copy(next[:], bounds[:numShards])
+	for i := range items {
+		s := key(&items[i]) >> shardShift
+		dst[base+int(next[s])] = items[i]
+		next[s]++
+	}
+	return dst
+}
+
+func keyOf(k *uint64) uint64 { return *k }
+
 func indexOfEP(hs []uint64, ep uint16) int {
 	for i, h := range hs {
 		if holderEP(h) == ep {
@@ -268,11 +302,10 @@ func (s *keyShard) delRef(key uint64, ep uint16, t events.Tier, d *delta) {
 	d.blocks += s.put(key, ep, h)
 }
 
-// speculate records that ep will soon hold key, until deadlineMs. It reports
-// whether anything was recorded: a real holding needs no speculation.
+// speculate records that ep will soon hold key, until deadlineMs; s.mu is
+// held for writing. It reports whether anything was recorded: a real
+// holding needs no speculation.
 func (s *keyShard) speculate(key uint64, ep uint16, deadlineMs uint64, d *delta) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	h := s.get(key, ep)
 	if h != 0 && h&specBit == 0 {
 		return false
@@ -289,6 +322,11 @@ func (s *keyShard) speculate(key uint64, ep uint16, deadlineMs uint64, d *delta)
 func (s *keyShard) unspeculate(key uint64, ep uint16, nowMs uint64, force bool, d *delta) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.unspeculateLocked(key, ep, nowMs, force, d)
+}
+
+// unspeculateLocked is unspeculate with s.mu held for writing.
+func (s *keyShard) unspeculateLocked(key uint64, ep uint16, nowMs uint64, force bool, d *delta) bool {
 	h := s.get(key, ep)
 	if h&specBit == 0 || (!force && specLive(h, nowMs)) {
 		return false
