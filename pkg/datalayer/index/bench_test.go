@@ -67,6 +67,10 @@ func BenchmarkIndexLookup(b *testing.B) {
 			}},
 		{"8k tokens/16 endpoints/staggered prefixes", 512, 16,
 			func(i, blocks, n int) int { return blocks * (i + 1) / n }},
+		{"8k tokens/64 endpoints/all hold everything", 512, 64,
+			func(i, blocks, n int) int { return blocks }},
+		{"1k tokens/64 endpoints/all hold everything", 64, 64,
+			func(i, blocks, n int) int { return blocks }},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {

@@ -16,9 +16,30 @@ import (
 // TestConcurrentIngestLookupAndMembership runs ingest for several endpoints,
 // lookups, speculation, expiry and membership churn at once. The race
 // detector checks the locking; the answers are checked for consistency as
-// they come, and the gauges against the contents once all stop.
+// they come, and the gauges against the contents once all stop. Long
+// prompts take the paths that lock many shards at once (a walk past
+// walkLockAllAfter, Speculate and expiry of groupMinKeys keys or more):
+// a deadlock there would hang the test.
 func TestConcurrentIngestLookupAndMembership(t *testing.T) {
 	t.Parallel()
+	tests := []struct {
+		name string
+		// sharedBlocks is the prefix prompts share, maxBlocks the most of
+		// it a prompt takes; gpu and cpu size each engine's pool.
+		sharedBlocks, maxBlocks, gpu, cpu int
+	}{
+		{"short prompts", 64, 40, 200, 100},
+		{"long prompts", 700, 640, 2000, 600},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			stressIndex(t, tc.sharedBlocks, tc.maxBlocks, tc.gpu, tc.cpu)
+		})
+	}
+}
+
+func stressIndex(t *testing.T, sharedBlocks, maxBlocks, gpu, cpu int) {
 	clk := newIxClock()
 	ix := New(Options{Now: clk.Now, SpeculativeTTL: 50 * time.Millisecond}, nil)
 	const endpoints = 4
@@ -27,12 +48,12 @@ func TestConcurrentIngestLookupAndMembership(t *testing.T) {
 		addrs[i] = fmt.Sprintf("10.2.0.%d:8000", i)
 		ix.AddEndpoint(addrs[i])
 	}
-	shared := make([]uint32, 64*modelBS)
+	shared := make([]uint32, sharedBlocks*modelBS)
 	for i := range shared {
 		shared[i] = uint32(i % 37)
 	}
 	prompt := func(rng *rand.Rand) []uint32 {
-		n := modelBS * (1 + rng.IntN(40))
+		n := modelBS * (1 + rng.IntN(maxBlocks))
 		p := append([]uint32(nil), shared[:n]...)
 		for range rng.IntN(3 * modelBS) {
 			p = append(p, uint32(rng.IntN(1000)))
@@ -52,7 +73,7 @@ func TestConcurrentIngestLookupAndMembership(t *testing.T) {
 	for i, addr := range addrs {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(i), 1))
-			pool := blockpool.New(blockpool.Config{BlockSize: modelBS, GPUBlocks: 200, CPUBlocks: 100, Seed: uint64(i)})
+			pool := blockpool.New(blockpool.Config{BlockSize: modelBS, GPUBlocks: gpu, CPUBlocks: cpu, Seed: uint64(i)})
 			o := events.Origin{Stream: events.Stream{Endpoint: addr}, Model: modelModel, Instance: "i", BlockSize: modelBS}
 			var running []string
 			for n := 0; ctx.Err() == nil; n++ {
