@@ -47,11 +47,12 @@ const benchRounds = 6
 // sends one request at a time; "rateN" sends N requests/s (up to 64 in
 // flight) open loop, each latency counted from its scheduled start.
 //
-// Each side reports µs per request (p50, p99), CPU µs per request and
-// allocations per request, for the whole process (the Envoy-like client
-// and the idle fleet included: Go cannot attribute CPU to goroutines), and
-// the ratios kvroute/floor. "own-cpu-µs/req" and "own-allocs/req" are the
-// differences: what kvroute's routing itself costs.
+// Each side reports µs per request (p50, p99), CPU µs per request,
+// allocations and KiB allocated per request, for the whole process (the
+// Envoy-like client and the idle fleet included: Go cannot attribute CPU
+// to goroutines), and the ratios kvroute/floor. "own-cpu-µs/req",
+// "own-allocs/req" and "own-KiB/req" are the differences: what kvroute's
+// routing itself costs.
 func BenchmarkExtProcFloor(b *testing.B) {
 	rig := startRig(b, true)
 	for _, prompt := range []string{"tokens=1024", "tokens=8192", "tokens=32768", "chat=8192"} {
@@ -188,6 +189,7 @@ type side struct {
 	lat    []time.Duration
 	cpu    time.Duration
 	allocs uint64
+	bytes  uint64
 	n      int
 }
 
@@ -202,6 +204,7 @@ func (s *side) run(b *testing.B, c *envoy.Client, l envoy.Load) {
 		b.Fatalf("%d of %d requests failed", res.Failures, l.N)
 	}
 	s.allocs += m1.Mallocs - m0.Mallocs
+	s.bytes += m1.TotalAlloc - m0.TotalAlloc
 	s.lat = append(s.lat, res.Latencies...)
 	s.n += l.N
 }
@@ -256,6 +259,9 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 	b.ReportMetric(us(kv.quantile(0.99))/us(fl.quantile(0.99)), "p99-ratio")
 	b.ReportMetric(kv.cpuPerReq()-fl.cpuPerReq(), "own-cpu-µs/req")
 	b.ReportMetric(float64(kv.allocs)/float64(kv.n)-float64(fl.allocs)/float64(fl.n), "own-allocs/req")
+	b.ReportMetric(float64(kv.bytes)/float64(kv.n)/1024, "KiB/req")
+	b.ReportMetric(float64(fl.bytes)/float64(fl.n)/1024, "floor-KiB/req")
+	b.ReportMetric((float64(kv.bytes)/float64(kv.n)-float64(fl.bytes)/float64(fl.n))/1024, "own-KiB/req")
 	// The benchmark's ns/op would be the two sides' time together.
 	b.ReportMetric(0, "ns/op")
 }
