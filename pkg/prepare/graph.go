@@ -350,6 +350,11 @@ func typeName(t reflect.Type) string {
 	return t.String()
 }
 
+// AllInline reports whether every producer runs on Run's goroutine, so
+// that nothing Run started still uses the request or its candidates once
+// it has returned.
+func (g *Graph) AllInline() bool { return len(g.nodes) == 0 || g.allInline }
+
 // Produces reports whether one of the graph's producers publishes key.
 func (g *Graph) Produces(key string) bool {
 	for _, n := range g.nodes {

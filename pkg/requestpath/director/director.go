@@ -80,6 +80,13 @@ type Input struct {
 	// Subset, when non-empty, restricts candidates to these ip:port
 	// addresses (the gateway's subset hint).
 	Subset []string
+	// IDBuf, when set, is memory a prompt given as token ids may be read
+	// into (openai.ParseRequestInto); HandleRequest then sets it to the
+	// memory the ids were read into, which is IDBuf's or, when that was
+	// too small, a larger array. The caller may reuse it for another
+	// request only once the pick's response is handled and the pick is
+	// not HeldAfterResponse (or, with no pick, never).
+	IDBuf []uint32
 }
 
 // Pick is the director's answer: where the request goes.
@@ -99,7 +106,16 @@ type Pick struct {
 
 	// dispatch is the pick's place in its endpoint's in-flight accounting.
 	dispatch *datalayer.Dispatch
+	// held: a PrepareData producer ran on a goroutine of its own, and may
+	// still use the request after the response is handled.
+	held bool
 }
+
+// HeldAfterResponse reports whether something the director ran for the
+// pick (a PrepareData producer on a goroutine of its own, which may outlive
+// its deadline) may still use the request after HandleResponse returns.
+// When it does not, the request's memory ends with its response.
+func (p *Pick) HeldAfterResponse() bool { return p.held }
 
 // DefaultPrepareDataTimeout bounds PrepareData when Options leave it zero:
 // upstream's 400ms.
@@ -178,10 +194,13 @@ func New(o Options) (*Director, error) {
 // can serve it, 429 when it is shed, 500 otherwise.
 func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) {
 	start := d.o.Now()
-	req, err := openai.ParseRequest(in.Path, in.Body)
+	req, err := openai.ParseRequestInto(in.Path, in.Body, in.IDBuf)
 	if err != nil {
 		d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
 		return nil, &Error{Status: http.StatusBadRequest, Err: err}
+	}
+	if in.IDBuf != nil && cap(req.TokenIDs) > cap(in.IDBuf) {
+		in.IDBuf = req.TokenIDs[:0]
 	}
 	req.Headers = in.Headers
 	req.ID = in.Headers[HeaderRequestID]
@@ -258,7 +277,8 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
 		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
 	}
-	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels}
+	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels,
+		held: d.o.Graph != nil && !d.o.Graph.AllInline()}
 	for _, c := range res.Targets() {
 		p.Targets = append(p.Targets, c.Address)
 	}

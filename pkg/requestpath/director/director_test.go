@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/scheduling"
@@ -179,4 +180,80 @@ func jsonIDs(ids []uint32) string {
 		b = append(b, '1')
 	}
 	return string(append(b, ']'))
+}
+
+// idleProducer publishes nothing; inline says whether it runs on the
+// request's goroutine.
+type idleProducer struct{ inline bool }
+
+func (p *idleProducer) TypedName() plugin.TypedName {
+	return plugin.TypedName{Type: "idle-producer", Name: "p"}
+}
+
+var _ prepare.DataProducer = (*idleProducer)(nil)
+
+func (p *idleProducer) Produces() map[string]any { return map[string]any{"Idle": 0} }
+func (p *idleProducer) Consumes() map[string]any { return nil }
+func (p *idleProducer) Produce(context.Context, *request.Request, []*datalayer.Candidate) error {
+	return nil
+}
+func (p *idleProducer) ProducesInline() bool { return p.inline }
+
+func TestAPickSaysWhetherItsRequestCanOutliveItsResponse(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		graph    []plugin.Plugin
+		wantHeld bool
+	}{
+		{"no producers", nil, false},
+		{"a producer on the request's goroutine", []plugin.Plugin{&idleProducer{inline: true}}, false},
+		{"a producer on a goroutine of its own", []plugin.Plugin{&idleProducer{inline: false}}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, ds, _ := newDirector(t, nil)
+			var g *prepare.Graph
+			if tt.graph != nil {
+				var err error
+				if g, err = prepare.BuildGraph(tt.graph); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l, err := config.NewInTreeRegistry().Load([]byte("plugins:\n- type: random-picker\n"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sched, err := scheduling.New(l.SchedulerOptions())
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, Graph: g})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Two buffers: one the ids fit in, one they outgrow.
+			for _, capacity := range []int{8, 2} {
+				buf := make([]uint32, 0, capacity)
+				in := &director.Input{Path: "/v1/completions", Headers: map[string]string{},
+					Body: []byte(`{"model":"m","prompt":[1,2,3]}`), IDBuf: buf}
+				p, err := d.HandleRequest(context.Background(), in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := p.HeldAfterResponse(); got != tt.wantHeld {
+					t.Errorf("HeldAfterResponse() = %v, want %v", got, tt.wantHeld)
+				}
+				ids := p.Request.TokenIDs
+				if len(ids) != 3 || cap(in.IDBuf) < 3 || &in.IDBuf[:1][0] != &ids[0] {
+					t.Errorf("buffer of %d: the ids %v are not in the memory IDBuf hands back (cap %d)", capacity, ids, cap(in.IDBuf))
+				}
+				if fits := &ids[0] == &buf[:1][0]; fits != (capacity >= 3) {
+					t.Errorf("buffer of %d: ids read into it: %v", capacity, fits)
+				}
+				d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200})
+			}
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -46,6 +47,7 @@ type stream struct {
 	observe           bool // observability mode: Envoy expects no answers
 
 	in       director.Input
+	idBox    *[]uint32 // the pooled box of in.IDBuf, while the stream has one
 	body     []byte
 	answered bool // the request path has been answered (pick or refusal)
 	result   string
@@ -71,6 +73,7 @@ func (st *stream) run() error {
 	st.s.m.active.Inc()
 	defer func() {
 		st.finish()
+		st.releaseIDs()
 		st.s.m.active.Dec()
 		st.s.m.streams.WithLabelValues(st.result).Inc()
 	}()
@@ -219,6 +222,7 @@ func (st *stream) requestTrailers() (bool, error) {
 func (st *stream) route(eos bool) (bool, error) {
 	st.s.m.bodyBytes.Observe(float64(len(st.body)))
 	st.in.Body = st.body
+	st.takeIDs()
 	pick, err := st.s.d.HandleRequest(st.ctx, &st.in)
 	if err != nil {
 		return st.refuse(director.StatusOf(err), err)
@@ -328,6 +332,39 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 		st.finish()
 	}
 	return st.send(resp)
+}
+
+// idPool holds the memory prompts' token ids are read into: an 8k-token
+// prompt's ids are 32 KiB, which would otherwise be garbage per request.
+// Its buffers are boxed, the boxes reused with them.
+var idPool sync.Pool
+
+// maxPooledIDs bounds the buffers idPool keeps (256 KiB of ids): a rare
+// huge prompt's memory goes back to the collector.
+const maxPooledIDs = 1 << 16
+
+// takeIDs gives the request a pooled buffer for its token ids.
+func (st *stream) takeIDs() {
+	if b, ok := idPool.Get().(*[]uint32); ok {
+		st.idBox, st.in.IDBuf = b, (*b)[:0]
+		return
+	}
+	// Empty but not nil: the director then hands back the ids' memory.
+	st.idBox, st.in.IDBuf = new([]uint32), []uint32{}
+}
+
+// releaseIDs returns the ids' memory to idPool when the stream is over,
+// once nothing can use the request any more: its response is handled
+// (finish), and no producer the director ran can outlive it. A refused
+// request's memory is left to the collector: PrepareData may have run.
+func (st *stream) releaseIDs() {
+	box, buf := st.idBox, st.in.IDBuf
+	st.idBox, st.in.IDBuf = nil, nil
+	if box == nil || st.pick == nil || st.pick.HeldAfterResponse() || cap(buf) == 0 || cap(buf) > maxPooledIDs {
+		return
+	}
+	*box = buf[:0]
+	idPool.Put(box)
 }
 
 // finish accounts for the response once, however the stream ends.

@@ -37,6 +37,15 @@ func FuzzParseRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
 		req, err := ParseRequest(path, body)
+		// Parsing into a reused buffer that holds an earlier request's ids
+		// reads the same.
+		buf := slices.Repeat([]uint32{0xdeadbeef}, 64)[:7]
+		if again, errAgain := ParseRequestInto(path, body, buf); (err == nil) != (errAgain == nil) {
+			t.Fatalf("ParseRequest: %v; into a buffer: %v", err, errAgain)
+		} else if err == nil && (!slices.Equal(again.TokenIDs, req.TokenIDs) || again.Prompt != req.Prompt || again.Model != req.Model) {
+			t.Fatalf("into a buffer: ids %v prompt %q model %q; ParseRequest: %v %q %q",
+				again.TokenIDs, again.Prompt, again.Model, req.TokenIDs, req.Prompt, req.Model)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrBadRequest) {
 				t.Fatalf("error %q does not wrap ErrBadRequest", err)
@@ -129,7 +138,7 @@ func FuzzSplitObject(f *testing.F) {
 		// token-id prompt as parseTokenIDs does.
 		valid := json.Valid(body)
 		if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) > 0 && trimmed[0] == '{' {
-			obj, ok, err := splitBody(trimmed)
+			obj, ok, err := splitBody(trimmed, nil)
 			if err != nil || ok != valid {
 				t.Fatalf("splitBody: ok %v, error %v; json.Valid says %v", ok, err, valid)
 			}

@@ -32,12 +32,21 @@ const (
 // is required. The caller enforces the body size limit. The returned
 // request's Body is body itself, not a copy.
 func ParseRequest(path string, body []byte) (*request.Request, error) {
+	return ParseRequestInto(path, body, nil)
+}
+
+// ParseRequestInto is ParseRequest, reading a prompt given as one array of
+// token ids into idBuf's backing array when its capacity suffices (and
+// into a new one when not): the request's TokenIDs may then share idBuf's
+// memory, so the caller may reuse idBuf only once nothing uses the request
+// any more. A nil idBuf is ParseRequest.
+func ParseRequestInto(path string, body []byte, idBuf []uint32) (*request.Request, error) {
 	req := &request.Request{API: apiOf(path), Body: body}
 	if req.API == request.APIOther {
 		parseOther(req, body)
 		return req, nil
 	}
-	obj, err := objectFields(body)
+	obj, err := objectFields(body, idBuf)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +89,7 @@ func apiOf(path string) request.API {
 // understood; such requests are routed without a prefix, so a body that is
 // not JSON is not an error.
 func parseOther(req *request.Request, body []byte) {
-	obj, err := objectFields(body)
+	obj, err := objectFields(body, nil)
 	if err != nil {
 		return
 	}
@@ -94,7 +103,7 @@ func parseOther(req *request.Request, body []byte) {
 // its members. Keys are matched exactly, as the model server matches them:
 // encoding/json's struct decoding would also accept "Model" for "model" and
 // so disagree with the server about which field counts.
-func objectFields(b []byte) (body, error) {
+func objectFields(b []byte, idBuf []uint32) (body, error) {
 	trimmed := bytes.TrimLeft(b, " \t\r\n")
 	if len(trimmed) == 0 {
 		return body{}, fmt.Errorf("%w: the body is empty; expected a JSON object", ErrBadRequest)
@@ -102,7 +111,7 @@ func objectFields(b []byte) (body, error) {
 	if trimmed[0] != '{' {
 		return body{}, fmt.Errorf("%w: the body is %s; expected a JSON object", ErrBadRequest, describe(trimmed))
 	}
-	obj, ok, err := splitBody(trimmed)
+	obj, ok, err := splitBody(trimmed, idBuf)
 	if err != nil {
 		return body{}, fmt.Errorf("%w: the body is not valid JSON: %v", ErrBadRequest, err)
 	}

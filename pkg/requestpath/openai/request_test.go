@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -375,6 +376,39 @@ func TestParseRequestReadsTheLastOfRepeatedPrompts(t *testing.T) {
 			}
 			if !reflect.DeepEqual(req.TokenIDs, tt.ids) || req.Prompt != tt.prompt {
 				t.Errorf("read ids %v and prompt %q, want %v and %q", req.TokenIDs, req.Prompt, tt.ids, tt.prompt)
+			}
+		})
+	}
+}
+
+func TestParseRequestIntoReadsTokenIDsIntoTheBufferWhenTheyFit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, body string
+		capacity   int
+		ids        []uint32
+		inBuffer   bool
+	}{
+		{"ids that fit", `{"model":"m","prompt":[7, 8, 9]}`, 8, []uint32{7, 8, 9}, true},
+		{"ids that do not fit", `{"model":"m","prompt":[7,8,9]}`, 2, []uint32{7, 8, 9}, false},
+		{"the last of repeated prompts", `{"model":"m","prompt":[1,2,3,4],"prompt":[5]}`, 8, []uint32{5}, true},
+		{"a string after ids", `{"model":"m","prompt":[1,2],"prompt":"x"}`, 8, nil, false},
+		{"a batch of id lists (read apart)", `{"model":"m","prompt":[[1,2],[3]]}`, 8, []uint32{1, 2}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			buf := slices.Repeat([]uint32{0xdeadbeef}, tt.capacity)
+			req, err := ParseRequestInto("/v1/completions", []byte(tt.body), buf[:1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(req.TokenIDs, tt.ids) {
+				t.Errorf("ids %v, want %v", req.TokenIDs, tt.ids)
+			}
+			inBuffer := len(req.TokenIDs) > 0 && &req.TokenIDs[0] == &buf[0]
+			if inBuffer != tt.inBuffer {
+				t.Errorf("ids read into the buffer: %v, want %v", inBuffer, tt.inBuffer)
 			}
 		})
 	}

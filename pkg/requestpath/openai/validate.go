@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/bits"
+	"slices"
 )
 
 // The body is validated in the same pass that splits it into members, by
@@ -31,8 +32,9 @@ type body struct {
 // splitBody checks that b, which starts with '{', is exactly one valid JSON
 // object (with only whitespace after it) and returns its members. A key
 // given twice keeps its last value, as with encoding/json. ok is false when
-// b is not valid JSON.
-func splitBody(b []byte) (out body, ok bool, err error) {
+// b is not valid JSON. A prompt of token ids is read into idBuf's backing
+// array when it is large enough (see ParseRequestInto).
+func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 	out.fields = make(map[string]json.RawMessage, 8)
 	i := skipSpace(b, 1)
 	if i < len(b) && b[i] == '}' {
@@ -58,7 +60,7 @@ func splitBody(b []byte) (out body, ok bool, err error) {
 		start := i
 		var ids []uint32
 		if key == "prompt" && i < len(b) && b[i] == '[' {
-			ids, i, ok = scanTokenIDs(b, i)
+			ids, i, ok = scanTokenIDs(b, i, idBuf)
 		} else {
 			ok = false
 		}
@@ -89,8 +91,9 @@ func splitBody(b []byte) (out body, ok bool, err error) {
 // integers from 0 to MaxUint32, and returns the ids and the index just
 // past the array. ok is false for anything else, empty arrays included; the
 // caller then validates the array as any value, and parseTokenIDs says what
-// is wrong with it.
-func scanTokenIDs(b []byte, i int) (ids []uint32, end int, ok bool) {
+// is wrong with it. The ids are appended to dst[:0], which is grown if it is
+// too small.
+func scanTokenIDs(b []byte, i int, dst []uint32) (ids []uint32, end int, ok bool) {
 	i = skipSpace(b, i+1)
 	if i >= len(b) || b[i] == ']' {
 		return nil, i, false
@@ -101,7 +104,7 @@ func scanTokenIDs(b []byte, i int) (ids []uint32, end int, ok bool) {
 	if last < 0 {
 		return nil, i, false
 	}
-	ids = make([]uint32, 0, bytes.Count(b[i:i+last], []byte{','})+1)
+	ids = slices.Grow(dst[:0], bytes.Count(b[i:i+last], []byte{','})+1)
 	for {
 		start := i
 		var v uint64
