@@ -231,9 +231,13 @@ func (c *Candidate) StageInto(v *Candidate) {
 func (c *Candidate) Commit(staged *Candidate, keys []string) {
 	staged.mu.RLock()
 	defer staged.mu.RUnlock()
+	// One write lock for all the keys: commits run for every candidate of
+	// every request, and a lock per key was most of their cost.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, k := range keys {
 		if v, ok := staged.own(k); ok {
-			c.Put(k, v)
+			c.put(k, v)
 		}
 	}
 }
