@@ -253,6 +253,21 @@ func (e *dsEntry) loadMetrics() Metrics {
 // (all of them when filter is nil), with its current metrics, stream state
 // and in-flight work.
 func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
+	return ds.CandidatesInto(nil, filter)
+}
+
+// CandidateSet is memory for one request's candidates, to be reused by a
+// later request (CandidatesInto) once nothing uses the earlier one's.
+type CandidateSet struct {
+	slab []Candidate
+	ptrs []*Candidate
+}
+
+// CandidatesInto is Candidates, making the candidates in set's memory
+// (grown when it is too small); a nil set is Candidates. The candidates set
+// held before are overwritten: the caller reuses a set only once nothing
+// uses the request it served.
+func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bool) []*Candidate {
 	s := ds.snap.Load()
 	var streams StreamStates
 	if h := ds.streams.Load(); h != nil {
@@ -260,7 +275,16 @@ func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 	}
 	// The candidates live in one slab: this runs for every request, and one
 	// allocation per endpoint was most of its cost.
-	slab := make([]Candidate, 0, len(s.sorted))
+	var slab []Candidate
+	if set != nil && cap(set.slab) >= len(s.sorted) {
+		// Whole, so that nothing of an earlier request's candidates (what
+		// producers published on them) is seen again.
+		slab = set.slab[:len(s.sorted)]
+		clear(slab)
+		slab = slab[:0]
+	} else {
+		slab = make([]Candidate, 0, len(s.sorted))
+	}
 	for _, e := range s.sorted {
 		if filter != nil && !filter(e.ep) {
 			continue
@@ -278,9 +302,17 @@ func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 			c.Metrics = *m
 		}
 	}
-	out := make([]*Candidate, len(slab))
+	var out []*Candidate
+	if set != nil && cap(set.ptrs) >= len(slab) {
+		out = set.ptrs[:len(slab)]
+	} else {
+		out = make([]*Candidate, len(slab))
+	}
 	for i := range slab {
 		out[i] = &slab[i]
+	}
+	if set != nil {
+		set.slab, set.ptrs = slab, out
 	}
 	return out
 }

@@ -222,6 +222,46 @@ func TestDatastoreCandidates(t *testing.T) {
 	}
 }
 
+func TestCandidatesMadeInReusedMemoryCarryNothingOfTheEarlierRequest(t *testing.T) {
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	ds.Upsert(ep("b", "10.0.0.2:8000"))
+	ds.SetMetrics("b", Metrics{RunningRequests: 2, ActiveLoRAs: []string{"x"}})
+	var set CandidateSet
+	first := ds.CandidatesInto(&set, nil)
+	if len(first) != 2 {
+		t.Fatalf("%d candidates, want 2", len(first))
+	}
+	for _, c := range first {
+		c.Put("k", c.Name)
+	}
+	// A third endpoint: the set grows. Then the same memory again, with a
+	// filter that drops one.
+	ds.Upsert(ep("c", "10.0.0.3:8000"))
+	second := ds.CandidatesInto(&set, nil)
+	third := ds.CandidatesInto(&set, func(e *Endpoint) bool { return e.Name != "a" })
+	if len(second) != 3 || len(third) != 2 {
+		t.Fatalf("%d and %d candidates, want 3 and 2", len(second), len(third))
+	}
+	if third[0] != second[0] {
+		t.Error("the third request's candidates are not in the memory the second's were")
+	}
+	for _, c := range third {
+		if v, ok := c.Get("k"); ok {
+			t.Errorf("%s still carries an earlier request's %v", c.Name, v)
+		}
+	}
+	if b := third[0]; b.Name != "b" || b.Metrics.RunningRequests != 2 || b.Stream != StreamNone {
+		t.Errorf("reused memory made %s with %+v, %v", b.Name, b.Metrics, b.Stream)
+	}
+	if c := third[1]; c.Name != "c" || c.Metrics.RunningRequests != 0 {
+		t.Errorf("reused memory made %s with %+v", c.Name, c.Metrics)
+	}
+	if allocs := testing.AllocsPerRun(20, func() { ds.CandidatesInto(&set, nil) }); allocs != 0 {
+		t.Errorf("making candidates in memory large enough allocated %v times", allocs)
+	}
+}
+
 func TestDatastoreConcurrentReadersAndWriters(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)

@@ -87,6 +87,9 @@ type Input struct {
 	// request only once the pick's response is handled and the pick is
 	// not HeldAfterResponse (or, with no pick, never).
 	IDBuf []uint32
+	// Candidates, when set, is memory the request's candidates are made
+	// in (Datastore.CandidatesInto), reusable on the same terms as IDBuf.
+	Candidates *datalayer.CandidateSet
 }
 
 // Pick is the director's answer: where the request goes.
@@ -219,7 +222,7 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 		// adapter: vLLM keys the adapter's blocks by its name.
 		req.LoRA = req.Model
 	}
-	p, err := d.route(ctx, req, in.Subset, requested)
+	p, err := d.route(ctx, req, in.Subset, requested, in.Candidates)
 	if err != nil {
 		return nil, err
 	}
@@ -233,10 +236,10 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 // all when subset is empty), and schedules. Its errors are as
 // HandleRequest's.
 func (d *Director) Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error) {
-	return d.route(ctx, req, subset, req.Model)
+	return d.route(ctx, req, subset, req.Model, nil)
 }
 
-func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string) (*Pick, error) {
+func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string, set *datalayer.CandidateSet) (*Pick, error) {
 	start := d.o.Now()
 	req.Arrival = start
 	if req.ID == "" {
@@ -253,7 +256,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		return nil, err
 	}
 
-	cands := d.o.Datastore.Candidates(subsetFilter(subset))
+	cands := d.o.Datastore.CandidatesInto(set, subsetFilter(subset))
 	if len(cands) == 0 {
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("no ready endpoint%s", subsetNote(subset))}

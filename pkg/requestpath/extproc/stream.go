@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
@@ -47,7 +48,7 @@ type stream struct {
 	observe           bool // observability mode: Envoy expects no answers
 
 	in       director.Input
-	idBox    *[]uint32 // the pooled box of in.IDBuf, while the stream has one
+	mem      *requestMemory // pooled memory in.IDBuf and in.Candidates are in
 	body     []byte
 	answered bool // the request path has been answered (pick or refusal)
 	result   string
@@ -73,7 +74,7 @@ func (st *stream) run() error {
 	st.s.m.active.Inc()
 	defer func() {
 		st.finish()
-		st.releaseIDs()
+		st.releaseMemory()
 		st.s.m.active.Dec()
 		st.s.m.streams.WithLabelValues(st.result).Inc()
 	}()
@@ -222,7 +223,7 @@ func (st *stream) requestTrailers() (bool, error) {
 func (st *stream) route(eos bool) (bool, error) {
 	st.s.m.bodyBytes.Observe(float64(len(st.body)))
 	st.in.Body = st.body
-	st.takeIDs()
+	st.takeMemory()
 	pick, err := st.s.d.HandleRequest(st.ctx, &st.in)
 	if err != nil {
 		return st.refuse(director.StatusOf(err), err)
@@ -334,37 +335,48 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 	return st.send(resp)
 }
 
-// idPool holds the memory prompts' token ids are read into: an 8k-token
-// prompt's ids are 32 KiB, which would otherwise be garbage per request.
-// Its buffers are boxed, the boxes reused with them.
-var idPool sync.Pool
-
-// maxPooledIDs bounds the buffers idPool keeps (256 KiB of ids): a rare
-// huge prompt's memory goes back to the collector.
-const maxPooledIDs = 1 << 16
-
-// takeIDs gives the request a pooled buffer for its token ids.
-func (st *stream) takeIDs() {
-	if b, ok := idPool.Get().(*[]uint32); ok {
-		st.idBox, st.in.IDBuf = b, (*b)[:0]
-		return
-	}
-	// Empty but not nil: the director then hands back the ids' memory.
-	st.idBox, st.in.IDBuf = new([]uint32), []uint32{}
+// requestMemory is what a request's routing is made in that a later
+// request can reuse: the prompt's token ids (an 8k-token prompt's are 32
+// KiB) and the candidates (64 of them are 20 KiB), which would otherwise
+// be garbage per request.
+type requestMemory struct {
+	ids   []uint32
+	cands datalayer.CandidateSet
 }
 
-// releaseIDs returns the ids' memory to idPool when the stream is over,
-// once nothing can use the request any more: its response is handled
+var memPool = sync.Pool{New: func() any { return new(requestMemory) }}
+
+// maxPooledIDs bounds the id buffers memPool keeps (256 KiB of ids): a
+// rare huge prompt's memory goes back to the collector.
+const maxPooledIDs = 1 << 16
+
+// takeMemory gives the request pooled memory for its token ids and
+// candidates.
+func (st *stream) takeMemory() {
+	st.mem = memPool.Get().(*requestMemory)
+	// Empty but not nil, so that the director hands back the ids' memory.
+	st.in.IDBuf = st.mem.ids[:0:cap(st.mem.ids)]
+	if st.in.IDBuf == nil {
+		st.in.IDBuf = []uint32{}
+	}
+	st.in.Candidates = &st.mem.cands
+}
+
+// releaseMemory returns the request's memory to memPool when the stream is
+// over, once nothing can use the request any more: its response is handled
 // (finish), and no producer the director ran can outlive it. A refused
 // request's memory is left to the collector: PrepareData may have run.
-func (st *stream) releaseIDs() {
-	box, buf := st.idBox, st.in.IDBuf
-	st.idBox, st.in.IDBuf = nil, nil
-	if box == nil || st.pick == nil || st.pick.HeldAfterResponse() || cap(buf) == 0 || cap(buf) > maxPooledIDs {
+func (st *stream) releaseMemory() {
+	m, ids := st.mem, st.in.IDBuf
+	st.mem, st.in.IDBuf, st.in.Candidates = nil, nil, nil
+	if m == nil || st.pick == nil || st.pick.HeldAfterResponse() {
 		return
 	}
-	*box = buf[:0]
-	idPool.Put(box)
+	m.ids = nil
+	if cap(ids) <= maxPooledIDs {
+		m.ids = ids[:0]
+	}
+	memPool.Put(m)
 }
 
 // finish accounts for the response once, however the stream ends.
