@@ -301,36 +301,12 @@ func (ix *Index) Speculate(addr string, keys []uint64) {
 		// endpoint leaving meanwhile finds them all when it drops its
 		// speculation and frees its id.
 		ix.specMu.Lock()
-		if len(keys) < groupMinKeys {
-			for _, k := range keys {
-				sh := ix.shard(k)
-				sh.mu.Lock()
-				ix.speculateLocked(sh, k, ep.id, deadline, &d)
-				sh.mu.Unlock()
-			}
-		} else {
-			// Many keys: each shard is locked once for all of its keys,
-			// not once per key (512 keys fall in about 220 of the 256
-			// shards). One shard is held at a time, as before, so the lock
-			// order (ep.mu, specMu, a shard) is unchanged. The records'
-			// order in specQ does not matter: they share one deadline.
-			sc := ix.scratch.Get().(*lookupScratch)
-			var bounds [numShards + 1]int32
-			sc.grouped = groupByShard(sc.grouped[:0], keys, keyOf, &bounds)
-			for s := range numShards {
-				group := sc.grouped[bounds[s]:bounds[s+1]]
-				if len(group) == 0 {
-					continue
-				}
-				sh := &ix.shards[s]
-				sh.mu.Lock()
-				for _, k := range group {
-					ix.speculateLocked(sh, k, ep.id, deadline, &d)
-				}
-				sh.mu.Unlock()
-			}
-			ix.scratch.Put(sc)
-		}
+		// One shard is held at a time, as the lock order (ep.mu, specMu,
+		// a shard) wants; with many keys each shard is locked once for
+		// all of its keys. The records' order in specQ does not matter:
+		// they share one deadline.
+		writeByShard(ix, keys, keyOf, func(sc *lookupScratch) *[]uint64 { return &sc.grouped },
+			func(sh *keyShard, k *uint64) { ix.speculateLocked(sh, *k, ep.id, deadline, &d) })
 		ix.specMu.Unlock()
 	}
 	ep.mu.Unlock()
@@ -356,33 +332,12 @@ func (ix *Index) expireSpeculation(nowMs uint64, d *delta) {
 	}
 	due := ix.specQ[ix.specHead:end]
 	var evicted int64
-	if len(due) < groupMinKeys {
-		for _, r := range due {
-			if ix.shard(r.key).unspeculate(r.key, r.ep, nowMs, false, d) {
+	writeByShard(ix, due, recordKey, func(sc *lookupScratch) *[]specRecord { return &sc.due },
+		func(sh *keyShard, r *specRecord) {
+			if sh.unspeculateLocked(r.key, r.ep, nowMs, false, d) {
 				evicted++
 			}
-		}
-	} else {
-		// Grouped by shard, each locked once, as Speculate records them.
-		sc := ix.scratch.Get().(*lookupScratch)
-		var bounds [numShards + 1]int32
-		sc.due = groupByShard(sc.due[:0], due, recordKey, &bounds)
-		for s := range numShards {
-			group := sc.due[bounds[s]:bounds[s+1]]
-			if len(group) == 0 {
-				continue
-			}
-			sh := &ix.shards[s]
-			sh.mu.Lock()
-			for _, r := range group {
-				if sh.unspeculateLocked(r.key, r.ep, nowMs, false, d) {
-					evicted++
-				}
-			}
-			sh.mu.Unlock()
-		}
-		ix.scratch.Put(sc)
-	}
+		})
 	if evicted > 0 {
 		ix.stats.evictions[evictSpeculative].Add(evicted)
 	}

@@ -637,14 +637,20 @@ func TestLookup(t *testing.T) {
 	}
 }
 
-func TestSpeculativeHoldings(t *testing.T) {
-	t.Parallel()
+// speculationRig is an index with speculative holdings of a second, whose
+// one endpoint holds block 1 (blockToks(1)) for real.
+func speculationRig() (*ixClock, *Index, *ixFeeder) {
 	clk := newIxClock()
-	reg := prometheus.NewRegistry()
-	ix := New(Options{Now: clk.Now, SpeculativeTTL: time.Second}, reg)
+	ix := New(Options{Now: clk.Now, SpeculativeTTL: time.Second}, prometheus.NewRegistry())
 	ix.AddEndpoint(ixTestAddr)
 	f := newIxFeeder(ix, ixTestAddr, 0)
 	f.apply(evStore([]uint64{1}, blockToks(1)))
+	return clk, ix, f
+}
+
+func TestSpeculativeHoldings(t *testing.T) {
+	t.Parallel()
+	clk, ix, f := speculationRig()
 	r := ixReq{tokens: blockToks(1, 2, 3)}
 
 	ix.Speculate(ixTestAddr, r.keys())
@@ -924,12 +930,7 @@ func TestSpeculatingManyBlocksRecordsEachOnceWhateverItsShard(t *testing.T) {
 	// on, grouped by shard: the answers must not tell the two apart.
 	for _, n := range []int{3, groupMinKeys - 1, groupMinKeys, 600} {
 		t.Run(fmt.Sprintf("%d blocks", n), func(t *testing.T) {
-			clk := newIxClock()
-			reg := prometheus.NewRegistry()
-			ix := New(Options{Now: clk.Now, SpeculativeTTL: time.Second}, reg)
-			ix.AddEndpoint(ixTestAddr)
-			f := newIxFeeder(ix, ixTestAddr, 0)
-			f.apply(evStore([]uint64{1}, blockToks(1)))
+			clk, ix, _ := speculationRig()
 			bases := make([]uint32, n)
 			for i := range bases {
 				bases[i] = uint32(i + 1)

@@ -6,11 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/framework/request"
-	"github.com/kvroute/kvroute/pkg/predict"
-	"github.com/kvroute/kvroute/pkg/prepare/latency"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -20,26 +16,8 @@ import (
 func BenchmarkProduce(b *testing.B) {
 	for _, n := range []int{16, 64} {
 		b.Run(fmt.Sprintf("%d candidates", n), func(b *testing.B) {
-			p, err := predict.New(predict.Options{Synchronous: true})
-			if err != nil {
-				b.Fatal(err)
-			}
-			prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			now := time.Now()
-			cands := make([]*datalayer.Candidate, n)
-			for i := range cands {
-				addr := fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250)
-				p.AddEndpoint(addr, "")
-				cands[i] = datalayer.NewCandidate(&datalayer.Endpoint{Name: addr, Address: addr},
-					datalayer.Metrics{RunningRequests: i % 4, UpdateTime: now}, datalayer.StreamExact)
-				var byTier [events.NumTiers]int
-				byTier[events.TierGPU] = i * 8
-				cands[i].Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
-					MatchBlocks: i * 8, TotalBlocks: 512, BlockSizeTokens: 16, BlocksByTier: byTier, State: datalayer.StreamExact})
-			}
+			p, prod := inProcess(b, nil)
+			cands := manyCandidates(p, n, 8192)
 			req := &request.Request{TokenIDs: make([]uint32, 8192), MaxTokens: 64, SLO: request.SLO{TTFT: time.Second}}
 			b.ReportAllocs()
 			cpu := testkit.CPUTime()

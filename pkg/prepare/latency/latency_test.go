@@ -17,6 +17,40 @@ import (
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
+// inProcess is a producer predicting with a new in-process predictor that
+// learns synchronously.
+func inProcess(tb testing.TB, reg prometheus.Registerer) (*predict.Predictor, *latency.Producer) {
+	tb.Helper()
+	p, err := predict.New(predict.Options{Synchronous: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, reg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p, prod
+}
+
+// manyCandidates is n fresh candidates known to p, holding increasing
+// parts (in GPU) of a prompt of tokens tokens.
+func manyCandidates(p *predict.Predictor, n, tokens int) []*datalayer.Candidate {
+	now := time.Now()
+	cands := make([]*datalayer.Candidate, n)
+	for i := range cands {
+		addr := fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250)
+		p.AddEndpoint(addr, "")
+		cands[i] = datalayer.NewCandidate(&datalayer.Endpoint{Name: addr, Address: addr},
+			datalayer.Metrics{RunningRequests: i % 4, UpdateTime: now}, datalayer.StreamExact)
+		held := min(i*8, tokens/16)
+		var byTier [events.NumTiers]int
+		byTier[events.TierGPU] = held
+		cands[i].Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+			MatchBlocks: held, TotalBlocks: tokens / 16, BlockSizeTokens: 16, BlocksByTier: byTier, State: datalayer.StreamExact})
+	}
+	return cands
+}
+
 func candidates(now time.Time) []*datalayer.Candidate {
 	hit := datalayer.NewCandidate(&datalayer.Endpoint{Name: "hit", Address: "10.0.0.1:8000"},
 		datalayer.Metrics{RunningRequests: 1, UpdateTime: now}, datalayer.StreamExact)
@@ -41,14 +75,7 @@ func info(t *testing.T, c *datalayer.Candidate) datalayer.LatencyPredictionInfo 
 
 func TestTheProducerPredictsEachCandidateFromItsCachedTiersAndLoad(t *testing.T) {
 	t.Parallel()
-	p, err := predict.New(predict.Options{Synchronous: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, prod := inProcess(t, prometheus.NewRegistry())
 	req := &request.Request{TokenIDs: make([]uint32, 4000), SLO: request.SLO{TTFT: 100 * time.Millisecond}}
 	cands := candidates(time.Now())
 	if err := prod.Produce(context.Background(), req, cands); err != nil {
@@ -90,14 +117,7 @@ func TestAMatchCountsAsCachedAsFarAsItsStreamIsTrusted(t *testing.T) {
 		{datalayer.StreamUncertain, 1600},
 		{datalayer.StreamNone, 1600},
 	}
-	p, err := predict.New(predict.Options{Synchronous: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, prod := inProcess(t, nil)
 	var prevTTFT float64
 	for _, tt := range tests {
 		t.Run(tt.state.String(), func(t *testing.T) {
@@ -187,25 +207,9 @@ func TestTheProducerLearnsFromThePickedEndpointsResponse(t *testing.T) {
 }
 
 func TestPredictingARequestAllocatesOnceHoweverManyCandidatesItHas(t *testing.T) {
-	p, err := predict.New(predict.Options{Synchronous: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, prod := inProcess(t, prometheus.NewRegistry())
 	for _, tt := range []struct{ candidates, tokens int }{{1, 1024}, {64, 1024}, {64, 32768}} {
-		now := time.Now()
-		cands := make([]*datalayer.Candidate, tt.candidates)
-		for i := range cands {
-			addr := fmt.Sprintf("10.0.0.%d:8000", i)
-			p.AddEndpoint(addr, "")
-			cands[i] = datalayer.NewCandidate(&datalayer.Endpoint{Name: addr, Address: addr},
-				datalayer.Metrics{RunningRequests: i, UpdateTime: now}, datalayer.StreamExact)
-			cands[i].Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
-				MatchBlocks: i, TotalBlocks: tt.tokens / 16, BlockSizeTokens: 16, State: datalayer.StreamExact})
-		}
+		cands := manyCandidates(p, tt.candidates, tt.tokens)
 		req := &request.Request{TokenIDs: make([]uint32, tt.tokens), SLO: request.SLO{TTFT: time.Second}}
 		allocs := testing.AllocsPerRun(50, func() {
 			if err := prod.Produce(context.Background(), req, cands); err != nil {

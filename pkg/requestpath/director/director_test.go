@@ -32,6 +32,20 @@ func (r *recorder) ObserveResponse(_ context.Context, req *request.Request, resp
 	r.seen, r.reqs = append(r.seen, resp), append(r.reqs, req)
 }
 
+// randomScheduler picks at random.
+func randomScheduler(t *testing.T) *scheduling.Scheduler {
+	t.Helper()
+	l, err := config.NewInTreeRegistry().Load([]byte("plugins:\n- type: random-picker\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := scheduling.New(l.SchedulerOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sched
+}
+
 // newDirector is a director over two endpoints with a random picker (no
 // producers: nothing here needs the index), timed by a clock the test
 // moves.
@@ -45,14 +59,7 @@ func newDirector(t *testing.T, objs *datalayer.Objectives, obs ...plugin.Respons
 		// scheduler judges freshness by the wall clock.
 		ds.SetMetrics(n, datalayer.Metrics{UpdateTime: time.Now().Add(time.Hour)})
 	}
-	l, err := config.NewInTreeRegistry().Load([]byte("plugins:\n- type: random-picker\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sched, err := scheduling.New(l.SchedulerOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
+	sched := randomScheduler(t)
 	now := time.Unix(1000, 0)
 	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, Objectives: objs, PluginObservers: obs,
 		Now: func() time.Time { return now }})
@@ -221,15 +228,7 @@ func TestAPickSaysWhetherItsRequestCanOutliveItsResponse(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			l, err := config.NewInTreeRegistry().Load([]byte("plugins:\n- type: random-picker\n"), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sched, err := scheduling.New(l.SchedulerOptions())
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, Graph: g})
+			d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), Graph: g})
 			if err != nil {
 				t.Fatal(err)
 			}
