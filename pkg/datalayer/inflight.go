@@ -31,6 +31,13 @@ type InFlight struct {
 	// its first token long after it was sent says the endpoint's queue is
 	// long before any response can say so.
 	OldestPrefill time.Time
+	// PrefillDoneBy is when the endpoint is expected to have computed the
+	// prefills this EPP sent it, from each one's predicted time alone
+	// there, taken in the order they were sent (the zero time when none is
+	// known): the queue a new request's prefill waits behind, as a time,
+	// where PrefillTokens is it as a count. It drains as time passes and
+	// is set again from what remains at every first token.
+	PrefillDoneBy time.Time
 }
 
 // Requests is every request in flight.
@@ -49,6 +56,11 @@ type inflight struct {
 	mu     sync.Mutex
 	ends   []int64
 	starts []int64
+	// doneBy is PrefillDoneBy in Unix nanoseconds (0: none); queue holds,
+	// in the order sent, the prefilling requests whose time alone is
+	// known. Both are written under mu.
+	doneBy atomic.Int64
+	queue  []*Dispatch
 }
 
 func (c *inflight) load() InFlight {
@@ -65,7 +77,43 @@ func (c *inflight) load() InFlight {
 	if n := c.oldest.Load(); n != 0 {
 		f.OldestPrefill = time.Unix(0, n)
 	}
+	if n := c.doneBy.Load(); n != 0 {
+		f.PrefillDoneBy = time.Unix(0, n)
+	}
 	return f
+}
+
+// enqueue adds d, whose prefill alone takes d.prefillFor, behind the
+// prefills already expected.
+func (c *inflight) enqueue(d *Dispatch) {
+	c.mu.Lock()
+	c.queue = append(c.queue, d)
+	c.doneBy.Store(max(c.doneBy.Load(), d.start) + int64(d.prefillFor))
+	c.mu.Unlock()
+}
+
+// dequeue takes d out of the prefill queue. At its first token, at, what
+// was sent before it is taken as done, and what remains is expected from
+// at on, in the order it was sent; a request that ended without one (at
+// 0) only takes its own time off.
+func (c *inflight) dequeue(d *Dispatch, at int64) {
+	c.mu.Lock()
+	if i := slices.Index(c.queue, d); i >= 0 {
+		c.queue = slices.Delete(c.queue, i, i+1)
+	}
+	var by int64
+	switch {
+	case len(c.queue) == 0:
+	case at == 0:
+		by = c.doneBy.Load() - int64(d.prefillFor)
+	default:
+		by = at
+		for _, q := range c.queue {
+			by = max(by, q.start) + int64(q.prefillFor)
+		}
+	}
+	c.doneBy.Store(by)
+	c.mu.Unlock()
 }
 
 // add and remove keep a list of times and its earliest, published in
@@ -109,8 +157,10 @@ type Dispatch struct {
 	// unknown); end is when, once its first token came.
 	decodeFor time.Duration
 	end       int64
-	// start is when it was dispatched, in Unix nanoseconds.
-	start int64
+	// start is when it was dispatched, in Unix nanoseconds; prefillFor
+	// how long its prefill alone is expected to take (0: unknown).
+	start      int64
+	prefillFor time.Duration
 	// state: 0 prefilling, 1 decoding, 2 done.
 	state atomic.Uint32
 }
@@ -139,6 +189,16 @@ func (d *Dispatch) ExpectDecode(dur time.Duration) {
 	}
 }
 
+// ExpectPrefill says how long the request's prefill alone is expected to
+// take on its endpoint, so that the endpoint's PrefillDoneBy can be known.
+// Call it once, right after Dispatch.
+func (d *Dispatch) ExpectPrefill(dur time.Duration) {
+	if d != nil && dur > 0 && d.prefillFor == 0 && d.state.Load() == 0 {
+		d.prefillFor = dur
+		d.c.enqueue(d)
+	}
+}
+
 // FirstToken moves the request from prefill to decode; at is when its
 // first token came.
 func (d *Dispatch) FirstToken(at time.Time) {
@@ -148,6 +208,9 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
 	d.c.remove(&d.c.starts, &d.c.oldest, d.start)
+	if d.prefillFor > 0 {
+		d.c.dequeue(d, at.UnixNano())
+	}
 	d.c.decoding.Add(1)
 	d.c.decodeTokens.Add(d.prompt)
 	if d.decodeFor > 0 {
@@ -166,6 +229,9 @@ func (d *Dispatch) Done() {
 		d.c.prefilling.Add(-1)
 		d.c.prefillTokens.Add(-d.prefill)
 		d.c.remove(&d.c.starts, &d.c.oldest, d.start)
+		if d.prefillFor > 0 {
+			d.c.dequeue(d, 0)
+		}
 	case 1:
 		d.c.decoding.Add(-1)
 		d.c.decodeTokens.Add(-d.prompt)

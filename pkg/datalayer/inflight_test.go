@@ -32,6 +32,50 @@ func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
 	}
 }
 
+func TestPrefillDoneByQueuesPrefillsInTheOrderSentAndResetsAtEachFirstToken(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
+	doneBy := func() time.Time { return ds.InFlight("a").PrefillDoneBy }
+
+	d1 := ds.Dispatch("a", at(0), 2000, 2000)
+	if !doneBy().IsZero() {
+		t.Fatalf("a dispatch of unknown prefill time is expected done by %v", doneBy())
+	}
+	d1.ExpectPrefill(100 * time.Millisecond)
+	d1.ExpectPrefill(time.Hour) // said once only
+	d2 := ds.Dispatch("a", at(50), 1000, 1000)
+	d2.ExpectPrefill(50 * time.Millisecond)
+	d3 := ds.Dispatch("a", at(60), 600, 600)
+	d3.ExpectPrefill(30 * time.Millisecond)
+	if got, want := doneBy(), at(180); !got.Equal(want) {
+		t.Fatalf("three prefills of 100, 50 and 30 ms sent at 0, 50 and 60 ms are expected done by %v, want %v", got, want)
+	}
+	// The first finished early: the other two are expected from then on.
+	d1.FirstToken(at(80))
+	if got, want := doneBy(), at(160); !got.Equal(want) {
+		t.Fatalf("after the first's first token at 80 ms: done by %v, want %v", got, want)
+	}
+	d1.ExpectPrefill(time.Second) // past its prefill: ignored
+	// The second ended without a first token: only its own time is taken off.
+	d2.Done()
+	if got, want := doneBy(), at(110); !got.Equal(want) {
+		t.Fatalf("after the second ended unanswered: done by %v, want %v", got, want)
+	}
+	d3.FirstToken(at(120))
+	if !doneBy().IsZero() {
+		t.Errorf("with no prefill in flight the queue is expected done by %v, want none", doneBy())
+	}
+	// A queue that drained before the next request sends it alone.
+	d4 := ds.Dispatch("a", at(500), 100, 100)
+	d4.ExpectPrefill(20 * time.Millisecond)
+	if got, want := doneBy(), at(520); !got.Equal(want) {
+		t.Errorf("a prefill sent to an idle endpoint at 500 ms is expected done by %v, want %v", got, want)
+	}
+	d4.Done()
+}
+
 func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
@@ -56,6 +100,7 @@ func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 	}
 	var nilDispatch *Dispatch
 	nilDispatch.ExpectDecode(time.Second)
+	nilDispatch.ExpectPrefill(time.Second)
 	nilDispatch.FirstToken(time.Now())
 	nilDispatch.Done()
 }
@@ -68,6 +113,7 @@ func TestInFlightUnderConcurrentRequestsReturnsToZero(t *testing.T) {
 	for i := range 64 {
 		wg.Go(func() {
 			d := ds.Dispatch("a", time.Unix(int64(i), 0), i, 2*i)
+			d.ExpectPrefill(time.Duration(i+1) * time.Millisecond)
 			if i%2 == 0 {
 				d.ExpectDecode(time.Duration(i) * time.Millisecond)
 				d.FirstToken(time.Unix(int64(i), 0))

@@ -41,6 +41,12 @@ type Input struct {
 	// milliseconds (0: none is waiting): a lower bound on the queue's wait
 	// that responses have not yet told.
 	OldestPrefillMs float64 `json:"oldestPrefillMs,omitempty"`
+	// PrefillAheadMs is how long the prefills this EPP sent the endpoint
+	// ahead of this request are expected to take still, each at its own
+	// predicted time alone, in the order sent (0: none, or not known):
+	// the queue's wait where PrefillTokens counts its work, with the time
+	// it has already had taken off.
+	PrefillAheadMs float64 `json:"prefillAheadMs,omitempty"`
 }
 
 // Uncached is the prompt tokens the endpoint has to compute.
@@ -49,7 +55,7 @@ func (in *Input) Uncached() int {
 }
 
 // NumFeatures is the length of a feature vector.
-const NumFeatures = 23
+const NumFeatures = 24
 
 // Vector is a feature vector. Features are scaled to be of order one
 // (thousands of tokens, counts of requests, shares), so that one ridge
@@ -71,14 +77,23 @@ const (
 // Regime is the queue state in's endpoint is in, given the endpoint's batch
 // limit as learned (seats; 0 when unknown).
 func (in *Input) Regime(seats int) int {
-	waiting, running, _, _ := in.scraped()
+	waiting, _, _, _ := in.scraped()
 	switch {
-	case seats > 0 && running+waiting+float64(in.Prefilling)+1 > float64(seats):
+	case seats > 0 && in.occupancy()+1 > float64(seats):
 		return RegimeFull
 	case waiting > 0 || in.Prefilling > 0:
 		return RegimeQueued
 	}
 	return RegimeIdle
+}
+
+// occupancy is how many requests the endpoint holds, running or waiting:
+// the scrape counts every router's but lags by a scrape interval, this
+// EPP's own accounting counts only its own but is current, and each of
+// its requests is one the scrape counts or will; so the larger of the two.
+func (in *Input) occupancy() float64 {
+	waiting, running, _, _ := in.scraped()
+	return max(running+waiting, float64(in.Prefilling+in.Decoding))
 }
 
 // TTFTFeatures fills v with the features time to first token is
@@ -96,7 +111,7 @@ func (in *Input) TTFTFeatures(v *Vector, seats int) {
 	waiting, running, kv, stale := in.scraped()
 	full := 0.0
 	if seats > 0 {
-		full = max(0, running+waiting+float64(in.Prefilling)+1-float64(seats))
+		full = max(0, in.occupancy()+1-float64(seats))
 	}
 	*v = Vector{
 		1,
@@ -121,6 +136,7 @@ func (in *Input) TTFTFeatures(v *Vector, seats int) {
 		min(full, 1) * clampFinite(in.NextDecodeEndMs, 0, 1e6) / 100,
 		drain(in, waiting),
 		clampFinite(in.OldestPrefillMs, 0, 1e6) / 100,
+		clampFinite(in.PrefillAheadMs, 0, 1e6) / 100,
 	}
 }
 
@@ -200,7 +216,7 @@ func clampFinite(v, lo, hi float64) float64 {
 // Their coefficients are kept at zero or above, so that a model fitted on
 // a quiet stretch does not extrapolate a longer queue into a shorter wait.
 var (
-	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21)
+	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 23)
 	tpotMonotone = mask(1, 2, 4, 5, 6, 7, 8)
 )
 

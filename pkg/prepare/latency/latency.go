@@ -234,6 +234,9 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 	if old := c.InFlight.OldestPrefill; !old.IsZero() && !req.Arrival.IsZero() && req.Arrival.After(old) {
 		in.OldestPrefillMs = float64(req.Arrival.Sub(old)) / float64(time.Millisecond)
 	}
+	if by := c.InFlight.PrefillDoneBy; !by.IsZero() && !req.Arrival.IsZero() && by.After(req.Arrival) {
+		in.PrefillAheadMs = float64(by.Sub(req.Arrival)) / float64(time.Millisecond)
+	}
 	if in.InputTokens == 0 {
 		in.InputTokens = info.TotalBlocks * bs
 	}

@@ -324,8 +324,12 @@ func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datal
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
 	dp := d.o.Datastore.Dispatch(c.Name, req.Arrival, prompt-info.MatchTokens, prompt)
-	if req.MaxTokens > 0 {
-		if lat, _ := datalayer.LatencyPredictionOf(c); lat.TPOTValid {
+	if lat, ok := datalayer.LatencyPredictionOf(c); ok {
+		if lat.TTFTValid {
+			// Its own prefill, which requests sent after it wait behind.
+			dp.ExpectPrefill(time.Duration(lat.TTFTAlone * float64(time.Millisecond)))
+		}
+		if lat.TPOTValid && req.MaxTokens > 0 {
 			// The rest of its output at its predicted pace.
 			dp.ExpectDecode(time.Duration(float64(req.MaxTokens-1) * lat.TPOTMean * float64(time.Millisecond)))
 		}
