@@ -53,6 +53,11 @@ type RequestPathOptions struct {
 	// default, negative disables it).
 	Tokenizers          map[string]*hftokenizer.Tokenizer
 	TokenizerDriftEvery int
+	// Tokenizer, when set, tokenizes in process before all of the above,
+	// which remain its fallback for the requests it does not handle
+	// (tokenize.ErrUnsupported): for models whose tokenizer is not a
+	// Hugging Face one, such as the simulator's.
+	Tokenizer tokenize.Tokenizer
 }
 
 // tokenizeEndpoint chooses the model server that tokenizes for model: the
@@ -87,6 +92,19 @@ func contains(xs []string, s string) bool {
 
 // newTokenizer is the request path's tokenizer, nil when disabled.
 func (e *EPP) newTokenizer() tokenize.Tokenizer {
+	rest := e.configuredTokenizers()
+	if first := e.opts.RequestPath.Tokenizer; first != nil {
+		if rest == nil {
+			return first
+		}
+		return tokenize.Chain(first, rest)
+	}
+	return rest
+}
+
+// configuredTokenizers is the engines' /tokenize and the Hugging Face
+// tokenizers in process, the second before the first.
+func (e *EPP) configuredTokenizers() tokenize.Tokenizer {
 	var remote tokenize.Tokenizer
 	if e.opts.RequestPath.Tokenize {
 		remote = remotetokenizer.New(remotetokenizer.Options{

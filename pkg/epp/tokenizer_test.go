@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/sim"
 )
 
 func TestRequestPathTokenizesConfiguredModelsInProcess(t *testing.T) {
@@ -49,5 +50,33 @@ func TestRequestPathTokenizesConfiguredModelsInProcess(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestAGivenTokenizerGoesBeforeTheConfiguredOnes(t *testing.T) {
+	t.Parallel()
+	tok, err := hftokenizer.Load("../requestpath/tokenize/hftokenizer/testdata/tiny", hftokenizer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &EPP{reg: prometheus.NewRegistry(), opts: Options{RequestPath: RequestPathOptions{
+		Tokenizers: map[string]*hftokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
+		Tokenizer: sim.Tokenizer{Model: "sim-model"},
+	}}}
+	tz := e.newTokenizer()
+	defer tz.(interface{ Close() }).Close()
+	ctx := context.Background()
+	simReq := &request.Request{API: request.APICompletions, Model: "sim-model", Prompt: "hello world hello"}
+	if got, err := tz.Tokenize(ctx, simReq); err != nil || !slices.Equal(got, sim.Tokenize(simReq.Prompt)) {
+		t.Errorf("the given tokenizer's model: %v, %v; want the simulator's ids", got, err)
+	}
+	req := &request.Request{API: request.APICompletions, Model: "m", Prompt: "hello world!", AddSpecialTokens: true}
+	want, _ := tok.Encode(req.Prompt, true)
+	if got, err := tz.Tokenize(ctx, req); err != nil || !slices.Equal(got, want) {
+		t.Errorf("a configured model: %v, %v; want the in-process tokenizer's %v", got, err, want)
+	}
+	e.opts.RequestPath.Tokenizers = nil
+	if _, ok := e.newTokenizer().(sim.Tokenizer); !ok {
+		t.Errorf("with nothing else configured the request path tokenizer is %T, want the given one alone", e.newTokenizer())
 	}
 }

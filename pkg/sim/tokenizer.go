@@ -1,8 +1,12 @@
 package sim
 
 import (
+	"context"
 	"hash/fnv"
 	"strings"
+
+	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 )
 
 // TokenVocab bounds the simulated tokenizer's ids.
@@ -25,4 +29,19 @@ func wordID(w string) uint32 {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(w))
 	return h.Sum32() % TokenVocab
+}
+
+// Tokenizer is Tokenize on the EPP's request path, for the model Model: an
+// EPP given it tokenizes the simulated engines' requests in process, as a
+// deployment gives its EPP the model's tokenizer files, instead of asking
+// an engine's /tokenize. A chat's prompt is its rendered messages, as the
+// engines' chat endpoint renders them.
+type Tokenizer struct{ Model string }
+
+// Tokenize implements tokenize.Tokenizer.
+func (t Tokenizer) Tokenize(_ context.Context, req *request.Request) ([]uint32, error) {
+	if req.Model != t.Model || req.Prompt == "" {
+		return nil, tokenize.ErrUnsupported
+	}
+	return Tokenize(req.Prompt), nil
 }

@@ -131,8 +131,11 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 		ConfigText: cfg, Scrape: true,
 		ScrapeOptions: scrape.Options{Interval: 50 * time.Millisecond},
 		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
-		RequestPath:   epp.RequestPathOptions{ProxyAddr: "127.0.0.1:0", Tokenize: true, TokenizeTimeout: 5 * time.Second},
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RequestPath: epp.RequestPathOptions{
+			ProxyAddr: "127.0.0.1:0", Tokenize: true, TokenizeTimeout: 5 * time.Second,
+			Tokenizer: sim.Tokenizer{Model: fo.Model},
+		},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		env.cancel()
