@@ -6,8 +6,10 @@ PKGS     ?= ./...
 BENCH    ?= .
 BENCHTIME ?= 1s
 FUZZTIME ?= 10000x
+REGISTRY ?= ghcr.io/kvroute
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/charts/kvroute/Chart.yaml)
 
-.PHONY: run test test-interop bench bench-extproc bench-routing bench-routing-virtual chaos scale fuzz-smoke lint help
+.PHONY: run test test-interop bench bench-extproc bench-routing bench-routing-virtual chaos scale fuzz-smoke lint images help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -46,6 +48,9 @@ scale: ## 1k and 10k simulated engines in virtual time through the real event pa
 
 fuzz-smoke: ## run each fuzz target briefly (FUZZTIME executions each)
 	./scripts/fuzz-smoke.sh $(FUZZTIME)
+
+images: ## build the chart's images with Docker: $(REGISTRY)/{epp,kv-relay,kv-nats-auth}:$(IMAGE_TAG)
+	for t in epp kv-relay kv-nats-auth; do docker build -f deploy/images/Dockerfile --target $$t -t $(REGISTRY)/$$t:$(IMAGE_TAG) . || exit 1; done
 
 lint: ## go vet, gofmt, and the import rules of docs/architecture.md
 	$(GO) vet $(PKGS)
