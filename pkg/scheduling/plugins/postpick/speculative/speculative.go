@@ -69,12 +69,17 @@ func (r *Recorder) PostPick(_ context.Context, _ *framework.CycleState, req *req
 		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
 			// Blocks the endpoint already holds for real need no
 			// speculation: after a match that claims only held blocks
-			// (an exact or a partial stream's) with nothing speculative
-			// in it, the speculator is told how many lead the keys. This
-			// spares the index a write per held block on every pick.
+			// (an exact or a partial stream's), the speculator is told how
+			// many lead the keys, so that it records the rest. This spares
+			// the index a write per held block on every pick, and a prompt
+			// sent again (whose tail the last pick recorded) rewrites only
+			// that tail. Speculative blocks are taken to trail the held
+			// ones, as they do when speculation follows the real events:
+			// should one lie among them, it is only left unrefreshed, and
+			// lapses when its time is up (never a claim of more).
 			held := 0
-			if info, ok := prefixinfo.Get(primary); ok && (info.Exact || info.State.HoldsMatched()) && info.SpeculativeBlocks == 0 {
-				held = min(max(info.MatchBlocks, 0), len(keys))
+			if info, ok := prefixinfo.Get(primary); ok && (info.Exact || info.State.HoldsMatched()) {
+				held = min(max(info.MatchBlocks-info.SpeculativeBlocks, 0), len(keys))
 			}
 			r.spec.Speculate(primary.Address, keys, held)
 			return
