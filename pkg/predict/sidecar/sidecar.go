@@ -312,17 +312,21 @@ func (c *Client) Observe(s predict.Sample) {
 func (c *Client) Run(ctx context.Context) error {
 	tick := time.NewTicker(c.o.FlushInterval)
 	defer tick.Stop()
+	// A flush is not cut short by ctx: samples taken before a shutdown
+	// are still sent (each send has its own bound), and the last flush,
+	// bounded by a second, sends what the shutdown left.
+	detached := context.WithoutCancel(ctx)
 	for {
 		select {
 		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			fctx, cancel := context.WithTimeout(detached, time.Second)
 			c.Flush(fctx)
 			cancel()
 			return nil
 		case <-tick.C:
 		case <-c.flush:
 		}
-		c.Flush(ctx)
+		c.Flush(detached)
 	}
 }
 
