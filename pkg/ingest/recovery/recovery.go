@@ -161,6 +161,10 @@ type stream struct {
 	// joinTried: the stream's one attempt for a join (or late join) has
 	// been made; a heartbeat of a stream never applied asks no more.
 	joinTried bool
+	// heardRetried: a resync that had failed (its relay unreachable when
+	// the endpoint joined) was retried at once when the relay was first
+	// heard from, rather than after its backoff; once per stream.
+	heardRetried bool
 }
 
 type position struct {

@@ -1,6 +1,8 @@
 package recovery
 
 import (
+	"time"
+
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 )
@@ -52,17 +54,25 @@ func (r *Recovery) Tail(o events.Origin) {
 
 // lateJoinLocked handles a stream seen for the first time past its seq 0
 // (by a batch or a heartbeat): the target marks it partial, and the relay
-// is asked once for the history, unless it was asked already. Called with
-// st.mu held.
+// is asked once for the history, unless it was asked already. A resync
+// that failed before (the relay could not be reached when the endpoint
+// joined) and waits out its backoff is tried at once instead, the first
+// time the relay is heard from: it is reachable now, and until that
+// attempt has run the stream counts as settling, so that a replica is not
+// ready on an index its relays could already fill. Called with st.mu held.
 func (r *Recovery) lateJoinLocked(st *stream) {
 	r.target.Uncertain(st.id, events.ReasonLateJoin)
 	r.mu.Lock()
 	ask := !st.joinTried && !st.inFlight && !st.want
-	if ask {
+	retry := st.want && !st.inFlight && st.failures > 0 && !st.heardRetried
+	if ask || retry {
 		st.joined = true
 	}
+	if retry {
+		st.heardRetried, st.notBefore = true, time.Time{}
+	}
 	r.mu.Unlock()
-	if ask {
+	if ask || retry {
 		r.kick()
 	}
 }
