@@ -102,8 +102,8 @@ func (e *EPP) newTokenizer() tokenize.Tokenizer {
 	return rest
 }
 
-// configuredTokenizers is the engines' /tokenize and the Hugging Face
-// tokenizers in process, the second before the first.
+// configuredTokenizers is the Hugging Face tokenizers in process, with
+// the engines' /tokenize as their fallback, or either alone.
 func (e *EPP) configuredTokenizers() tokenize.Tokenizer {
 	var remote tokenize.Tokenizer
 	if e.opts.RequestPath.Tokenize {

@@ -228,15 +228,9 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 		DecodeTokens:      c.InFlight.DecodeTokens,
 		MaxTokens:         req.MaxTokens,
 	}
-	if next := c.InFlight.NextDecodeEnd; !next.IsZero() && !req.Arrival.IsZero() && next.After(req.Arrival) {
-		in.NextDecodeEndMs = float64(next.Sub(req.Arrival)) / float64(time.Millisecond)
-	}
-	if old := c.InFlight.OldestPrefill; !old.IsZero() && !req.Arrival.IsZero() && req.Arrival.After(old) {
-		in.OldestPrefillMs = float64(req.Arrival.Sub(old)) / float64(time.Millisecond)
-	}
-	if by := c.InFlight.PrefillDoneBy; !by.IsZero() && !req.Arrival.IsZero() && by.After(req.Arrival) {
-		in.PrefillAheadMs = float64(by.Sub(req.Arrival)) / float64(time.Millisecond)
-	}
+	in.NextDecodeEndMs = msBetween(req.Arrival, c.InFlight.NextDecodeEnd)
+	in.OldestPrefillMs = msBetween(c.InFlight.OldestPrefill, req.Arrival)
+	in.PrefillAheadMs = msBetween(req.Arrival, c.InFlight.PrefillDoneBy)
 	if in.InputTokens == 0 {
 		in.InputTokens = info.TotalBlocks * bs
 	}
@@ -301,6 +295,15 @@ func (p *Producer) ForgetEndpoint(addr string) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// msBetween is the milliseconds from from to to, 0 when either is unknown
+// (the zero time) or to is not after from.
+func msBetween(from, to time.Time) float64 {
+	if from.IsZero() || to.IsZero() || !to.After(from) {
+		return 0
+	}
+	return ms(to.Sub(from))
+}
 
 type metrics struct {
 	predictedTTFT, predictedTPOT *prometheus.HistogramVec
