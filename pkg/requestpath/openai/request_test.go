@@ -302,26 +302,47 @@ func TestParseRequestRendersChatDeterministically(t *testing.T) {
 	}
 }
 
+// BenchmarkParseRequestTokenIDs8k reads an 8192-token completions body given
+// as token ids: compact as Go's encoding/json writes it, and spaced (", ") as
+// Python's json.dumps does; into fresh memory (ParseRequest) and, as the
+// ext_proc path reads it, into a reused buffer (ParseRequestInto).
 func BenchmarkParseRequestTokenIDs8k(b *testing.B) {
 	ids := make([]int, 8192)
 	for i := range ids {
 		ids[i] = (i * 7919) % 128256
 	}
-	body, err := json.Marshal(map[string]any{"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": ids, "max_tokens": 64, "stream": true})
+	compact, err := json.Marshal(map[string]any{"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": ids, "max_tokens": 64, "stream": true})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	cpu := testkit.CPUTime()
-	for b.Loop() {
-		req, err := ParseRequest("/v1/completions", body)
-		if err != nil || len(req.TokenIDs) != len(ids) {
-			b.Fatalf("ParseRequest: %d ids, %v", len(req.TokenIDs), err)
-		}
+	spaced := strings.ReplaceAll(string(compact), ",", ", ")
+	for _, bc := range []struct {
+		name string
+		body []byte
+		into bool
+	}{
+		{"compact/ParseRequest", compact, false},
+		{"compact/into-a-buffer", compact, true},
+		{"spaced/into-a-buffer", []byte(spaced), true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var buf []uint32
+			if bc.into {
+				buf = make([]uint32, len(ids))
+			}
+			b.SetBytes(int64(len(bc.body)))
+			b.ReportAllocs()
+			cpu := testkit.CPUTime()
+			for b.Loop() {
+				req, err := ParseRequestInto("/v1/completions", bc.body, buf)
+				if err != nil || len(req.TokenIDs) != len(ids) {
+					b.Fatalf("ParseRequest: %d ids, %v", len(req.TokenIDs), err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ids)), "ns/token")
+			b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N*len(ids)), "cpu-ns/token")
+		})
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ids)), "ns/token")
-	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N*len(ids)), "cpu-ns/token")
 }
 
 func BenchmarkParseRequestChat(b *testing.B) {
