@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/framework/request"
@@ -29,6 +31,28 @@ var requestSeeds = []struct{ path, body string }{
 	{"/v1/completions", ``},
 	{"/v1/completions", `{"model":"m","prompt":"x"} trailing`},
 	{"/v1/chat/completions", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}"},
+	// Prompts long enough for the token-id reader's fast path, which reads
+	// 64 bytes at a time: compact, spaced, and with what it leaves to the
+	// slow path (a long id, a leading zero, other whitespace) past a block.
+	{"/v1/completions", `{"model":"m","prompt":[` + longIDs(",", "") + `]}`},
+	{"/v1/completions", `{"model":"m","prompt":[` + longIDs(", ", "") + `],"max_tokens":8}`},
+	{"/v1/completions", `{"model":"m","prompt":[` + longIDs(",", "123456789") + `]}`},
+	{"/v1/completions", `{"model":"m","prompt":[` + longIDs(",", "0123") + `]}`},
+	{"/v1/completions", `{"model":"m","prompt":[` + longIDs(",\n  ", "") + `]}`},
+}
+
+// longIDs is 40 token ids of one to seven digits separated by sep, the
+// 30th replaced by odd when it is set.
+func longIDs(sep, odd string) string {
+	var ids []string
+	for i := range 40 {
+		id := strconv.Itoa(i * 7919 % 1000003)
+		if i == 30 && odd != "" {
+			id = odd
+		}
+		ids = append(ids, id)
+	}
+	return strings.Join(ids, sep)
 }
 
 func FuzzParseRequest(f *testing.F) {

@@ -98,40 +98,35 @@ func scanTokenIDs(b []byte, i int, dst []uint32) (ids []uint32, end int, ok bool
 	if i >= len(b) || b[i] == ']' {
 		return nil, i, false
 	}
-	// A flat array ends at the first ']', and its commas then give the
-	// count exactly; counting them is far cheaper than growing the slice.
-	last := bytes.IndexByte(b[i:], ']')
-	if last < 0 {
-		return nil, i, false
-	}
-	ids = slices.Grow(dst[:0], bytes.Count(b[i:i+last], []byte{','})+1)
+	ids = dst[:0]
 	for {
+		// Most of the array is read by scanIDBlocks; what it leaves (the
+		// array's end, an id of more than eight digits, whitespace other
+		// than one space after a comma, or whatever is not valid) is read
+		// here, an id at a time.
+		n, next := scanIDBlocks(b, i, ids[len(ids):cap(ids)])
+		ids, i = ids[:len(ids)+n], skipSpace(b, next)
 		start := i
 		var v uint64
-		// This loop is where ParseRequest spends most of its time. Ids of
-		// up to seven digits, which is every vocabulary's, are read eight
-		// bytes at a time; longer ones, and those near the end of the
-		// body, a digit at a time. The range is checked once per id, not
-		// per digit: ten digits cannot overflow a uint64.
-		if i+8 <= len(b) {
-			if w, n := digits8(binary.LittleEndian.Uint64(b[i:])); n < 8 {
-				v, i = w, i+n
-			}
+		for i < len(b) && b[i]-'0' <= 9 {
+			v = v*10 + uint64(b[i]-'0')
+			i++
 		}
-		if i == start {
-			for i < len(b) && b[i]-'0' <= 9 {
-				v = v*10 + uint64(b[i]-'0')
-				i++
-			}
-		}
+		// The range is checked once per id, not per digit: ten digits
+		// cannot overflow a uint64.
 		if n := i - start; n == 0 || n > 10 || v > math.MaxUint32 || (b[start] == '0' && n > 1) {
 			return nil, i, false
 		}
-		ids = append(ids, uint32(v))
-		if i < len(b) && b[i] == ',' && i+1 < len(b) && b[i+1]-'0' <= 9 {
-			i++ // compact JSON: straight on to the next id
-			continue
+		if len(ids) == cap(ids) {
+			// Out of room: grown once, for the rest of a flat array, which
+			// ends at the first ']' and has an id after each comma.
+			last := bytes.IndexByte(b[i:], ']')
+			if last < 0 {
+				return nil, i, false
+			}
+			ids = slices.Grow(ids, bytes.Count(b[i:i+last], []byte{','})+1)
 		}
+		ids = append(ids, uint32(v))
 		i = skipSpace(b, i)
 		if i >= len(b) {
 			return nil, i, false
@@ -148,28 +143,94 @@ func scanTokenIDs(b []byte, i int, dst []uint32) (ids []uint32, end int, ok bool
 	}
 }
 
-// digits8 reads the decimal digits that start the 8 bytes in x (loaded
-// little-endian, so the first byte is the lowest) and returns their value
-// and count; a count of 8 means the number may go on, and v is then not set.
-func digits8(x uint64) (v uint64, n int) {
-	const ones = 0x0101010101010101
-	// A byte is a digit when its high nibble is 3 both as it is and after
-	// adding 6 (which carries 0x3A-0x3F into 0x4_). A carry out of a byte
-	// of 0xFA or more can only disturb the bytes after it, which come
-	// after a non-digit and are not read.
-	nonDigit := (x&(0xF0*ones) ^ 0x30*ones) | ((x+0x06*ones)&(0xF0*ones) ^ 0x30*ones)
-	n = bits.TrailingZeros64(nonDigit) / 8
-	if n == 0 || n == 8 {
-		return 0, n
+// scanIDBlocks reads ids into out from b[s], the start of one, for as long
+// as they have at most eight digits and are separated by "," or ", " (as
+// encoding/json and Python's json.dumps write them), and out has room. It
+// returns how many it read and where it stopped: at the start of an id it
+// has not read, or just past a comma. It reads only valid ids, each
+// followed by a comma.
+//
+// The bytes that are not digits are marked 64 at a time, a bit each, and
+// the ids read between the marks: reading an id so does not wait on
+// finding where the one before it ended, as it does a byte at a time.
+func scanIDBlocks(b []byte, s int, out []uint32) (k, next int) {
+	// Each id is loaded as the eight bytes that end where it ends, so a
+	// block is read with the eight bytes before it.
+	if s < 8 {
+		return 0, s
 	}
-	// Move the n digits to the top bytes, so that the zero bytes below act
-	// as leading zeros, then combine neighbours: pairs, fours, eight.
-	shift := uint(8-n) * 8
-	x = x<<shift - (0x30*ones)<<shift
-	x = (x*10 + x>>8) & 0x00FF00FF00FF00FF
-	x = (x*100 + x>>16) & 0x0000FFFF0000FFFF
-	x = (x*10000 + x>>32) & 0xFFFFFFFF
-	return x, n
+	base, r := s, 0 // the block starts at b[base]; the id being read at b[base+r]
+	for ; base <= len(b)-64; base += 64 {
+		p := (*[72]byte)(b[base-8 : base+64])
+		// Bit j of m: b[base+j] is not a digit.
+		m := nonDigits8(binary.LittleEndian.Uint64(p[8:])) |
+			nonDigits8(binary.LittleEndian.Uint64(p[16:]))<<8 |
+			nonDigits8(binary.LittleEndian.Uint64(p[24:]))<<16 |
+			nonDigits8(binary.LittleEndian.Uint64(p[32:]))<<24 |
+			nonDigits8(binary.LittleEndian.Uint64(p[40:]))<<32 |
+			nonDigits8(binary.LittleEndian.Uint64(p[48:]))<<40 |
+			nonDigits8(binary.LittleEndian.Uint64(p[56:]))<<48 |
+			nonDigits8(binary.LittleEndian.Uint64(p[64:]))<<56
+		for ; m != 0; m &= m - 1 {
+			j := bits.TrailingZeros64(m) & 63 // b[base+j] ends the id
+			n := j - r
+			if uint(n-1) < 8 {
+				d := &idDigits[n]
+				v := combine8(binary.LittleEndian.Uint64(p[j:])&d.mask ^ d.zeros)
+				if v < d.least || p[8+j] != ',' || uint(k) >= uint(len(out)) {
+					return k, base + r // a leading zero, no comma, or no room
+				}
+				out[k] = uint32(v)
+				k++
+				r = j + 1
+				continue
+			}
+			if n == 0 && p[8+j] == ' ' && p[7+j] == ',' {
+				r++
+				continue
+			}
+			return k, base + r
+		}
+		r -= 64
+	}
+	return k, base + r
+}
+
+const ones = 0x0101010101010101
+
+// idDigits[n], for an id of n digits loaded as the last n of eight bytes:
+// the mask that keeps them, its '0's (to make them digit values), and the
+// least value they have without a leading zero.
+var idDigits = func() (d [9]struct{ mask, zeros, least uint64 }) {
+	least := uint64(0)
+	for n := 1; n <= 8; n++ {
+		d[n].mask = ^uint64(0) << (64 - 8*n)
+		d[n].zeros = d[n].mask & (0x30 * ones)
+		d[n].least = least
+		least = max(10*least, 10)
+	}
+	return d
+}()
+
+// nonDigits8 returns a bit for each of the eight bytes in x (loaded
+// little-endian: bit k for the k-th byte) that is not a decimal digit.
+func nonDigits8(x uint64) uint64 {
+	// A byte is a digit when its low seven bits XOR '0' are below 10 and
+	// its high bit is clear. Adding 0x76 to the seven bits sets the high
+	// bit for 10 and up and cannot carry out of the byte.
+	y := x ^ (0x30 * ones)
+	t := ((y&(0x7F*ones) + 0x76*ones) | y) & (0x80 * ones)
+	// Gather the eight high bits into the top byte: the bit of byte k
+	// moves up by 7*(7-k), and no two products overlap.
+	return t * 0x0002040810204081 >> 56
+}
+
+// combine8 returns the number whose decimal digits are the eight bytes of
+// x, the first (most significant) in the lowest byte.
+func combine8(x uint64) uint64 {
+	x = x * (1 + 10<<8) >> 8 & 0x00FF00FF00FF00FF
+	x = x * (1 + 100<<16) >> 16 & 0x0000FFFF0000FFFF
+	return x * (1 + 10000<<32) >> 32
 }
 
 // validValue returns the index just past the valid JSON value at b[i],
