@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/kvroute/kvroute/pkg/framework/request"
@@ -50,21 +51,21 @@ func ParseRequestInto(path string, body []byte, idBuf []uint32) (*request.Reques
 	if err != nil {
 		return nil, err
 	}
-	fields := obj.fields
-	if req.Model, err = requiredString(fields, "model"); err != nil {
+	f := &obj.fields
+	if req.Model, err = requiredString(f[fieldModel], "model"); err != nil {
 		return nil, err
 	}
-	if req.Stream, err = optionalBool(fields, "stream", false); err != nil {
+	if req.Stream, err = optionalBool(f[fieldStream], "stream", false); err != nil {
 		return nil, err
 	}
-	if req.CacheSalt, err = optionalString(fields, "cache_salt"); err != nil {
+	if req.CacheSalt, err = optionalString(f[fieldCacheSalt], "cache_salt"); err != nil {
 		return nil, err
 	}
-	req.MaxTokens = maxTokens(fields)
+	req.MaxTokens = maxTokens(f)
 	if req.API == request.APICompletions {
-		err = parseCompletions(req, obj)
+		err = parseCompletions(req, &obj)
 	} else {
-		err = parseChat(req, fields)
+		err = parseChat(req, f)
 	}
 	if err != nil {
 		return nil, err
@@ -93,18 +94,18 @@ func parseOther(req *request.Request, body []byte) {
 	if err != nil {
 		return
 	}
-	fields := obj.fields
-	req.Model, _ = optionalString(fields, "model")
-	req.Stream, _ = optionalBool(fields, "stream", false)
-	req.CacheSalt, _ = optionalString(fields, "cache_salt")
+	f := &obj.fields
+	req.Model, _ = optionalString(f[fieldModel], "model")
+	req.Stream, _ = optionalBool(f[fieldStream], "stream", false)
+	req.CacheSalt, _ = optionalString(f[fieldCacheSalt], "cache_salt")
 }
 
-// objectFields checks that body is one valid JSON object and splits it into
-// its members. Keys are matched exactly, as the model server matches them:
+// objectFields checks that body is one valid JSON object and splits out the
+// members that are read. Keys are matched exactly, as the model server matches them:
 // encoding/json's struct decoding would also accept "Model" for "model" and
 // so disagree with the server about which field counts.
 func objectFields(b []byte, idBuf []uint32) (body, error) {
-	trimmed := bytes.TrimLeft(b, " \t\r\n")
+	trimmed := b[skipSpace(b, 0):]
 	if len(trimmed) == 0 {
 		return body{}, fmt.Errorf("%w: the body is empty; expected a JSON object", ErrBadRequest)
 	}
@@ -124,16 +125,16 @@ func objectFields(b []byte, idBuf []uint32) (body, error) {
 	return obj, nil
 }
 
-func parseCompletions(req *request.Request, obj body) error {
-	fields := obj.fields
+func parseCompletions(req *request.Request, obj *body) error {
+	f := &obj.fields
 	var err error
-	if req.AddSpecialTokens, err = optionalBool(fields, "add_special_tokens", true); err != nil {
+	if req.AddSpecialTokens, err = optionalBool(f[fieldAddSpecialTokens], "add_special_tokens", true); err != nil {
 		return err
 	}
-	prompt := fields["prompt"]
+	prompt := f[fieldPrompt]
 	if isAbsent(prompt) {
 		// Prompts given as embeddings cannot be keyed by tokens or text.
-		if !isAbsent(fields["prompt_embeds"]) {
+		if !isAbsent(f[fieldPromptEmbeds]) {
 			req.NoReproduciblePrefix = true
 			return nil
 		}
@@ -229,28 +230,28 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-func parseChat(req *request.Request, fields map[string]json.RawMessage) error {
+func parseChat(req *request.Request, f *[numFields]json.RawMessage) error {
 	chat := &request.Chat{}
 	var err error
-	if chat.AddGenerationPrompt, err = optionalBool(fields, "add_generation_prompt", true); err != nil {
+	if chat.AddGenerationPrompt, err = optionalBool(f[fieldAddGenerationPrompt], "add_generation_prompt", true); err != nil {
 		return err
 	}
-	if chat.ContinueFinalMessage, err = optionalBool(fields, "continue_final_message", false); err != nil {
+	if chat.ContinueFinalMessage, err = optionalBool(f[fieldContinueFinalMessage], "continue_final_message", false); err != nil {
 		return err
 	}
-	if chat.AddSpecialTokens, err = optionalBool(fields, "add_special_tokens", false); err != nil {
+	if chat.AddSpecialTokens, err = optionalBool(f[fieldAddSpecialTokens], "add_special_tokens", false); err != nil {
 		return err
 	}
-	if chat.ChatTemplate, err = optionalString(fields, "chat_template"); err != nil {
+	if chat.ChatTemplate, err = optionalString(f[fieldChatTemplate], "chat_template"); err != nil {
 		return err
 	}
-	if chat.ChatTemplateKwargs, err = optionalRaw(fields, "chat_template_kwargs", '{', "an object"); err != nil {
+	if chat.ChatTemplateKwargs, err = optionalRaw(f[fieldChatTemplateKwargs], "chat_template_kwargs", '{', "an object"); err != nil {
 		return err
 	}
-	if chat.Tools, err = optionalRaw(fields, "tools", '[', "an array"); err != nil {
+	if chat.Tools, err = optionalRaw(f[fieldTools], "tools", '[', "an array"); err != nil {
 		return err
 	}
-	messages := fields["messages"]
+	messages := f[fieldMessages]
 	if isAbsent(messages) {
 		return fmt.Errorf("%w: messages is required", ErrBadRequest)
 	}
@@ -302,7 +303,7 @@ func renderMessage(b *strings.Builder, raw json.RawMessage, i int) (multimodal b
 	}
 	b.WriteString("<")
 	b.WriteString(role)
-	if name, err := optionalString(m, "name"); err == nil && name != "" {
+	if name, err := optionalString(m["name"], "name"); err == nil && name != "" {
 		b.WriteString(" ")
 		b.WriteString(name)
 	}
@@ -350,7 +351,7 @@ func contentPart(raw json.RawMessage) (text string, isText bool, err error) {
 	if err != nil {
 		return "", false, err
 	}
-	typ, err := optionalString(p, "type")
+	typ, err := optionalString(p["type"], "type")
 	if err != nil {
 		return "", false, errors.New("has a type that is not a string")
 	}
@@ -391,11 +392,10 @@ func isAbsent(raw json.RawMessage) bool {
 // kindOf returns the first byte of a JSON value, which says its type, or 0
 // for a missing value.
 func kindOf(raw []byte) byte {
-	raw = bytes.TrimLeft(raw, " \t\r\n")
-	if len(raw) == 0 {
-		return 0
+	if i := skipSpace(raw, 0); i < len(raw) {
+		return raw[i]
 	}
-	return raw[0]
+	return 0
 }
 
 // describe names the type of a JSON value for error messages.
@@ -424,7 +424,7 @@ func describe(raw []byte) string {
 // firstElement returns the start of a JSON array's first element, or nil
 // when the array is empty.
 func firstElement(array []byte) []byte {
-	array = bytes.TrimLeft(array, " \t\r\n")
+	array = array[skipSpace(array, 0):]
 	i := skipSpace(array, 1)
 	if i >= len(array) || array[i] == ']' {
 		return nil
@@ -436,18 +436,19 @@ func firstElement(array []byte) []byte {
 // does not say. It is a hint for latency prediction, not a field the EPP
 // validates: a value that is not a non-negative integer reads as 0 and is
 // left for the model server to refuse.
-func maxTokens(fields map[string]json.RawMessage) int {
-	for _, name := range []string{"max_completion_tokens", "max_tokens"} {
-		var n int
-		if raw := fields[name]; !isAbsent(raw) && json.Unmarshal(raw, &n) == nil && n >= 0 {
-			return n
+func maxTokens(f *[numFields]json.RawMessage) int {
+	for _, raw := range []json.RawMessage{f[fieldMaxCompletionTokens], f[fieldMaxTokens]} {
+		// What encoding/json reads into an int: an integer literal within
+		// int64's range (raw is valid JSON, so without a '+' or leading
+		// zeros, which ParseInt would also take).
+		if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil && n >= 0 {
+			return int(n)
 		}
 	}
 	return 0
 }
 
-func requiredString(fields map[string]json.RawMessage, name string) (string, error) {
-	raw := fields[name]
+func requiredString(raw json.RawMessage, name string) (string, error) {
 	if isAbsent(raw) {
 		return "", fmt.Errorf("%w: %s is required", ErrBadRequest, name)
 	}
@@ -461,8 +462,7 @@ func requiredString(fields map[string]json.RawMessage, name string) (string, err
 	return s, nil
 }
 
-func optionalString(fields map[string]json.RawMessage, name string) (string, error) {
-	raw := fields[name]
+func optionalString(raw json.RawMessage, name string) (string, error) {
 	if isAbsent(raw) {
 		return "", nil
 	}
@@ -483,8 +483,8 @@ func unmarshalString(raw json.RawMessage, name string, s *string) error {
 	return nil
 }
 
-func optionalBool(fields map[string]json.RawMessage, name string, def bool) (bool, error) {
-	raw := bytes.TrimSpace(fields[name])
+func optionalBool(raw json.RawMessage, name string, def bool) (bool, error) {
+	raw = bytes.TrimSpace(raw)
 	switch {
 	case isAbsent(raw):
 		return def, nil
@@ -498,8 +498,7 @@ func optionalBool(fields map[string]json.RawMessage, name string, def bool) (boo
 
 // optionalRaw returns a member of JSON kind want unchanged, or nil when it
 // is missing or null.
-func optionalRaw(fields map[string]json.RawMessage, name string, want byte, wantName string) (json.RawMessage, error) {
-	raw := fields[name]
+func optionalRaw(raw json.RawMessage, name string, want byte, wantName string) (json.RawMessage, error) {
 	if isAbsent(raw) {
 		return nil, nil
 	}

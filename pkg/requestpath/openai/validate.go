@@ -20,22 +20,61 @@ import (
 // it, and so it is here.
 const maxDepth = 10000
 
-// body is a request body split into its members.
+// body is a request body split into the members that are read; the others
+// are only validated.
 type body struct {
-	fields map[string]json.RawMessage
+	fields [numFields]json.RawMessage // nil when absent
 	// promptIDs is the prompt member read as token ids, set only when the
 	// prompt is a flat array of them. The ids are read while validating,
 	// so that the body's largest part is scanned once, not twice.
 	promptIDs []uint32
 }
 
+// field is a member of a request body that is read.
+type field int
+
+const (
+	fieldModel field = iota
+	fieldStream
+	fieldCacheSalt
+	fieldMaxCompletionTokens
+	fieldMaxTokens
+	fieldAddSpecialTokens
+	fieldPrompt
+	fieldPromptEmbeds
+	fieldMessages
+	fieldAddGenerationPrompt
+	fieldContinueFinalMessage
+	fieldChatTemplate
+	fieldChatTemplateKwargs
+	fieldTools
+	numFields
+)
+
+var fieldNames = [numFields]string{
+	"model", "stream", "cache_salt", "max_completion_tokens", "max_tokens", "add_special_tokens",
+	"prompt", "prompt_embeds", "messages", "add_generation_prompt", "continue_final_message",
+	"chat_template", "chat_template_kwargs", "tools",
+}
+
+// fieldOf returns the field a member's decoded key names; ok is false for
+// any other key.
+func fieldOf(key []byte) (f field, ok bool) {
+	for f, name := range fieldNames {
+		if string(key) == name {
+			return field(f), true
+		}
+	}
+	return 0, false
+}
+
 // splitBody checks that b, which starts with '{', is exactly one valid JSON
-// object (with only whitespace after it) and returns its members. A key
+// object (with only whitespace after it) and returns the members that are
+// read (those fieldNames names). A key
 // given twice keeps its last value, as with encoding/json. ok is false when
 // b is not valid JSON. A prompt of token ids is read into idBuf's backing
 // array when it is large enough (see ParseRequestInto).
 func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
-	out.fields = make(map[string]json.RawMessage, 8)
 	i := skipSpace(b, 1)
 	if i < len(b) && b[i] == '}' {
 		return out, skipSpace(b, i+1) == len(b), nil
@@ -48,10 +87,18 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 		if !ok {
 			return out, false, nil
 		}
-		key, err := stringValue(b[i:keyEnd])
-		if err != nil {
-			return out, false, err
+		// Keys are matched as decoded, but only one with an escape needs
+		// decoding: the names are ASCII, and invalid UTF-8, which decodes
+		// to U+FFFD, matches none of them either way.
+		key := b[i+1 : keyEnd-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			k, err := stringValue(b[i:keyEnd])
+			if err != nil {
+				return out, false, err
+			}
+			key = []byte(k)
 		}
+		f, read := fieldOf(key)
 		i = skipSpace(b, keyEnd)
 		if i >= len(b) || b[i] != ':' {
 			return out, false, nil
@@ -59,7 +106,7 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 		i = skipSpace(b, i+1)
 		start := i
 		var ids []uint32
-		if key == "prompt" && i < len(b) && b[i] == '[' {
+		if read && f == fieldPrompt && i < len(b) && b[i] == '[' {
 			ids, i, ok = scanTokenIDs(b, i, idBuf)
 		} else {
 			ok = false
@@ -71,9 +118,11 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 				return out, false, nil
 			}
 		}
-		out.fields[key] = b[start:i:i]
-		if key == "prompt" {
-			out.promptIDs = ids
+		if read {
+			out.fields[f] = b[start:i:i]
+			if f == fieldPrompt {
+				out.promptIDs = ids
+			}
 		}
 		i = skipSpace(b, i)
 		switch {
