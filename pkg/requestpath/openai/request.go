@@ -40,7 +40,8 @@ func ParseRequest(path string, body []byte) (*request.Request, error) {
 // token ids into idBuf's backing array when its capacity suffices (and
 // into a new one when not): the request's TokenIDs may then share idBuf's
 // memory, so the caller may reuse idBuf only once nothing uses the request
-// any more. A nil idBuf is ParseRequest.
+// any more. All of that array, up to idBuf's capacity, is scratch to it.
+// A nil idBuf is ParseRequest.
 func ParseRequestInto(path string, body []byte, idBuf []uint32) (*request.Request, error) {
 	req := &request.Request{API: apiOf(path), Body: body}
 	if req.API == request.APIOther {

@@ -63,13 +63,26 @@ func TestCombine8ReadsTheDigitsOfAnIdOfUpToEightDigits(t *testing.T) {
 
 // TestScanTokenIDsReadsLongArraysAsParseTokenIDsDoes holds the reader of
 // token-id prompts, whose fast path only runs on arrays longer than 64
-// bytes, to parseTokenIDs and json.Valid: arrays of a few hundred ids in
+// bytes, to parseTokenIDs and json.Valid: arrays of up to some 20,000 ids in
 // each form the fast path reads or leaves to the slow one (spacing, long
 // ids), with one fault (a leading zero, a sign, a fraction, a missing id,
 // an id too large) at a random place, read into a dirty buffer that is
 // sometimes too small.
 func TestScanTokenIDsReadsLongArraysAsParseTokenIDsDoes(t *testing.T) {
-	t.Parallel()
+	// Not parallel: with the CPU's vector reader and without it.
+	have := useIDsAVX2
+	defer func() { useIDsAVX2 = have }()
+	for _, vector := range []bool{false, true} {
+		if vector && !have {
+			t.Log("this CPU has no vector reader of token ids")
+			continue
+		}
+		useIDsAVX2 = vector
+		readsLongArraysAsParseTokenIDsDoes(t)
+	}
+}
+
+func readsLongArraysAsParseTokenIDsDoes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 4))
 	seps := []string{",", ",", ",", ", ", ", ", " ,", ",\n  ", ",  ", "\t,"}
 	faults := []string{"", "", "0", "01", "00", "-1", "-0", "1.5", "2e3", "", "4294967295", "4294967296", "12345678901", "null", "\"7\"", "[1]"}
@@ -80,6 +93,9 @@ func TestScanTokenIDsReadsLongArraysAsParseTokenIDsDoes(t *testing.T) {
 			arr.WriteString(" ")
 		}
 		n := 1 + rng.IntN(300)
+		if c%100 == 0 {
+			n = 3000 + rng.IntN(20000) // longer than the vector reader's 16 KiB pieces
+		}
 		fault := rng.IntN(n + n/2) // often none
 		sep := seps[rng.IntN(len(seps))]
 		for i := range n {
