@@ -194,20 +194,30 @@ func (c *Candidate) unlock() {
 
 // Put publishes a value under key for this request.
 func (c *Candidate) Put(key string, v any) {
-	c.lock()
+	if !c.shared {
+		c.put(key, v)
+		return
+	}
+	c.mu.Lock()
 	c.put(key, v)
-	c.unlock()
+	c.mu.Unlock()
 }
 
 // Get returns the value published under key, if any.
 func (c *Candidate) Get(key string) (any, bool) {
-	c.lock()
+	if !c.shared {
+		if i := c.find(key, 0); i >= 0 {
+			return c.at(i).v, true
+		}
+		return nil, false
+	}
+	c.mu.Lock()
 	i := c.find(key, 0)
 	var v any
 	if i >= 0 {
 		v = c.at(i).v
 	}
-	c.unlock()
+	c.mu.Unlock()
 	if i < 0 && c.base != nil {
 		return c.base.Get(key)
 	}
@@ -305,7 +315,7 @@ func (c *Candidate) CommitStaged(keys []string) {
 	c.lock()
 	w := c.staged
 	for i := c.staged; i < c.n; i++ {
-		a := *c.at(i)
+		a := c.at(i)
 		if !slices.Contains(keys, a.key) {
 			continue
 		}
@@ -314,10 +324,14 @@ func (c *Candidate) CommitStaged(keys []string) {
 			c.at(j).v = a.v
 			continue
 		}
-		*c.at(w) = a
+		if w != i {
+			*c.at(w) = *a
+		}
 		w++
 	}
-	c.truncate(w)
+	if w < c.n {
+		c.truncate(w)
+	}
 	c.staged = 0
 	c.unlock()
 }
