@@ -387,11 +387,13 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 	if len(g.nodes) == 0 {
 		return nil
 	}
+	if g.allInline {
+		dc := newDeadlineCtx(ctx, timeout)
+		defer dc.release()
+		return g.runInline(dc, req, cands)
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if g.allInline {
-		return g.runInline(ctx, req, cands)
-	}
 
 	// Each producer stages its writes in its own views of the candidates,
 	// and all the views of a run come from one slab: a request has tens of
@@ -457,7 +459,7 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 // time without error, and dropped otherwise. Nothing else touches the
 // candidates meanwhile, so no view of them is needed; a copy of the
 // slice still keeps a producer from reordering the request's.
-func (g *Graph) runInline(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error {
+func (g *Graph) runInline(ctx *deadlineCtx, req *request.Request, cands []*datalayer.Candidate) error {
 	ptrs := candsPool.Get().(*[]*datalayer.Candidate)
 	defer func() {
 		clear(*ptrs)
@@ -477,9 +479,9 @@ func (g *Graph) runInline(ctx context.Context, req *request.Request, cands []*da
 var candsPool = sync.Pool{New: func() any { return new([]*datalayer.Candidate) }}
 
 // produceInline runs one producer of runInline over view, a copy of cands.
-func (g *Graph) produceInline(ctx context.Context, n *graphNode, req *request.Request, cands, view []*datalayer.Candidate) error {
+func (g *Graph) produceInline(ctx *deadlineCtx, n *graphNode, req *request.Request, cands, view []*datalayer.Candidate) error {
 	if ctx.Err() != nil {
-		return fmt.Errorf("%w: %w", ErrProducerTimeout, context.Cause(ctx))
+		return fmt.Errorf("%w: %w", ErrProducerTimeout, ctx.cause())
 	}
 	for _, c := range cands {
 		c.Stage()
@@ -489,7 +491,7 @@ func (g *Graph) produceInline(ctx context.Context, n *graphNode, req *request.Re
 	n.duration.Observe(time.Since(start).Seconds())
 	if ctx.Err() != nil {
 		if err == nil {
-			err = context.Cause(ctx)
+			err = ctx.cause()
 		}
 		err = fmt.Errorf("%w: %w", ErrProducerTimeout, err)
 	}

@@ -516,21 +516,26 @@ func testFailingProducerDoesNotStopOthers(t *testing.T, inline bool) {
 
 func TestGraphRunHonoursTheCallersContext(t *testing.T) {
 	t.Parallel()
-	started := make(chan struct{})
-	g, err := BuildGraph([]plugin.Plugin{&keyProducer{name: "waits", produces: produces("W"),
-		produce: func(ctx context.Context, _ []*datalayer.Candidate) error {
-			close(started)
-			<-ctx.Done()
-			return ctx.Err()
-		}}}, WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	go func() { <-started; cancel() }()
-	err = g.Run(ctx, time.Hour, &request.Request{}, testCandidates(1))
-	if !errors.Is(err, ErrProducerTimeout) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("Run error = %v, want a cancelled producer", err)
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+			t.Parallel()
+			started := make(chan struct{})
+			g, err := BuildGraph([]plugin.Plugin{maybeInline(&keyProducer{name: "waits", produces: produces("W"),
+				produce: func(ctx context.Context, _ []*datalayer.Candidate) error {
+					close(started)
+					<-ctx.Done()
+					return ctx.Err()
+				}}, inline)}, WithLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			go func() { <-started; cancel() }()
+			err = g.Run(ctx, time.Hour, &request.Request{}, testCandidates(1))
+			if !errors.Is(err, ErrProducerTimeout) || !errors.Is(err, context.Canceled) {
+				t.Fatalf("Run error = %v, want a cancelled producer", err)
+			}
+		})
 	}
 }
 
