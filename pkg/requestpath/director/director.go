@@ -114,6 +114,8 @@ type Pick struct {
 	dispatch *datalayer.Dispatch
 	disp     datalayer.Dispatch
 	target   [1]string
+	// resp is what the plugin observers are told of the response.
+	resp request.Response
 	// held: a PrepareData producer ran on a goroutine of its own, and may
 	// still use the request after the response is handled.
 	held bool
@@ -427,7 +429,8 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 	if p.Result == nil || len(d.o.PluginObservers) == 0 {
 		return
 	}
-	resp := &request.Response{
+	resp := &p.resp
+	*resp = request.Response{
 		Endpoint: s.Endpoint, Status: s.Status, Streamed: s.Streamed,
 		Start: p.Start, FirstByte: s.FirstByte, End: s.End,
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
