@@ -257,10 +257,58 @@ func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 }
 
 // CandidateSet is memory for one request's candidates, to be reused by a
-// later request (CandidatesInto) once nothing uses the earlier one's.
+// later request (CandidatesInto) once nothing uses the earlier one's, and
+// for what producers publish on them (RequestMemory).
 type CandidateSet struct {
 	slab []Candidate
 	ptrs []*Candidate
+
+	mu  sync.Mutex
+	mem []ownedMemory
+}
+
+// ownedMemory is one RequestMemory caller's memory: owner's *[]T.
+type ownedMemory struct {
+	owner, v any
+}
+
+// RequestMemory returns n zeroed values of T that live as long as the
+// request's candidates, cands, do: a producer publishes pointers into it.
+// When the candidates were made in a CandidateSet (CandidatesInto), the
+// memory is the set's, and is given to the same owner again for the
+// set's next request, when nothing uses this one's any more; so what is
+// published costs no allocation per request. owner tells its callers
+// apart (a producer passes itself); each owner has one such slice per
+// type. Without a set, the memory is new.
+func RequestMemory[T any](cands []*Candidate, owner any, n int) []T {
+	var set *CandidateSet
+	if len(cands) > 0 {
+		set = cands[0].set
+		if b := cands[0].base; b != nil {
+			set = b.set
+		}
+	}
+	if set == nil {
+		return make([]T, n)
+	}
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	for i := range set.mem {
+		if m := &set.mem[i]; m.owner == owner {
+			if p, ok := m.v.(*[]T); ok {
+				if cap(*p) < n {
+					*p = make([]T, n)
+				}
+				*p = (*p)[:n]
+				clear(*p)
+				return *p
+			}
+		}
+	}
+	p := new([]T)
+	*p = make([]T, n)
+	set.mem = append(set.mem, ownedMemory{owner: owner, v: p})
+	return *p
 }
 
 // CandidatesInto is Candidates, making the candidates in set's memory
@@ -297,7 +345,7 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 		// struct twice and copies it whole.
 		slab = slab[:len(slab)+1]
 		c := &slab[len(slab)-1]
-		c.Endpoint, c.Stream, c.InFlight = e.ep, state, e.load.load()
+		c.Endpoint, c.Stream, c.InFlight, c.set = e.ep, state, e.load.load(), set
 		if m := e.metrics.Load(); m != nil {
 			c.Metrics = *m
 		}

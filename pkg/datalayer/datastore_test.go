@@ -262,6 +262,50 @@ func TestCandidatesMadeInReusedMemoryCarryNothingOfTheEarlierRequest(t *testing.
 	}
 }
 
+func TestRequestMemoryIsTheCandidateSetsAndComesBackZeroedToItsOwner(t *testing.T) {
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	ds.Upsert(ep("b", "10.0.0.2:8000"))
+	var set CandidateSet
+	ownerA, ownerB := new(int), new(int)
+	cands := ds.CandidatesInto(&set, nil)
+	a := RequestMemory[int](cands, ownerA, 2)
+	b := RequestMemory[int](cands, ownerB, 2)
+	s := RequestMemory[string](cands, ownerA, 1)
+	a[0], a[1], b[0], s[0] = 1, 2, 3, "x"
+	if &a[0] == &b[0] {
+		t.Fatal("two owners were given the same memory")
+	}
+
+	// The set's next request: each owner is given its memory again, zeroed.
+	next := ds.CandidatesInto(&set, nil)
+	a2 := RequestMemory[int](next, ownerA, 2)
+	if &a2[0] != &a[0] || a2[0] != 0 || a2[1] != 0 {
+		t.Errorf("owner A's memory again: %v at %p, want zeroes at %p", a2, &a2[0], &a[0])
+	}
+	if s2 := RequestMemory[string](next, ownerA, 1); s2[0] != "" {
+		t.Errorf("owner A's strings again: %q, want empty", s2[0])
+	}
+	if big := RequestMemory[int](next, ownerB, 3); len(big) != 3 || big[0] != 0 {
+		t.Errorf("owner B's memory grown: %v", big)
+	}
+	if allocs := testing.AllocsPerRun(20, func() { RequestMemory[int](next, ownerA, 2) }); allocs != 0 {
+		t.Errorf("memory given again allocated %v times", allocs)
+	}
+
+	// A staging view's memory is its candidate's; candidates made outside
+	// a set get memory of their own each time.
+	var view Candidate
+	next[0].StageInto(&view)
+	if v := RequestMemory[int]([]*Candidate{&view}, ownerA, 2); &v[0] != &a[0] {
+		t.Error("a staging view was not given its candidate's memory")
+	}
+	free := ds.Candidates(nil)
+	if f1, f2 := RequestMemory[int](free, ownerA, 1), RequestMemory[int](free, ownerA, 1); &f1[0] == &f2[0] {
+		t.Error("candidates outside a set were given shared memory")
+	}
+}
+
 func TestDatastoreConcurrentReadersAndWriters(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)

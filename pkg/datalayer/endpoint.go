@@ -2,6 +2,7 @@ package datalayer
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -126,8 +127,10 @@ func (m *Metrics) Fresh(now time.Time, maxAge time.Duration) bool {
 // Candidate is an endpoint as one request's scheduling cycle sees it: a
 // snapshot of its metrics and stream state, and the per-request data that
 // producers publish for consumers (scorers, filters, the latency predictor).
-// It is owned by one request; producers running in parallel may Put into it
-// concurrently.
+// It is owned by one request, and used by one goroutine at a time unless
+// it is marked shared (MarkShared): the PrepareData graph marks the
+// candidates it hands to producers running in parallel, which may then
+// Put and Get concurrently.
 type Candidate struct {
 	*Endpoint
 	Metrics Metrics
@@ -136,19 +139,30 @@ type Candidate struct {
 	// seen finish when the request arrived.
 	InFlight InFlight
 
-	mu sync.RWMutex
-	// The published values. A request's candidates each carry one to four
-	// keys (the default configuration's: block keys, prefix match, latency
-	// prediction and its input), so the first few sit in the candidate
-	// itself and are found by a short scan; a map here cost an allocation
-	// or two per candidate per producer on every request. Further keys
-	// spill into more.
-	inline  [4]attr
-	ninline int
-	more    []attr
+	// mu guards what follows when the candidate is shared. It is a plain
+	// mutex: even then, readers rarely meet, and a read lock costs what a
+	// lock does. An unshared candidate takes no lock: its every access
+	// would otherwise pay for two atomic instructions, tens of them per
+	// candidate per request.
+	shared bool
+	mu     sync.Mutex
+	// The published values, n of them: the first few in the candidate
+	// itself, the rest in more. A request's candidates each carry one to
+	// four keys (the default configuration's: block keys, prefix match,
+	// latency prediction and its input), found by a short scan; a map here
+	// cost an allocation or two per candidate per producer on every
+	// request.
+	inline [4]attr
+	more   []attr
+	n      int
+	// staged is where a producer's writes not yet committed begin
+	// (Stage); 0 when none are held back.
+	staged int
 	// base, when set, is the candidate this one stages writes for: reads
 	// fall through to it, writes stay here until committed (see Graph.Run).
 	base *Candidate
+	// set is the memory the candidate was made in, if any (RequestMemory).
+	set *CandidateSet
 }
 
 type attr struct {
@@ -161,8 +175,29 @@ func NewCandidate(ep *Endpoint, m Metrics, s StreamState) *Candidate {
 	return &Candidate{Endpoint: ep, Metrics: m, Stream: s}
 }
 
+// MarkShared makes c safe for concurrent Puts and Gets from now on. Call
+// it before c is handed to another goroutine that may use it while this
+// one does.
+func (c *Candidate) MarkShared() { c.shared = true }
+
+func (c *Candidate) lock() {
+	if c.shared {
+		c.mu.Lock()
+	}
+}
+
+func (c *Candidate) unlock() {
+	if c.shared {
+		c.mu.Unlock()
+	}
+}
+
 // Put publishes a value under key for this request.
 func (c *Candidate) Put(key string, v any) {
+	if !c.shared {
+		c.put(key, v)
+		return
+	}
 	c.mu.Lock()
 	c.put(key, v)
 	c.mu.Unlock()
@@ -170,74 +205,141 @@ func (c *Candidate) Put(key string, v any) {
 
 // Get returns the value published under key, if any.
 func (c *Candidate) Get(key string) (any, bool) {
-	c.mu.RLock()
-	v, ok := c.own(key)
-	c.mu.RUnlock()
-	if !ok && c.base != nil {
+	if !c.shared {
+		if i := c.find(key, 0); i >= 0 {
+			return c.at(i).v, true
+		}
+		return nil, false
+	}
+	c.mu.Lock()
+	i := c.find(key, 0)
+	var v any
+	if i >= 0 {
+		v = c.at(i).v
+	}
+	c.mu.Unlock()
+	if i < 0 && c.base != nil {
 		return c.base.Get(key)
 	}
-	return v, ok
+	return v, i >= 0
 }
 
-// put sets key; c.mu is held for writing.
+func (c *Candidate) at(i int) *attr {
+	if i < len(c.inline) {
+		return &c.inline[i]
+	}
+	return &c.more[i-len(c.inline)]
+}
+
+// find returns the index of key among the entries from `from` on, the
+// newest first (a staged write shadows the published value), or -1.
+func (c *Candidate) find(key string, from int) int { return c.findIn(key, from, c.n) }
+
+// findIn is find among the entries in [lo, hi).
+func (c *Candidate) findIn(key string, lo, hi int) int {
+	for i := hi - 1; i >= lo; i-- {
+		if c.at(i).key == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// put sets key; c.mu is held. While writes are staged, a key published
+// before is shadowed, not overwritten, so that discarding the stage
+// leaves it as it was.
 func (c *Candidate) put(key string, v any) {
-	if a := c.find(key); a != nil {
-		a.v = v
+	if i := c.find(key, c.staged); i >= 0 {
+		c.at(i).v = v
 		return
 	}
-	if c.ninline < len(c.inline) {
-		c.inline[c.ninline] = attr{key: key, v: v}
-		c.ninline++
-		return
+	if c.n < len(c.inline) {
+		c.inline[c.n] = attr{key: key, v: v}
+	} else {
+		c.more = append(c.more, attr{key: key, v: v})
 	}
-	c.more = append(c.more, attr{key: key, v: v})
+	c.n++
 }
 
-// own returns what was published in c itself, never in its base; c.mu is
-// held.
-func (c *Candidate) own(key string) (any, bool) {
-	if a := c.find(key); a != nil {
-		return a.v, true
+// truncate drops the entries from m on; c.mu is held.
+func (c *Candidate) truncate(m int) {
+	for i := m; i < c.n; i++ {
+		*c.at(i) = attr{}
 	}
-	return nil, false
-}
-
-func (c *Candidate) find(key string) *attr {
-	for i := range c.inline[:c.ninline] {
-		if c.inline[i].key == key {
-			return &c.inline[i]
-		}
-	}
-	for i := range c.more {
-		if c.more[i].key == key {
-			return &c.more[i]
-		}
-	}
-	return nil
+	c.more = c.more[:max(m-len(c.inline), 0)]
+	c.n = m
 }
 
 // StageInto makes v, which no one else is using (a view an earlier run
 // used may serve again), a staging view of c: reads fall
 // through to c, writes stay in v until Commit publishes them. The
-// PrepareData graph gives each producer its own views, so that a producer
-// that misses its deadline publishes nothing.
+// PrepareData graph gives each producer on a goroutine of its own its own
+// views, so that a producer that misses its deadline publishes nothing.
 func (c *Candidate) StageInto(v *Candidate) {
-	// Whole, so that a view used by an earlier run starts empty.
-	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, InFlight: c.InFlight, base: c}
+	// Whole, so that a view used by an earlier run starts empty. A view
+	// is shared, as its candidate must be.
+	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, InFlight: c.InFlight, base: c, shared: true}
 }
 
 // Commit publishes into c what staged, a staging view of c, holds under
 // keys.
 func (c *Candidate) Commit(staged *Candidate, keys []string) {
-	staged.mu.RLock()
-	defer staged.mu.RUnlock()
-	// One write lock for all the keys: commits run for every candidate of
-	// every request, and a lock per key was most of their cost.
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	staged.lock()
+	defer staged.unlock()
+	// One lock for all the keys: commits run for every candidate of every
+	// request, and a lock per key was most of their cost.
+	c.lock()
+	defer c.unlock()
 	for _, k := range keys {
-		if v, ok := staged.own(k); ok {
-			c.put(k, v)
+		if i := staged.find(k, 0); i >= 0 {
+			c.put(k, staged.at(i).v)
 		}
 	}
+}
+
+// Stage holds back what is Put from now on, until CommitStaged publishes
+// it or DiscardStaged drops it: a staging view within the candidate
+// itself, for producers that run one after another on one goroutine (the
+// PrepareData graph when every producer runs inline), where copying the
+// candidate into a view per producer cost more than the producers' work.
+// Reads see the staged writes.
+func (c *Candidate) Stage() {
+	c.lock()
+	c.staged = c.n
+	c.unlock()
+}
+
+// CommitStaged publishes, of the writes held back since Stage, those
+// under keys, and drops the rest.
+func (c *Candidate) CommitStaged(keys []string) {
+	c.lock()
+	w := c.staged
+	for i := c.staged; i < c.n; i++ {
+		a := c.at(i)
+		if !slices.Contains(keys, a.key) {
+			continue
+		}
+		if j := c.findIn(a.key, 0, c.staged); j >= 0 {
+			// Shadowing a value published before: it replaces it.
+			c.at(j).v = a.v
+			continue
+		}
+		if w != i {
+			*c.at(w) = *a
+		}
+		w++
+	}
+	if w < c.n {
+		c.truncate(w)
+	}
+	c.staged = 0
+	c.unlock()
+}
+
+// DiscardStaged drops every write held back since Stage.
+func (c *Candidate) DiscardStaged() {
+	c.lock()
+	c.truncate(c.staged)
+	c.staged = 0
+	c.unlock()
 }

@@ -48,3 +48,63 @@ func TestCandidatePutOfAFewKeysDoesNotAllocate(t *testing.T) {
 		t.Errorf("%v allocations per run of four Puts of new keys, want 0", allocs)
 	}
 }
+
+func TestCandidateStagedWritesArePublishedOnlyWhenCommittedUnderTheirKeys(t *testing.T) {
+	t.Parallel()
+	keys := func(c *Candidate, names ...string) map[string]any {
+		out := map[string]any{}
+		for _, k := range names {
+			if v, ok := c.Get(k); ok {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name      string
+		published int // keys p0.. Put before the stage
+		commit    bool
+		want      map[string]any
+	}{
+		{name: "committed: declared keys are published and replace what they shadow, the rest are dropped",
+			published: 3, commit: true, want: map[string]any{"p0": 0, "p1": "new", "p2": 2, "s0": "s0", "s1": "s1", "s2": "s2", "s3": "s3"}},
+		{name: "committed beside a full inline store: the spilled keys are kept",
+			published: 5, commit: true, want: map[string]any{"p0": 0, "p1": "new", "p2": 2, "p3": 3, "p4": 4, "s0": "s0", "s1": "s1", "s2": "s2", "s3": "s3"}},
+		{name: "discarded: what was published before is as it was",
+			published: 3, commit: false, want: map[string]any{"p0": 0, "p1": 1, "p2": 2}},
+		{name: "discarded from an empty candidate: nothing is left",
+			published: 0, commit: false, want: map[string]any{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := NewCandidate(ep("e", "10.0.0.1:8000"), Metrics{}, StreamExact)
+			for k := range tt.published {
+				c.Put(fmt.Sprintf("p%d", k), k)
+			}
+			c.Stage()
+			c.Put("p1", "new") // shadows p1 (when published)
+			for k := range 4 {
+				c.Put(fmt.Sprintf("s%d", k), "first")
+				c.Put(fmt.Sprintf("s%d", k), fmt.Sprintf("s%d", k))
+			}
+			c.Put("undeclared", true)
+			if v, _ := c.Get("p1"); v != "new" {
+				t.Errorf("while staged, p1 reads %v, want the staged write", v)
+			}
+			if tt.commit {
+				c.CommitStaged([]string{"p1", "s0", "s1", "s2", "s3"})
+			} else {
+				c.DiscardStaged()
+			}
+			got := keys(c, "p0", "p1", "p2", "p3", "p4", "s0", "s1", "s2", "s3", "undeclared")
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("after the stage: %v, want %v", got, tt.want)
+			}
+			// Outside a stage, a Put overwrites in place again.
+			c.Put("p0", "again")
+			if v, _ := c.Get("p0"); v != "again" {
+				t.Errorf("p0 = %v after a Put outside the stage, want again", v)
+			}
+		})
+	}
+}

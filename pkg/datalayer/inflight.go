@@ -169,15 +169,26 @@ type Dispatch struct {
 // name, with prefillTokens of its promptTokens still to compute there. It
 // returns nil when no such endpoint is present.
 func (ds *Datastore) Dispatch(name string, at time.Time, prefillTokens, promptTokens int) *Dispatch {
-	e, ok := ds.snap.Load().byName[name]
-	if !ok {
+	d := new(Dispatch)
+	if !ds.DispatchInto(d, name, at, prefillTokens, promptTokens) {
 		return nil
 	}
-	d := &Dispatch{c: e.load, prefill: int64(max(prefillTokens, 0)), prompt: int64(max(promptTokens, 0)), start: at.UnixNano()}
+	return d
+}
+
+// DispatchInto is Dispatch made in d, which must be new (its zero value),
+// so that a caller can keep it in memory of its own; it reports false,
+// leaving d unused, when no such endpoint is present.
+func (ds *Datastore) DispatchInto(d *Dispatch, name string, at time.Time, prefillTokens, promptTokens int) bool {
+	e, ok := ds.snap.Load().byName[name]
+	if !ok {
+		return false
+	}
+	d.c, d.prefill, d.prompt, d.start = e.load, int64(max(prefillTokens, 0)), int64(max(promptTokens, 0)), at.UnixNano()
 	d.c.prefilling.Add(1)
 	d.c.prefillTokens.Add(d.prefill)
 	d.c.add(&d.c.starts, &d.c.oldest, d.start)
-	return d
+	return true
 }
 
 // ExpectDecode says how long the request is expected to decode once its

@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
@@ -82,4 +85,69 @@ func benchmarkRoute(b *testing.B, configText string, endpoints, tokens int) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "µs/route")
 	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N)/1000, "cpu-µs/route")
+}
+
+// BenchmarkHandleRequest measures one request as the ext_proc stream hands
+// it to the director, in the default configuration (predicted latency):
+// an 8k-token prompt given as token ids parsed from its body into pooled
+// memory, candidates made in pooled memory, PrepareData, scheduling,
+// dispatch, and then the response's first byte and end accounted for, so
+// that the in-flight accounting stays as a steady load leaves it. Each of
+// the 64 endpoints holds its own prompt whole (as BenchmarkExtProcFloor's
+// fleet does), and requests cycle through the prompts. It reports CPU µs
+// and allocations per request.
+func BenchmarkHandleRequest(b *testing.B) {
+	const endpoints, tokens, bs = 64, 8192, 16
+	e, err := New(Options{Pool: "bench", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	r := rand.New(rand.NewPCG(1, 2))
+	now := time.Now()
+	bodies := make([][]byte, endpoints)
+	addrs := make([]string, endpoints)
+	for i := range endpoints {
+		prompt := make([]uint32, tokens)
+		for k := range prompt {
+			prompt[k] = uint32(r.IntN(150000))
+		}
+		addrs[i] = fmt.Sprintf("10.1.0.%d:8000", i+1)
+		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: addrs[i], Model: "m"})
+		e.Datastore().SetMetrics(fmt.Sprintf("pod-%d", i), datalayer.Metrics{
+			WaitingQueueSize: r.IntN(4), RunningRequests: r.IntN(16), KVCacheUsage: r.Float64() * 0.7, UpdateTime: now.Add(time.Hour),
+		})
+		hashes := make([]uint64, tokens/bs)
+		for k := range hashes {
+			hashes[k] = uint64(i)<<32 | uint64(k+1)
+		}
+		e.Index().Apply(events.Origin{Stream: events.Stream{Endpoint: addrs[i]}, Model: "m", BlockSize: bs, Instance: "i"},
+			&events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: prompt, BlockSize: bs}}})
+		bodies[i], _ = json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1})
+	}
+	ctx := context.Background()
+	d := e.Director()
+	var ids []uint32
+	var set datalayer.CandidateSet
+	headers := map[string]string{":path": "/v1/completions", "content-type": "application/json", director.HeaderRequestID: "bench"}
+	b.ReportAllocs()
+	cpu := testkit.CPUTime()
+	i := 0
+	for b.Loop() {
+		in := director.Input{Path: "/v1/completions", Headers: headers, Body: bodies[i%endpoints], IDBuf: ids[:0:cap(ids)], Candidates: &set}
+		if in.IDBuf == nil {
+			in.IDBuf = []uint32{}
+		}
+		i++
+		p, err := d.HandleRequest(ctx, &in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids = in.IDBuf
+		t := time.Now()
+		d.HandleFirstByte(p)
+		d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200, FirstByte: t, End: t,
+			Usage: openai.Usage{PromptTokens: tokens, CompletionTokens: 1}})
+	}
+	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N)/1000, "cpu-µs/req")
 }

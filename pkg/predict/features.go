@@ -234,3 +234,23 @@ func dot(a, b *Vector) float64 {
 	}
 	return s
 }
+
+// How many leading features TTFTFeatures, alone and TPOTFeatures may set;
+// the rest they leave zero.
+const (
+	ttftFeatures  = 23
+	aloneFeatures = 7
+	tpotFeatures  = 11
+)
+
+// dotN is dot over the first n features, in the same order: when the rest
+// of b is zero and a is finite, it is dot exactly (adding a zero product
+// changes no sum).
+func dotN(a, b *Vector, n int) float64 {
+	as, bs := a[:n], b[:n]
+	var s float64
+	for i := range as {
+		s += as[i] * bs[i]
+	}
+	return s
+}

@@ -27,15 +27,35 @@ var Methods = []string{MethodEWLS, MethodQuantileSGD}
 const floorMs = 0.05
 
 // coefs are one target's coefficients as a prediction reads them, per
-// regime: the mean's and the quantile's. Immutable once published.
+// regime: the mean's and the quantile's. Immutable once published (seal).
 type coefs struct {
 	mean, quant [NumRegimes]Vector
+	// finite: every coefficient is finite, so that a feature that is zero
+	// adds exactly nothing to a prediction and need not be multiplied.
+	finite bool
+}
+
+// seal notes whether c's coefficients are all finite, and returns c.
+func (c *coefs) seal() *coefs {
+	c.finite = true
+	for r := range NumRegimes {
+		for i := range NumFeatures {
+			if math.IsNaN(c.mean[r][i]) || math.IsInf(c.mean[r][i], 0) || math.IsNaN(c.quant[r][i]) || math.IsInf(c.quant[r][i], 0) {
+				c.finite = false
+			}
+		}
+	}
+	return c
 }
 
 // predict is the mean and the quantile for x in regime r, never below the
 // floor, never NaN; a quantile above the median is never below the mean.
-func (c *coefs) predict(x *Vector, r int, tau float64) (mean, q float64) {
-	mean, q = dot(&c.mean[r], x), dot(&c.quant[r], x)
+// x's features from n on are zero.
+func (c *coefs) predict(x *Vector, r int, tau float64, n int) (mean, q float64) {
+	if !c.finite {
+		n = NumFeatures
+	}
+	mean, q = dotN(&c.mean[r], x, n), dotN(&c.quant[r], x, n)
 	if !(mean >= floorMs) { // NaN too
 		mean = floorMs
 	}
@@ -51,6 +71,23 @@ func (c *coefs) predict(x *Vector, r int, tau float64) (mean, q float64) {
 		mean, q = min(mean, math.MaxFloat32), min(q, math.MaxFloat32)
 	}
 	return mean, q
+}
+
+// predictMean is predict's mean alone, without the quantile's product.
+func (c *coefs) predictMean(x *Vector, r int, tau float64, n int) float64 {
+	if !c.finite {
+		mean, _ := c.predict(x, r, tau, n)
+		return mean
+	}
+	mean := dotN(&c.mean[r], x, n)
+	if !(mean >= floorMs) {
+		mean = floorMs
+	}
+	if mean > math.MaxFloat32 {
+		// Bounded by the quantile's reading too: predict decides.
+		mean, _ = c.predict(x, r, tau, n)
+	}
+	return mean
 }
 
 // learner learns one target (TTFT or TPOT) of one endpoint online.
@@ -304,7 +341,7 @@ func (l *ewls) publish() {
 		q[0] += k * l.scale[r]
 		c.quant[r] = q
 	}
-	l.out = c
+	l.out = c.seal()
 }
 
 // quantileInPlace is the τ-quantile of xs, which it reorders.
@@ -384,5 +421,5 @@ func (l *quantileSGD) observe(x *Vector, r int, y float64) {
 }
 
 func (l *quantileSGD) publish() {
-	l.out = &coefs{mean: l.mean, quant: l.quant}
+	l.out = (&coefs{mean: l.mean, quant: l.quant}).seal()
 }

@@ -198,12 +198,12 @@ func (p *Predictor) Predict(addr string, in *Input) Prediction {
 	var x Vector
 	var out Prediction
 	in.TTFTFeatures(&x, s.seats)
-	out.TTFT, out.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile)
+	out.TTFT, out.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile, ttftFeatures)
 	alone(&x)
-	out.TTFTAlone, _ = s.ttft.predict(&x, RegimeIdle, p.o.Quantile)
+	out.TTFTAlone = s.ttft.predictMean(&x, RegimeIdle, p.o.Quantile, aloneFeatures)
 	out.TTFTAlone = min(out.TTFTAlone, out.TTFT)
 	in.TPOTFeatures(&x, s.seats)
-	out.TPOT, out.TPOTQuantile = s.tpot.predict(&x, r, p.o.Quantile)
+	out.TPOT, out.TPOTQuantile = s.tpot.predict(&x, r, p.o.Quantile, tpotFeatures)
 	return out
 }
 

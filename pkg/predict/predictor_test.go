@@ -285,3 +285,68 @@ func TestPredictAllocatesNothing(t *testing.T) {
 		t.Errorf("Predict allocates %.1f times per call, want 0", n)
 	}
 }
+
+func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(5, 5))
+	anyInput := func() Input {
+		in := Input{
+			InputTokens: rng.IntN(40000), GPUTokens: rng.IntN(9000), CPUTokens: rng.IntN(3000), StorageTokens: rng.IntN(2000),
+			SpeculativeTokens: rng.IntN(1000), Waiting: rng.IntN(9), Running: rng.IntN(40), KVUsage: rng.Float64() * 1.2,
+			MetricsStale: rng.IntN(4) == 0, Prefilling: rng.IntN(6), PrefillTokens: rng.IntN(30000), Decoding: rng.IntN(40),
+			DecodeTokens: rng.IntN(200000), MaxTokens: rng.IntN(2000), NextDecodeEndMs: rng.Float64() * 5000,
+			OldestPrefillMs: rng.Float64() * 3000, PrefillAheadMs: rng.Float64() * 4000,
+		}
+		return in
+	}
+	for _, method := range Methods {
+		t.Run(method+": every feature past the ones filled is zero, and predictions are the full products'", func(t *testing.T) {
+			t.Parallel()
+			p := newTestPredictor(t, Options{Synchronous: true, Method: method})
+			p.AddEndpoint("a", "")
+			w := &world{rng: rand.New(rand.NewPCG(6, 6)), slow: 1, noise: 0.2}
+			for range 300 {
+				in := w.input()
+				ttft, tpot := w.truth(in)
+				p.Observe(Sample{Endpoint: "a", Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
+			}
+			s := (*p.models.Load())["a"].snap.Load()
+			if !s.ttft.finite || !s.tpot.finite {
+				t.Fatal("a learned model's coefficients are not all finite")
+			}
+			for range 2000 {
+				in := anyInput()
+				seats := rng.IntN(20)
+				var x Vector
+				in.TTFTFeatures(&x, seats)
+				zeroFrom(t, "TTFT", &x, ttftFeatures)
+				r := in.Regime(seats)
+				var want Prediction
+				want.TTFT, want.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile, NumFeatures)
+				alone(&x)
+				zeroFrom(t, "alone", &x, aloneFeatures)
+				want.TTFTAlone, _ = s.ttft.predict(&x, RegimeIdle, p.o.Quantile, NumFeatures)
+				want.TTFTAlone = min(want.TTFTAlone, want.TTFT)
+				in.TPOTFeatures(&x, seats)
+				zeroFrom(t, "TPOT", &x, tpotFeatures)
+				want.TPOT, want.TPOTQuantile = s.tpot.predict(&x, r, p.o.Quantile, NumFeatures)
+				// Predict with these seats as the endpoint's learned ones.
+				snap := *s
+				snap.seats = seats
+				(*p.models.Load())["a"].snap.Store(&snap)
+				if got := p.Predict("a", &in); got != want {
+					t.Fatalf("Predict(%+v) = %+v, want the full products' %+v", in, got, want)
+				}
+			}
+		})
+	}
+}
+
+func zeroFrom(t *testing.T, what string, x *Vector, n int) {
+	t.Helper()
+	for i := n; i < NumFeatures; i++ {
+		if x[i] != 0 {
+			t.Fatalf("%s feature %d = %v, past the %d it is said to fill", what, i, x[i], n)
+		}
+	}
+}

@@ -48,10 +48,8 @@ type Graph struct {
 	// producers fail (a flood of them times them out).
 	failLog *rate.Limiter
 
-	// allInline: every producer runs on Run's goroutine, and the staging
-	// views of finished runs are pooled.
+	// allInline: every producer runs on Run's goroutine (runInline).
 	allInline bool
-	staging   sync.Pool
 }
 
 type graphNode struct {
@@ -389,21 +387,27 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 	if len(g.nodes) == 0 {
 		return nil
 	}
+	if g.allInline {
+		dc := newDeadlineCtx(ctx, timeout)
+		defer dc.release()
+		return g.runInline(dc, req, cands)
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
 	// Each producer stages its writes in its own views of the candidates,
 	// and all the views of a run come from one slab: a request has tens of
 	// candidates, so this replaces an allocation per candidate per producer
-	// with one per run. A slab is reused only when every producer runs
-	// inline: a producer on its own goroutine that misses the deadline may
-	// still write into its views after Run returns.
+	// with one per run. A producer on its own goroutine that misses the
+	// deadline may still write into its views after Run returns, so the
+	// slab is never reused.
 	nc := len(cands)
-	st := g.stagingFor(len(g.nodes) * nc)
-	if st.pooled {
-		defer g.staging.Put(st)
+	for _, c := range cands {
+		// Producers on goroutines of their own read c while others commit
+		// into it, and may still read it after Run returns.
+		c.MarkShared()
 	}
-	slab, views := st.slab, st.views
+	slab, views := make([]datalayer.Candidate, len(g.nodes)*nc), make([]*datalayer.Candidate, len(g.nodes)*nc)
 	for k := range slab {
 		c, v := cands[k%nc], &slab[k]
 		c.StageInto(v)
@@ -442,23 +446,77 @@ func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Req
 	}
 	var errs []error
 	for i := range runs {
-		err := runs[i].result()
-		if err == nil {
-			continue
+		if err := runs[i].result(); err != nil {
+			errs = append(errs, g.failed(ctx, g.nodes[i], req, err))
 		}
-		n := g.nodes[i]
-		if errors.Is(err, ErrProducerTimeout) {
-			n.timeouts.Inc()
-		} else {
-			n.failures.Inc()
-		}
-		if g.failLog.Allow() {
-			g.logger.LogAttrs(ctx, slog.LevelWarn, "data producer failed",
-				slog.String("plugin", n.name), slog.String("request", req.ID), slog.Any("error", err))
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", n.name, err))
 	}
 	return errors.Join(errs...)
+}
+
+// runInline is Run when every producer runs on the caller's goroutine: one
+// after another in dependency order, each writing into the candidates
+// themselves, its writes held back (Candidate.Stage) until it returns in
+// time without error, and dropped otherwise. Nothing else touches the
+// candidates meanwhile, so no view of them is needed; a copy of the
+// slice still keeps a producer from reordering the request's.
+func (g *Graph) runInline(ctx *deadlineCtx, req *request.Request, cands []*datalayer.Candidate) error {
+	ptrs := candsPool.Get().(*[]*datalayer.Candidate)
+	defer func() {
+		clear(*ptrs)
+		candsPool.Put(ptrs)
+	}()
+	var errs []error
+	for _, n := range g.nodes {
+		*ptrs = append((*ptrs)[:0], cands...)
+		if err := g.produceInline(ctx, n, req, cands, *ptrs); err != nil {
+			errs = append(errs, g.failed(ctx, n, req, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// candsPool holds runInline's copies of the candidate slice.
+var candsPool = sync.Pool{New: func() any { return new([]*datalayer.Candidate) }}
+
+// produceInline runs one producer of runInline over view, a copy of cands.
+func (g *Graph) produceInline(ctx *deadlineCtx, n *graphNode, req *request.Request, cands, view []*datalayer.Candidate) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", ErrProducerTimeout, ctx.cause())
+	}
+	for _, c := range cands {
+		c.Stage()
+	}
+	start := time.Now()
+	err := n.p.Produce(ctx, req, view)
+	n.duration.Observe(time.Since(start).Seconds())
+	if ctx.Err() != nil {
+		if err == nil {
+			err = ctx.cause()
+		}
+		err = fmt.Errorf("%w: %w", ErrProducerTimeout, err)
+	}
+	for _, c := range cands {
+		if err == nil {
+			c.CommitStaged(n.produces)
+		} else {
+			c.DiscardStaged()
+		}
+	}
+	return err
+}
+
+// failed counts and logs a producer's failure, and returns it named.
+func (g *Graph) failed(ctx context.Context, n *graphNode, req *request.Request, err error) error {
+	if errors.Is(err, ErrProducerTimeout) {
+		n.timeouts.Inc()
+	} else {
+		n.failures.Inc()
+	}
+	if g.failLog.Allow() {
+		g.logger.LogAttrs(ctx, slog.LevelWarn, "data producer failed",
+			slog.String("plugin", n.name), slog.String("request", req.ID), slog.Any("error", err))
+	}
+	return fmt.Errorf("%s: %w", n.name, err)
 }
 
 // producerRun is one producer's state within one Run. mu orders the
@@ -504,27 +562,6 @@ func (r *producerRun) result() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
-}
-
-// staging is one Run's views of its candidates.
-type staging struct {
-	slab   []datalayer.Candidate
-	views  []*datalayer.Candidate
-	pooled bool
-}
-
-// stagingFor returns views for n candidates: from the graph's pool when
-// every producer runs inline, so that nothing writes into them after Run.
-func (g *Graph) stagingFor(n int) *staging {
-	if !g.allInline {
-		return &staging{slab: make([]datalayer.Candidate, n), views: make([]*datalayer.Candidate, n)}
-	}
-	st, _ := g.staging.Get().(*staging)
-	if st == nil || cap(st.slab) < n {
-		st = &staging{slab: make([]datalayer.Candidate, n), views: make([]*datalayer.Candidate, n), pooled: true}
-	}
-	st.slab, st.views = st.slab[:n], st.views[:n]
-	return st
 }
 
 func isInline(dp DataProducer) bool {

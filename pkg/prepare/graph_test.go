@@ -445,6 +445,23 @@ func TestGraphSlowProducerPublishesNothing(t *testing.T) {
 
 func TestGraphFailingProducerDoesNotStopOthers(t *testing.T) {
 	t.Parallel()
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+			t.Parallel()
+			testFailingProducerDoesNotStopOthers(t, inline)
+		})
+	}
+}
+
+// maybeInline is p, asking to run on Run's goroutine when inline is set.
+func maybeInline(p *keyProducer, inline bool) plugin.Plugin {
+	if inline {
+		return inlineProducer{p}
+	}
+	return p
+}
+
+func testFailingProducerDoesNotStopOthers(t *testing.T, inline bool) {
 	boom := errors.New("tokenizer unavailable")
 	failing := &keyProducer{name: "failing", produces: produces("X"), produce: func(_ context.Context, cands []*datalayer.Candidate) error {
 		cands[0].Put("X", 1) // written before failing: must not be published
@@ -468,7 +485,8 @@ func TestGraphFailingProducerDoesNotStopOthers(t *testing.T) {
 		}
 		return nil
 	}}
-	g, err := BuildGraph([]plugin.Plugin{failing, dependent, sneaky}, WithLogger(slog.New(slog.DiscardHandler)))
+	g, err := BuildGraph([]plugin.Plugin{maybeInline(failing, inline), maybeInline(dependent, inline), maybeInline(sneaky, inline)},
+		WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,56 +516,82 @@ func TestGraphFailingProducerDoesNotStopOthers(t *testing.T) {
 
 func TestGraphRunHonoursTheCallersContext(t *testing.T) {
 	t.Parallel()
-	started := make(chan struct{})
-	g, err := BuildGraph([]plugin.Plugin{&keyProducer{name: "waits", produces: produces("W"),
-		produce: func(ctx context.Context, _ []*datalayer.Candidate) error {
-			close(started)
-			<-ctx.Done()
-			return ctx.Err()
-		}}}, WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	go func() { <-started; cancel() }()
-	err = g.Run(ctx, time.Hour, &request.Request{}, testCandidates(1))
-	if !errors.Is(err, ErrProducerTimeout) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("Run error = %v, want a cancelled producer", err)
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+			t.Parallel()
+			started := make(chan struct{})
+			g, err := BuildGraph([]plugin.Plugin{maybeInline(&keyProducer{name: "waits", produces: produces("W"),
+				produce: func(ctx context.Context, _ []*datalayer.Candidate) error {
+					close(started)
+					<-ctx.Done()
+					return ctx.Err()
+				}}, inline)}, WithLogger(slog.New(slog.DiscardHandler)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			go func() { <-started; cancel() }()
+			err = g.Run(ctx, time.Hour, &request.Request{}, testCandidates(1))
+			if !errors.Is(err, ErrProducerTimeout) || !errors.Is(err, context.Canceled) {
+				t.Fatalf("Run error = %v, want a cancelled producer", err)
+			}
+		})
 	}
 }
 
+// BenchmarkGraphRun is one Run's own cost over 64 candidates: a diamond
+// of three producers each putting one key per candidate, on goroutines of
+// their own or all inline (the default configuration's kind), with the
+// candidates made anew for each run as a request's are.
 func BenchmarkGraphRun(b *testing.B) {
-	g, err := BuildGraph([]plugin.Plugin{
-		derive("left", "B", func(in []int) int { return in[0] + 1 }, "A"),
-		derive("right", "C", func(in []int) int { return in[0] + 2 }, "A"),
-		&keyProducer{name: "top", produces: produces("A"), produce: func(_ context.Context, cands []*datalayer.Candidate) error {
-			for _, c := range cands {
-				c.Put("A", 1)
+	for _, inline := range []bool{false, true} {
+		b.Run(fmt.Sprintf("inline=%v", inline), func(b *testing.B) {
+			top := &keyProducer{name: "top", produces: produces("A"), produce: func(_ context.Context, cands []*datalayer.Candidate) error {
+				for _, c := range cands {
+					c.Put("A", 1)
+				}
+				return nil
+			}}
+			g, err := BuildGraph([]plugin.Plugin{
+				maybeInline(derive("left", "B", func(in []int) int { return in[0] + 1 }, "A"), inline),
+				maybeInline(derive("right", "C", func(in []int) int { return in[0] + 2 }, "A"), inline),
+				maybeInline(top, inline),
+			})
+			if err != nil {
+				b.Fatal(err)
 			}
-			return nil
-		}},
-	})
-	if err != nil {
-		b.Fatal(err)
+			req := &request.Request{}
+			base := testCandidates(64)
+			slab := make([]datalayer.Candidate, len(base))
+			cands := make([]*datalayer.Candidate, len(base))
+			b.ReportAllocs()
+			cpu := testkit.CPUTime()
+			for b.Loop() {
+				for i, c := range base {
+					slab[i] = datalayer.Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream}
+					cands[i] = &slab[i]
+				}
+				if err := g.Run(context.Background(), time.Second, req, cands); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/request")
+			b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/request")
+		})
 	}
-	req := &request.Request{}
-	base := testCandidates(64)
-	cands := make([]*datalayer.Candidate, len(base))
-	cpu := testkit.CPUTime()
-	for b.Loop() {
-		for i, c := range base {
-			cands[i] = datalayer.NewCandidate(c.Endpoint, c.Metrics, c.Stream)
-		}
-		if err := g.Run(context.Background(), time.Second, req, cands); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/request")
-	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/request")
 }
 
 func TestGraphPublishesOnlyDeclaredKeysHoweverManyAreStaged(t *testing.T) {
 	t.Parallel()
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) {
+			t.Parallel()
+			testPublishesOnlyDeclaredKeys(t, inline)
+		})
+	}
+}
+
+func testPublishesOnlyDeclaredKeys(t *testing.T, inline bool) {
 	// More keys than a candidate keeps inline, declared and not, from two
 	// producers, the second reading the first's through its staging view.
 	first := &keyProducer{name: "first", produces: produces("A", "B", "C", "D"), produce: func(_ context.Context, cands []*datalayer.Candidate) error {
@@ -559,16 +603,31 @@ func TestGraphPublishesOnlyDeclaredKeysHoweverManyAreStaged(t *testing.T) {
 		return nil
 	}}
 	second := derive("second", "E", func(in []int) int { return in[0] + in[1] }, "A", "D")
-	g, err := BuildGraph([]plugin.Plugin{second, first})
+	// A third overwrites a key the first published, without declaring
+	// it, and reorders its slice: neither reaches the request.
+	third := &keyProducer{name: "third", produces: produces("F"), consumes: produces("A"), produce: func(_ context.Context, cands []*datalayer.Candidate) error {
+		for _, c := range cands {
+			c.Put("A", -1)
+			c.Put("F", 7)
+			c.Put("F", 8)
+		}
+		slices.Reverse(cands)
+		return nil
+	}}
+	g, err := BuildGraph([]plugin.Plugin{maybeInline(second, inline), maybeInline(first, inline), maybeInline(third, inline)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cands := testCandidates(5)
+	order := slices.Clone(cands)
 	if err := g.Run(context.Background(), time.Second, &request.Request{}, cands); err != nil {
 		t.Fatal(err)
 	}
+	if !slices.Equal(cands, order) {
+		t.Error("a producer reordered the request's candidates")
+	}
 	for i, c := range cands {
-		for key, want := range map[string]int{"A": i * 10, "B": i*10 + 1, "C": i*10 + 3, "D": i*10 + 4, "E": 2*i*10 + 4} {
+		for key, want := range map[string]int{"A": i * 10, "B": i*10 + 1, "C": i*10 + 3, "D": i*10 + 4, "E": 2*i*10 + 4, "F": 8} {
 			if got, ok := getInt(c, key); !ok || got != want {
 				t.Errorf("candidate %d: %s = %d, %v; want %d", i, key, got, ok, want)
 			}

@@ -23,7 +23,10 @@ type DataProducer interface {
 // When ProducesInline reports true, Graph.Run calls it on the request's own
 // goroutine instead of handing the request to a goroutine of its own and
 // back; its deadline is then checked when it returns, as for any producer,
-// but Run cannot return before it does.
+// but Run cannot return before it does. When every producer is inline,
+// each is given the request's candidates themselves (in a slice of its
+// own), its Puts held back until it returns in time: it must change them
+// only through Put, and use them only on the goroutine it was called on.
 type InlineProducer interface {
 	ProducesInline() bool
 }

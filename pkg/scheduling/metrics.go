@@ -18,7 +18,19 @@ const (
 type metrics struct {
 	e2e      prometheus.Histogram
 	attempts *prometheus.CounterVec
+	// byStatus are attempts' series, resolved once: every cycle counts
+	// one, and a label lookup cost more than the count.
+	byStatus map[string]prometheus.Counter
 	plugin   *prometheus.HistogramVec
+}
+
+// attempt counts a cycle that ended with status.
+func (m *metrics) attempt(status string) {
+	if c, ok := m.byStatus[status]; ok {
+		c.Inc()
+		return
+	}
+	m.attempts.WithLabelValues(status).Inc()
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -42,8 +54,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"extension_point", "plugin_type", "plugin_name"}),
 	}
 	// Pre-create the outcome series so a dashboard sees zeros, not gaps.
+	m.byStatus = map[string]prometheus.Counter{}
 	for _, s := range []string{statusSuccess, statusNoCandidates, statusShed, statusError} {
-		m.attempts.WithLabelValues(s)
+		m.byStatus[s] = m.attempts.WithLabelValues(s)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.e2e, m.attempts, m.plugin} {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,6 +67,8 @@ type Scheduler struct {
 	detector *saturation.Detector
 	admit    []framework.Admitter
 	admitT   []prometheus.Observer
+	// now is Options.Now, nil for time.Now: a cycle then reads the clock
+	// it times itself by.
 	now      func() time.Time
 	metrics  *metrics
 	handlerT prometheus.Observer
@@ -111,9 +114,6 @@ func New(opts Options) (*Scheduler, error) {
 	}
 	if s.detector == nil {
 		s.detector = saturation.NewDetector(saturation.Type, saturation.DefaultThresholds(), framework.DefaultMetricsStaleness)
-	}
-	if s.now == nil {
-		s.now = time.Now
 	}
 	if s.rng == nil {
 		var b [16]byte
@@ -168,20 +168,23 @@ func (s *Scheduler) observer(point string, p plugin.Plugin) prometheus.Observer 
 // pick is one of cands.
 func (s *Scheduler) Schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
 	start := time.Now()
-	res, status, err := s.schedule(ctx, req, cands)
+	res, status, err := s.schedule(ctx, req, cands, start)
 	s.metrics.e2e.Observe(time.Since(start).Seconds())
-	s.metrics.attempts.WithLabelValues(status).Inc()
+	s.metrics.attempt(status)
 	return res, err
 }
 
-func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, string, error) {
+func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate, start time.Time) (*framework.Result, string, error) {
 	if len(cands) == 0 {
 		return nil, statusNoCandidates, fmt.Errorf("schedule request %s: %w", req.ID, ErrNoCandidates)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, statusError, fmt.Errorf("schedule request %s: %w", req.ID, err)
 	}
-	now := s.now()
+	now := start
+	if s.now != nil {
+		now = s.now()
+	}
 	if req.Sheddable() && s.detector.AllSaturated(cands, now) {
 		return nil, statusShed, fmt.Errorf("schedule request %s: %w", req.ID, ErrShed)
 	}
@@ -258,12 +261,21 @@ func (s *Scheduler) runProfile(ctx context.Context, cs *framework.CycleState, re
 		}
 	}
 
-	scored := make([]framework.ScoredCandidate, len(filtered))
+	// Neither pickers nor scorers keep what they are given (their
+	// contracts say so), so the scores' memory is pooled.
+	sc := scoresPool.Get().(*scores)
+	defer func() {
+		clear(sc.scored) // drop the candidates, so the pool keeps no request alive
+		scoresPool.Put(sc)
+	}()
+	scored := slices.Grow(sc.scored[:0], len(filtered))[:len(filtered)]
+	sc.scored = scored
 	for i, c := range filtered {
-		scored[i].Candidate = c
+		scored[i] = framework.ScoredCandidate{Candidate: c}
 	}
 	if len(p.Scorers) > 0 {
-		buf := make([]float64, len(filtered))
+		buf := slices.Grow(sc.buf[:0], len(filtered))[:len(filtered)]
+		sc.buf = buf
 		for i, w := range p.Scorers {
 			clear(buf)
 			t := time.Now()
@@ -291,6 +303,14 @@ func (s *Scheduler) runProfile(ctx context.Context, cs *framework.CycleState, re
 	}
 	return res, nil
 }
+
+// scores is a profile run's scoring memory.
+type scores struct {
+	scored []framework.ScoredCandidate
+	buf    []float64
+}
+
+var scoresPool = sync.Pool{New: func() any { return new(scores) }}
 
 // clamp01 bounds a score to [0,1]; NaN, the mark of a scorer's arithmetic
 // gone wrong, counts as 0 rather than poisoning the sum.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
@@ -17,7 +18,7 @@ func BenchmarkProduce(b *testing.B) {
 	for _, n := range []int{16, 64} {
 		b.Run(fmt.Sprintf("%d candidates", n), func(b *testing.B) {
 			p, prod := inProcess(b, nil)
-			cands := manyCandidates(p, n, 8192)
+			cands := manyCandidatesIn(p, n, 8192, new(datalayer.CandidateSet))
 			req := &request.Request{TokenIDs: make([]uint32, 8192), MaxTokens: 64, SLO: request.SLO{TTFT: time.Second}}
 			b.ReportAllocs()
 			cpu := testkit.CPUTime()

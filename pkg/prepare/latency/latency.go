@@ -122,28 +122,21 @@ func (p *Producer) Consumes() map[string]any {
 	return map[string]any{datalayer.PrefixCacheMatchInfoKey: datalayer.PrefixCacheInfo{}}
 }
 
-// published is what the producer publishes on one candidate, both values
-// behind pointers into one per-request slab, so that publishing boxes
-// nothing: a candidate's prediction and the input it was predicted from.
-type published struct {
-	in   predict.Input
-	info datalayer.LatencyPredictionInfo
-}
-
-// scratch is one Produce call's working memory for the backend: the
-// addresses, inputs and predictions as the Backend takes them. Nothing
-// keeps it past the call (the published inputs are copies), so it is
-// pooled.
+// scratch is one Produce call's working memory for the backend besides
+// the inputs: the addresses and predictions as the Backend takes them.
+// Nothing keeps it past the call, so it is pooled.
 type scratch struct {
 	addrs []string
-	ins   []predict.Input
 	out   []predict.Prediction
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
-// Produce implements prepare.DataProducer. Per request it allocates one
-// slab for what it publishes, however many candidates there are.
+// Produce implements prepare.DataProducer. What it publishes on each
+// candidate, the prediction and the input it was made from, sits behind
+// pointers into memory that lives as long as the request's candidates
+// (datalayer.RequestMemory), so that publishing boxes nothing and, when
+// the candidates' memory is reused, allocates nothing either.
 func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error {
 	n := len(cands)
 	sc := scratchPool.Get().(*scratch)
@@ -152,15 +145,16 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		scratchPool.Put(sc)
 	}()
 	sc.addrs = slices.Grow(sc.addrs[:0], n)[:n]
-	sc.ins = slices.Grow(sc.ins[:0], n)[:n]
 	sc.out = slices.Grow(sc.out[:0], n)[:n]
+	ins := datalayer.RequestMemory[predict.Input](cands, p, n)
+	infos := datalayer.RequestMemory[datalayer.LatencyPredictionInfo](cands, p, n)
 	now := time.Now()
 	for i, c := range cands {
 		sc.addrs[i] = c.Address
-		inputOf(&sc.ins[i], req, c, now, p.staleness)
+		inputOf(&ins[i], req, c, now, p.staleness)
 	}
 	start := time.Now()
-	err := p.backend.PredictAll(ctx, sc.addrs, sc.ins, sc.out)
+	err := p.backend.PredictAll(ctx, sc.addrs, ins, sc.out)
 	took := time.Since(start).Seconds()
 	p.m.ttftDuration.Observe(took)
 	p.m.tpotDuration.Observe(took)
@@ -168,11 +162,8 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		p.m.failures.Inc()
 	}
 	q := p.backend.Quantile()
-	slab := make([]published, n)
 	for i, c := range cands {
-		pub := &slab[i]
-		pub.in = sc.ins[i]
-		info := &pub.info
+		info := &infos[i]
 		info.Quantile, info.DispatchedRequestCount = q, c.InFlight.Requests()
 		if err == nil {
 			pr := &sc.out[i]
@@ -187,7 +178,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 			}
 		}
 		c.Put(datalayer.LatencyPredictionInfoKey, info)
-		c.Put(InputKey, &pub.in)
+		c.Put(InputKey, &ins[i])
 	}
 	return err
 }

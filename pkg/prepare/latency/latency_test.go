@@ -35,17 +35,30 @@ func inProcess(tb testing.TB, reg prometheus.Registerer) (*predict.Predictor, *l
 // manyCandidates is n fresh candidates known to p, holding increasing
 // parts (in GPU) of a prompt of tokens tokens.
 func manyCandidates(p *predict.Predictor, n, tokens int) []*datalayer.Candidate {
+	return manyCandidatesIn(p, n, tokens, nil)
+}
+
+// manyCandidatesIn is manyCandidates made in set's memory (nil: fresh), as
+// the ext_proc stream makes each request's.
+func manyCandidatesIn(p *predict.Predictor, n, tokens int, set *datalayer.CandidateSet) []*datalayer.Candidate {
 	now := time.Now()
-	cands := make([]*datalayer.Candidate, n)
-	for i := range cands {
+	ds := datalayer.NewDatastore(nil)
+	for i := range n {
 		addr := fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250)
 		p.AddEndpoint(addr, "")
-		cands[i] = datalayer.NewCandidate(&datalayer.Endpoint{Name: addr, Address: addr},
-			datalayer.Metrics{RunningRequests: i % 4, UpdateTime: now}, datalayer.StreamExact)
+		// Names sort as the addresses were made, so that candidate i is
+		// the i-th endpoint.
+		name := fmt.Sprintf("e%05d", i)
+		ds.Upsert(&datalayer.Endpoint{Name: name, Address: addr})
+		ds.SetMetrics(name, datalayer.Metrics{RunningRequests: i % 4, UpdateTime: now})
+	}
+	cands := ds.CandidatesInto(set, nil)
+	for i, c := range cands {
 		held := min(i*8, tokens/16)
 		var byTier [events.NumTiers]int
 		byTier[events.TierGPU] = held
-		cands[i].Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+		c.Stream = datalayer.StreamExact
+		c.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
 			MatchBlocks: held, TotalBlocks: tokens / 16, BlockSizeTokens: 16, BlocksByTier: byTier, State: datalayer.StreamExact})
 	}
 	return cands
@@ -206,25 +219,37 @@ func TestTheProducerLearnsFromThePickedEndpointsResponse(t *testing.T) {
 	prod.ForgetEndpoint("10.0.0.1:8000")
 }
 
-func TestPredictingARequestAllocatesOnceHoweverManyCandidatesItHas(t *testing.T) {
+func TestPredictingARequestAllocatesNothingWhenItsCandidatesMemoryIsReused(t *testing.T) {
 	p, prod := inProcess(t, prometheus.NewRegistry())
-	for _, tt := range []struct{ candidates, tokens int }{{1, 1024}, {64, 1024}, {64, 32768}} {
-		cands := manyCandidates(p, tt.candidates, tt.tokens)
+	for _, tt := range []struct {
+		candidates, tokens int
+		set                bool
+	}{{1, 1024, true}, {64, 1024, true}, {64, 32768, true}, {64, 8192, false}} {
+		var set *datalayer.CandidateSet
+		if tt.set {
+			set = new(datalayer.CandidateSet)
+		}
+		cands := manyCandidatesIn(p, tt.candidates, tt.tokens, set)
 		req := &request.Request{TokenIDs: make([]uint32, tt.tokens), SLO: request.SLO{TTFT: time.Second}}
 		allocs := testing.AllocsPerRun(50, func() {
 			if err := prod.Produce(context.Background(), req, cands); err != nil {
 				t.Fatal(err)
 			}
 		})
-		// The one slab of what is published; the backend's scratch is
-		// pooled (under the race detector a pool drops items at random, and
-		// its three slices may be made again).
-		want := 1.0
+		// In a CandidateSet, what is published is in the set's memory,
+		// made once; without one, the inputs and the predictions are a
+		// slice each. The backend's scratch is pooled (under the race
+		// detector a pool drops items at random, and its two slices may be
+		// made again).
+		want := 0.0
+		if !tt.set {
+			want = 2
+		}
 		if raceEnabled {
-			want += 3
+			want += 2
 		}
 		if allocs > want {
-			t.Errorf("%d candidates, %d tokens: %v allocations per request, want at most %v", tt.candidates, tt.tokens, allocs, want)
+			t.Errorf("%d candidates, %d tokens, in a set %v: %v allocations per request, want at most %v", tt.candidates, tt.tokens, tt.set, allocs, want)
 		}
 		if i := info(t, cands[len(cands)-1]); !i.TTFTValid || !i.HasTTFTSLO {
 			t.Errorf("%d candidates: the last one's prediction is %+v", tt.candidates, i)

@@ -104,11 +104,18 @@ type Pick struct {
 	// Candidates are the request's candidates with what PrepareData put on them.
 	Candidates []*datalayer.Candidate
 	Start      time.Time
-	// labels are the requested and target models as metric label values.
+	// labels are the requested and target models as metric label values;
+	// series their series.
 	labels [2]string
+	series *modelSeries
 
-	// dispatch is the pick's place in its endpoint's in-flight accounting.
+	// dispatch is the pick's place in its endpoint's in-flight accounting
+	// (disp, when there is one); target holds Targets when there is one.
 	dispatch *datalayer.Dispatch
+	disp     datalayer.Dispatch
+	target   [1]string
+	// resp is what the plugin observers are told of the response.
+	resp request.Response
 	// held: a PrepareData producer ran on a goroutine of its own, and may
 	// still use the request after the response is handled.
 	held bool
@@ -222,12 +229,7 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 		// adapter: vLLM keys the adapter's blocks by its name.
 		req.LoRA = req.Model
 	}
-	p, err := d.route(ctx, req, in.Subset, requested, in.Candidates)
-	if err != nil {
-		return nil, err
-	}
-	p.Start = start
-	return p, nil
+	return d.route(ctx, req, in.Subset, requested, in.Candidates, start, d.o.Now())
 }
 
 // Route schedules an already parsed request: it reads the objective and
@@ -236,12 +238,14 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 // all when subset is empty), and schedules. Its errors are as
 // HandleRequest's.
 func (d *Director) Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error) {
-	return d.route(ctx, req, subset, req.Model, nil)
+	now := d.o.Now()
+	return d.route(ctx, req, subset, req.Model, nil, now, now)
 }
 
-func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string, set *datalayer.CandidateSet) (*Pick, error) {
-	start := d.o.Now()
-	req.Arrival = start
+// route is Route for a request whose handling began at start (its Pick's
+// Start) and that is scheduled as arriving at arrival.
+func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string, set *datalayer.CandidateSet, start, arrival time.Time) (*Pick, error) {
+	req.Arrival = arrival
 	if req.ID == "" {
 		req.ID = uuid.NewString()
 	}
@@ -282,15 +286,22 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 	}
 	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels,
 		held: d.o.Graph != nil && !d.o.Graph.AllInline()}
-	for _, c := range res.Targets() {
-		p.Targets = append(p.Targets, c.Address)
+	if t := res.Targets(); len(t) == 1 {
+		p.target[0] = t[0].Address
+		p.Targets = p.target[:]
+	} else {
+		for _, c := range t {
+			p.Targets = append(p.Targets, c.Address)
+		}
 	}
 	if len(p.Targets) == 0 {
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: errors.New("scheduler picked no endpoint")}
 	}
 	d.o.Metrics.observePick(p)
-	p.dispatch = d.dispatch(req, res.Targets()[0])
+	if d.dispatch(&p.disp, req, res.Targets()[0]) {
+		p.dispatch = &p.disp
+	}
 	return p, nil
 }
 
@@ -312,9 +323,10 @@ func (d *Director) checkContext(req *request.Request) error {
 		ErrContextLength, limit, len(req.TokenIDs))}
 }
 
-// dispatch accounts the pick as in flight on its primary endpoint, with the
-// prompt tokens PrepareData says are not cached there.
-func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datalayer.Dispatch {
+// dispatch accounts the pick as in flight on its primary endpoint, in dp,
+// with the prompt tokens PrepareData says are not cached there; false
+// when the endpoint has left.
+func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *datalayer.Candidate) bool {
 	prompt := len(req.TokenIDs)
 	var info datalayer.PrefixCacheInfo
 	if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
@@ -323,7 +335,9 @@ func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datal
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
-	dp := d.o.Datastore.Dispatch(c.Name, req.Arrival, prompt-info.MatchTokens, prompt)
+	if !d.o.Datastore.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt) {
+		return false
+	}
 	if lat, ok := datalayer.LatencyPredictionOf(c); ok {
 		if lat.TTFTValid {
 			// Its own prefill, which requests sent after it wait behind.
@@ -334,7 +348,7 @@ func (d *Director) dispatch(req *request.Request, c *datalayer.Candidate) *datal
 			dp.ExpectDecode(time.Duration(float64(req.MaxTokens-1) * lat.TPOTMean * float64(time.Millisecond)))
 		}
 	}
-	return dp
+	return true
 }
 
 // objective fills in the request's objective, priority and SLOs: headers
@@ -415,7 +429,8 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 	if p.Result == nil || len(d.o.PluginObservers) == 0 {
 		return
 	}
-	resp := &request.Response{
+	resp := &p.resp
+	*resp = request.Response{
 		Endpoint: s.Endpoint, Status: s.Status, Streamed: s.Streamed,
 		Start: p.Start, FirstByte: s.FirstByte, End: s.End,
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,

@@ -2,6 +2,7 @@ package director
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,50 @@ type Metrics struct {
 	matchedTokens    *prometheus.CounterVec
 	tokenizeFailures prometheus.Counter
 	prepareFailures  prometheus.Counter
+
+	// What every routed request counts, resolved once: a label lookup
+	// (hashing and checking the values) cost more than the count.
+	pickExact, pickApprox, pickNone prometheus.Counter
+	byState                         [datalayer.NumStreamStates]prometheus.Counter
+	byTier                          [events.NumTiers]prometheus.Counter
+	speculative                     prometheus.Counter
+	seriesMu                        sync.RWMutex
+	byModel                         map[[2]string]*modelSeries
+}
+
+// modelSeries are the series of one pair of requested and target model
+// label values.
+type modelSeries struct {
+	requests                                                      prometheus.Counter
+	duration, ttft, tpot, inputTokens, outputTokens, cachedTokens prometheus.Observer
+}
+
+// maxModelSeries bounds the model pairs whose series are kept resolved.
+// Label values are the pool's models or "other", so there are few.
+const maxModelSeries = 1024
+
+// series returns the series of the model label values labels.
+func (m *Metrics) series(labels [2]string) *modelSeries {
+	m.seriesMu.RLock()
+	s := m.byModel[labels]
+	m.seriesMu.RUnlock()
+	if s != nil {
+		return s
+	}
+	l := labels[:]
+	s = &modelSeries{
+		requests: m.requests.WithLabelValues(l...), duration: m.duration.WithLabelValues(l...),
+		ttft: m.ttft.WithLabelValues(l...), tpot: m.tpot.WithLabelValues(l...),
+		inputTokens: m.inputTokens.WithLabelValues(l...), outputTokens: m.outputTokens.WithLabelValues(l...),
+		cachedTokens: m.cachedTokens.WithLabelValues(l...),
+	}
+	m.seriesMu.Lock()
+	if len(m.byModel) >= maxModelSeries {
+		clear(m.byModel)
+	}
+	m.byModel[labels] = s
+	m.seriesMu.Unlock()
+	return s
 }
 
 // NewMetrics makes the metrics and registers them with reg unless it is nil.
@@ -97,13 +142,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
 	}
 	for _, s := range datalayer.AllStreamStates {
-		m.pickStates.WithLabelValues(s.String())
+		m.byState[s] = m.pickStates.WithLabelValues(s.String())
 	}
+	m.pickExact, m.pickApprox, m.pickNone = m.picks.WithLabelValues("exact"), m.picks.WithLabelValues("approximate"), m.picks.WithLabelValues("none")
+	for t := range events.NumTiers {
+		m.byTier[t] = m.matchedTokens.WithLabelValues(events.Tier(t).String())
+	}
+	m.speculative = m.matchedTokens.WithLabelValues("speculative")
+	m.byModel = map[[2]string]*modelSeries{}
 	return m
 }
 
 func (m *Metrics) observePick(p *Pick) {
-	m.requests.WithLabelValues(p.labels[0], p.labels[1]).Inc()
+	p.series = m.series(p.labels)
+	p.series.requests.Inc()
 	picked := p.Result.Targets()
 	if len(picked) == 0 {
 		return
@@ -111,23 +163,27 @@ func (m *Metrics) observePick(p *Pick) {
 	v, ok := picked[0].Get(datalayer.PrefixCacheMatchInfoKey)
 	info, _ := v.(datalayer.PrefixCacheInfo)
 	if !ok {
-		m.picks.WithLabelValues("none").Inc()
+		m.pickNone.Inc()
 		return
 	}
 	if info.Exact {
-		m.picks.WithLabelValues("exact").Inc()
+		m.pickExact.Inc()
 	} else {
-		m.picks.WithLabelValues("approximate").Inc()
+		m.pickApprox.Inc()
 	}
-	m.pickStates.WithLabelValues(info.State.String()).Inc()
+	if info.State < datalayer.NumStreamStates {
+		m.byState[info.State].Inc()
+	} else {
+		m.pickStates.WithLabelValues(info.State.String()).Inc()
+	}
 	m.hitRatio.Observe(info.Ratio())
 	for t := range events.NumTiers {
 		if n := info.BlocksByTier[t]; n > 0 {
-			m.matchedTokens.WithLabelValues(events.Tier(t).String()).Add(float64(n * info.BlockSizeTokens))
+			m.byTier[t].Add(float64(n * info.BlockSizeTokens))
 		}
 	}
 	if info.SpeculativeBlocks > 0 {
-		m.matchedTokens.WithLabelValues("speculative").Add(float64(info.SpeculativeBlocks * info.BlockSizeTokens))
+		m.speculative.Add(float64(info.SpeculativeBlocks * info.BlockSizeTokens))
 	}
 }
 
@@ -136,22 +192,26 @@ func (m *Metrics) observeResponse(p *Pick, s Served) {
 	if s.Status >= 400 {
 		m.errors.WithLabelValues(model[0], model[1], fmt.Sprint(s.Status)).Inc()
 	}
+	series := p.series
+	if series == nil {
+		series = m.series(p.labels)
+	}
 	end := s.End
 	if end.IsZero() {
 		end = time.Now()
 	}
-	m.duration.WithLabelValues(model...).Observe(end.Sub(p.Start).Seconds())
+	series.duration.Observe(end.Sub(p.Start).Seconds())
 	if !s.FirstByte.IsZero() {
-		m.ttft.WithLabelValues(model...).Observe(s.FirstByte.Sub(p.Start).Seconds())
+		series.ttft.Observe(s.FirstByte.Sub(p.Start).Seconds())
 	}
 	if s.Streamed && !s.FirstByte.IsZero() && s.Usage.CompletionTokens > 1 && !end.Before(s.FirstByte) {
-		m.tpot.WithLabelValues(model...).Observe(end.Sub(s.FirstByte).Seconds() / float64(s.Usage.CompletionTokens-1))
+		series.tpot.Observe(end.Sub(s.FirstByte).Seconds() / float64(s.Usage.CompletionTokens-1))
 	}
 	if s.Usage.PromptTokens > 0 {
-		m.inputTokens.WithLabelValues(model...).Observe(float64(s.Usage.PromptTokens))
-		m.cachedTokens.WithLabelValues(model...).Observe(float64(s.Usage.CachedTokens))
+		series.inputTokens.Observe(float64(s.Usage.PromptTokens))
+		series.cachedTokens.Observe(float64(s.Usage.CachedTokens))
 	}
 	if s.Usage.CompletionTokens > 0 {
-		m.outputTokens.WithLabelValues(model...).Observe(float64(s.Usage.CompletionTokens))
+		series.outputTokens.Observe(float64(s.Usage.CompletionTokens))
 	}
 }

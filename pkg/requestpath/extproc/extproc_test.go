@@ -3,10 +3,12 @@ package extproc_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,6 +155,40 @@ func TestPicksFollowTheCacheEndToEnd(t *testing.T) {
 	if n := testkit.HistCount(t, f.Metrics, "inference_objective_input_tokens"); n != 18 {
 		t.Errorf("responses accounted with usage = %d, want 18", n)
 	}
+}
+
+func TestConcurrentAnswersToTheSameEndpointsEachCarryTheirOwnRequest(t *testing.T) {
+	t.Parallel()
+	// Answers share what names their targets, and make the rest in their
+	// stream's memory: streams answered at once must not mix them up, nor
+	// the chunks of a body passed back.
+	f := fleet.Start(t, fleet.Options{Endpoints: 2})
+	_, c, _ := startServer(t, f.Director, extproc.Options{Plaintext: true})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				id := fmt.Sprintf("req-%d-%d-%s", w, i, strings.Repeat("x", (w*10+i)%80))
+				n := 16 + w*i
+				if w == 0 {
+					n = 30000 // a body passed back in several chunks
+				}
+				body := completion(tokens(uint32(100*w+i), n), false)
+				res, err := c.Do(context.Background(), envoy.Request{Path: "/v1/completions", Body: body, RequestID: id}, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				checkRouted(t, f, res, body)
+				if got := res.SetHeaders["x-request-id"]; got != id {
+					t.Errorf("x-request-id = %q, want %q", got, id)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func TestBufferedModeRoutesWithOneAnswerPerMessage(t *testing.T) {

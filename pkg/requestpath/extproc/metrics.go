@@ -11,7 +11,11 @@ const (
 )
 
 type metrics struct {
-	streams    *prometheus.CounterVec
+	streams *prometheus.CounterVec
+	// byResult are streams' series, resolved once: a stream ends with one
+	// of four results, and a label lookup per stream cost more than the
+	// count.
+	byResult   map[string]prometheus.Counter
 	active     prometheus.Gauge
 	bodyBytes  prometheus.Histogram
 	respBytes  prometheus.Counter
@@ -42,8 +46,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Times the ext_proc TLS files (key pair, client CA) changed and were read again, by result (ok, error: the previous ones stay in use).",
 		}, []string{"result"}),
 	}
+	m.byResult = map[string]prometheus.Counter{}
+	for _, r := range []string{resultRouted, resultRefused, resultCancelled, resultError} {
+		m.byResult[r] = m.streams.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.streams, m.active, m.bodyBytes, m.respBytes, m.tlsReloads)
 	}
 	return m
+}
+
+// ended counts a stream that ended with result.
+func (m *metrics) ended(result string) {
+	if c, ok := m.byResult[result]; ok {
+		c.Inc()
+		return
+	}
+	m.streams.WithLabelValues(result).Inc()
 }

@@ -133,6 +133,9 @@ type Server struct {
 	// failLog bounds the lines failed streams write: clients decide how
 	// many fail.
 	failLog *rate.Limiter
+
+	destMu sync.RWMutex
+	dests  map[string]destination
 }
 
 // New binds the listeners (so Addr is known before Run) and prepares TLS.
@@ -156,7 +159,7 @@ func New(d Director, o Options) (*Server, error) {
 		o.Logger = slog.Default()
 	}
 	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), health: health.NewServer(),
-		failLog: rate.NewLimiter(rate.Every(time.Second), 5)}
+		failLog: rate.NewLimiter(rate.Every(time.Second), 5), dests: map[string]destination{}}
 
 	opts := ServerOptions()
 	if o.Plaintext && o.ClientCAFile != "" {

@@ -60,6 +60,53 @@ type stream struct {
 	respBuf       []byte
 	respOverflow  bool
 	finished      bool
+
+	// ans is the request path's answer with the destination, made once
+	// per stream (mutation).
+	ans answer
+}
+
+// answer is the messages of the answer that carries the destination: a
+// stream sends it once, and it is made in the stream's own memory rather
+// than from a dozen allocations. What depends only on the targets (their
+// header and the envoy.lb metadata) is shared (Server.destination).
+type answer struct {
+	resp    extprocv3.ProcessingResponse
+	headers extprocv3.ProcessingResponse_RequestHeaders
+	hr      extprocv3.HeadersResponse
+	cr      extprocv3.CommonResponse
+	mut     extprocv3.HeaderMutation
+	set     [3]*corev3.HeaderValueOption
+	opts    [2]corev3.HeaderValueOption
+	vals    [2]corev3.HeaderValue
+	// raw holds the request id's and the Content-Length's bytes.
+	raw [64]byte
+	// body passes the body's first chunk on (most bodies are one).
+	body streamedAnswer
+}
+
+// streamedAnswer is the messages of StreamedBody's answer in the request
+// phase, to be made in memory that is sent once.
+type streamedAnswer struct {
+	resp extprocv3.ProcessingResponse
+	rb   extprocv3.ProcessingResponse_RequestBody
+	br   extprocv3.BodyResponse
+	cr   extprocv3.CommonResponse
+	bm   extprocv3.BodyMutation
+	sr   extprocv3.BodyMutation_StreamedResponse
+	sbr  extprocv3.StreamedBodyResponse
+}
+
+// streamed is StreamedBody(false, chunk, eos) made in a.
+func (a *streamedAnswer) streamed(chunk []byte, eos bool) *extprocv3.ProcessingResponse {
+	a.sbr.Body, a.sbr.EndOfStream = chunk, eos
+	a.sr.StreamedResponse = &a.sbr
+	a.bm.Mutation = &a.sr
+	a.cr.BodyMutation = &a.bm
+	a.br.Response = &a.cr
+	a.rb.RequestBody = &a.br
+	a.resp.Response = &a.rb
+	return &a.resp
 }
 
 func newStream(s *Server, ps extprocv3.ExternalProcessor_ProcessServer) *stream {
@@ -76,7 +123,7 @@ func (st *stream) run() error {
 		st.finish()
 		st.releaseMemory()
 		st.s.m.active.Dec()
-		st.s.m.streams.WithLabelValues(st.result).Inc()
+		st.s.m.ended(st.result)
 	}()
 	for {
 		req, err := st.ps.Recv()
@@ -159,10 +206,7 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 			return st.refuse(director.StatusOf(err), err)
 		}
 		st.picked(pick)
-		return false, st.send(&extprocv3.ProcessingResponse{
-			Response:        headersResponse(st.mutation(pick, -1)),
-			DynamicMetadata: destinationMetadata(pick),
-		})
+		return false, st.send(st.headersAnswer(pick, -1))
 	}
 	if n, err := strconv.Atoi(st.in.Headers["content-length"]); err == nil && n > st.s.o.MaxBodyBytes {
 		// Refused before a byte of the body is read.
@@ -176,7 +220,7 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		// Envoy holds the body until the headers are answered; the
 		// destination then rides on the body's answer.
-		return false, st.send(&extprocv3.ProcessingResponse{Response: headersResponse(nil)})
+		return false, st.send(&extprocv3.ProcessingResponse{Response: headersResponse()})
 	}
 	return false, fmt.Errorf("%w: request body mode %s is not supported; use FULL_DUPLEX_STREAMED or BUFFERED", ErrProtocol, st.reqMode)
 }
@@ -230,11 +274,10 @@ func (st *stream) route(eos bool) (bool, error) {
 	}
 	body := st.body
 	st.picked(pick)
-	mut := st.mutation(pick, len(body))
-	md := destinationMetadata(pick)
 	if st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Buffered: exactly one answer per message; headers are still held,
 		// so the body's answer may mutate them.
+		mut, md := st.mutation(pick, len(body))
 		return false, st.send(&extprocv3.ProcessingResponse{
 			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
 				Response: &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true},
@@ -242,13 +285,20 @@ func (st *stream) route(eos bool) (bool, error) {
 			DynamicMetadata: md,
 		})
 	}
-	if err := st.send(&extprocv3.ProcessingResponse{Response: headersResponse(mut), DynamicMetadata: md}); err != nil {
+	if err := st.send(st.headersAnswer(pick, len(body))); err != nil {
 		return false, err
 	}
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), maxChunk)
 		last := n == len(body)
-		if err := st.send(StreamedBody(false, body[:n], last && eos)); err != nil {
+		var resp *extprocv3.ProcessingResponse
+		if first {
+			resp = st.ans.body.streamed(body[:n], last && eos)
+		} else {
+			// A message is not written once sent: the rest are made anew.
+			resp = StreamedBody(false, body[:n], last && eos)
+		}
+		if err := st.send(resp); err != nil {
 			return false, err
 		}
 		body = body[n:]
@@ -408,24 +458,42 @@ func (st *stream) send(r *extprocv3.ProcessingResponse) error {
 }
 
 // mutation sets the destination, the request id and, for a body of
-// bodyLen bytes (negative: none), its Content-Length.
-func (st *stream) mutation(p *director.Pick, bodyLen int) *extprocv3.HeaderMutation {
-	set := []*corev3.HeaderValueOption{
-		setHeader(director.HeaderDestination, strings.Join(p.Targets, ",")),
-		setHeader(director.HeaderRequestID, p.Request.ID),
-	}
+// bodyLen bytes (negative: none), its Content-Length; md is the envoy.lb
+// metadata naming the same destination. It is made in st.ans, once per
+// stream: the stream answers the request path once.
+func (st *stream) mutation(p *director.Pick, bodyLen int) (mut *extprocv3.HeaderMutation, md *structpb.Struct) {
+	a := &st.ans
+	dest := st.s.destination(p.Targets)
+	raw := append(a.raw[:0], p.Request.ID...)
+	id := raw[:len(raw):len(raw)]
+	a.vals[0].Key, a.vals[0].RawValue = director.HeaderRequestID, id
+	a.opts[0].Header, a.opts[0].AppendAction = &a.vals[0], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+	a.set[0], a.set[1] = dest.header, &a.opts[0]
+	a.mut.SetHeaders = a.set[:2]
 	if bodyLen >= 0 {
-		set = append(set, setHeader("content-length", strconv.Itoa(bodyLen)))
+		cl := strconv.AppendInt(raw[len(raw):], int64(bodyLen), 10)
+		a.vals[1].Key, a.vals[1].RawValue = "content-length", cl
+		a.opts[1].Header, a.opts[1].AppendAction = &a.vals[1], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		a.set[2] = &a.opts[1]
+		a.mut.SetHeaders = a.set[:3]
 	}
-	return &extprocv3.HeaderMutation{SetHeaders: set}
+	return &a.mut, dest.metadata
 }
 
-func headersResponse(mut *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse_RequestHeaders {
-	cr := &extprocv3.CommonResponse{}
-	if mut != nil {
-		cr.HeaderMutation, cr.ClearRouteCache = mut, true
-	}
-	return &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: cr}}
+// headersAnswer is the request headers' answer carrying the destination
+// (see mutation), made in st.ans.
+func (st *stream) headersAnswer(p *director.Pick, bodyLen int) *extprocv3.ProcessingResponse {
+	a := &st.ans
+	a.cr.HeaderMutation, a.resp.DynamicMetadata = st.mutation(p, bodyLen)
+	a.cr.ClearRouteCache = true
+	a.hr.Response = &a.cr
+	a.headers.RequestHeaders = &a.hr
+	a.resp.Response = &a.headers
+	return &a.resp
+}
+
+func headersResponse() *extprocv3.ProcessingResponse_RequestHeaders {
+	return &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}
 }
 
 // StreamedBody is the full-duplex answer passing chunk on: in the request
@@ -451,12 +519,48 @@ func setHeader(k, v string) *corev3.HeaderValueOption {
 
 // destinationMetadata is the envoy.lb dynamic metadata naming the same
 // targets as the header: the protocol requires that the two agree.
-func destinationMetadata(p *director.Pick) *structpb.Struct {
+func destinationMetadata(dest string) *structpb.Struct {
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
 		director.MetadataDestination: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			director.HeaderDestination: structpb.NewStringValue(strings.Join(p.Targets, ",")),
+			director.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
+}
+
+// destination is what an answer sending a request to some targets
+// carries that depends on nothing else: their header and their envoy.lb
+// metadata. Its messages are shared by every answer to those targets and
+// never written once made (a message may be marshalled concurrently as
+// long as nothing writes it).
+type destination struct {
+	header   *corev3.HeaderValueOption
+	metadata *structpb.Struct
+}
+
+// maxDestinations bounds the destinations a Server keeps made: one per
+// endpoint, or per combination with fallbacks.
+const maxDestinations = 4096
+
+// destination returns the shared messages naming targets, made on their
+// first use.
+func (s *Server) destination(targets []string) destination {
+	dest := strings.Join(targets, ",")
+	s.destMu.RLock()
+	d, ok := s.dests[dest]
+	s.destMu.RUnlock()
+	if ok {
+		return d
+	}
+	d = destination{header: setHeader(director.HeaderDestination, dest), metadata: destinationMetadata(dest)}
+	s.destMu.Lock()
+	if len(s.dests) >= maxDestinations {
+		// Targets that come and go (endpoints replaced over days) are
+		// forgotten together; those in use are made again once.
+		clear(s.dests)
+	}
+	s.dests[dest] = d
+	s.destMu.Unlock()
+	return d
 }
 
 // headerMap lower-cases names; Envoy sends values in raw_value (bytes) or,

@@ -92,7 +92,8 @@ func (c ScorerCategory) String() string {
 // Scorer rates each candidate in [0,1], higher is better. Scores are written
 // into out, which has len(cands) entries, out[i] for cands[i]: a slice
 // rather than a map keeps a scheduling cycle free of per-scorer allocations.
-// The scheduler clamps every score to [0,1] and treats NaN as 0.
+// The scheduler clamps every score to [0,1] and treats NaN as 0. A scorer
+// must not keep out after it returns (the scheduler reuses it).
 type Scorer interface {
 	plugin.Plugin
 	Category() ScorerCategory

@@ -40,7 +40,14 @@ func TopK(scored []framework.ScoredCandidate, n int, key func(i int) float64, rn
 		return &framework.ProfileResult{}
 	}
 	if n == 1 {
-		return &framework.ProfileResult{Picked: []*datalayer.Candidate{scored[argmax(len(scored), key, rng)].Candidate}}
+		// The result and its one pick in one allocation.
+		one := &struct {
+			res  framework.ProfileResult
+			pick [1]*datalayer.Candidate
+		}{}
+		one.pick[0] = scored[argmax(len(scored), key, rng)].Candidate
+		one.res.Picked = one.pick[:]
+		return &one.res
 	}
 	idx := make([]int, len(scored))
 	for i := range idx {
