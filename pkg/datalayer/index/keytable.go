@@ -26,8 +26,10 @@ type keyTable struct {
 	seed uint64
 	// hint is the address of slots with log2 of its length in the top
 	// eight bits (heap addresses fit in 48), republished by every resize
-	// for slotAddr, which reads it without the lock: a stale hint only
-	// prefetches a line no lookup reads.
+	// for slotAddr, which reads it without the lock. It is never made a
+	// pointer again, only an address to prefetch, so a stale hint (its
+	// array resized away, even collected) costs a useless prefetch and
+	// nothing else.
 	hint  atomic.Uint64
 	slots []keySlot // a power of two long, or empty
 	n     int       // keys held, the zero key included
