@@ -258,6 +258,37 @@ func (ix *Index) Bigram(addr string) bool {
 	return false
 }
 
+// EndpointInfo is what the index knows of one endpoint that a request's
+// lookup needs first (see Describe).
+type EndpointInfo struct {
+	// State is what State returns: StreamNone for an address the index
+	// does not know.
+	State datalayer.StreamState
+	// BlockSize is what BlockSize returns: 0 before the endpoint has
+	// published any events.
+	BlockSize int
+	// Bigram is what Bigram returns.
+	Bigram bool
+}
+
+// Describe fills out[i] with what the index knows of addrs[i], reading its
+// membership once for all of them. out must be at least as long as addrs.
+func (ix *Index) Describe(addrs []string, out []EndpointInfo) {
+	members := *ix.members.Load()
+	for i, a := range addrs {
+		ep := members[a]
+		if ep == nil {
+			out[i] = EndpointInfo{State: datalayer.StreamNone}
+			continue
+		}
+		out[i] = EndpointInfo{
+			State:     datalayer.StreamState(ep.state.Load()),
+			BlockSize: int(ep.blockSize.Load()),
+			Bigram:    ep.bigram.Load(),
+		}
+	}
+}
+
 // MarkExact declares addr's streams in step again, after a resynchronisation
 // has rebuilt what they hold.
 func (ix *Index) MarkExact(addr string) {

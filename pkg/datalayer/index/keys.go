@@ -3,6 +3,7 @@ package index
 import (
 	"encoding/binary"
 	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
@@ -23,9 +24,9 @@ const (
 	keyMask    = ^uint64(1<<keyLowBits - 1)
 )
 
-// keyChunkTokens is how many tokens are hashed from one stack buffer; a
-// block of up to this many tokens (vLLM's sizes are 16 to 64) is hashed with
-// a single one-shot call, larger blocks stream through a Digest.
+// keyChunkTokens is the largest block vLLM uses, in tokens (its sizes are
+// 16 to 64); keys of blocks either side of it are tested against the
+// library's hash.
 const keyChunkTokens = 64
 
 // Domain tags keep the three kinds of hash input apart, so that no root can
@@ -94,30 +95,93 @@ func AppendBigramBlockKeys(dst []uint64, parent uint64, tokens []uint32, blockSi
 	return dst
 }
 
-// blockKey chains one block's tokens onto its parent's key. Tokens are
-// written little-endian into a stack buffer rather than reinterpreted in
-// place, so keys are the same on every architecture.
+// blockKey chains one block's tokens onto its parent's key: xxhash64 of
+// the parent and then each token, all little-endian, whatever the
+// machine's byte order.
 func blockKey(parent uint64, tokens []uint32) uint64 {
-	var buf [8 + 4*keyChunkTokens]byte
-	binary.LittleEndian.PutUint64(buf[:8], parent)
-	if len(tokens) <= keyChunkTokens {
-		for i, t := range tokens {
-			binary.LittleEndian.PutUint32(buf[8+4*i:], t)
+	return sumKeyInput(parent, tokens) & keyMask
+}
+
+// xxhash64's primes.
+const (
+	xxPrime1 uint64 = 11400714785074694791
+	xxPrime2 uint64 = 14029467366897019727
+	xxPrime3 uint64 = 1609587929392839161
+	xxPrime4 uint64 = 9650029242287828579
+	xxPrime5 uint64 = 2870177450012600261
+	// The first and fourth lanes' starting values, prime1+prime2 and
+	// -prime1 modulo 2^64.
+	xxLane1 uint64 = 6983438078262162902
+	xxLane4 uint64 = 7046029288634856825
+)
+
+// sumKeyInput is xxhash.Sum64 of parent's eight bytes followed by each
+// token's four, computed from the values without writing those bytes
+// out: each of the hash's 8-byte input words is the parent or a pair of
+// tokens. This is a request's keying cost (a copy into a buffer and a
+// call per block cost twice as much); TestBlockKeysAreXXHashOfTheirBytes
+// and FuzzBlockKey hold it to the library's answer.
+func sumKeyInput(parent uint64, tokens []uint32) uint64 {
+	n := len(tokens)
+	i := 0 // tokens consumed
+	var h uint64
+	if n >= 6 {
+		// At least 32 bytes: four lanes over 32-byte stripes, the first
+		// of which starts with the parent.
+		v1 := xxRound(xxLane1, parent)
+		v2 := xxRound(xxPrime2, pair(tokens[0:2]))
+		v3 := xxRound(0, pair(tokens[2:4]))
+		v4 := xxRound(xxLane4, pair(tokens[4:6]))
+		for i = 6; n-i >= 8; i += 8 {
+			t := tokens[i : i+8]
+			v1 = xxRound(v1, pair(t[0:2]))
+			v2 = xxRound(v2, pair(t[2:4]))
+			v3 = xxRound(v3, pair(t[4:6]))
+			v4 = xxRound(v4, pair(t[6:8]))
 		}
-		return xxhash.Sum64(buf[:8+4*len(tokens)]) & keyMask
+		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = xxMerge(h, v1)
+		h = xxMerge(h, v2)
+		h = xxMerge(h, v3)
+		h = xxMerge(h, v4)
+		h += uint64(8 + 4*n)
+	} else {
+		h = xxPrime5 + uint64(8+4*n)
+		h = xxWord(h, parent)
 	}
-	var d xxhash.Digest
-	d.Reset()
-	_, _ = d.Write(buf[:8])
-	for len(tokens) > 0 {
-		m := min(len(tokens), keyChunkTokens)
-		for i, t := range tokens[:m] {
-			binary.LittleEndian.PutUint32(buf[4*i:], t)
-		}
-		_, _ = d.Write(buf[:4*m])
-		tokens = tokens[m:]
+	for ; n-i >= 2; i += 2 {
+		h = xxWord(h, pair(tokens[i:i+2]))
 	}
-	return d.Sum64() & keyMask
+	if i < n {
+		h ^= uint64(tokens[i]) * xxPrime1
+		h = bits.RotateLeft64(h, 23)*xxPrime2 + xxPrime3
+	}
+	h ^= h >> 33
+	h *= xxPrime2
+	h ^= h >> 29
+	h *= xxPrime3
+	h ^= h >> 32
+	return h
+}
+
+// pair is the 8-byte little-endian word of two tokens.
+func pair(t []uint32) uint64 { return uint64(t[0]) | uint64(t[1])<<32 }
+
+func xxRound(acc, in uint64) uint64 {
+	acc += in * xxPrime2
+	acc = bits.RotateLeft64(acc, 31)
+	return acc * xxPrime1
+}
+
+func xxMerge(acc, v uint64) uint64 {
+	acc ^= xxRound(0, v)
+	return acc*xxPrime1 + xxPrime4
+}
+
+// xxWord folds one 8-byte word of the input's tail into h.
+func xxWord(h, w uint64) uint64 {
+	h ^= xxRound(0, w)
+	return bits.RotateLeft64(h, 27)*xxPrime1 + xxPrime4
 }
 
 // markedKey folds a block's extras into its key when they are something no

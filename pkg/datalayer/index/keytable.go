@@ -2,7 +2,10 @@ package index
 
 import (
 	"iter"
+	"math/bits"
 	"math/rand/v2"
+	"sync/atomic"
+	"unsafe"
 )
 
 // keyTable maps block keys to holder words. It is an open-addressing hash
@@ -15,11 +18,21 @@ import (
 // Keys hash with a random seed per table: keys follow from prompts a client
 // chooses, and must not be steerable into one long run. The table shrinks
 // when it is mostly empty, so an endpoint that leaves gives its memory back.
-// It is not safe for concurrent use; the shard's lock guards it.
+// It is not safe for concurrent use; the shard's lock guards it, except
+// for what a lookup's prefetching reads (seed, hint).
 type keyTable struct {
+	// seed is set before the table is shared and never changes, so it is
+	// read without the lock (by a lookup's prefetching).
+	seed uint64
+	// hint is the address of slots with log2 of its length in the top
+	// eight bits (heap addresses fit in 48), republished by every resize
+	// for slotAddr, which reads it without the lock. It is never made a
+	// pointer again, only an address to prefetch, so a stale hint (its
+	// array resized away, even collected) costs a useless prefetch and
+	// nothing else.
+	hint  atomic.Uint64
 	slots []keySlot // a power of two long, or empty
 	n     int       // keys held, the zero key included
-	seed  uint64
 	// The zero key marks an empty slot, so it is kept aside.
 	zeroVal uint64
 	hasZero bool
@@ -51,7 +64,10 @@ func (t *keyTable) home(key uint64) uint64 {
 func (t *keyTable) len() int { return t.n }
 
 // get returns key's value and whether the table holds key.
-func (t *keyTable) get(key uint64) (uint64, bool) {
+func (t *keyTable) get(key uint64) (uint64, bool) { return t.getHome(key, t.home(key)) }
+
+// getHome is get with key's home, t.home(key), computed by the caller.
+func (t *keyTable) getHome(key, home uint64) (uint64, bool) {
 	if key == 0 {
 		return t.zeroVal, t.hasZero
 	}
@@ -59,7 +75,7 @@ func (t *keyTable) get(key uint64) (uint64, bool) {
 		return 0, false
 	}
 	mask := uint64(len(t.slots) - 1)
-	for i := t.home(key) & mask; ; i = (i + 1) & mask {
+	for i := home & mask; ; i = (i + 1) & mask {
 		s := &t.slots[i]
 		if s.key == key {
 			return s.val, true
@@ -148,6 +164,21 @@ func (t *keyTable) resize(size int) {
 		}
 		t.slots[i] = s
 	}
+	t.hint.Store(uint64(uintptr(unsafe.Pointer(&t.slots[0]))) | uint64(bits.TrailingZeros(uint(size)))<<hintShift)
+}
+
+const hintShift = 56
+
+// slotAddr is the address of the slot a key whose home is home starts
+// its probe at, or 0 before the table has slots, computed without the
+// lock for a prefetch ahead of a lookup's get under the lock.
+func (t *keyTable) slotAddr(home uint64) uintptr {
+	h := t.hint.Load()
+	if h == 0 {
+		return 0
+	}
+	mask := uint64(1)<<(h>>hintShift) - 1
+	return uintptr(h&(1<<hintShift-1)) + uintptr(home&mask)*unsafe.Sizeof(keySlot{})
 }
 
 // all yields every key and its value, in no particular order. The table

@@ -25,6 +25,10 @@ type lookupScratch struct {
 	// slot[id] is 1 + the position in addrs of the endpoint with that id,
 	// or 0 when the endpoint is not a candidate.
 	slot []int32
+	// ids are the endpoints whose slot entries are set.
+	ids []uint16
+	// homes[j] is the walk's keys[j]'s home in its table (keyTable.home).
+	homes []uint64
 	// dups pairs a repeated address's position with its first position.
 	dups [][2]int
 	// credited is the walk's list of candidates credited with the last
@@ -74,6 +78,7 @@ func (ix *Index) Lookup(keys []uint64, addrs []string, out []Match) {
 			continue
 		}
 		sc.slot[ep.id] = int32(i + 1)
+		sc.ids = append(sc.ids, ep.id)
 		if l := ep.layout.Load(); l != nil && l.hybrid {
 			// Kept in the slot table, so that a repeat is still seen as one,
 			// but out of the walk: its hit is not the plain leading run.
@@ -101,11 +106,10 @@ func (ix *Index) Lookup(keys []uint64, addrs []string, out []Match) {
 		}
 	}
 	sc.hybrid = sc.hybrid[:0]
-	for _, a := range addrs {
-		if ep := members[a]; ep != nil {
-			sc.slot[ep.id] = 0
-		}
+	for _, id := range sc.ids {
+		sc.slot[id] = 0
 	}
+	sc.ids = sc.ids[:0]
 	for _, p := range sc.dups {
 		out[p[0]] = out[p[1]]
 	}
@@ -130,6 +134,10 @@ func (ix *Index) walk(keys []uint64, out []Match, sc *lookupScratch) {
 	nowMs := ix.ms(ix.now())
 	last := sc.credited[:0]
 	var prevSig uint64 // 0: the previous block cannot be repeated
+	// prevWord is the previous block's holder word when it had a single,
+	// real holder (0 otherwise): a block with that very word has the same
+	// signature, known without computing it.
+	var prevWord uint64
 	run := 0
 	settle := func() {
 		for _, c := range last {
@@ -143,105 +151,151 @@ func (ix *Index) walk(keys []uint64, out []Match, sc *lookupScratch) {
 		}
 		run = 0
 	}
-	// held is the set of shards this walk holds read-locked for the rest
-	// of its keys; until it takes them (perBlock) each block locks its own
-	// shard.
-	var held shardSet
-	perBlock := true
-	for j, key := range keys {
-		if j == walkLockAllAfter && len(keys)-j >= groupMinKeys {
-			// A long walk that got this far will likely go on: lock every
-			// shard its remaining keys fall in once, in ascending order,
-			// rather than once per block (448 keys fall in about 210 of
-			// the 256 shards). No lock is held here, between blocks.
-			held, perBlock = shardsOf(keys[j:]), false
-			ix.rlockAll(&held)
+	// The keys are walked in batches, each with the shards of all its
+	// keys read-locked at once, in ascending order; no lock is held
+	// between batches. Batches double from walkFirstBatch, so that a walk
+	// that stops early locks little it does not read; from
+	// walkLockAllAfter on, one batch takes all the remaining keys (448
+	// keys fall in all 64 shards).
+	// The walk prefetches ahead of itself (see prefetchAhead): the probes
+	// of a walk that goes on are otherwise cache misses taken one after
+	// another, and here they overlap.
+	if cap(sc.homes) < len(keys) {
+		sc.homes = make([]uint64, len(keys)+len(keys)/4)
+	}
+	homes := sc.homes[:len(keys)]
+	ix.prefetchAhead(keys, homes, 0)
+	stopped := false
+	for lo, hi := 0, 0; lo < len(keys) && !stopped; lo = hi {
+		hi = len(keys)
+		if lo < walkLockAllAfter {
+			hi = min(hi, max(walkFirstBatch, 2*lo))
 		}
-		sh := ix.shard(key)
-		if perBlock {
-			sh.mu.RLock()
-		}
-		v, ok := sh.m.get(key)
-		if !ok {
-			if perBlock {
-				sh.mu.RUnlock()
+		held := shardsOf(keys[lo:hi])
+		ix.rlockAll(&held)
+		for j := lo; j < hi; j++ {
+			if j%prefetchChunk == 0 && j > 0 {
+				ix.prefetchAhead(keys, homes, j)
 			}
-			break
-		}
-		var one [1]uint64
-		var hs []uint64
-		var sig uint64
-		if v&setBit == 0 {
-			one[0] = v
-			hs = one[:]
-			sig = sigOf(v)
-		} else {
-			hs = sh.sets[uint32(v)]
-			if hs[1] == 0 {
-				sig = hs[0]
+			key := keys[j]
+			sh := ix.shard(key)
+			v, ok := sh.m.getHome(key, homes[j])
+			if !ok {
+				stopped = true
+				break
 			}
-			hs = hs[setHeader:]
-		}
-		if sig != 0 && sig == prevSig {
-			if perBlock {
-				sh.mu.RUnlock()
-			}
-			run++
-			continue
-		}
-		settle()
-		last = last[:0]
-		// Credit block j to each holder that is a candidate whose run
-		// reached j unbroken. Written out here rather than in a helper:
-		// this loop is the lookup's cost when holders change.
-		for _, h := range hs {
-			id := int(h & epMask)
-			if id >= len(slot) || slot[id] == 0 {
+			if v == prevWord && v != 0 {
+				run++
 				continue
 			}
-			c := slot[id] - 1
-			m := &out[c]
-			if m.Blocks != j {
+			var one [1]uint64
+			var hs []uint64
+			var sig uint64
+			if v&setBit == 0 {
+				one[0] = v
+				hs = one[:]
+				sig = sigOf(v)
+			} else {
+				hs = sh.sets[uint32(v)]
+				if hs[1] == 0 {
+					sig = hs[0]
+				}
+				hs = hs[setHeader:]
+			}
+			if sig != 0 && sig == prevSig {
+				run++
 				continue
 			}
-			tier := int32(events.TierStorage)
-			switch {
-			case h&specBit != 0:
-				if !specLive(h, nowMs) {
+			settle()
+			last = last[:0]
+			// Credit block j to each holder that is a candidate whose run
+			// reached j unbroken. Written out here rather than in a helper:
+			// this loop is the lookup's cost when holders change.
+			for _, h := range hs {
+				id := int(h & epMask)
+				if id >= len(slot) || slot[id] == 0 {
 					continue
 				}
-				tier = events.NumTiers
-				m.Speculative++
-			case holderRefs(h, events.TierGPU) != 0:
-				// Counted at the end, as what the other tiers leave.
-				tier = int32(events.TierGPU)
-			case holderRefs(h, events.TierCPU) != 0:
-				tier = int32(events.TierCPU)
-				m.ByTier[events.TierCPU]++
-			default:
-				m.ByTier[events.TierStorage]++
+				c := slot[id] - 1
+				m := &out[c]
+				if m.Blocks != j {
+					continue
+				}
+				tier := int32(events.TierStorage)
+				switch {
+				case h&specBit != 0:
+					if !specLive(h, nowMs) {
+						continue
+					}
+					tier = events.NumTiers
+					m.Speculative++
+				case holderRefs(h, events.TierGPU) != 0:
+					// Counted at the end, as what the other tiers leave.
+					tier = int32(events.TierGPU)
+				case holderRefs(h, events.TierCPU) != 0:
+					tier = int32(events.TierCPU)
+					m.ByTier[events.TierCPU]++
+				default:
+					m.ByTier[events.TierStorage]++
+				}
+				m.Blocks++
+				last = append(last, credited{cand: c, tier: tier})
 			}
-			m.Blocks++
-			last = append(last, credited{cand: c, tier: tier})
+			if len(last) == 0 {
+				stopped = true
+				break
+			}
+			prevSig = sig
+			prevWord = 0
+			if v&(setBit|specBit) == 0 {
+				prevWord = v
+			}
 		}
-		if perBlock {
-			sh.mu.RUnlock()
-		}
-		if len(last) == 0 {
-			break
-		}
-		prevSig = sig
+		ix.runlockAll(&held)
 	}
-	ix.runlockAll(&held)
 	settle()
 	sc.credited = last[:0]
 }
 
-// walkLockAllAfter is the block after which a walk with at least
-// groupMinKeys keys to go locks the shards of all of them at once.
-// Before it each block locks its own shard, so that a walk that stops
-// early (a prompt no one holds much of) locks no shard it does not read.
-const walkLockAllAfter = 64
+// walkFirstBatch is the keys in a walk's first batch; walkLockAllAfter is
+// the block from which a walk's next batch is all its remaining keys.
+const (
+	walkFirstBatch   = 8
+	walkLockAllAfter = 64
+)
+
+// A walk at block j (a multiple of prefetchChunk) prefetches the home
+// slots of the chunk of keys prefetchChunk*homesAhead blocks ahead; at
+// block 0, those of the chunks before that too. A slot's address is read
+// from its shard's first line (which the lock will want too), and the key's
+// home is kept for the probe.
+const (
+	prefetchChunk = 16
+	homesAhead    = 2
+)
+
+// prefetchAhead is the walk's prefetching at block j: it sets homes[i] to
+// keys[i]'s home for the keys it prefetches. It allocates nothing: an
+// allocation here, while the collector marks, costs the walk its share of
+// the marking, many times what the prefetching saves.
+func (ix *Index) prefetchAhead(keys, homes []uint64, j int) {
+	lo, hi := j+homesAhead*prefetchChunk, min(len(keys), j+(homesAhead+1)*prefetchChunk)
+	if j == 0 {
+		lo = 0
+	}
+	var addrs [(homesAhead + 1) * prefetchChunk]uintptr
+	n := 0
+	for i := lo; i < hi; i++ {
+		t := &ix.shard(keys[i]).m
+		h := t.home(keys[i])
+		homes[i] = h
+		if a := t.slotAddr(h); a != 0 {
+			addrs[n] = a
+			n++
+		}
+	}
+	prefetch(addrs[:n])
+}
 
 // shardSet is a set of shards, one bit each.
 type shardSet [numShards / 64]uint64
@@ -269,7 +323,7 @@ func shardsOf(keys []uint64) shardSet {
 // every chain of waits climbs the shard order and ends; none can close
 // into a cycle. Writers are not starved either: a queued writer holds
 // back new readers of its shard, and a walk holds its shards only for
-// the rest of one walk.
+// one batch of its keys.
 func (ix *Index) rlockAll(s *shardSet) {
 	for w, word := range s {
 		for ; word != 0; word &= word - 1 {

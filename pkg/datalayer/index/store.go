@@ -9,15 +9,19 @@ import (
 
 // The key store maps a block key to the endpoints holding it. It is split
 // into shards, each behind its own RWMutex, so ingest for one endpoint and
-// lookups for many requests rarely meet on a lock.
+// lookups for many requests rarely meet on a lock. A long lookup read-locks
+// every shard its keys fall in, each lock an atomic instruction on a line
+// that is often cold, so there are few shards: 64 (256 cost an 8k-token
+// lookup about 7 µs more on the ext_proc path, and ingest and speculation
+// measured the same with either).
 //
 // Memory is the constraint that shapes it: a holding must cost well under 64
 // bytes at ten million of them. So a key's holders are packed words, and the
 // common case, a key held by one endpoint, keeps that word in the map value
 // itself; only keys with several holders point into a per-shard slab.
 const (
-	numShards  = 256
-	shardShift = 64 - 8
+	numShards  = 64
+	shardShift = 64 - 6
 )
 
 // A holder word packs one endpoint's hold on one key:
@@ -220,11 +224,11 @@ func (s *keyShard) freeSet(idx uint32) {
 }
 
 // groupMinKeys is how many keys make it worth grouping them by shard, so
-// that each shard is locked once rather than once per key: below it most
-// keys fall in shards of their own anyway, and grouping (a pass over the
-// 256 shards) costs more than the locks it saves
-// (BenchmarkIndexSpeculate: 64 keys cost 20-30% more grouped, 512 keys
-// 15% less, 2048 keys 20% less).
+// that each shard is locked once rather than once per key: below it,
+// grouping (a pass over the shards) costs about what the locks it saves do
+// (BenchmarkIndexSpeculate with 256 shards: 64 keys cost 20-30% more
+// grouped, 512 keys 15% less, 2048 keys 20% less; with 64 shards, 64 keys
+// cost the same either way).
 const groupMinKeys = 256
 
 // groupByShard appends items to dst ordered by the shard of their key (in
@@ -256,8 +260,8 @@ func keyOf(k *uint64) uint64 { return *k }
 // shard held, one shard at a time. From groupMinKeys items on they are
 // grouped by shard (in memory scratch picks from a pooled lookupScratch),
 // so that each shard is locked once for all of its items (512 keys fall
-// in about 220 of the 256 shards), and the calls then come in shard order,
-// not the items'.
+// in all 64 shards), and the calls then come in shard order, not the
+// items'.
 func writeByShard[T any](ix *Index, items []T, key func(*T) uint64, scratch func(*lookupScratch) *[]T, f func(sh *keyShard, it *T)) {
 	if len(items) < groupMinKeys {
 		for i := range items {

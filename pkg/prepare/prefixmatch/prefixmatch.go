@@ -7,8 +7,8 @@ package prefixmatch
 
 import (
 	"context"
+	"slices"
 	"sync"
-	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/approx"
@@ -35,11 +35,10 @@ const ApproxHashesKey = "ApproxPrefixHashesKey"
 
 // Index is what the producer needs of the exact index.
 type Index interface {
+	// Describe says, for each address, its stream's state, its block size
+	// and whether its engine keys blocks by token pairs.
+	Describe(addrs []string, out []index.EndpointInfo)
 	Lookup(keys []uint64, addrs []string, out []index.Match)
-	State(addr string) (datalayer.StreamState, time.Time)
-	BlockSize(addr string) int
-	// Bigram reports whether addr's engine keys blocks by token pairs.
-	Bigram(addr string) bool
 }
 
 // Approx is what the producer needs of the approximate fallback.
@@ -140,10 +139,15 @@ type group struct {
 func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) error {
 	sc := getScratch(len(cands))
 	defer scratchPool.Put(sc)
-	infos, addrs, matches := sc.infos, sc.addrs, sc.matches
+	infos, addrs, matches, eps := sc.infos, sc.addrs, sc.matches, sc.eps
 	var textHashes []uint64 // approximate hashes of the text, when tokens are unknown
 
-	for _, g := range p.groups(cands) {
+	for _, c := range cands {
+		addrs = append(addrs, c.Address)
+	}
+	p.index.Describe(addrs, eps)
+	sc.groups = p.groups(sc.groups, cands, eps)
+	for _, g := range sc.groups {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -189,7 +193,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		var sharedKeys any = keys
 		var streamless []int
 		for j, i := range g.members {
-			state, _ := p.index.State(cands[i].Address)
+			state := eps[i].State
 			cands[i].Put(RequestBlockKeysKey, sharedKeys)
 			if state == datalayer.StreamNone {
 				streamless = append(streamless, i)
@@ -229,6 +233,8 @@ type scratch struct {
 	infos   []datalayer.PrefixCacheInfo
 	addrs   []string
 	matches []index.Match
+	eps     []index.EndpointInfo
+	groups  []group
 }
 
 var scratchPool sync.Pool
@@ -236,9 +242,12 @@ var scratchPool sync.Pool
 func getScratch(n int) *scratch {
 	sc, _ := scratchPool.Get().(*scratch)
 	if sc == nil || cap(sc.infos) < n {
-		sc = &scratch{infos: make([]datalayer.PrefixCacheInfo, n), addrs: make([]string, 0, n), matches: make([]index.Match, n)}
+		sc = &scratch{
+			infos: make([]datalayer.PrefixCacheInfo, n), addrs: make([]string, 0, n),
+			matches: make([]index.Match, n), eps: make([]index.EndpointInfo, n),
+		}
 	}
-	sc.infos, sc.addrs, sc.matches = sc.infos[:n], sc.addrs[:0], sc.matches[:n]
+	sc.infos, sc.addrs, sc.matches, sc.eps = sc.infos[:n], sc.addrs[:0], sc.matches[:n], sc.eps[:n]
 	clear(sc.infos)
 	clear(sc.matches)
 	return sc
@@ -305,12 +314,13 @@ func (p *Producer) approximate(hashes []uint64, blockSize, total int, members []
 }
 
 // groups partitions the candidates by block size and model, in candidate
-// order, so that keys are computed once per distinct pair.
-func (p *Producer) groups(cands []*datalayer.Candidate) []group {
-	var gs []group
+// order, so that keys are computed once per distinct pair. The groups are
+// made in gs's memory (a pooled scratch's), members included.
+func (p *Producer) groups(gs []group, cands []*datalayer.Candidate, eps []index.EndpointInfo) []group {
+	gs = gs[:0]
 	for i, c := range cands {
-		bs := p.blockSize(c)
-		bigram := p.index.Bigram(c.Address)
+		bs := p.blockSize(c, eps[i])
+		bigram := eps[i].Bigram
 		k := 0
 		for k < len(gs) && (gs[k].blockSize != bs || gs[k].model != c.Model || gs[k].bigram != bigram) {
 			k++
@@ -319,7 +329,11 @@ func (p *Producer) groups(cands []*datalayer.Candidate) []group {
 			// Room for every candidate left: there is usually one group
 			// holding them all, and growing it one append at a time cost
 			// several allocations per request.
-			gs = append(gs, group{blockSize: bs, model: c.Model, bigram: bigram, members: make([]int, 0, len(cands)-i)})
+			var members []int
+			if k < cap(gs) {
+				members = gs[:k+1][k].members[:0]
+			}
+			gs = append(gs, group{blockSize: bs, model: c.Model, bigram: bigram, members: slices.Grow(members, len(cands)-i)})
 		}
 		gs[k].members = append(gs[k].members, i)
 	}
@@ -328,9 +342,9 @@ func (p *Producer) groups(cands []*datalayer.Candidate) []group {
 
 // blockSize is the candidate's block size: what its events say, else what
 // its metrics say, else the default.
-func (p *Producer) blockSize(c *datalayer.Candidate) int {
-	if bs := p.index.BlockSize(c.Address); bs > 0 {
-		return bs
+func (p *Producer) blockSize(c *datalayer.Candidate, ep index.EndpointInfo) int {
+	if ep.BlockSize > 0 {
+		return ep.BlockSize
 	}
 	if c.Metrics.BlockSize > 0 {
 		return c.Metrics.BlockSize
