@@ -214,7 +214,12 @@ func TestModelServerErrorsPassThrough(t *testing.T) {
 func TestAFallbackServesWhenThePrimaryRefusesConnections(t *testing.T) {
 	t.Parallel()
 	f := fleet.Start(t, fleet.Options{Endpoints: 2, NoTokenizer: true, Config: twoTargets})
-	base, reg := startProxy(t, f.Director, proxy.Options{})
+	// The test drops the proxy's kept-alive connections after closing a
+	// server, so that the next request dials, and is refused, rather than
+	// finding the closed connection (after which it could have been
+	// served: no fallback, by design).
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	base, reg := startProxy(t, f.Director, proxy.Options{Transport: tr})
 
 	body := completion(50, 32, false)
 	resp, _ := post(t, base+"/v1/completions", body)
@@ -227,6 +232,7 @@ func TestAFallbackServesWhenThePrimaryRefusesConnections(t *testing.T) {
 	// The holder goes away but is still listed: it is picked first, for the
 	// prompt it holds, and its address refuses connections.
 	f.Server(holder).Close()
+	tr.CloseIdleConnections()
 
 	resp, got := post(t, base+"/v1/completions", body)
 	served := resp.Header.Get("x-gateway-destination-endpoint-served")
@@ -239,6 +245,7 @@ func TestAFallbackServesWhenThePrimaryRefusesConnections(t *testing.T) {
 	// With every pick down, the client gets a 502 naming the failures.
 	f.Servers[0].Close()
 	f.Servers[1].Close()
+	tr.CloseIdleConnections()
 	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
