@@ -264,7 +264,13 @@ func (w *world) stopRelay(s *slot) {
 
 func (w *world) restartRelay(s *slot) {
 	w.stopRelay(s)
+	// The engine's PUB socket drops what it publishes before a subscriber
+	// has subscribed, as vLLM's does: a test that serves right after the
+	// restart would lose its first batches on a busy machine, unless it
+	// waits for the old subscription to go and the new one to arrive.
+	testkit.WaitFor(w.t, "the engine to drop the stopped relay's subscription", func() bool { return !s.eng.ZMQSubscribed() })
 	w.startRelay(s)
+	testkit.WaitFor(w.t, "the engine to see the new relay's subscription", s.eng.ZMQSubscribed)
 }
 
 // serve runs n requests, each a random prompt on a random engine, with a
