@@ -2,10 +2,11 @@ package director
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/internal/memo"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
@@ -35,8 +36,7 @@ type Metrics struct {
 	byState                         [datalayer.NumStreamStates]prometheus.Counter
 	byTier                          [events.NumTiers]prometheus.Counter
 	speculative                     prometheus.Counter
-	seriesMu                        sync.RWMutex
-	byModel                         map[[2]string]*modelSeries
+	byModel                         *memo.Map[[2]string, *modelSeries]
 }
 
 // modelSeries are the series of one pair of requested and target model
@@ -51,27 +51,17 @@ type modelSeries struct {
 const maxModelSeries = 1024
 
 // series returns the series of the model label values labels.
-func (m *Metrics) series(labels [2]string) *modelSeries {
-	m.seriesMu.RLock()
-	s := m.byModel[labels]
-	m.seriesMu.RUnlock()
-	if s != nil {
-		return s
-	}
+func (m *Metrics) series(labels [2]string) *modelSeries { return m.byModel.Get(labels) }
+
+// makeSeries resolves the series of the model label values labels.
+func (m *Metrics) makeSeries(labels [2]string) *modelSeries {
 	l := labels[:]
-	s = &modelSeries{
+	return &modelSeries{
 		requests: m.requests.WithLabelValues(l...), duration: m.duration.WithLabelValues(l...),
 		ttft: m.ttft.WithLabelValues(l...), tpot: m.tpot.WithLabelValues(l...),
 		inputTokens: m.inputTokens.WithLabelValues(l...), outputTokens: m.outputTokens.WithLabelValues(l...),
 		cachedTokens: m.cachedTokens.WithLabelValues(l...),
 	}
-	m.seriesMu.Lock()
-	if len(m.byModel) >= maxModelSeries {
-		clear(m.byModel)
-	}
-	m.byModel[labels] = s
-	m.seriesMu.Unlock()
-	return s
 }
 
 // NewMetrics makes the metrics and registers them with reg unless it is nil.
@@ -149,7 +139,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.byTier[t] = m.matchedTokens.WithLabelValues(events.Tier(t).String())
 	}
 	m.speculative = m.matchedTokens.WithLabelValues("speculative")
-	m.byModel = map[[2]string]*modelSeries{}
+	m.byModel = memo.New(maxModelSeries, m.makeSeries)
 	return m
 }
 

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/mem"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/internal/memo"
 )
 
 // Health service names, as the upstream EPP registers them.
@@ -134,8 +135,8 @@ type Server struct {
 	// many fail.
 	failLog *rate.Limiter
 
-	destMu sync.RWMutex
-	dests  map[string]destination
+	// dests are the answer messages naming each destination (destination).
+	dests *memo.Map[string, destination]
 }
 
 // New binds the listeners (so Addr is known before Run) and prepares TLS.
@@ -159,7 +160,7 @@ func New(d Director, o Options) (*Server, error) {
 		o.Logger = slog.Default()
 	}
 	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), health: health.NewServer(),
-		failLog: rate.NewLimiter(rate.Every(time.Second), 5), dests: map[string]destination{}}
+		failLog: rate.NewLimiter(rate.Every(time.Second), 5), dests: memo.New(maxDestinations, newDestination)}
 
 	opts := ServerOptions()
 	if o.Plaintext && o.ClientCAFile != "" {

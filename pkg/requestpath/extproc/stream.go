@@ -544,23 +544,12 @@ const maxDestinations = 4096
 // destination returns the shared messages naming targets, made on their
 // first use.
 func (s *Server) destination(targets []string) destination {
-	dest := strings.Join(targets, ",")
-	s.destMu.RLock()
-	d, ok := s.dests[dest]
-	s.destMu.RUnlock()
-	if ok {
-		return d
-	}
-	d = destination{header: setHeader(director.HeaderDestination, dest), metadata: destinationMetadata(dest)}
-	s.destMu.Lock()
-	if len(s.dests) >= maxDestinations {
-		// Targets that come and go (endpoints replaced over days) are
-		// forgotten together; those in use are made again once.
-		clear(s.dests)
-	}
-	s.dests[dest] = d
-	s.destMu.Unlock()
-	return d
+	return s.dests.Get(strings.Join(targets, ","))
+}
+
+// newDestination makes the messages naming dest, targets joined by commas.
+func newDestination(dest string) destination {
+	return destination{header: setHeader(director.HeaderDestination, dest), metadata: destinationMetadata(dest)}
 }
 
 // headerMap lower-cases names; Envoy sends values in raw_value (bytes) or,
