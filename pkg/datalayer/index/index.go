@@ -238,16 +238,6 @@ func (ix *Index) State(addr string) (datalayer.StreamState, time.Time) {
 	return datalayer.StreamState(ep.state.Load()), last
 }
 
-// BlockSize returns the block size, in tokens, that addr's events use, or 0
-// before it has published any: the size a request's keys must be built
-// with to match what the endpoint holds.
-func (ix *Index) BlockSize(addr string) int {
-	if ep := ix.member(addr); ep != nil {
-		return int(ep.blockSize.Load())
-	}
-	return 0
-}
-
 // Bigram reports whether addr's engine keys blocks by pairs of adjacent
 // tokens (SGLang with EAGLE), so that a request's keys for it must be made
 // with BigramRootKey and AppendBigramBlockKeys.
@@ -264,8 +254,9 @@ type EndpointInfo struct {
 	// State is what State returns: StreamNone for an address the index
 	// does not know.
 	State datalayer.StreamState
-	// BlockSize is what BlockSize returns: 0 before the endpoint has
-	// published any events.
+	// BlockSize is the block size, in tokens, that the endpoint's events
+	// use, 0 before it has published any: the size a request's keys must
+	// be built with to match what the endpoint holds.
 	BlockSize int
 	// Bigram is what Bigram returns.
 	Bigram bool
