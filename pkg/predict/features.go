@@ -55,7 +55,7 @@ func (in *Input) Uncached() int {
 }
 
 // NumFeatures is the length of a feature vector.
-const NumFeatures = 24
+const NumFeatures = 23
 
 // Vector is a feature vector. Features are scaled to be of order one
 // (thousands of tokens, counts of requests, shares), so that one ridge
@@ -216,7 +216,7 @@ func clampFinite(v, lo, hi float64) float64 {
 // Their coefficients are kept at zero or above, so that a model fitted on
 // a quiet stretch does not extrapolate a longer queue into a shorter wait.
 var (
-	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 23)
+	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22)
 	tpotMonotone = mask(1, 2, 4, 5, 6, 7, 8)
 )
 
