@@ -350,3 +350,30 @@ func zeroFrom(t *testing.T, what string, x *Vector, n int) {
 		}
 	}
 }
+
+// A monotone coefficient must belong to a feature: a mask that names a slot
+// no feature sets constrains nothing, and leaves the feature it meant free.
+func TestEveryMonotoneFeatureIsOneTheFeaturesSet(t *testing.T) {
+	in := Input{
+		InputTokens: 4000, GPUTokens: 1000, CPUTokens: 500, StorageTokens: 250, SpeculativeTokens: 100,
+		Waiting: 3, Running: 6, KVUsage: 0.5,
+		Prefilling: 2, PrefillTokens: 3000, Decoding: 5, DecodeTokens: 20000, MaxTokens: 64,
+		NextDecodeEndMs: 40, OldestPrefillMs: 30, PrefillAheadMs: 50,
+	}
+	for _, tt := range []struct {
+		name     string
+		features func(*Vector, int)
+		monotone [NumFeatures]bool
+	}{
+		{"TTFT", in.TTFTFeatures, ttftMonotone},
+		{"TPOT", in.TPOTFeatures, tpotMonotone},
+	} {
+		var v Vector
+		tt.features(&v, 4) // a batch of 4 seats: full, so every queue feature is set
+		for i, m := range tt.monotone {
+			if m && v[i] == 0 {
+				t.Errorf("%s: feature %d is constrained to be monotone, but no feature is set there (%v)", tt.name, i, v)
+			}
+		}
+	}
+}
