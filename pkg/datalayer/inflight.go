@@ -21,11 +21,13 @@ type InFlight struct {
 	// DecodeTokens sums their prompts' lengths (the context every decode
 	// step reads for them).
 	Decoding, DecodeTokens int
-	// NextDecodeEnd is when the first of the decoding requests is expected
-	// to finish (its first token's time plus its max_tokens at its
-	// predicted pace), the zero time when none is: when the endpoint's
-	// batch is full, a new request waits for that seat.
-	NextDecodeEnd time.Time
+	// DecodeEnds are when the first DecodeEndsKept of the decoding
+	// requests are expected to finish (each its first token's time plus
+	// its max_tokens at its predicted pace), in Unix nanoseconds,
+	// earliest first, zero past the last one known: when the endpoint's
+	// batch is full, a new request waits for a seat, and with k requests
+	// before it in that wait, for the k-th of these.
+	DecodeEnds [DecodeEndsKept]int64
 	// OldestPrefill is when the longest-waiting of the prefilling requests
 	// was dispatched, the zero time when none is: a request still without
 	// its first token long after it was sent says the endpoint's queue is
@@ -40,16 +42,31 @@ type InFlight struct {
 	PrefillDoneBy time.Time
 }
 
+// DecodeEndsKept is how many of an endpoint's expected decode ends
+// InFlight carries: enough for the seats a full batch frees in the time a
+// request waits there, few enough to copy per candidate.
+const DecodeEndsKept = 8
+
 // Requests is every request in flight.
 func (f InFlight) Requests() int { return f.Prefilling + f.Decoding }
+
+// NextDecodeEnd is when the first of the decoding requests is expected to
+// finish, the zero time when none is.
+func (f InFlight) NextDecodeEnd() time.Time {
+	if f.DecodeEnds[0] == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, f.DecodeEnds[0])
+}
 
 // inflight is an endpoint's live counters.
 type inflight struct {
 	prefilling, prefillTokens, decoding, decodeTokens atomic.Int64
-	// nextEnd is the earliest expected end among ends, in Unix
-	// nanoseconds (0: none); mu guards ends, which holds the expected end
-	// of every decoding request that said how long it would decode.
-	nextEnd atomic.Int64
+	// firstEnds are the earliest expected ends of ends, in Unix
+	// nanoseconds, earliest first (0: none); mu guards ends, which holds
+	// the expected end of every decoding request that said how long it
+	// would decode, in ascending order.
+	firstEnds [DecodeEndsKept]atomic.Int64
 	// oldest is the earliest of starts, the dispatch times of the
 	// requests prefilling, in Unix nanoseconds (0: none).
 	oldest atomic.Int64
@@ -71,8 +88,10 @@ func (c *inflight) load() InFlight {
 		Prefilling: int(c.prefilling.Load()), PrefillTokens: int(c.prefillTokens.Load()),
 		Decoding: int(c.decoding.Load()), DecodeTokens: int(c.decodeTokens.Load()),
 	}
-	if n := c.nextEnd.Load(); n != 0 {
-		f.NextDecodeEnd = time.Unix(0, n)
+	for i := range f.DecodeEnds {
+		if f.DecodeEnds[i] = c.firstEnds[i].Load(); f.DecodeEnds[i] == 0 {
+			break
+		}
 	}
 	if n := c.oldest.Load(); n != 0 {
 		f.OldestPrefill = time.Unix(0, n)
@@ -114,6 +133,38 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 	}
 	c.doneBy.Store(by)
 	c.mu.Unlock()
+}
+
+// addEnd and removeEnd keep ends in order and publish its first ones;
+// they run once per request (on the response path), never per candidate.
+func (c *inflight) addEnd(t int64) {
+	c.mu.Lock()
+	i, _ := slices.BinarySearch(c.ends, t)
+	c.ends = slices.Insert(c.ends, i, t)
+	c.publishEnds(i)
+	c.mu.Unlock()
+}
+
+func (c *inflight) removeEnd(t int64) {
+	c.mu.Lock()
+	if i, ok := slices.BinarySearch(c.ends, t); ok {
+		c.ends = slices.Delete(c.ends, i, i+1)
+		c.publishEnds(i)
+	}
+	c.mu.Unlock()
+}
+
+// publishEnds publishes ends' first ones from position i on, where they
+// changed; the caller holds mu. A reader meanwhile may see some of the old
+// and some of the new: an estimate either way, never a time not expected.
+func (c *inflight) publishEnds(i int) {
+	for ; i < DecodeEndsKept; i++ {
+		var t int64
+		if i < len(c.ends) {
+			t = c.ends[i]
+		}
+		c.firstEnds[i].Store(t)
+	}
 }
 
 // add and remove keep a list of times and its earliest, published in
@@ -193,7 +244,7 @@ func (ds *Datastore) DispatchInto(d *Dispatch, name string, at time.Time, prefil
 
 // ExpectDecode says how long the request is expected to decode once its
 // first token comes (its max_tokens at its predicted pace), so that the
-// endpoint's NextDecodeEnd can be known. Call it before FirstToken.
+// endpoint's DecodeEnds can be known. Call it before FirstToken.
 func (d *Dispatch) ExpectDecode(dur time.Duration) {
 	if d != nil && dur > 0 {
 		d.decodeFor = dur
@@ -226,7 +277,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	d.c.decodeTokens.Add(d.prompt)
 	if d.decodeFor > 0 {
 		d.end = at.Add(d.decodeFor).UnixNano()
-		d.c.add(&d.c.ends, &d.c.nextEnd, d.end)
+		d.c.addEnd(d.end)
 	}
 }
 
@@ -247,7 +298,7 @@ func (d *Dispatch) Done() {
 		d.c.decoding.Add(-1)
 		d.c.decodeTokens.Add(-d.prompt)
 		if d.end != 0 {
-			d.c.remove(&d.c.ends, &d.c.nextEnd, d.end)
+			d.c.removeEnd(d.end)
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package datalayer
 
 import (
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -149,7 +151,7 @@ func TestObjectives(t *testing.T) {
 	}
 }
 
-func TestTheNextDecodeEndIsTheEarliestExpectedEnd(t *testing.T) {
+func TestTheDecodeEndsAreTheExpectedEndsInOrder(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
@@ -157,22 +159,56 @@ func TestTheNextDecodeEndIsTheEarliestExpectedEnd(t *testing.T) {
 	long, short, unknown := ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1)
 	long.ExpectDecode(time.Second)
 	short.ExpectDecode(300 * time.Millisecond)
-	if f := ds.InFlight("a"); !f.NextDecodeEnd.IsZero() || !f.OldestPrefill.Equal(t0) {
+	if f := ds.InFlight("a"); !f.NextDecodeEnd().IsZero() || !f.OldestPrefill.Equal(t0) {
 		t.Fatal("an end is expected before anything decodes")
 	}
 	long.FirstToken(t0)
 	short.FirstToken(t0.Add(100 * time.Millisecond))
 	unknown.FirstToken(t0) // no max_tokens: no expectation
-	if got := ds.InFlight("a").NextDecodeEnd; !got.Equal(t0.Add(400 * time.Millisecond)) {
+	f := ds.InFlight("a")
+	if got := f.NextDecodeEnd(); !got.Equal(t0.Add(400 * time.Millisecond)) {
 		t.Errorf("next end %v, want the short one's, t0+400ms", got)
 	}
+	if want := [DecodeEndsKept]int64{t0.Add(400 * time.Millisecond).UnixNano(), t0.Add(time.Second).UnixNano()}; f.DecodeEnds != want {
+		t.Errorf("decode ends %v, want %v", f.DecodeEnds, want)
+	}
 	short.Done()
-	if got := ds.InFlight("a").NextDecodeEnd; !got.Equal(t0.Add(time.Second)) {
+	if got := ds.InFlight("a").NextDecodeEnd(); !got.Equal(t0.Add(time.Second)) {
 		t.Errorf("after the short one ended: %v, want t0+1s", got)
 	}
 	long.Done()
 	unknown.Done()
 	if got := ds.InFlight("a"); got != (InFlight{}) {
 		t.Errorf("after all ended: %+v", got)
+	}
+}
+
+func TestTheDecodeEndsKeepTheEarliestOfMany(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var live []*Dispatch
+	var want []int64
+	for range 200 {
+		if len(live) > 0 && rng.IntN(3) == 0 {
+			i := rng.IntN(len(live))
+			live[i].Done()
+			want = slices.Delete(want, slices.Index(want, live[i].end), slices.Index(want, live[i].end)+1)
+			live = slices.Delete(live, i, i+1)
+		} else {
+			d := ds.Dispatch("a", t0, 1, 1)
+			d.ExpectDecode(time.Duration(1+rng.IntN(50)) * time.Millisecond) // ties too
+			d.FirstToken(t0)
+			live = append(live, d)
+			want = append(want, d.end)
+		}
+		slices.Sort(want)
+		var w [DecodeEndsKept]int64
+		copy(w[:], want)
+		if got := ds.InFlight("a").DecodeEnds; got != w {
+			t.Fatalf("decode ends %v, want the earliest of %v", got, want)
+		}
 	}
 }

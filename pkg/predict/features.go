@@ -32,10 +32,13 @@ type Input struct {
 	DecodeTokens  int `json:"decodeTokens"`
 	// MaxTokens is the output the request asks for at most (0: unknown).
 	MaxTokens int `json:"maxTokens,omitempty"`
-	// NextDecodeEndMs is how long until the first of the requests this EPP
-	// has decoding on the endpoint is expected to finish, in milliseconds
-	// (0: none is known): the wait for a seat when the batch is full.
-	NextDecodeEndMs float64 `json:"nextDecodeEndMs,omitempty"`
+	// DecodeEndsMs are how long until the first DecodeEnds of the
+	// requests this EPP has decoding on the endpoint are expected to
+	// finish, in milliseconds, earliest first (0 for one already overdue):
+	// when the batch is full, the k-th of them is the wait for a seat of a
+	// request with k-1 others before it.
+	DecodeEndsMs [DecodeEndsKept]float64 `json:"decodeEndsMs"`
+	DecodeEnds   int                     `json:"decodeEnds,omitempty"`
 	// OldestPrefillMs is how long the longest-waiting of the requests this
 	// EPP sent the endpoint has been without its first token, in
 	// milliseconds (0: none is waiting): a lower bound on the queue's wait
@@ -133,11 +136,32 @@ func (in *Input) TTFTFeatures(v *Vector, seats int) {
 		busy(in),
 		busy(in) * un / 1e3,
 		full,
-		min(full, 1) * clampFinite(in.NextDecodeEndMs, 0, 1e6) / 100,
+		seatWaitMs(in, full) / 100,
 		drain(in, waiting),
 		clampFinite(in.OldestPrefillMs, 0, 1e6) / 100,
 		clampFinite(in.PrefillAheadMs, 0, 1e6) / 100,
 	}
+}
+
+// DecodeEndsKept is how many of an endpoint's expected decode ends an
+// Input holds.
+const DecodeEndsKept = 8
+
+// seatWaitMs is how long a request waits for a seat in a full batch, from
+// the decode ends the EPP expects: with full seats to free, the full-th
+// end; past the ends known, the seats go on freeing as far apart as the
+// known ones did. 0 when the batch is not full or no end is known.
+func seatWaitMs(in *Input, full float64) float64 {
+	n := min(max(in.DecodeEnds, 0), DecodeEndsKept)
+	if full <= 0 || n == 0 {
+		return 0
+	}
+	k := int(math.Ceil(min(full, 1e6)))
+	last := clampFinite(in.DecodeEndsMs[n-1], 0, 1e6)
+	if k <= n {
+		return clampFinite(in.DecodeEndsMs[k-1], 0, 1e6)
+	}
+	return last + float64(k-n)*last/float64(n)
 }
 
 // drain estimates, in hundreds of decode steps, how long the requests

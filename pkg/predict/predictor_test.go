@@ -294,8 +294,12 @@ func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 			InputTokens: rng.IntN(40000), GPUTokens: rng.IntN(9000), CPUTokens: rng.IntN(3000), StorageTokens: rng.IntN(2000),
 			SpeculativeTokens: rng.IntN(1000), Waiting: rng.IntN(9), Running: rng.IntN(40), KVUsage: rng.Float64() * 1.2,
 			MetricsStale: rng.IntN(4) == 0, Prefilling: rng.IntN(6), PrefillTokens: rng.IntN(30000), Decoding: rng.IntN(40),
-			DecodeTokens: rng.IntN(200000), MaxTokens: rng.IntN(2000), NextDecodeEndMs: rng.Float64() * 5000,
+			DecodeTokens: rng.IntN(200000), MaxTokens: rng.IntN(2000),
 			OldestPrefillMs: rng.Float64() * 3000, PrefillAheadMs: rng.Float64() * 4000,
+		}
+		in.DecodeEnds = rng.IntN(DecodeEndsKept + 1)
+		for i := range in.DecodeEnds {
+			in.DecodeEndsMs[i] = float64(i+1) * rng.Float64() * 1000
 		}
 		return in
 	}
@@ -358,7 +362,7 @@ func TestEveryMonotoneFeatureIsOneTheFeaturesSet(t *testing.T) {
 		InputTokens: 4000, GPUTokens: 1000, CPUTokens: 500, StorageTokens: 250, SpeculativeTokens: 100,
 		Waiting: 3, Running: 6, KVUsage: 0.5,
 		Prefilling: 2, PrefillTokens: 3000, Decoding: 5, DecodeTokens: 20000, MaxTokens: 64,
-		NextDecodeEndMs: 40, OldestPrefillMs: 30, PrefillAheadMs: 50,
+		DecodeEndsMs: [DecodeEndsKept]float64{40}, DecodeEnds: 1, OldestPrefillMs: 30, PrefillAheadMs: 50,
 	}
 	for _, tt := range []struct {
 		name     string

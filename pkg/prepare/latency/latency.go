@@ -219,7 +219,13 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 		DecodeTokens:      c.InFlight.DecodeTokens,
 		MaxTokens:         req.MaxTokens,
 	}
-	in.NextDecodeEndMs = msBetween(req.Arrival, c.InFlight.NextDecodeEnd)
+	for _, end := range c.InFlight.DecodeEnds[:min(len(c.InFlight.DecodeEnds), len(in.DecodeEndsMs))] {
+		if end == 0 {
+			break
+		}
+		in.DecodeEndsMs[in.DecodeEnds] = msBetween(req.Arrival, time.Unix(0, end))
+		in.DecodeEnds++
+	}
 	in.OldestPrefillMs = msBetween(c.InFlight.OldestPrefill, req.Arrival)
 	in.PrefillAheadMs = msBetween(req.Arrival, c.InFlight.PrefillDoneBy)
 	if in.InputTokens == 0 {
