@@ -9,16 +9,21 @@ import (
 // observations and asks it arbitrary questions: whatever it learned, no
 // answer is NaN, infinite or negative.
 func FuzzPredictionsAreFiniteAndNonNegative(f *testing.F) {
-	f.Add(1000, 200, 0, 3, 4, 0.5, 2, 900, 120.0, 9.0)
-	f.Add(-1, 1<<30, 5, -7, 0, math.NaN(), -3, -100, math.Inf(1), -2.0)
-	f.Fuzz(func(t *testing.T, input, gpu, cpu, waiting, running int, kv float64, prefilling, prefillTokens int, ttft, tpot float64) {
+	f.Add(1000, 200, 0, 3, 4, 0.5, 2, 900, 5, 3, 40.0, 120.0, 9.0)
+	f.Add(-1, 1<<30, 5, -7, 0, math.NaN(), -3, -100, -1, 99, math.NaN(), math.Inf(1), -2.0)
+	f.Add(4000, 0, 0, 0, 8, 1.0, 1, 256, 7, 7, math.Inf(1), 60.0, 11.0)
+	f.Fuzz(func(t *testing.T, input, gpu, cpu, waiting, running int, kv float64, prefilling, prefillTokens, decoding, ends int, endMs, ttft, tpot float64) {
 		p, err := New(Options{Synchronous: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		p.AddEndpoint("a", "")
 		in := Input{InputTokens: input, GPUTokens: gpu, CPUTokens: cpu, Waiting: waiting, Running: running, KVUsage: kv,
-			Prefilling: prefilling, PrefillTokens: prefillTokens}
+			Prefilling: prefilling, PrefillTokens: prefillTokens, Decoding: decoding, MaxTokens: 32,
+			DecodeEnds: ends, OldestPrefillMs: endMs, PrefillAheadMs: endMs}
+		for i := range in.DecodeEndsMs {
+			in.DecodeEndsMs[i] = endMs * float64(i)
+		}
 		for range 40 {
 			p.Observe(Sample{Endpoint: "a", Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
 		}
