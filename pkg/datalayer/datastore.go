@@ -19,6 +19,40 @@ type StreamStates interface {
 	State(addr string) (state StreamState, since time.Time)
 }
 
+// StreamInfo is what the index knows of one endpoint that a request's
+// prefix lookup needs first.
+type StreamInfo struct {
+	// State is what StreamStates.State returns: StreamNone for an address
+	// the index does not know.
+	State StreamState
+	// Bigram: the endpoint's engine keys blocks by pairs of adjacent tokens
+	// (SGLang with EAGLE).
+	Bigram bool
+	// BlockSize is the block size, in tokens, that the endpoint's events
+	// use, 0 before it has published any: the size a request's keys must
+	// be built with to match what the endpoint holds.
+	BlockSize int
+}
+
+// StreamHandles is a StreamStates that hands out, per address, a handle
+// that reads the endpoint's StreamInfo without looking the address up
+// again. The datastore keeps each endpoint's handle, so that making a
+// request's candidates costs no lookup by address (a string hash and a map
+// probe on cold memory, per endpoint per request). Its dynamic type must be
+// comparable (a pointer): candidates name it as their info's source
+// (Candidate.StreamInfoFrom).
+type StreamHandles interface {
+	StreamStates
+	// StreamHandle returns addr's handle, nil when addr is unknown.
+	StreamHandle(addr string) StreamHandle
+}
+
+// StreamHandle reads one endpoint's StreamInfo. ok is false once the
+// handle is stale (its endpoint left), when a new one must be asked for.
+type StreamHandle interface {
+	StreamInfo() (info StreamInfo, ok bool)
+}
+
 // Datastore is the one place the scheduler reads endpoints from; discovery
 // sources write to it and the scraper stores each endpoint's metrics in it.
 //
@@ -43,6 +77,16 @@ type dsEntry struct {
 	// load is the EPP's own in-flight accounting, kept across a
 	// replacement at the same address as the metrics are.
 	load *inflight
+	// stream is the endpoint's handle from a StreamHandles, nil until one
+	// was had.
+	stream atomic.Pointer[streamRef]
+}
+
+// streamRef is a handle and the stream states it came from, so that a
+// handle from states since replaced (SetStreamStates) is not used.
+type streamRef struct {
+	src *streamStatesHolder
+	h   StreamHandle
 }
 
 // dsSnapshot is never modified once published.
@@ -317,9 +361,9 @@ func RequestMemory[T any](cands []*Candidate, owner any, n int) []T {
 // uses the request it served.
 func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bool) []*Candidate {
 	s := ds.snap.Load()
-	var streams StreamStates
-	if h := ds.streams.Load(); h != nil {
-		streams = h.s
+	streams := ds.streams.Load()
+	if streams != nil && streams.s == nil {
+		streams = nil
 	}
 	// The candidates live in one slab: this runs for every request, and one
 	// allocation per endpoint was most of its cost.
@@ -337,15 +381,18 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 		if filter != nil && !filter(e.ep) {
 			continue
 		}
-		state := StreamNone
-		if streams != nil {
-			state, _ = streams.State(e.ep.Address)
-		}
 		// Filled in place: appending a composite literal builds the large
 		// struct twice and copies it whole.
 		slab = slab[:len(slab)+1]
 		c := &slab[len(slab)-1]
-		c.Endpoint, c.Stream, c.InFlight, c.set = e.ep, state, e.load.load(), set
+		if streams != nil {
+			var info StreamInfo
+			if info, c.described = e.streamInfo(streams); c.described {
+				c.blockSize, c.bigram, c.describedBy = int32(info.BlockSize), info.Bigram, streams.s
+			}
+			c.Stream = info.State
+		}
+		c.Endpoint, c.InFlight, c.set = e.ep, e.load.load(), set
 		if m := e.metrics.Load(); m != nil {
 			c.Metrics = *m
 		}
@@ -363,6 +410,27 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 		set.slab, set.ptrs = slab, out
 	}
 	return out
+}
+
+// streamInfo reads the endpoint's stream info from streams, through its
+// handle when streams hands them out (described then reports true: the
+// info is whole), else its state alone by address.
+func (e *dsEntry) streamInfo(streams *streamStatesHolder) (info StreamInfo, described bool) {
+	if r := e.stream.Load(); r != nil && r.src == streams {
+		if info, ok := r.h.StreamInfo(); ok {
+			return info, true
+		}
+	}
+	if hs, ok := streams.s.(StreamHandles); ok {
+		if h := hs.StreamHandle(e.ep.Address); h != nil {
+			if info, ok := h.StreamInfo(); ok {
+				e.stream.Store(&streamRef{src: streams, h: h})
+				return info, true
+			}
+		}
+	}
+	info.State, _ = streams.s.State(e.ep.Address)
+	return info, false
 }
 
 // Equal reports whether a and b describe the same endpoint.

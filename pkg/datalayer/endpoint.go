@@ -163,6 +163,25 @@ type Candidate struct {
 	base *Candidate
 	// set is the memory the candidate was made in, if any (RequestMemory).
 	set *CandidateSet
+
+	// The rest of the StreamInfo that Stream was read with, when
+	// described: read from describedBy's handle (see StreamInfoFrom).
+	described   bool
+	bigram      bool
+	blockSize   int32
+	describedBy StreamStates
+}
+
+// StreamInfoFrom returns the candidate's stream info as the datastore read
+// it from src when it made the candidate, with Stream; ok is false when it
+// was not read from src whole (the candidate was made otherwise, or from
+// other stream states), and src must be asked instead. It spares the
+// request path a second read of each endpoint's state.
+func (c *Candidate) StreamInfoFrom(src any) (info StreamInfo, ok bool) {
+	if !c.described || c.describedBy == nil || any(c.describedBy) != src {
+		return StreamInfo{}, false
+	}
+	return StreamInfo{State: c.Stream, Bigram: c.bigram, BlockSize: int(c.blockSize)}, true
 }
 
 type attr struct {
@@ -278,7 +297,8 @@ func (c *Candidate) truncate(m int) {
 func (c *Candidate) StageInto(v *Candidate) {
 	// Whole, so that a view used by an earlier run starts empty. A view
 	// is shared, as its candidate must be.
-	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, InFlight: c.InFlight, base: c, shared: true}
+	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, InFlight: c.InFlight, base: c, shared: true,
+		described: c.described, bigram: c.bigram, blockSize: c.blockSize, describedBy: c.describedBy}
 }
 
 // Commit publishes into c what staged, a staging view of c, holds under

@@ -79,8 +79,8 @@ type Index struct {
 }
 
 var (
-	_ events.Sink            = (*Index)(nil)
-	_ datalayer.StreamStates = (*Index)(nil)
+	_ events.Sink             = (*Index)(nil)
+	_ datalayer.StreamHandles = (*Index)(nil)
 )
 
 type specRecord struct {
@@ -100,6 +100,9 @@ type ixEndpoint struct {
 	mu      sync.Mutex
 	gone    bool
 	streams map[int]*ixStream
+	// left is set, without mu, as the endpoint leaves the membership, so
+	// that its handle (StreamHandle) goes stale.
+	left atomic.Bool
 
 	// state and last are read without mu by State.
 	state atomic.Uint32
@@ -211,6 +214,7 @@ func (ix *Index) RemoveEndpoint(addr string) {
 		}
 	}
 	ix.members.Store(&next)
+	ep.left.Store(true)
 
 	var d delta
 	ep.mu.Lock()
@@ -250,17 +254,7 @@ func (ix *Index) Bigram(addr string) bool {
 
 // EndpointInfo is what the index knows of one endpoint that a request's
 // lookup needs first (see Describe).
-type EndpointInfo struct {
-	// State is what State returns: StreamNone for an address the index
-	// does not know.
-	State datalayer.StreamState
-	// BlockSize is the block size, in tokens, that the endpoint's events
-	// use, 0 before it has published any: the size a request's keys must
-	// be built with to match what the endpoint holds.
-	BlockSize int
-	// Bigram is what Bigram returns.
-	Bigram bool
-}
+type EndpointInfo = datalayer.StreamInfo
 
 // Describe fills out[i] with what the index knows of addrs[i], reading its
 // membership once for all of them. out must be at least as long as addrs.
@@ -272,12 +266,34 @@ func (ix *Index) Describe(addrs []string, out []EndpointInfo) {
 			out[i] = EndpointInfo{State: datalayer.StreamNone}
 			continue
 		}
-		out[i] = EndpointInfo{
-			State:     datalayer.StreamState(ep.state.Load()),
-			BlockSize: int(ep.blockSize.Load()),
-			Bigram:    ep.bigram.Load(),
-		}
+		out[i] = ep.info()
 	}
+}
+
+func (ep *ixEndpoint) info() EndpointInfo {
+	return EndpointInfo{
+		State:     datalayer.StreamState(ep.state.Load()),
+		BlockSize: int(ep.blockSize.Load()),
+		Bigram:    ep.bigram.Load(),
+	}
+}
+
+// StreamHandle returns addr's handle (nil when addr is not a member), which
+// reads what Describe would say of addr until addr leaves the index.
+func (ix *Index) StreamHandle(addr string) datalayer.StreamHandle {
+	if ep := ix.member(addr); ep != nil {
+		return ep
+	}
+	return nil
+}
+
+// StreamInfo implements datalayer.StreamHandle: ok is false once the
+// endpoint has left (RemoveEndpoint), even if its address was added again.
+func (ep *ixEndpoint) StreamInfo() (EndpointInfo, bool) {
+	if ep.left.Load() {
+		return EndpointInfo{}, false
+	}
+	return ep.info(), true
 }
 
 // MarkExact declares addr's streams in step again, after a resynchronisation

@@ -142,10 +142,21 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 	infos, addrs, matches, eps := sc.infos, sc.addrs, sc.matches, sc.eps
 	var textHashes []uint64 // approximate hashes of the text, when tokens are unknown
 
-	for _, c := range cands {
-		addrs = append(addrs, c.Address)
+	// What the datastore read of each candidate's stream as it made the
+	// candidate serves, when it read it from this index: a second read,
+	// by address, cost a map probe per candidate on cold memory.
+	described := true
+	for i, c := range cands {
+		if eps[i], described = c.StreamInfoFrom(p.index); !described {
+			break
+		}
 	}
-	p.index.Describe(addrs, eps)
+	if !described {
+		for _, c := range cands {
+			addrs = append(addrs, c.Address)
+		}
+		p.index.Describe(addrs, eps)
+	}
 	sc.groups = p.groups(sc.groups, cands, eps)
 	for _, g := range sc.groups {
 		if err := ctx.Err(); err != nil {
