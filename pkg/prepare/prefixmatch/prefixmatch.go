@@ -141,6 +141,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 	defer scratchPool.Put(sc)
 	infos, addrs, matches, eps := sc.infos, sc.addrs, sc.matches, sc.eps
 	var textHashes []uint64 // approximate hashes of the text, when tokens are unknown
+	keysInMemory := false
 
 	// What the datastore read of each candidate's stream as it made the
 	// candidate serves, when it read it from this index: a second read,
@@ -182,16 +183,25 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		if p.params.MaxPrefixBlocks > 0 {
 			total = min(total, p.params.MaxPrefixBlocks)
 		}
+		// The first group's keys live in the request's memory (they are
+		// published, and read until the pick is recorded): 4 KiB of
+		// garbage per 8k-token request otherwise. Every group has one
+		// usually.
 		var keys []uint64
+		if !keysInMemory {
+			keys, keysInMemory = datalayer.RequestMemory[uint64](cands, p, total)[:0], true
+		} else {
+			keys = make([]uint64, 0, total)
+		}
 		if g.bigram {
 			// A block's key takes the token after it: the last block has one
 			// only when a token follows it.
 			root := index.BigramRootKey(g.model, req.LoRA, req.CacheSalt)
 			end := min(len(req.TokenIDs), total*g.blockSize+1)
-			keys = index.AppendBigramBlockKeys(make([]uint64, 0, total), root, req.TokenIDs[:end], g.blockSize)
+			keys = index.AppendBigramBlockKeys(keys, root, req.TokenIDs[:end], g.blockSize)
 		} else {
 			root := index.RootKey(g.model, req.LoRA, req.CacheSalt)
-			keys = index.AppendBlockKeys(make([]uint64, 0, total), root, req.TokenIDs[:total*g.blockSize], g.blockSize)
+			keys = index.AppendBlockKeys(keys, root, req.TokenIDs[:total*g.blockSize], g.blockSize)
 		}
 		addrs = addrs[:0]
 		for _, i := range g.members {
