@@ -135,23 +135,32 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 	c.mu.Unlock()
 }
 
-// addEnd and removeEnd keep ends in order and publish its first ones;
-// they run once per request (on the response path), never per candidate.
-func (c *inflight) addEnd(t int64) {
+// setEnd moves d's expected end to t (0: none) in ends, kept in order,
+// and publishes ends' first ones; with decoding, only while d decodes (a
+// request that ended meanwhile has had its end taken out, and must not
+// have it put back). It runs on the response path (at the first token,
+// every few tokens after it, at the end), never per candidate; d.end is
+// written only here, under mu.
+func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool) {
 	c.mu.Lock()
-	i, _ := slices.BinarySearch(c.ends, t)
-	c.ends = slices.Insert(c.ends, i, t)
-	c.publishEnds(i)
-	c.mu.Unlock()
-}
-
-func (c *inflight) removeEnd(t int64) {
-	c.mu.Lock()
-	if i, ok := slices.BinarySearch(c.ends, t); ok {
-		c.ends = slices.Delete(c.ends, i, i+1)
-		c.publishEnds(i)
+	defer c.mu.Unlock()
+	if decoding && d.state.Load() != 1 {
+		return
 	}
-	c.mu.Unlock()
+	from := len(c.ends)
+	if d.end != 0 {
+		if i, ok := slices.BinarySearch(c.ends, d.end); ok {
+			c.ends = slices.Delete(c.ends, i, i+1)
+			from = i
+		}
+	}
+	if t != 0 {
+		i, _ := slices.BinarySearch(c.ends, t)
+		c.ends = slices.Insert(c.ends, i, t)
+		from = min(from, i)
+	}
+	d.end = t
+	c.publishEnds(from)
 }
 
 // publishEnds publishes ends' first ones from position i on, where they
@@ -204,10 +213,16 @@ type Dispatch struct {
 	c       *inflight
 	prefill int64
 	prompt  int64
-	// decodeFor is how long the request is expected to decode (0:
-	// unknown); end is when, once its first token came.
-	decodeFor time.Duration
-	end       int64
+	// outputs is the output tokens the request may generate (its
+	// max_tokens) and perToken their predicted pace after the first (0:
+	// unknown); first is when its first token came, end when it is
+	// expected to finish (under c.mu), and nextPace how many tokens must
+	// have come before Progress sets end again.
+	outputs  int
+	perToken time.Duration
+	first    int64
+	end      int64
+	nextPace int
 	// start is when it was dispatched, in Unix nanoseconds; prefillFor
 	// how long its prefill alone is expected to take (0: unknown).
 	start      int64
@@ -242,12 +257,14 @@ func (ds *Datastore) DispatchInto(d *Dispatch, name string, at time.Time, prefil
 	return true
 }
 
-// ExpectDecode says how long the request is expected to decode once its
-// first token comes (its max_tokens at its predicted pace), so that the
-// endpoint's DecodeEnds can be known. Call it before FirstToken.
-func (d *Dispatch) ExpectDecode(dur time.Duration) {
-	if d != nil && dur > 0 {
-		d.decodeFor = dur
+// ExpectDecode says how the request is expected to decode once its first
+// token comes: up to outputs tokens (its max_tokens), perToken apart, so
+// that the endpoint's DecodeEnds can be known. Call it before FirstToken.
+func (d *Dispatch) ExpectDecode(outputs int, perToken time.Duration) {
+	if d != nil && outputs > 0 && perToken > 0 && d.state.Load() == 0 {
+		// Bounded so that no product of the two overflows: a pace slower
+		// than a minute a token, or a longer output, says nothing more.
+		d.outputs, d.perToken = min(outputs, maxOutputs), min(perToken, time.Minute)
 	}
 }
 
@@ -275,10 +292,37 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.decoding.Add(1)
 	d.c.decodeTokens.Add(d.prompt)
-	if d.decodeFor > 0 {
-		d.end = at.Add(d.decodeFor).UnixNano()
-		d.c.addEnd(d.end)
+	if d.outputs > 0 {
+		d.first, d.nextPace = at.UnixNano(), paceFrom
+		d.c.setEnd(d, d.first+int64(d.outputs-1)*int64(d.perToken), true)
 	}
+}
+
+// Past paceFrom tokens, and every paceEvery tokens after, Progress sets a
+// decoding request's expected end again from the pace its tokens came at:
+// the pace predicted at the pick does not know the prefills that will
+// share the request's steps, and a full batch's seats free as its
+// requests' real paces say.
+const (
+	paceFrom  = 4
+	paceEvery = 4
+	// maxOutputs bounds the output a request is expected to generate.
+	maxOutputs = 1 << 24
+)
+
+// Progress says that tokens of the request's output tokens (its first
+// included) have come back by at. The request's expected end is set again
+// from the pace they came at: the rest of its max_tokens at the same pace
+// (a request that ends early, at a stop, only frees its seat sooner). Call
+// it from the goroutine that calls FirstToken and Done.
+func (d *Dispatch) Progress(at time.Time, tokens int) {
+	if d == nil || d.outputs == 0 || tokens < d.nextPace || d.state.Load() != 1 {
+		return
+	}
+	d.nextPace = tokens + paceEvery
+	now := at.UnixNano()
+	pace := max((now-d.first)/int64(tokens-1), 0)
+	d.c.setEnd(d, now+int64(max(d.outputs-tokens, 0))*pace, true)
 }
 
 // Done removes the request, from whichever stage it had reached.
@@ -297,8 +341,8 @@ func (d *Dispatch) Done() {
 	case 1:
 		d.c.decoding.Add(-1)
 		d.c.decodeTokens.Add(-d.prompt)
-		if d.end != 0 {
-			d.c.removeEnd(d.end)
+		if d.outputs > 0 {
+			d.c.setEnd(d, 0, false)
 		}
 	}
 }

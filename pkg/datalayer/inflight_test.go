@@ -101,9 +101,10 @@ func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 		t.Error("a dispatch to an unknown endpoint was accounted")
 	}
 	var nilDispatch *Dispatch
-	nilDispatch.ExpectDecode(time.Second)
+	nilDispatch.ExpectDecode(2, time.Second)
 	nilDispatch.ExpectPrefill(time.Second)
 	nilDispatch.FirstToken(time.Now())
+	nilDispatch.Progress(time.Now(), 9)
 	nilDispatch.Done()
 }
 
@@ -117,8 +118,9 @@ func TestInFlightUnderConcurrentRequestsReturnsToZero(t *testing.T) {
 			d := ds.Dispatch("a", time.Unix(int64(i), 0), i, 2*i)
 			d.ExpectPrefill(time.Duration(i+1) * time.Millisecond)
 			if i%2 == 0 {
-				d.ExpectDecode(time.Duration(i) * time.Millisecond)
+				d.ExpectDecode(2+i, time.Duration(i)*time.Millisecond)
 				d.FirstToken(time.Unix(int64(i), 0))
+				d.Progress(time.Unix(int64(i), 5e8), 4+i%8)
 			}
 			d.Done()
 		})
@@ -157,8 +159,8 @@ func TestTheDecodeEndsAreTheExpectedEndsInOrder(t *testing.T) {
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
 	t0 := time.Unix(100, 0)
 	long, short, unknown := ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1)
-	long.ExpectDecode(time.Second)
-	short.ExpectDecode(300 * time.Millisecond)
+	long.ExpectDecode(2, time.Second)
+	short.ExpectDecode(2, 300*time.Millisecond)
 	if f := ds.InFlight("a"); !f.NextDecodeEnd().IsZero() || !f.OldestPrefill.Equal(t0) {
 		t.Fatal("an end is expected before anything decodes")
 	}
@@ -194,12 +196,13 @@ func TestTheDecodeEndsKeepTheEarliestOfMany(t *testing.T) {
 	for range 200 {
 		if len(live) > 0 && rng.IntN(3) == 0 {
 			i := rng.IntN(len(live))
+			end := live[i].end
 			live[i].Done()
-			want = slices.Delete(want, slices.Index(want, live[i].end), slices.Index(want, live[i].end)+1)
+			want = slices.Delete(want, slices.Index(want, end), slices.Index(want, end)+1)
 			live = slices.Delete(live, i, i+1)
 		} else {
 			d := ds.Dispatch("a", t0, 1, 1)
-			d.ExpectDecode(time.Duration(1+rng.IntN(50)) * time.Millisecond) // ties too
+			d.ExpectDecode(2, time.Duration(1+rng.IntN(50))*time.Millisecond) // ties too
 			d.FirstToken(t0)
 			live = append(live, d)
 			want = append(want, d.end)
@@ -210,5 +213,47 @@ func TestTheDecodeEndsKeepTheEarliestOfMany(t *testing.T) {
 		if got := ds.InFlight("a").DecodeEnds; got != w {
 			t.Fatalf("decode ends %v, want the earliest of %v", got, want)
 		}
+	}
+}
+
+func TestAnExpectedEndFollowsThePaceTheTokensComeAt(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ends := func(ms ...int) (e [DecodeEndsKept]int64) {
+		for i, m := range ms {
+			e[i] = at(m).UnixNano()
+		}
+		return e
+	}
+	a, b := ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1)
+	a.ExpectDecode(33, 10*time.Millisecond) // 32 tokens after the first: t0+320ms
+	b.ExpectDecode(2, 400*time.Millisecond)
+	a.FirstToken(t0)
+	b.FirstToken(t0)
+	for _, step := range []struct {
+		name string
+		do   func()
+		want [DecodeEndsKept]int64
+	}{
+		{"at the first tokens, the predicted paces", func() {}, ends(320, 400)},
+		{"three tokens say too little to go by", func() { a.Progress(at(60), 3) }, ends(320, 400)},
+		{"four tokens in 60ms: 20ms each, 29 to come", func() { a.Progress(at(60), 4) }, ends(400, 640)},
+		{"the next tokens are read every fourth", func() { a.Progress(at(65), 5) }, ends(400, 640)},
+		{"eight tokens in 70ms: 10ms each, 25 to come", func() { a.Progress(at(70), 8) }, ends(320, 400)},
+		{"more tokens than max_tokens said: ending now", func() { a.Progress(at(700), 40) }, ends(400, 700)},
+		{"an ended request's end is gone", func() { a.Done() }, ends(400)},
+		{"and progress after its end puts none back", func() { a.Progress(at(800), 44) }, ends(400)},
+	} {
+		step.do()
+		if got := ds.InFlight("a").DecodeEnds; got != step.want {
+			t.Fatalf("%s: decode ends %v, want %v", step.name, got, step.want)
+		}
+	}
+	b.Done()
+	if got := ds.InFlight("a"); got != (InFlight{}) {
+		t.Errorf("after both ended: %+v", got)
 	}
 }

@@ -344,8 +344,9 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 			dp.ExpectPrefill(time.Duration(lat.TTFTAlone * float64(time.Millisecond)))
 		}
 		if lat.TPOTValid && req.MaxTokens > 0 {
-			// The rest of its output at its predicted pace.
-			dp.ExpectDecode(time.Duration(float64(req.MaxTokens-1) * lat.TPOTMean * float64(time.Millisecond)))
+			// Its output at its predicted pace, until the pace its tokens
+			// come at says otherwise (HandleProgress).
+			dp.ExpectDecode(req.MaxTokens, time.Duration(min(lat.TPOTMean, 6e4)*float64(time.Millisecond)))
 		}
 	}
 	return true
@@ -416,6 +417,14 @@ type Served struct {
 // has finished the request's prefill.
 func (d *Director) HandleFirstByte(p *Pick) {
 	p.dispatch.FirstToken(d.o.Now())
+}
+
+// HandleProgress notes that tokens of the pick's output tokens (its first
+// included) have come back: how fast they come says when the request will
+// end, and free its seat. Call it from the goroutine that calls
+// HandleFirstByte and HandleResponse.
+func (d *Director) HandleProgress(p *Pick, tokens int) {
+	p.dispatch.Progress(d.o.Now(), tokens)
 }
 
 // HandleResponse accounts for a finished response, and tells the

@@ -66,6 +66,9 @@ type Director interface {
 	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
 	// HandleFirstByte notes the response's first body bytes.
 	HandleFirstByte(p *director.Pick)
+	// HandleProgress notes how many output tokens a streamed response
+	// has carried so far.
+	HandleProgress(p *director.Pick, tokens int)
 	HandleResponse(p *director.Pick, s director.Served)
 }
 

@@ -364,6 +364,9 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 	switch {
 	case st.respStreaming:
 		st.sse.Write(chunk)
+		if st.pick != nil {
+			st.s.d.HandleProgress(st.pick, st.sse.Events())
+		}
 	case b.GetEndOfStream() && st.respBuf == nil && !st.respOverflow && len(chunk) <= maxUsageBody:
 		// The whole response in one message is read where it lies.
 		st.respBuf = chunk

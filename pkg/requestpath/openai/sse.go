@@ -33,6 +33,7 @@ type SSEUsageScanner struct {
 	usage     Usage
 	seen      bool
 	done      bool
+	events    int
 	overflows int
 	errs      int
 }
@@ -95,6 +96,12 @@ func (s *SSEUsageScanner) Usage() (Usage, bool) { return s.usage, s.seen }
 
 // Done reports whether the stream's "data: [DONE]" event has passed.
 func (s *SSEUsageScanner) Done() bool { return s.done }
+
+// Events returns how many data events the stream has carried, "[DONE]"
+// left out (an event skipped for its size is not counted). A model server
+// streams one per step that generated tokens for the request: one token
+// each, unless it batches several into an event.
+func (s *SSEUsageScanner) Events() int { return s.events }
 
 // Overflows returns how many lines and events were skipped for exceeding MaxLine.
 func (s *SSEUsageScanner) Overflows() int { return s.overflows }
@@ -175,6 +182,7 @@ func (s *SSEUsageScanner) dispatch() {
 		s.done = true
 		return
 	}
+	s.events++
 	// Most chunks carry "usage":null or no usage at all; decoding them
 	// would cost a JSON parse per generated token.
 	if !mentionsUsage(data) {

@@ -67,7 +67,7 @@ const stream = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"role\":\"assistan
 	"data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"total_tokens\":42,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n" +
 	"data: [DONE]\n\n"
 
-func TestSSEUsageScannerFindsTheFinalUsageAtAnySplit(t *testing.T) {
+func TestSSEUsageScannerFindsTheFinalUsageAndCountsTheEventsAtAnySplit(t *testing.T) {
 	t.Parallel()
 	want := Usage{PromptTokens: 40, CachedTokens: 32, CompletionTokens: 2, CachedTokensKnown: true}
 	for _, eol := range []string{"\n", "\r\n", "\r"} {
@@ -80,9 +80,11 @@ func TestSSEUsageScannerFindsTheFinalUsageAtAnySplit(t *testing.T) {
 					s.Write([]byte(body[i:min(i+step, len(body))]))
 				}
 				got, ok := s.Usage()
-				if !ok || got != want || !s.Done() || s.Errors() != 0 || s.Overflows() != 0 {
-					t.Fatalf("eol %q split %d step %d: Usage = %+v, %v; done %v errors %d overflows %d",
-						eol, split, step, got, ok, s.Done(), s.Errors(), s.Overflows())
+				// Four data events: three of the reply's and the usage's; the
+				// comment and [DONE] are none.
+				if !ok || got != want || !s.Done() || s.Errors() != 0 || s.Overflows() != 0 || s.Events() != 4 {
+					t.Fatalf("eol %q split %d step %d: Usage = %+v, %v; done %v errors %d overflows %d events %d",
+						eol, split, step, got, ok, s.Done(), s.Errors(), s.Overflows(), s.Events())
 				}
 			}
 		}

@@ -47,6 +47,9 @@ type Director interface {
 	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
 	// HandleFirstByte notes the response's first body bytes.
 	HandleFirstByte(p *director.Pick)
+	// HandleProgress notes how many output tokens a streamed response
+	// has carried so far.
+	HandleProgress(p *director.Pick, tokens int)
 	HandleResponse(p *director.Pick, s director.Served)
 }
 
@@ -396,6 +399,7 @@ func (b *observedBody) Read(p []byte) (int, error) {
 		switch {
 		case ex.sse != nil:
 			ex.sse.Write(p[:n])
+			b.d.HandleProgress(ex.pick, ex.sse.Events())
 		case !ex.overflow && len(ex.respBuf)+n <= maxUsageBody && ex.keep(n):
 			ex.respBuf = append(ex.respBuf, p[:n]...)
 		default:

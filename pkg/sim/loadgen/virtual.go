@@ -346,6 +346,9 @@ func (v *virtualRun) collect(i int, now time.Duration, flight [][]*vreq, samples
 					}
 				}
 				r.out++
+				if r.pick != nil {
+					v.dir.HandleProgress(r.pick, r.out)
+				}
 			default:
 				break drain
 			}
