@@ -50,15 +50,6 @@ const DecodeEndsKept = 8
 // Requests is every request in flight.
 func (f InFlight) Requests() int { return f.Prefilling + f.Decoding }
 
-// NextDecodeEnd is when the first of the decoding requests is expected to
-// finish, the zero time when none is.
-func (f InFlight) NextDecodeEnd() time.Time {
-	if f.DecodeEnds[0] == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, f.DecodeEnds[0])
-}
-
 // inflight is an endpoint's live counters.
 type inflight struct {
 	prefilling, prefillTokens, decoding, decodeTokens atomic.Int64
@@ -176,23 +167,23 @@ func (c *inflight) publishEnds(i int) {
 	}
 }
 
-// add and remove keep a list of times and its earliest, published in
-// first; they run once per request (on the pick and the response path),
+// addStart and removeStart keep starts and publish its earliest in
+// oldest; they run once per request (on the pick and the response path),
 // never per candidate.
-func (c *inflight) add(list *[]int64, first *atomic.Int64, t int64) {
+func (c *inflight) addStart(t int64) {
 	c.mu.Lock()
-	*list = append(*list, t)
-	first.Store(earliest(*list))
+	c.starts = append(c.starts, t)
+	c.oldest.Store(earliest(c.starts))
 	c.mu.Unlock()
 }
 
-func (c *inflight) remove(list *[]int64, first *atomic.Int64, t int64) {
+func (c *inflight) removeStart(t int64) {
 	c.mu.Lock()
-	if i := slices.Index(*list, t); i >= 0 {
-		(*list)[i] = (*list)[len(*list)-1]
-		*list = (*list)[:len(*list)-1]
+	if i := slices.Index(c.starts, t); i >= 0 {
+		c.starts[i] = c.starts[len(c.starts)-1]
+		c.starts = c.starts[:len(c.starts)-1]
 	}
-	first.Store(earliest(*list))
+	c.oldest.Store(earliest(c.starts))
 	c.mu.Unlock()
 }
 
@@ -253,7 +244,7 @@ func (ds *Datastore) DispatchInto(d *Dispatch, name string, at time.Time, prefil
 	d.c, d.prefill, d.prompt, d.start = e.load, int64(max(prefillTokens, 0)), int64(max(promptTokens, 0)), at.UnixNano()
 	d.c.prefilling.Add(1)
 	d.c.prefillTokens.Add(d.prefill)
-	d.c.add(&d.c.starts, &d.c.oldest, d.start)
+	d.c.addStart(d.start)
 	return true
 }
 
@@ -286,7 +277,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
-	d.c.remove(&d.c.starts, &d.c.oldest, d.start)
+	d.c.removeStart(d.start)
 	if d.prefillFor > 0 {
 		d.c.dequeue(d, at.UnixNano())
 	}
@@ -334,7 +325,7 @@ func (d *Dispatch) Done() {
 	case 0:
 		d.c.prefilling.Add(-1)
 		d.c.prefillTokens.Add(-d.prefill)
-		d.c.remove(&d.c.starts, &d.c.oldest, d.start)
+		d.c.removeStart(d.start)
 		if d.prefillFor > 0 {
 			d.c.dequeue(d, 0)
 		}

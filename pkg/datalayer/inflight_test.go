@@ -161,22 +161,22 @@ func TestTheDecodeEndsAreTheExpectedEndsInOrder(t *testing.T) {
 	long, short, unknown := ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1)
 	long.ExpectDecode(2, time.Second)
 	short.ExpectDecode(2, 300*time.Millisecond)
-	if f := ds.InFlight("a"); !f.NextDecodeEnd().IsZero() || !f.OldestPrefill.Equal(t0) {
+	if f := ds.InFlight("a"); f.DecodeEnds[0] != 0 || !f.OldestPrefill.Equal(t0) {
 		t.Fatal("an end is expected before anything decodes")
 	}
 	long.FirstToken(t0)
 	short.FirstToken(t0.Add(100 * time.Millisecond))
 	unknown.FirstToken(t0) // no max_tokens: no expectation
 	f := ds.InFlight("a")
-	if got := f.NextDecodeEnd(); !got.Equal(t0.Add(400 * time.Millisecond)) {
-		t.Errorf("next end %v, want the short one's, t0+400ms", got)
+	if got := f.DecodeEnds[0]; got != t0.Add(400*time.Millisecond).UnixNano() {
+		t.Errorf("next end %v, want the short one's, t0+400ms", time.Unix(0, got))
 	}
 	if want := [DecodeEndsKept]int64{t0.Add(400 * time.Millisecond).UnixNano(), t0.Add(time.Second).UnixNano()}; f.DecodeEnds != want {
 		t.Errorf("decode ends %v, want %v", f.DecodeEnds, want)
 	}
 	short.Done()
-	if got := ds.InFlight("a").NextDecodeEnd(); !got.Equal(t0.Add(time.Second)) {
-		t.Errorf("after the short one ended: %v, want t0+1s", got)
+	if got := ds.InFlight("a").DecodeEnds[0]; got != t0.Add(time.Second).UnixNano() {
+		t.Errorf("after the short one ended: %v, want t0+1s", time.Unix(0, got))
 	}
 	long.Done()
 	unknown.Done()
