@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/enginesched"
 )
 
 // StreamStates tells the datastore how far each endpoint's event stream can
@@ -67,6 +69,9 @@ type Datastore struct {
 	snap    atomic.Pointer[dsSnapshot]
 	hooks   []*changeHook
 	streams atomic.Pointer[streamStatesHolder]
+	// limits are the engines' scheduler limits, as configured (nil:
+	// unknown), that each endpoint's replay runs with.
+	limits atomic.Pointer[enginesched.Limits]
 
 	endpoints prometheus.Gauge
 }
@@ -122,6 +127,15 @@ func NewDatastore(reg prometheus.Registerer) *Datastore {
 	return ds
 }
 
+// SetEngineLimits sets the scheduler limits of the engines behind the
+// pool (vLLM's max_num_seqs and max_num_batched_tokens), with which each
+// endpoint's in-flight requests are replayed (InFlight.Ahead). A zero
+// field is unknown: the seats are then the most requests the endpoint has
+// been seen running.
+func (ds *Datastore) SetEngineLimits(l enginesched.Limits) {
+	ds.limits.Store(&l)
+}
+
 // SetStreamStates sets where Candidates reads each endpoint's stream state;
 // until it is set (or when s is nil) every endpoint is StreamNone.
 func (ds *Datastore) SetStreamStates(s StreamStates) {
@@ -163,7 +177,7 @@ func (ds *Datastore) Upsert(ep *Endpoint) {
 	if had && prev.ep.Equal(ep) {
 		return
 	}
-	e := &dsEntry{ep: ep, load: &inflight{}}
+	e := &dsEntry{ep: ep, load: &inflight{limits: &ds.limits}}
 	var removed []*Endpoint
 	if had {
 		if prev.ep.Address == ep.Address {
@@ -265,6 +279,7 @@ func (ds *Datastore) Len() int { return len(ds.snap.Load().sorted) }
 func (ds *Datastore) SetMetrics(name string, m Metrics) {
 	if e, ok := ds.snap.Load().byName[name]; ok {
 		e.metrics.Store(&m)
+		e.load.sawRunning(m.RunningRequests)
 	}
 }
 
@@ -273,6 +288,7 @@ func (ds *Datastore) SetMetrics(name string, m Metrics) {
 func (ds *Datastore) SetMetricsAt(name, addr string, m Metrics) {
 	if e, ok := ds.snap.Load().byName[name]; ok && e.ep.Address == addr {
 		e.metrics.Store(&m)
+		e.load.sawRunning(m.RunningRequests)
 	}
 }
 

@@ -1,10 +1,13 @@
 package datalayer
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/enginesched"
 )
 
 // InFlight is the work this EPP has sent an endpoint and not yet seen
@@ -40,6 +43,41 @@ type InFlight struct {
 	// where PrefillTokens is it as a count. It drains as time passes and
 	// is set again from what remains at every first token.
 	PrefillDoneBy time.Time
+	// Ahead is the engine work a request sent now waits behind before its
+	// prefill starts: the endpoint's scheduler replayed over these
+	// requests (enginesched.Replayer), at the last change to them. The zero
+	// Ahead when nothing was replayed.
+	Ahead enginesched.Ahead
+	// StepEnd is when the engine's step under way is expected to end: the
+	// last token the endpoint streamed, plus the time between that
+	// request's last two tokens (the zero time when nothing decodes). A
+	// request arriving mid-step waits for its end before its own step
+	// starts: for a request with little to compute, that is much of its
+	// TTFT.
+	StepEnd time.Time
+	// ReplayedAt is the time of the last change Ahead was replayed at
+	// (the zero time with Ahead): the prefills ahead have run since.
+	ReplayedAt time.Time
+	// RecentPrefill is the uncached prompt tokens this EPP has sent the
+	// endpoint lately, each weighed down by exp(-age/RecentPrefillWindow)
+	// as of RecentPrefillAt: the prefill work that arrives while a request
+	// decodes shares its steps, and the recent rate is the best guess of
+	// what will (RecentPrefillRate).
+	RecentPrefill   float64
+	RecentPrefillAt time.Time
+}
+
+// RecentPrefillWindow is the time constant RecentPrefill fades with.
+const RecentPrefillWindow = time.Second
+
+// RecentPrefillRate is the endpoint's recent prefill work, in uncached
+// prompt tokens a second, as of at.
+func (f *InFlight) RecentPrefillRate(at time.Time) float64 {
+	if f.RecentPrefillAt.IsZero() {
+		return 0
+	}
+	age := max(at.Sub(f.RecentPrefillAt), 0)
+	return f.RecentPrefill * math.Exp(-age.Seconds()/RecentPrefillWindow.Seconds()) / RecentPrefillWindow.Seconds()
 }
 
 // DecodeEndsKept is how many of an endpoint's expected decode ends
@@ -69,6 +107,123 @@ type inflight struct {
 	// known. Both are written under mu.
 	doneBy atomic.Int64
 	queue  []*Dispatch
+	// sent holds every request in flight, in the order sent, for the
+	// replay; replayer and seqs are its scratch, and ahead what it last
+	// found, swapped whole so that a reader sees one replay's counts. All
+	// are written under mu. limits are the engines' limits as
+	// configured, shared by the datastore's endpoints; seats is the most
+	// requests the endpoint has been seen running, its seats where none
+	// is configured.
+	sent     []*Dispatch
+	replayer enginesched.Replayer
+	seqs     []enginesched.Seq
+	ahead    atomic.Pointer[replayed]
+	limits   *atomic.Pointer[enginesched.Limits]
+	seats    atomic.Int64
+	// stepEnd is StepEnd in Unix nanoseconds (0: unknown).
+	stepEnd atomic.Int64
+	// lastAt is the latest time a change was told at (under mu).
+	lastAt int64
+	// recent is RecentPrefill as of recentAt (Unix nanoseconds), both
+	// written under mu and published together.
+	recent atomic.Pointer[recentPrefill]
+}
+
+type recentPrefill struct {
+	tokens float64
+	at     int64
+}
+
+// replayed is a replay's counts and when it was run.
+type replayed struct {
+	enginesched.Ahead
+	at int64
+}
+
+// defaultOutputs is the output a request that did not say how long it
+// may be is replayed with (a seat it holds frees after that many steps).
+const defaultOutputs = 256
+
+// sawRunning records that the endpoint was seen running n requests.
+func (c *inflight) sawRunning(n int) {
+	for {
+		seen := c.seats.Load()
+		if int64(n) <= seen || c.seats.CompareAndSwap(seen, int64(n)) {
+			return
+		}
+	}
+}
+
+// replan replays the endpoint's scheduler over the requests in flight and
+// publishes what a request sent now waits behind; the caller holds mu. It
+// runs at each change to them (a request sent, its first token, its
+// progress, its end), on the response path, never per candidate.
+func (c *inflight) replan() {
+	c.seqs = c.seqs[:0]
+	for _, d := range c.sent {
+		outputs := d.outputs
+		if outputs == 0 {
+			outputs = defaultOutputs
+		}
+		tokens := int(d.seen.Load())
+		s := enginesched.Seq{Outputs: outputs - tokens}
+		if tokens == 0 {
+			s.Prefill, s.Context = int(d.prefill), int(d.prompt-d.prefill)
+		} else {
+			s.Context = int(d.prompt) + tokens
+		}
+		c.seqs = append(c.seqs, s)
+	}
+	var lim enginesched.Limits
+	if c.limits != nil {
+		if l := c.limits.Load(); l != nil {
+			lim = *l
+		}
+	}
+	if lim.MaxNumSeqs <= 0 {
+		lim.MaxNumSeqs = int(c.seats.Load())
+	}
+	if len(c.seqs) == 0 {
+		c.ahead.Store(nil) // an idle engine's
+		return
+	}
+	c.ahead.Store(&replayed{Ahead: c.replayer.Replay(c.seqs, lim), at: c.lastAt})
+}
+
+// replanAt replans for a change told at at.
+func (c *inflight) replanAt(at int64) {
+	c.mu.Lock()
+	c.lastAt = max(c.lastAt, at)
+	c.replan()
+	c.mu.Unlock()
+}
+
+// send adds d to the requests in flight, and drop takes it out; both
+// replan.
+func (c *inflight) send(d *Dispatch) {
+	c.mu.Lock()
+	c.lastAt = max(c.lastAt, d.start)
+	r := recentPrefill{tokens: float64(d.prefill), at: d.start}
+	if old := c.recent.Load(); old != nil {
+		age := time.Duration(max(d.start-old.at, 0))
+		r.tokens += old.tokens * math.Exp(-age.Seconds()/RecentPrefillWindow.Seconds())
+		r.at = max(r.at, old.at)
+	}
+	c.recent.Store(&r)
+	c.sent = append(c.sent, d)
+	c.starts = append(c.starts, d.start)
+	c.oldest.Store(earliest(c.starts))
+	c.replan()
+	c.mu.Unlock()
+}
+
+func (c *inflight) drop(d *Dispatch) {
+	c.mu.Lock()
+	if i := slices.Index(c.sent, d); i >= 0 {
+		c.sent = slices.Delete(c.sent, i, i+1)
+	}
+	c.replan()
+	c.mu.Unlock()
 }
 
 func (c *inflight) load() InFlight {
@@ -89,6 +244,15 @@ func (c *inflight) load() InFlight {
 	}
 	if n := c.doneBy.Load(); n != 0 {
 		f.PrefillDoneBy = time.Unix(0, n)
+	}
+	if a := c.ahead.Load(); a != nil {
+		f.Ahead, f.ReplayedAt = a.Ahead, time.Unix(0, a.at)
+	}
+	if r := c.recent.Load(); r != nil {
+		f.RecentPrefill, f.RecentPrefillAt = r.tokens, time.Unix(0, r.at)
+	}
+	if n := c.stepEnd.Load(); n != 0 && f.Decoding > 0 {
+		f.StepEnd = time.Unix(0, n)
 	}
 	return f
 }
@@ -132,11 +296,15 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 // have it put back). It runs on the response path (at the first token,
 // every few tokens after it, at the end), never per candidate; d.end is
 // written only here, under mu.
-func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool) {
+func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if decoding && d.state.Load() != 1 {
 		return
+	}
+	if at != 0 {
+		c.lastAt = max(c.lastAt, at)
+		defer c.replan()
 	}
 	from := len(c.ends)
 	if d.end != 0 {
@@ -167,16 +335,8 @@ func (c *inflight) publishEnds(i int) {
 	}
 }
 
-// addStart and removeStart keep starts and publish its earliest in
-// oldest; they run once per request (on the pick and the response path),
-// never per candidate.
-func (c *inflight) addStart(t int64) {
-	c.mu.Lock()
-	c.starts = append(c.starts, t)
-	c.oldest.Store(earliest(c.starts))
-	c.mu.Unlock()
-}
-
+// removeStart takes t out of starts (send puts it in) and publishes their
+// earliest in oldest; it runs once per request, never per candidate.
 func (c *inflight) removeStart(t int64) {
 	c.mu.Lock()
 	if i := slices.Index(c.starts, t); i >= 0 {
@@ -214,6 +374,11 @@ type Dispatch struct {
 	first    int64
 	end      int64
 	nextPace int
+	// seen is how many tokens had come when Progress was last told (the
+	// replay reads it), at seenAt (Unix nanoseconds, owned by the
+	// response path's goroutine).
+	seen   atomic.Int64
+	seenAt int64
 	// start is when it was dispatched, in Unix nanoseconds; prefillFor
 	// how long its prefill alone is expected to take (0: unknown).
 	start      int64
@@ -223,11 +388,12 @@ type Dispatch struct {
 }
 
 // Dispatch records that a request goes, at at, to the endpoint named
-// name, with prefillTokens of its promptTokens still to compute there. It
+// name, with prefillTokens of its promptTokens still to compute there and
+// at most outputs tokens to generate (its max_tokens; 0: unknown). It
 // returns nil when no such endpoint is present.
-func (ds *Datastore) Dispatch(name string, at time.Time, prefillTokens, promptTokens int) *Dispatch {
+func (ds *Datastore) Dispatch(name string, at time.Time, prefillTokens, promptTokens, outputs int) *Dispatch {
 	d := new(Dispatch)
-	if !ds.DispatchInto(d, name, at, prefillTokens, promptTokens) {
+	if !ds.DispatchInto(d, name, at, prefillTokens, promptTokens, outputs) {
 		return nil
 	}
 	return d
@@ -236,26 +402,29 @@ func (ds *Datastore) Dispatch(name string, at time.Time, prefillTokens, promptTo
 // DispatchInto is Dispatch made in d, which must be new (its zero value),
 // so that a caller can keep it in memory of its own; it reports false,
 // leaving d unused, when no such endpoint is present.
-func (ds *Datastore) DispatchInto(d *Dispatch, name string, at time.Time, prefillTokens, promptTokens int) bool {
+func (ds *Datastore) DispatchInto(d *Dispatch, name string, at time.Time, prefillTokens, promptTokens, outputs int) bool {
 	e, ok := ds.snap.Load().byName[name]
 	if !ok {
 		return false
 	}
 	d.c, d.prefill, d.prompt, d.start = e.load, int64(max(prefillTokens, 0)), int64(max(promptTokens, 0)), at.UnixNano()
+	// Bounded so that no product with a pace overflows: a longer output
+	// says nothing more.
+	d.outputs = min(max(outputs, 0), maxOutputs)
 	d.c.prefilling.Add(1)
 	d.c.prefillTokens.Add(d.prefill)
-	d.c.addStart(d.start)
+	d.c.send(d)
 	return true
 }
 
-// ExpectDecode says how the request is expected to decode once its first
-// token comes: up to outputs tokens (its max_tokens), perToken apart, so
-// that the endpoint's DecodeEnds can be known. Call it before FirstToken.
-func (d *Dispatch) ExpectDecode(outputs int, perToken time.Duration) {
-	if d != nil && outputs > 0 && perToken > 0 && d.state.Load() == 0 {
-		// Bounded so that no product of the two overflows: a pace slower
-		// than a minute a token, or a longer output, says nothing more.
-		d.outputs, d.perToken = min(outputs, maxOutputs), min(perToken, time.Minute)
+// ExpectDecode says at what pace the request is expected to decode once
+// its first token comes, perToken apart, so that the endpoint's
+// DecodeEnds can be known from its first token on. Call it before
+// FirstToken; it means nothing for a request dispatched without outputs.
+func (d *Dispatch) ExpectDecode(perToken time.Duration) {
+	if d != nil && d.outputs > 0 && perToken > 0 && d.state.Load() == 0 {
+		// A pace slower than a minute a token says nothing more.
+		d.perToken = min(perToken, time.Minute)
 	}
 }
 
@@ -281,12 +450,16 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	if d.prefillFor > 0 {
 		d.c.dequeue(d, at.UnixNano())
 	}
-	d.c.decoding.Add(1)
+	d.c.sawRunning(int(d.c.decoding.Add(1)))
 	d.c.decodeTokens.Add(d.prompt)
-	if d.outputs > 0 {
-		d.first, d.nextPace = at.UnixNano(), paceFrom
-		d.c.setEnd(d, d.first+int64(d.outputs-1)*int64(d.perToken), true)
+	d.first, d.nextPace = at.UnixNano(), paceFrom
+	d.seen.Store(1)
+	d.seenAt = d.first
+	var end int64
+	if d.perToken > 0 {
+		end = d.first + int64(d.outputs-1)*int64(d.perToken)
 	}
+	d.c.setEnd(d, end, true, d.first)
 }
 
 // Past paceFrom tokens, and every paceEvery tokens after, Progress sets a
@@ -307,13 +480,30 @@ const (
 // (a request that ends early, at a stop, only frees its seat sooner). Call
 // it from the goroutine that calls FirstToken and Done.
 func (d *Dispatch) Progress(at time.Time, tokens int) {
-	if d == nil || d.outputs == 0 || tokens < d.nextPace || d.state.Load() != 1 {
+	if d == nil || d.state.Load() != 1 {
 		return
 	}
-	d.nextPace = tokens + paceEvery
 	now := at.UnixNano()
-	pace := max((now-d.first)/int64(tokens-1), 0)
-	d.c.setEnd(d, now+int64(max(d.outputs-tokens, 0))*pace, true)
+	if seen := int(d.seen.Load()); tokens > seen && now >= d.seenAt {
+		// Tokens come at the ends of the engine's steps: the next is
+		// expected as far after this one as the last came before it.
+		step := (now - d.seenAt) / int64(tokens-seen)
+		d.c.stepEnd.Store(now + step)
+		d.seen.Store(int64(tokens))
+		d.seenAt = now
+	}
+	switch {
+	case d.outputs == 0:
+	case tokens >= d.nextPace:
+		d.nextPace = tokens + paceEvery
+		pace := max((now-d.first)/int64(tokens-1), 0)
+		d.c.setEnd(d, now+int64(max(d.outputs-tokens, 0))*pace, true, now)
+	case tokens >= d.outputs-1:
+		// Between every fourth token the replay reads the count when it
+		// next runs; a request about to end is replayed at each token,
+		// as its seat is about to free.
+		d.c.replanAt(now)
+	}
 }
 
 // Done removes the request, from whichever stage it had reached.
@@ -332,10 +522,11 @@ func (d *Dispatch) Done() {
 	case 1:
 		d.c.decoding.Add(-1)
 		d.c.decodeTokens.Add(-d.prompt)
-		if d.outputs > 0 {
-			d.c.setEnd(d, 0, false)
-		}
+		d.c.setEnd(d, 0, false, 0)
+	default:
+		return
 	}
+	d.c.drop(d)
 }
 
 // InFlight returns the endpoint named name's in-flight work.

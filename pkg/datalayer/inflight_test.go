@@ -1,25 +1,37 @@
 package datalayer
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/enginesched"
 )
+
+// inFlightNow is f without the replay's counts (checked below, and in
+// package predict) and the recent prefill work, which outlasts the
+// requests: what is in flight now.
+func inFlightNow(f InFlight) InFlight {
+	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
+	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
+	return f
+}
 
 func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
-	d1 := ds.Dispatch("a", time.Unix(1, 0), 300, 1000)
-	d2 := ds.Dispatch("a", time.Unix(2, 0), 50, 2000)
-	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 2, PrefillTokens: 350, OldestPrefill: time.Unix(1, 0)}) {
+	d1 := ds.Dispatch("a", time.Unix(1, 0), 300, 1000, 0)
+	d2 := ds.Dispatch("a", time.Unix(2, 0), 50, 2000, 0)
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{Prefilling: 2, PrefillTokens: 350, OldestPrefill: time.Unix(1, 0)}) {
 		t.Fatalf("after two dispatches: %+v", got)
 	}
 	d1.FirstToken(time.Unix(5, 0))
 	d1.FirstToken(time.Unix(6, 0)) // a second first byte changes nothing
-	if got := ds.InFlight("a"); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000, OldestPrefill: time.Unix(2, 0)}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000, OldestPrefill: time.Unix(2, 0)}) {
 		t.Fatalf("after the first's first token: %+v", got)
 	}
 	if c := ds.Candidates(nil)[0]; c.InFlight.Requests() != 2 || c.InFlight.DecodeTokens != 1000 {
@@ -29,8 +41,69 @@ func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
 	d2.Done() // ended before its first token: a refused or cut response
 	d2.Done()
 	d2.FirstToken(time.Unix(7, 0)) // too late to count
-	if got := ds.InFlight("a"); got != (InFlight{}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{}) {
 		t.Errorf("after both ended: %+v, want nothing in flight", got)
+	}
+}
+
+func TestTheReplayTakesTheRequestsInFlightInTheOrderSent(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.SetEngineLimits(enginesched.Limits{MaxNumSeqs: 2, MaxBatchedTokens: 1000})
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	if got := ds.InFlight("a").Ahead; got != (enginesched.Ahead{}) {
+		t.Fatalf("nothing in flight, replayed %+v", got)
+	}
+	// One decoding with 3 tokens to go (10 asked, 7 come), one waiting
+	// for a seat with 1500 of its 2000 prompt tokens to compute.
+	dec := ds.Dispatch("a", t0, 100, 400, 10)
+	dec.FirstToken(t0)
+	dec.Progress(t0.Add(time.Second), 7) // from the fourth token on, every fourth
+	ds.Dispatch("a", t0, 1500, 2000, 5)
+	// Step 1: a decode (3 → 2 to go), and 999 of the prefill's 1500.
+	// Step 2: a decode (→ 1), the prefill's last 501. Both are running:
+	// no seat. Step 3: the decoder's last token frees its seat; the
+	// prefilled one decodes too. Step 4: one decodes, one seat is free,
+	// 999 tokens of budget left.
+	want := enginesched.Ahead{
+		Steps: 4, DecodeSteps: 4, SeqSteps: 5,
+		DecodeContext:  (400 + 7) + (400 + 8) + (400 + 9) + 2001 + 2002,
+		PrefillTokens:  1500,
+		PrefillContext: 999*(500+999/2) + 501*(1499+501/2),
+		Decoding:       1, DecodingContext: 2003, Budget: 1000, FirstChunk: 999,
+	}
+	if got := ds.InFlight("a").Ahead; got != want {
+		t.Errorf("replayed %+v\nwant     %+v", got, want)
+	}
+	ds.SetEngineLimits(enginesched.Limits{MaxBatchedTokens: 1000}) // seats: the most seen running
+	ds.SetMetrics("a", Metrics{RunningRequests: 8})
+	dec.Progress(t0.Add(2*time.Second), 11) // the next fourth token: a replan
+	// Step 1: the decoder's last token, 999 of the prefill. Step 2: the
+	// prefill's last 501, and 499 left with seats to spare.
+	if got := ds.InFlight("a").Ahead; got.Steps != 2 || got.DecodeSteps != 1 || got.FirstChunk != 499 || got.Unseated {
+		t.Errorf("with seats free: %+v, want 2 steps, 1 decoding, 499 left", got)
+	}
+}
+
+func TestRecentPrefillFadesWithTheWindow(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	ds.Dispatch("a", t0, 1000, 1000, 0).Done()
+	ds.Dispatch("a", t0.Add(RecentPrefillWindow), 500, 600, 0)
+	f := ds.InFlight("a")
+	// 1000 tokens a window ago weigh 1000/e, besides the 500 sent now.
+	if want := 500 + 1000/math.E; math.Abs(f.RecentPrefill-want) > 1e-9 || !f.RecentPrefillAt.Equal(t0.Add(RecentPrefillWindow)) {
+		t.Errorf("recent prefill %v at %v, want %v at t0+window", f.RecentPrefill, f.RecentPrefillAt, want)
+	}
+	at := t0.Add(2 * RecentPrefillWindow)
+	if got, want := f.RecentPrefillRate(at), (500+1000/math.E)/math.E/RecentPrefillWindow.Seconds(); math.Abs(got-want) > 1e-9 {
+		t.Errorf("rate a window later %v, want %v", got, want)
+	}
+	if got := (&InFlight{}).RecentPrefillRate(at); got != 0 {
+		t.Errorf("no prefill sent: rate %v", got)
 	}
 }
 
@@ -41,15 +114,15 @@ func TestPrefillDoneByQueuesPrefillsInTheOrderSentAndResetsAtEachFirstToken(t *t
 	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
 	doneBy := func() time.Time { return ds.InFlight("a").PrefillDoneBy }
 
-	d1 := ds.Dispatch("a", at(0), 2000, 2000)
+	d1 := ds.Dispatch("a", at(0), 2000, 2000, 0)
 	if !doneBy().IsZero() {
 		t.Fatalf("a dispatch of unknown prefill time is expected done by %v", doneBy())
 	}
 	d1.ExpectPrefill(100 * time.Millisecond)
 	d1.ExpectPrefill(time.Hour) // said once only
-	d2 := ds.Dispatch("a", at(50), 1000, 1000)
+	d2 := ds.Dispatch("a", at(50), 1000, 1000, 0)
 	d2.ExpectPrefill(50 * time.Millisecond)
-	d3 := ds.Dispatch("a", at(60), 600, 600)
+	d3 := ds.Dispatch("a", at(60), 600, 600, 0)
 	d3.ExpectPrefill(30 * time.Millisecond)
 	if got, want := doneBy(), at(180); !got.Equal(want) {
 		t.Fatalf("three prefills of 100, 50 and 30 ms sent at 0, 50 and 60 ms are expected done by %v, want %v", got, want)
@@ -70,7 +143,7 @@ func TestPrefillDoneByQueuesPrefillsInTheOrderSentAndResetsAtEachFirstToken(t *t
 		t.Errorf("with no prefill in flight the queue is expected done by %v, want none", doneBy())
 	}
 	// A queue that drained before the next request sends it alone.
-	d4 := ds.Dispatch("a", at(500), 100, 100)
+	d4 := ds.Dispatch("a", at(500), 100, 100, 0)
 	d4.ExpectPrefill(20 * time.Millisecond)
 	if got, want := doneBy(), at(520); !got.Equal(want) {
 		t.Errorf("a prefill sent to an idle endpoint at 500 ms is expected done by %v, want %v", got, want)
@@ -82,7 +155,7 @@ func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
-	d := ds.Dispatch("a", time.Now(), 10, 10)
+	d := ds.Dispatch("a", time.Now(), 10, 10, 0)
 	e := ep("a", "10.0.0.1:8000")
 	e.Labels = map[string]string{"new": "label"}
 	ds.Upsert(e)
@@ -90,18 +163,18 @@ func TestInFlightSurvivesAReplacementAtTheSameAddressOnly(t *testing.T) {
 		t.Errorf("after a relabel the endpoint has %d requests prefilling, want 1", got)
 	}
 	ds.Upsert(ep("a", "10.0.0.9:8000"))
-	if got := ds.InFlight("a"); got != (InFlight{}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{}) {
 		t.Errorf("a new address inherited %+v", got)
 	}
 	d.Done() // the old address's request ends: no effect on the new one
-	if got := ds.InFlight("a"); got != (InFlight{}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{}) {
 		t.Errorf("after the old request ended: %+v", got)
 	}
-	if ds.Dispatch("nobody", time.Now(), 1, 1) != nil {
+	if ds.Dispatch("nobody", time.Now(), 1, 1, 0) != nil {
 		t.Error("a dispatch to an unknown endpoint was accounted")
 	}
 	var nilDispatch *Dispatch
-	nilDispatch.ExpectDecode(2, time.Second)
+	nilDispatch.ExpectDecode(time.Second)
 	nilDispatch.ExpectPrefill(time.Second)
 	nilDispatch.FirstToken(time.Now())
 	nilDispatch.Progress(time.Now(), 9)
@@ -115,10 +188,10 @@ func TestInFlightUnderConcurrentRequestsReturnsToZero(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 64 {
 		wg.Go(func() {
-			d := ds.Dispatch("a", time.Unix(int64(i), 0), i, 2*i)
+			d := ds.Dispatch("a", time.Unix(int64(i), 0), i, 2*i, 2+i)
 			d.ExpectPrefill(time.Duration(i+1) * time.Millisecond)
 			if i%2 == 0 {
-				d.ExpectDecode(2+i, time.Duration(i)*time.Millisecond)
+				d.ExpectDecode(time.Duration(i) * time.Millisecond)
 				d.FirstToken(time.Unix(int64(i), 0))
 				d.Progress(time.Unix(int64(i), 5e8), 4+i%8)
 			}
@@ -126,7 +199,7 @@ func TestInFlightUnderConcurrentRequestsReturnsToZero(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got := ds.InFlight("a"); got != (InFlight{}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{}) {
 		t.Errorf("after every request ended: %+v", got)
 	}
 }
@@ -158,9 +231,9 @@ func TestTheDecodeEndsAreTheExpectedEndsInOrder(t *testing.T) {
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
 	t0 := time.Unix(100, 0)
-	long, short, unknown := ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1)
-	long.ExpectDecode(2, time.Second)
-	short.ExpectDecode(2, 300*time.Millisecond)
+	long, short, unknown := ds.Dispatch("a", t0, 1, 1, 2), ds.Dispatch("a", t0, 1, 1, 2), ds.Dispatch("a", t0, 1, 1, 0)
+	long.ExpectDecode(time.Second)
+	short.ExpectDecode(300 * time.Millisecond)
 	if f := ds.InFlight("a"); f.DecodeEnds[0] != 0 || !f.OldestPrefill.Equal(t0) {
 		t.Fatal("an end is expected before anything decodes")
 	}
@@ -180,7 +253,7 @@ func TestTheDecodeEndsAreTheExpectedEndsInOrder(t *testing.T) {
 	}
 	long.Done()
 	unknown.Done()
-	if got := ds.InFlight("a"); got != (InFlight{}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{}) {
 		t.Errorf("after all ended: %+v", got)
 	}
 }
@@ -201,8 +274,8 @@ func TestTheDecodeEndsKeepTheEarliestOfMany(t *testing.T) {
 			want = slices.Delete(want, slices.Index(want, end), slices.Index(want, end)+1)
 			live = slices.Delete(live, i, i+1)
 		} else {
-			d := ds.Dispatch("a", t0, 1, 1)
-			d.ExpectDecode(2, time.Duration(1+rng.IntN(50))*time.Millisecond) // ties too
+			d := ds.Dispatch("a", t0, 1, 1, 2)
+			d.ExpectDecode(time.Duration(1+rng.IntN(50)) * time.Millisecond) // ties too
 			d.FirstToken(t0)
 			live = append(live, d)
 			want = append(want, d.end)
@@ -228,9 +301,9 @@ func TestAnExpectedEndFollowsThePaceTheTokensComeAt(t *testing.T) {
 		}
 		return e
 	}
-	a, b := ds.Dispatch("a", t0, 1, 1), ds.Dispatch("a", t0, 1, 1)
-	a.ExpectDecode(33, 10*time.Millisecond) // 32 tokens after the first: t0+320ms
-	b.ExpectDecode(2, 400*time.Millisecond)
+	a, b := ds.Dispatch("a", t0, 1, 1, 33), ds.Dispatch("a", t0, 1, 1, 2)
+	a.ExpectDecode(10 * time.Millisecond) // 32 tokens after the first: t0+320ms
+	b.ExpectDecode(400 * time.Millisecond)
 	a.FirstToken(t0)
 	b.FirstToken(t0)
 	for _, step := range []struct {
@@ -253,7 +326,7 @@ func TestAnExpectedEndFollowsThePaceTheTokensComeAt(t *testing.T) {
 		}
 	}
 	b.Done()
-	if got := ds.InFlight("a"); got != (InFlight{}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{}) {
 		t.Errorf("after both ended: %+v", got)
 	}
 }

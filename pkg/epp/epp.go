@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/discovery/static"
+	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
@@ -123,6 +124,11 @@ type Options struct {
 	// Predict adjusts the latency predictors the scheduling configuration
 	// makes (predicted-latency-producer).
 	Predict PredictOptions
+	// Engine are the engines' scheduler limits (vLLM's max_num_seqs and
+	// max_num_batched_tokens), with which each endpoint's scheduler is
+	// replayed for the latency predictor; zero fields are learned
+	// (seats) or vLLM's default (the step budget).
+	Engine enginesched.Limits
 
 	// ObjectivesFile is a static InferenceObjectives file (standalone
 	// mode), reloaded when it changes; Kubernetes discovery writes the
@@ -226,6 +232,7 @@ func New(opts Options) (*EPP, error) {
 	}
 
 	e.ds = datalayer.NewDatastore(e.reg)
+	e.ds.SetEngineLimits(opts.Engine)
 	e.objectives = datalayer.NewObjectives(e.reg)
 	idxOpts := opts.Index
 	if idxOpts.MaxHoldings == 0 || opts.Consumer.MaxQueuedBytes == 0 {

@@ -1,6 +1,10 @@
 package predict
 
-import "math"
+import (
+	"math"
+
+	"github.com/kvroute/kvroute/pkg/enginesched"
+)
 
 // Input is what the EPP knows, when it picks, about one request on one
 // endpoint. Token counts are in tokens.
@@ -50,6 +54,18 @@ type Input struct {
 	// the queue's wait where PrefillTokens counts its work, with the time
 	// it has already had taken off.
 	PrefillAheadMs float64 `json:"prefillAheadMs,omitempty"`
+	// Ahead is the engine work the request waits behind before its
+	// prefill starts, from the engine's scheduler replayed over the
+	// requests this EPP has in flight there (a zero Ahead: none known).
+	Ahead enginesched.Ahead `json:"ahead"`
+	// StepRestMs is how long the engine's step under way has still to
+	// run, in milliseconds, from the pace its tokens stream at (0: none
+	// is known to be under way).
+	StepRestMs float64 `json:"stepRestMs,omitempty"`
+	// RecentPrefillRate is the prefill work this EPP has lately sent the
+	// endpoint, in uncached prompt tokens a second: what will likely
+	// share the request's decode steps.
+	RecentPrefillRate float64 `json:"recentPrefillRate,omitempty"`
 }
 
 // Uncached is the prompt tokens the endpoint has to compute.
@@ -58,7 +74,7 @@ func (in *Input) Uncached() int {
 }
 
 // NumFeatures is the length of a feature vector.
-const NumFeatures = 23
+const NumFeatures = 29
 
 // Vector is a feature vector. Features are scaled to be of order one
 // (thousands of tokens, counts of requests, shares), so that one ridge
@@ -141,6 +157,33 @@ func (in *Input) TTFTFeatures(v *Vector, seats int) {
 		clampFinite(in.OldestPrefillMs, 0, 1e6) / 100,
 		clampFinite(in.PrefillAheadMs, 0, 1e6) / 100,
 	}
+	in.replayFeatures(v, un)
+	v[28] = clampFinite(in.StepRestMs, 0, 1e6) / 100
+}
+
+// replayFeatures sets the features of the engine's work from the
+// scheduler's replay: until the request's prefill is done, the steps that
+// decode, the sequences and the context they decode, and the prompt tokens
+// of the requests ahead with the context they attend to. The request's own
+// steps past its first carry the decodes of its first. Each is a sum of
+// one kind of work, whose cost per unit the model learns: what a step
+// costs is the sum of its work's (TTFT is then the sum over the steps it
+// waits through), and steps differ many-fold by what they carry.
+func (in *Input) replayFeatures(v *Vector, un float64) {
+	a := &in.Ahead
+	if a.Steps <= 0 {
+		return
+	}
+	own := float64(a.OwnSteps(int(min(un, 1e9))) - 1)
+	decodeSteps := float64(a.DecodeSteps)
+	if a.Decoding > 0 {
+		decodeSteps += own
+	}
+	v[23] = clampFinite(decodeSteps, 0, 1e7) / 100
+	v[24] = clampFinite(float64(a.SeqSteps)+own*float64(a.Decoding), 0, 1e9) / 1e3
+	v[25] = clampFinite(float64(a.DecodeContext)+own*float64(a.DecodingContext), 0, 1e13) / 1e6
+	v[26] = clampFinite(float64(a.PrefillTokens), 0, 1e9) / 1e3
+	v[27] = clampFinite(float64(a.PrefillContext), 0, 1e15) / 1e7
 }
 
 // DecodeEndsKept is how many of an endpoint's expected decode ends an
@@ -218,6 +261,7 @@ func (in *Input) TPOTFeatures(v *Vector, seats int) {
 		float64(in.InputTokens) / 1e3,
 		float64(in.MaxTokens) / 1e3,
 		stale,
+		clampFinite(in.RecentPrefillRate, 0, 1e9) / 1e4,
 	}
 }
 
@@ -240,8 +284,8 @@ func clampFinite(v, lo, hi float64) float64 {
 // Their coefficients are kept at zero or above, so that a model fitted on
 // a quiet stretch does not extrapolate a longer queue into a shorter wait.
 var (
-	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22)
-	tpotMonotone = mask(1, 2, 4, 5, 6, 7, 8)
+	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28)
+	tpotMonotone = mask(1, 2, 4, 5, 6, 7, 8, 11)
 )
 
 func mask(idx ...int) (m [NumFeatures]bool) {
@@ -262,9 +306,9 @@ func dot(a, b *Vector) float64 {
 // How many leading features TTFTFeatures, alone and TPOTFeatures may set;
 // the rest they leave zero.
 const (
-	ttftFeatures  = 23
+	ttftFeatures  = 29
 	aloneFeatures = 7
-	tpotFeatures  = 11
+	tpotFeatures  = 12
 )
 
 // dotN is dot over the first n features, in the same order: when the rest

@@ -114,6 +114,9 @@ type params struct {
 	ridge float64
 	// window is the recent residuals the quantile is read from.
 	window int
+	// relative fits for relative error rather than absolute (ewls): each
+	// observation weighted by the inverse square of its latency.
+	relative bool
 }
 
 func newLearner(method string, prior Vector, monotone [NumFeatures]bool, p params) (learner, error) {
@@ -152,6 +155,10 @@ type ewls struct {
 	// endpoint changes (see observe).
 	bias   [NumRegimes]float64
 	drifts int
+	// typical is a moving average of the regime's latencies: an
+	// observation is weighted by its square over the latency's, so that
+	// the fit minimises relative error (see observe).
+	typical [NumRegimes]float64
 	// k is the quantile's width multiplier per regime, read from res
 	// every few observations; scratch is where res is sorted.
 	k       [NumRegimes]float64
@@ -171,6 +178,12 @@ const (
 // Before any residual is seen, the quantile is this many widths above the
 // mean.
 const priorSpread = 0.5
+
+// maxRelativeWeight bounds the weight a relative fit gives an
+// observation far shorter than the regime's typical latency (one a tenth
+// of it weighs a hundred times one at it), so that a handful of
+// near-instant responses cannot outweigh the rest.
+const maxRelativeWeight = 100
 
 func newEWLS(prior Vector, monotone [NumFeatures]bool, p params) *ewls {
 	l := &ewls{p: p, prior: prior, monotone: monotone}
@@ -221,11 +234,21 @@ func (l *ewls) observe(x *Vector, r int, y float64) {
 			l.drifts++
 		}
 	}
+	if l.typical[r] == 0 {
+		l.typical[r] = math.Max(y, floorMs)
+	}
+	l.typical[r] += (y - l.typical[r]) / 64
+	w := 1.0
+	if l.p.relative {
+		w = l.typical[r] / math.Max(y, floorMs)
+		w = math.Min(w*w, maxRelativeWeight)
+	}
 	a, b := &l.a[r], &l.b[r]
 	for i := range NumFeatures {
-		b[i] = keep*b[i] + y*x[i]
+		wx := w * x[i]
+		b[i] = keep*b[i] + y*wx
 		for j := range NumFeatures {
-			a[i][j] = keep*a[i][j] + x[i]*x[j]
+			a[i][j] = keep*a[i][j] + wx*x[j]
 		}
 	}
 	l.n[r]++

@@ -172,7 +172,9 @@ func New(o Options) (*Predictor, error) {
 }
 
 func (p *Predictor) newLearners() (ttft, tpot learner, err error) {
-	if ttft, err = newLearner(p.o.Method, p.priorTT, ttftMonotone, p.p); err != nil {
+	rel := p.p
+	rel.relative = true
+	if ttft, err = newLearner(p.o.Method, p.priorTT, ttftMonotone, rel); err != nil {
 		return nil, nil, err
 	}
 	tpot, err = newLearner(p.o.Method, p.priorTP, tpotMonotone, p.p)

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -296,6 +297,12 @@ func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 			MetricsStale: rng.IntN(4) == 0, Prefilling: rng.IntN(6), PrefillTokens: rng.IntN(30000), Decoding: rng.IntN(40),
 			DecodeTokens: rng.IntN(200000), MaxTokens: rng.IntN(2000),
 			OldestPrefillMs: rng.Float64() * 3000, PrefillAheadMs: rng.Float64() * 4000,
+			StepRestMs: rng.Float64() * 300, RecentPrefillRate: rng.Float64() * 1e5,
+		}
+		if rng.IntN(4) != 0 {
+			in.Ahead = enginesched.Ahead{Steps: rng.IntN(500), DecodeSteps: rng.IntN(500), SeqSteps: rng.IntN(5000),
+				DecodeContext: rng.Int64N(1e8), PrefillTokens: rng.IntN(40000), PrefillContext: rng.Int64N(1e10),
+				Decoding: rng.IntN(64), DecodingContext: rng.Int64N(1e7), Budget: rng.IntN(16384), FirstChunk: rng.IntN(16384)}
 		}
 		in.DecodeEnds = rng.IntN(DecodeEndsKept + 1)
 		for i := range in.DecodeEnds {
@@ -363,6 +370,9 @@ func TestEveryMonotoneFeatureIsOneTheFeaturesSet(t *testing.T) {
 		Waiting: 3, Running: 6, KVUsage: 0.5,
 		Prefilling: 2, PrefillTokens: 3000, Decoding: 5, DecodeTokens: 20000, MaxTokens: 64,
 		DecodeEndsMs: [DecodeEndsKept]float64{40}, DecodeEnds: 1, OldestPrefillMs: 30, PrefillAheadMs: 50,
+		Ahead: enginesched.Ahead{Steps: 3, DecodeSteps: 2, SeqSteps: 6, DecodeContext: 1e5, PrefillTokens: 900, PrefillContext: 1e6,
+			Decoding: 3, DecodingContext: 30000, Budget: 2048, FirstChunk: 100},
+		StepRestMs: 5, RecentPrefillRate: 2000,
 	}
 	for _, tt := range []struct {
 		name     string

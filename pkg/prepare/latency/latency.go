@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/framework/plugin"
 	"github.com/kvroute/kvroute/pkg/framework/request"
@@ -228,6 +229,10 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 	}
 	in.OldestPrefillMs = msBetween(c.InFlight.OldestPrefill, req.Arrival)
 	in.PrefillAheadMs = msBetween(req.Arrival, c.InFlight.PrefillDoneBy)
+	in.Ahead = c.InFlight.Ahead
+	drainAhead(&in.Ahead, c.InFlight, req.Arrival)
+	in.RecentPrefillRate = c.InFlight.RecentPrefillRate(req.Arrival)
+	in.StepRestMs = msBetween(req.Arrival, c.InFlight.StepEnd)
 	if in.InputTokens == 0 {
 		in.InputTokens = info.TotalBlocks * bs
 	}
@@ -239,6 +244,25 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 	} else {
 		in.MetricsStale = true
 	}
+}
+
+// drainAhead takes off the replay's prefills ahead the share that has
+// run since it was replayed: the replay runs at each change to the
+// requests in flight, and a long prefill changes nothing until its first
+// token, so by a request's arrival part of what the replay counts ahead
+// is done. The share is time's, from the prefill queue's expected end.
+func drainAhead(a *enginesched.Ahead, f datalayer.InFlight, arrival time.Time) {
+	if a.PrefillTokens == 0 || f.PrefillDoneBy.IsZero() || f.ReplayedAt.IsZero() || !arrival.After(f.ReplayedAt) {
+		return
+	}
+	left := f.PrefillDoneBy.Sub(arrival)
+	whole := f.PrefillDoneBy.Sub(f.ReplayedAt)
+	if whole <= 0 {
+		return
+	}
+	share := min(max(float64(left)/float64(whole), 0), 1)
+	a.PrefillTokens = int(float64(a.PrefillTokens) * share)
+	a.PrefillContext = int64(float64(a.PrefillContext) * share)
 }
 
 // ObserveResponse implements plugin.ResponseObserver: the picked

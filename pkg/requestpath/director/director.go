@@ -335,7 +335,7 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
-	if !d.o.Datastore.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt) {
+	if !d.o.Datastore.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt, req.MaxTokens) {
 		return false
 	}
 	if lat, ok := datalayer.LatencyPredictionOf(c); ok {
@@ -343,10 +343,10 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 			// Its own prefill, which requests sent after it wait behind.
 			dp.ExpectPrefill(time.Duration(lat.TTFTAlone * float64(time.Millisecond)))
 		}
-		if lat.TPOTValid && req.MaxTokens > 0 {
+		if lat.TPOTValid {
 			// Its output at its predicted pace, until the pace its tokens
 			// come at says otherwise (HandleProgress).
-			dp.ExpectDecode(req.MaxTokens, time.Duration(min(lat.TPOTMean, 6e4)*float64(time.Millisecond)))
+			dp.ExpectDecode(time.Duration(min(lat.TPOTMean, 6e4) * float64(time.Millisecond)))
 		}
 	}
 	return true

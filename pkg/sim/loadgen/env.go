@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
@@ -128,7 +129,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 	cfg := eppConfig(policy)
 	e, err := epp.New(epp.Options{
 		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
-		ConfigText: cfg, Scrape: true,
+		ConfigText: cfg, Scrape: true, Engine: fo.engineLimits(),
 		ScrapeOptions: scrape.Options{Interval: 50 * time.Millisecond},
 		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
 		RequestPath: epp.RequestPathOptions{
@@ -311,6 +312,12 @@ func eppConfig(policy string) string {
 		return PreciseLoadConfig
 	}
 	return config.DefaultConfigText
+}
+
+// engineLimits are the fleet's scheduler limits, as a user of vLLM gives
+// the EPP the --max-num-seqs and --max-num-batched-tokens the engines run.
+func (fo FleetOptions) engineLimits() enginesched.Limits {
+	return enginesched.Limits{MaxNumSeqs: fo.Timing.MaxSeqs, MaxBatchedTokens: fo.Timing.MaxBatchedTokens}
 }
 
 // fleetConfig is the simulated fleet the options describe, its pools

@@ -86,7 +86,7 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 	if viaEPP(policy) {
 		e, err := epp.New(epp.Options{
 			Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-			ConfigText: eppConfig(policy), NoRecovery: true, Seed: seed,
+			ConfigText: eppConfig(policy), NoRecovery: true, Seed: seed, Engine: fo.engineLimits(),
 			Prefix: prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
 			Index:  index.Options{Now: v.clock.Now},
 			// The request path is timed by the run's clock, and the
