@@ -144,6 +144,7 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 			r.waiting = append(r.waiting, replaySeq{Seq: s})
 		}
 	}
+	next := 0 // r.waiting[next:] wait still
 	for range replayHorizon {
 		if r.decodeOnly(seats) {
 			r.skipDecodes(&a)
@@ -160,24 +161,16 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 				left--
 			}
 		}
-		left = max(left, 0)
-		var prefill int
-		var prefillCtx int64
-		chunk := func(s *replaySeq) {
-			s.chunk = min(s.Prefill, left)
-			left -= s.chunk
-			prefill += s.chunk
-			prefillCtx += int64(s.chunk) * int64(s.Context+s.chunk/2)
-		}
+		st := step{left: max(left, 0)}
 		for i := range r.running {
-			if s := &r.running[i]; s.Prefill > 0 && left > 0 {
-				chunk(s)
+			if s := &r.running[i]; s.Prefill > 0 && st.left > 0 {
+				st.chunk(s)
 			}
 		}
-		for len(r.waiting) > 0 && len(r.running) < seats && left > 0 {
-			s := r.waiting[0]
-			r.waiting = r.waiting[1:]
-			chunk(&s)
+		for next < len(r.waiting) && len(r.running) < seats && st.left > 0 {
+			s := r.waiting[next]
+			next++
+			st.chunk(&s)
 			r.running = append(r.running, s)
 		}
 		a.Steps++
@@ -186,9 +179,9 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 		}
 		a.SeqSteps += decoding
 		a.DecodeContext += decodeCtx
-		a.PrefillTokens += prefill
-		a.PrefillContext += prefillCtx
-		if len(r.waiting) == 0 && len(r.running) < seats && left > 0 {
+		a.PrefillTokens += st.prefill
+		a.PrefillContext += st.prefillCtx
+		if left := st.left; next == len(r.waiting) && len(r.running) < seats && left > 0 {
 			a.FirstChunk = left
 			r.advance()
 			for i := range r.running {
@@ -203,6 +196,19 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 	}
 	a.Unseated = true
 	return a
+}
+
+// step is one step's prefill chunks as the budget left hands them out.
+type step struct {
+	left, prefill int
+	prefillCtx    int64
+}
+
+func (st *step) chunk(s *replaySeq) {
+	s.chunk = min(s.Prefill, st.left)
+	st.left -= s.chunk
+	st.prefill += s.chunk
+	st.prefillCtx += int64(s.chunk) * int64(s.Context+s.chunk/2)
 }
 
 // decodeOnly reports whether every running request decodes and no

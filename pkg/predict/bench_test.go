@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -29,6 +30,10 @@ func BenchmarkPredict(b *testing.B) {
 		p.Observe(Sample{Endpoint: addrs[i%endpoints], Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
 	}
 	in := w.input()
+	// Every feature set, the replay's too: the cost of a busy endpoint.
+	in.Ahead = enginesched.Ahead{Steps: 3, DecodeSteps: 3, SeqSteps: 12, DecodeContext: 40000, PrefillTokens: 900,
+		PrefillContext: 5e6, Decoding: 4, DecodingContext: 13000, Budget: 4096, FirstChunk: 100}
+	in.StepRestMs, in.RecentPrefillRate = 4, 3000
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sink float64
