@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/testkit/apiserver"
 	"github.com/kvroute/kvroute/pkg/transport/natscallout"
 )
@@ -365,6 +366,17 @@ func TestChartEPPConfigLoadsInTheEPP(t *testing.T) {
 			}
 			e.Close()
 		})
+	}
+}
+
+// The chart's default scheduling is the EPP's own default, the best
+// policy measured, word for word: one source, not two that drift.
+func TestTheChartsDefaultConfigIsTheEPPsDefault(t *testing.T) {
+	t.Parallel()
+	cm := find(t, render(t, nil, "ns"), "ConfigMap", "kv-kvroute-epp")
+	text, _, _ := unstructured.NestedString(cm.Object, "data", "config.yaml")
+	if strings.TrimSpace(text) != strings.TrimSpace(config.DefaultConfigText) {
+		t.Errorf("the chart's default config is\n%s\nthe EPP's default is\n%s", text, config.DefaultConfigText)
 	}
 }
 

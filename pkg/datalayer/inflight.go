@@ -109,35 +109,67 @@ type inflight struct {
 	queue  []*Dispatch
 	// sent holds every request in flight, in the order sent, for the
 	// replay; replayer and seqs are its scratch, and ahead what it last
-	// found, swapped whole so that a reader sees one replay's counts. All
-	// are written under mu. limits are the engines' limits as
+	// found. All are written under mu. limits are the engines' limits as
 	// configured, shared by the datastore's endpoints; seats is the most
 	// requests the endpoint has been seen running, its seats where none
 	// is configured.
 	sent     []*Dispatch
 	replayer enginesched.Replayer
 	seqs     []enginesched.Seq
-	ahead    atomic.Pointer[replayed]
+	ahead    publishedAhead
 	limits   *atomic.Pointer[enginesched.Limits]
 	seats    atomic.Int64
 	// stepEnd is StepEnd in Unix nanoseconds (0: unknown).
 	stepEnd atomic.Int64
 	// lastAt is the latest time a change was told at (under mu).
 	lastAt int64
-	// recent is RecentPrefill as of recentAt (Unix nanoseconds), both
-	// written under mu and published together.
-	recent atomic.Pointer[recentPrefill]
+	// recent is RecentPrefill's bits as of recentAt (Unix nanoseconds),
+	// both written under mu.
+	recent, recentAt atomic.Int64
 }
 
-type recentPrefill struct {
-	tokens float64
-	at     int64
+// publishedAhead is a replay's counts and when it ran, each in an atomic,
+// so that publishing allocates nothing on the response path (it runs at
+// every fourth token). A reader meanwhile may see some of one replay's
+// counts and some of the next's: an estimate either way, of work that was
+// ahead at one of the two.
+type publishedAhead struct {
+	steps, decodeSteps, seqSteps, decodeContext, prefillTokens, prefillContext atomic.Int64
+	decoding, decodingContext, budget, firstChunk, unseated, at                atomic.Int64
 }
 
-// replayed is a replay's counts and when it was run.
-type replayed struct {
-	enginesched.Ahead
-	at int64
+func (p *publishedAhead) store(a enginesched.Ahead, at int64) {
+	p.steps.Store(int64(a.Steps))
+	p.decodeSteps.Store(int64(a.DecodeSteps))
+	p.seqSteps.Store(int64(a.SeqSteps))
+	p.decodeContext.Store(a.DecodeContext)
+	p.prefillTokens.Store(int64(a.PrefillTokens))
+	p.prefillContext.Store(a.PrefillContext)
+	p.decoding.Store(int64(a.Decoding))
+	p.decodingContext.Store(a.DecodingContext)
+	p.budget.Store(int64(a.Budget))
+	p.firstChunk.Store(int64(a.FirstChunk))
+	var unseated int64
+	if a.Unseated {
+		unseated = 1
+	}
+	p.unseated.Store(unseated)
+	p.at.Store(at)
+}
+
+// load is the counts last published, and when; the zero Ahead and 0 when
+// none were (nothing in flight).
+func (p *publishedAhead) load() (enginesched.Ahead, int64) {
+	at := p.at.Load()
+	if at == 0 {
+		return enginesched.Ahead{}, 0
+	}
+	return enginesched.Ahead{
+		Steps: int(p.steps.Load()), DecodeSteps: int(p.decodeSteps.Load()), SeqSteps: int(p.seqSteps.Load()),
+		DecodeContext: p.decodeContext.Load(), PrefillTokens: int(p.prefillTokens.Load()), PrefillContext: p.prefillContext.Load(),
+		Decoding: int(p.decoding.Load()), DecodingContext: p.decodingContext.Load(),
+		Budget: int(p.budget.Load()), FirstChunk: int(p.firstChunk.Load()), Unseated: p.unseated.Load() != 0,
+	}, at
 }
 
 // defaultOutputs is the output a request that did not say how long it
@@ -184,10 +216,10 @@ func (c *inflight) replan() {
 		lim.MaxNumSeqs = int(c.seats.Load())
 	}
 	if len(c.seqs) == 0 {
-		c.ahead.Store(nil) // an idle engine's
+		c.ahead.store(enginesched.Ahead{}, 0) // an idle engine's
 		return
 	}
-	c.ahead.Store(&replayed{Ahead: c.replayer.Replay(c.seqs, lim), at: c.lastAt})
+	c.ahead.store(c.replayer.Replay(c.seqs, lim), max(c.lastAt, 1))
 }
 
 // replanAt replans for a change told at at.
@@ -203,13 +235,14 @@ func (c *inflight) replanAt(at int64) {
 func (c *inflight) send(d *Dispatch) {
 	c.mu.Lock()
 	c.lastAt = max(c.lastAt, d.start)
-	r := recentPrefill{tokens: float64(d.prefill), at: d.start}
-	if old := c.recent.Load(); old != nil {
-		age := time.Duration(max(d.start-old.at, 0))
-		r.tokens += old.tokens * math.Exp(-age.Seconds()/RecentPrefillWindow.Seconds())
-		r.at = max(r.at, old.at)
+	tokens, at := float64(d.prefill), d.start
+	if was := c.recentAt.Load(); was != 0 {
+		age := time.Duration(max(d.start-was, 0))
+		tokens += math.Float64frombits(uint64(c.recent.Load())) * math.Exp(-age.Seconds()/RecentPrefillWindow.Seconds())
+		at = max(at, was)
 	}
-	c.recent.Store(&r)
+	c.recent.Store(int64(math.Float64bits(tokens)))
+	c.recentAt.Store(at)
 	c.sent = append(c.sent, d)
 	c.starts = append(c.starts, d.start)
 	c.oldest.Store(earliest(c.starts))
@@ -245,11 +278,11 @@ func (c *inflight) load() InFlight {
 	if n := c.doneBy.Load(); n != 0 {
 		f.PrefillDoneBy = time.Unix(0, n)
 	}
-	if a := c.ahead.Load(); a != nil {
-		f.Ahead, f.ReplayedAt = a.Ahead, time.Unix(0, a.at)
+	if a, at := c.ahead.load(); at != 0 {
+		f.Ahead, f.ReplayedAt = a, time.Unix(0, at)
 	}
-	if r := c.recent.Load(); r != nil {
-		f.RecentPrefill, f.RecentPrefillAt = r.tokens, time.Unix(0, r.at)
+	if at := c.recentAt.Load(); at != 0 {
+		f.RecentPrefill, f.RecentPrefillAt = math.Float64frombits(uint64(c.recent.Load())), time.Unix(0, at)
 	}
 	if n := c.stepEnd.Load(); n != 0 && f.Decoding > 0 {
 		f.StepEnd = time.Unix(0, n)
