@@ -86,6 +86,31 @@ func TestTheReplayTakesTheRequestsInFlightInTheOrderSent(t *testing.T) {
 	}
 }
 
+func TestTheStepUnderWayIsExpectedToEndAsFarAfterTheLastTokenAsTheOneBefore(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	d := ds.Dispatch("a", t0, 10, 10, 100)
+	d.FirstToken(at(50))
+	if got := ds.InFlight("a").StepEnd; !got.IsZero() {
+		t.Errorf("one token says nothing of a step's length, yet the step ends at %v", got)
+	}
+	d.Progress(at(60), 2)
+	if got := ds.InFlight("a").StepEnd; !got.Equal(at(70)) {
+		t.Errorf("tokens at 50 and 60ms: the step under way ends at %v, want t0+70ms", got)
+	}
+	d.Progress(at(90), 4) // two tokens in 30ms: 15ms a step
+	if got := ds.InFlight("a").StepEnd; !got.Equal(at(105)) {
+		t.Errorf("then two more by 90ms: %v, want t0+105ms", got)
+	}
+	d.Done()
+	if got := ds.InFlight("a").StepEnd; !got.IsZero() {
+		t.Errorf("nothing decodes, yet a step ends at %v", got)
+	}
+}
+
 func TestRecentPrefillFadesWithTheWindow(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
