@@ -55,6 +55,10 @@ type InFlight struct {
 	// starts: for a request with little to compute, that is much of its
 	// TTFT.
 	StepEnd time.Time
+	// StepStart is when the step under way began: the endpoint's last
+	// token, which ended the step before it (the zero time before any
+	// token). A request arriving later waits the rest of it.
+	StepStart time.Time
 	// ReplayedAt is the time of the last change Ahead was replayed at
 	// (the zero time with Ahead): the prefills ahead have run since.
 	ReplayedAt time.Time
@@ -119,8 +123,9 @@ type inflight struct {
 	ahead    publishedAhead
 	limits   *atomic.Pointer[enginesched.Limits]
 	seats    atomic.Int64
-	// stepEnd is StepEnd in Unix nanoseconds (0: unknown).
-	stepEnd atomic.Int64
+	// stepEnd is StepEnd in Unix nanoseconds (0: unknown), lastToken
+	// StepStart.
+	stepEnd, lastToken atomic.Int64
 	// lastAt is the latest time a change was told at (under mu).
 	lastAt int64
 	// recent is RecentPrefill's bits as of recentAt (Unix nanoseconds),
@@ -135,7 +140,7 @@ type inflight struct {
 // ahead at one of the two.
 type publishedAhead struct {
 	steps, decodeSteps, seqSteps, decodeContext, prefillTokens, prefillContext atomic.Int64
-	decoding, decodingContext, budget, firstChunk, unseated, at                atomic.Int64
+	decoding, decodingContext, budget, firstChunk, flags, at                   atomic.Int64
 }
 
 func (p *publishedAhead) store(a enginesched.Ahead, at int64) {
@@ -149,11 +154,14 @@ func (p *publishedAhead) store(a enginesched.Ahead, at int64) {
 	p.decodingContext.Store(a.DecodingContext)
 	p.budget.Store(int64(a.Budget))
 	p.firstChunk.Store(int64(a.FirstChunk))
-	var unseated int64
+	var flags int64
 	if a.Unseated {
-		unseated = 1
+		flags |= 1
 	}
-	p.unseated.Store(unseated)
+	if a.UnderWay {
+		flags |= 2
+	}
+	p.flags.Store(flags)
 	p.at.Store(at)
 }
 
@@ -164,11 +172,13 @@ func (p *publishedAhead) load() (enginesched.Ahead, int64) {
 	if at == 0 {
 		return enginesched.Ahead{}, 0
 	}
+	flags := p.flags.Load()
 	return enginesched.Ahead{
 		Steps: int(p.steps.Load()), DecodeSteps: int(p.decodeSteps.Load()), SeqSteps: int(p.seqSteps.Load()),
 		DecodeContext: p.decodeContext.Load(), PrefillTokens: int(p.prefillTokens.Load()), PrefillContext: p.prefillContext.Load(),
 		Decoding: int(p.decoding.Load()), DecodingContext: p.decodingContext.Load(),
-		Budget: int(p.budget.Load()), FirstChunk: int(p.firstChunk.Load()), Unseated: p.unseated.Load() != 0,
+		Budget: int(p.budget.Load()), FirstChunk: int(p.firstChunk.Load()),
+		Unseated: flags&1 != 0, UnderWay: flags&2 != 0,
 	}, at
 }
 
@@ -186,12 +196,24 @@ func (c *inflight) sawRunning(n int) {
 	}
 }
 
+// sawToken records that the endpoint streamed a token at t: a step ended
+// then, and the next began.
+func (c *inflight) sawToken(t int64) {
+	for {
+		last := c.lastToken.Load()
+		if t <= last || c.lastToken.CompareAndSwap(last, t) {
+			return
+		}
+	}
+}
+
 // replan replays the endpoint's scheduler over the requests in flight and
 // publishes what a request sent now waits behind; the caller holds mu. It
 // runs at each change to them (a request sent, its first token, its
 // progress, its end), on the response path, never per candidate.
 func (c *inflight) replan() {
 	c.seqs = c.seqs[:0]
+	stepStart := c.lastToken.Load()
 	for _, d := range c.sent {
 		outputs := d.outputs
 		if outputs == 0 {
@@ -201,6 +223,7 @@ func (c *inflight) replan() {
 		s := enginesched.Seq{Outputs: outputs - tokens}
 		if tokens == 0 {
 			s.Prefill, s.Context = int(d.prefill), int(d.prompt-d.prefill)
+			s.Started = d.start < stepStart
 		} else {
 			s.Context = int(d.prompt) + tokens
 		}
@@ -286,6 +309,9 @@ func (c *inflight) load() InFlight {
 	}
 	if n := c.stepEnd.Load(); n != 0 && f.Decoding > 0 {
 		f.StepEnd = time.Unix(0, n)
+	}
+	if n := c.lastToken.Load(); n != 0 && f.Requests() > 0 {
+		f.StepStart = time.Unix(0, n)
 	}
 	return f
 }
@@ -488,6 +514,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	d.first, d.nextPace = at.UnixNano(), paceFrom
 	d.seen.Store(1)
 	d.seenAt = d.first
+	d.c.sawToken(d.first)
 	var end int64
 	if d.perToken > 0 {
 		end = d.first + int64(d.outputs-1)*int64(d.perToken)
@@ -522,6 +549,7 @@ func (d *Dispatch) Progress(at time.Time, tokens int) {
 		// expected as far after this one as the last came before it.
 		step := (now - d.seenAt) / int64(tokens-seen)
 		d.c.stepEnd.Store(now + step)
+		d.c.sawToken(now)
 		d.seen.Store(int64(tokens))
 		d.seenAt = now
 	}

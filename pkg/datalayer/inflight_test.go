@@ -11,12 +11,13 @@ import (
 	"github.com/kvroute/kvroute/pkg/enginesched"
 )
 
-// inFlightNow is f without the replay's counts (checked below, and in
-// package predict) and the recent prefill work, which outlasts the
-// requests: what is in flight now.
+// inFlightNow is f without the replay's counts and the step under way
+// (checked below, and in package enginesched) and the recent prefill
+// work, which outlasts the requests: what is in flight now.
 func inFlightNow(f InFlight) InFlight {
 	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
 	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
+	f.StepStart = time.Time{}
 	return f
 }
 
@@ -72,6 +73,7 @@ func TestTheReplayTakesTheRequestsInFlightInTheOrderSent(t *testing.T) {
 		PrefillTokens:  1500,
 		PrefillContext: 999*(500+999/2) + 501*(1499+501/2),
 		Decoding:       1, DecodingContext: 2003, Budget: 1000, FirstChunk: 999,
+		UnderWay: true, // step 1: the prefill was sent before it began
 	}
 	if got := ds.InFlight("a").Ahead; got != want {
 		t.Errorf("replayed %+v\nwant     %+v", got, want)

@@ -25,6 +25,10 @@ type Seq struct {
 	Prefill, Context int
 	// Outputs is the output tokens it has still to generate.
 	Outputs int
+	// Started marks a prefilling request sent before the engine's step
+	// under way began, so admitted into it if it fit; one sent after
+	// waits for the next step, as the new request does.
+	Started bool
 }
 
 // Ahead is what a request sent to an endpoint now waits behind before its
@@ -65,6 +69,10 @@ type Ahead struct {
 	// Unseated says the replay reached its horizon before a seat freed:
 	// the counts are then a lower bound.
 	Unseated bool `json:"unseated,omitempty"`
+	// UnderWay says the first step counted is the one under way (a
+	// request decodes, or one was sent before it began): the new request
+	// cannot join it, and part of it has run by the time it arrives.
+	UnderWay bool `json:"underWay,omitempty"`
 }
 
 // OwnSteps is how many steps the prefill of uncached tokens takes, its
@@ -120,7 +128,9 @@ type replaySeq struct {
 // Replay runs the scheduler forward over seqs, in the order they were
 // sent: those decoding are running, those prefilling are taken as waiting
 // in that order (one already admitted is where it would be anyway, ahead
-// of the rest), with nothing new arriving.
+// of the rest), with nothing new arriving. When a step is under way, the
+// first step replayed is it: its decodes, and the chunks of the requests
+// sent before it began.
 func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 	budget := min(lim.MaxBatchedTokens, maxSeqTokens)
 	if budget <= 0 {
@@ -144,10 +154,13 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 			r.waiting = append(r.waiting, replaySeq{Seq: s})
 		}
 	}
-	next := 0 // r.waiting[next:] wait still
+	a.UnderWay = len(r.running) > 0 || len(r.waiting) > 0 && r.waiting[0].Started
+	first := a.UnderWay // the step under way, which the request cannot join
+	next := 0           // r.waiting[next:] wait still
 	for range replayHorizon {
 		if r.decodeOnly(seats) {
 			r.skipDecodes(&a)
+			first = false
 			continue
 		}
 		left := budget
@@ -167,7 +180,7 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 				st.chunk(s)
 			}
 		}
-		for next < len(r.waiting) && len(r.running) < seats && st.left > 0 {
+		for next < len(r.waiting) && len(r.running) < seats && st.left > 0 && (!first || r.waiting[next].Started) {
 			s := r.waiting[next]
 			next++
 			st.chunk(&s)
@@ -181,7 +194,7 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 		a.DecodeContext += decodeCtx
 		a.PrefillTokens += st.prefill
 		a.PrefillContext += st.prefillCtx
-		if left := st.left; next == len(r.waiting) && len(r.running) < seats && left > 0 {
+		if left := st.left; !first && next == len(r.waiting) && len(r.running) < seats && left > 0 {
 			a.FirstChunk = left
 			r.advance()
 			for i := range r.running {
@@ -193,6 +206,7 @@ func (r *Replayer) Replay(seqs []Seq, lim Limits) Ahead {
 			return a
 		}
 		r.advance()
+		first = false
 	}
 	a.Unseated = true
 	return a

@@ -25,10 +25,28 @@ func TestAFullBatchOfDecodesIsWaitedOutAtOnce(t *testing.T) {
 	want := Ahead{
 		Steps: 4, DecodeSteps: 4, SeqSteps: 2*3 + 1,
 		DecodeContext: (100 + 101 + 102) + (200 + 201 + 202) + 203,
-		Decoding:      1, DecodingContext: 204, Budget: 512, FirstChunk: 511,
+		Decoding:      1, DecodingContext: 204, Budget: 512, FirstChunk: 511, UnderWay: true,
 	}
 	if got != want {
 		t.Errorf("replayed %+v\nwant     %+v", got, want)
+	}
+}
+
+func TestARequestCannotJoinTheStepUnderWay(t *testing.T) {
+	t.Parallel()
+	var r Replayer
+	// A prefill of 300 sent before the step under way began is in it; the
+	// new request waits for the next step, though the budget had room.
+	got := r.Replay([]Seq{{Prefill: 300, Context: 100, Outputs: 8, Started: true}}, Limits{MaxNumSeqs: 4, MaxBatchedTokens: 1000})
+	want := Ahead{Steps: 2, DecodeSteps: 1, SeqSteps: 1, DecodeContext: 401, PrefillTokens: 300, PrefillContext: 300 * (100 + 150),
+		Decoding: 1, DecodingContext: 402, Budget: 1000, FirstChunk: 999, UnderWay: true}
+	if got != want {
+		t.Errorf("replayed %+v\nwant     %+v", got, want)
+	}
+	// Sent after it began: it waits with the new request, which joins it.
+	got = r.Replay([]Seq{{Prefill: 300, Context: 100, Outputs: 8}}, Limits{MaxNumSeqs: 4, MaxBatchedTokens: 1000})
+	if got.Steps != 1 || got.UnderWay || got.FirstChunk != 700 {
+		t.Errorf("replayed %+v, want the new request in the first step, beside the prefill", got)
 	}
 }
 

@@ -32,8 +32,9 @@ type Input struct {
 	// and not finished, and their prompts' lengths.
 	Prefilling    int `json:"prefilling"`
 	PrefillTokens int `json:"prefillTokens"`
-	Decoding      int `json:"decoding"`
-	DecodeTokens  int `json:"decodeTokens"`
+
+	Decoding     int `json:"decoding"`
+	DecodeTokens int `json:"decodeTokens"`
 	// MaxTokens is the output the request asks for at most (0: unknown).
 	MaxTokens int `json:"maxTokens,omitempty"`
 	// DecodeEndsMs are how long until the first DecodeEnds of the
@@ -62,6 +63,11 @@ type Input struct {
 	// run, in milliseconds, from the pace its tokens stream at (0: none
 	// is known to be under way).
 	StepRestMs float64 `json:"stepRestMs,omitempty"`
+	// StepElapsedMs is how long the step under way has run, in
+	// milliseconds, since the endpoint's last token (0: none known): of
+	// the replay's first step, when it is the one under way, this much is
+	// done.
+	StepElapsedMs float64 `json:"stepElapsedMs,omitempty"`
 	// RecentPrefillRate is the prefill work this EPP has lately sent the
 	// endpoint, in uncached prompt tokens a second: what will likely
 	// share the request's decode steps.
@@ -74,7 +80,7 @@ func (in *Input) Uncached() int {
 }
 
 // NumFeatures is the length of a feature vector.
-const NumFeatures = 29
+const NumFeatures = 30
 
 // Vector is a feature vector. Features are scaled to be of order one
 // (thousands of tokens, counts of requests, shares), so that one ridge
@@ -159,6 +165,9 @@ func (in *Input) TTFTFeatures(v *Vector, seats int) {
 	}
 	in.replayFeatures(v, un)
 	v[28] = clampFinite(in.StepRestMs, 0, 1e6) / 100
+	if in.Ahead.UnderWay {
+		v[29] = clampFinite(in.StepElapsedMs, 0, 1e4) / 100
+	}
 }
 
 // replayFeatures sets the features of the engine's work from the
@@ -306,7 +315,7 @@ func dot(a, b *Vector) float64 {
 // How many leading features TTFTFeatures, alone and TPOTFeatures may set;
 // the rest they leave zero.
 const (
-	ttftFeatures  = 29
+	ttftFeatures  = 30
 	aloneFeatures = 7
 	tpotFeatures  = 12
 )

@@ -154,7 +154,7 @@ func New(o Options) (*Predictor, error) {
 	}
 	p := &Predictor{
 		o:       o,
-		p:       params{tau: o.Quantile, lambda: math.Exp(-1 / float64(o.Memory)), ridge: 1, window: 256},
+		p:       params{tau: o.Quantile, lambda: math.Exp(-1 / float64(o.Memory)), ridge: 1, window: 64},
 		priorTT: o.Prior.ttft(), priorTP: o.Prior.tpot(),
 		obs:     make(chan Sample, o.Queue),
 		classes: map[string]*classModel{},

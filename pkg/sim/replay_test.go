@@ -49,20 +49,27 @@ func TestTheReplayPricedAtTheEnginesCostsIsTheTTFTItsSchedulerTakes(t *testing.T
 				}
 			}
 			// What the EPP would know: every request in the order sent,
-			// with what it has still to compute and to generate.
+			// with what it has still to compute and to generate; all of
+			// them were sent before the step that now begins.
 			var seqs []enginesched.Seq
 			for _, s := range append(append([]*Seq{}, r.running...), r.waiting...) {
 				left, ctx := s.prefillLeft, s.ctx
 				if !r.isRunning(s) {
 					left, ctx = len(s.req.Tokens), 0
 				}
-				seqs = append(seqs, enginesched.Seq{Prefill: left, Context: ctx, Outputs: s.maxTokens - s.generated})
+				seqs = append(seqs, enginesched.Seq{Prefill: left, Context: ctx, Outputs: s.maxTokens - s.generated, Started: left > 0})
 			}
 			var rp enginesched.Replayer
 			a := rp.Replay(seqs, enginesched.Limits{MaxNumSeqs: tt.maxSeqs, MaxBatchedTokens: tt.budget})
 
+			// The request arrives as that step begins: the engine's
+			// estimate counts the whole step under way, as the replay does.
+			now := time.Unix(1000, 0)
+			if w, ok := r.Plan(); ok {
+				r.Stepping(now.Add(tm.Step(w)))
+			}
 			target := prompt(99, tt.target)
-			want := r.EstimateTTFT(target, time.Unix(1000, 0))
+			want := r.EstimateTTFT(target, now)
 			got, tolerance := price(tm, a, tt.target)
 			if d := got - want; d < -tolerance || d > tolerance {
 				t.Errorf("the replay priced comes to %v, the scheduler takes %v (replayed %+v)", got, want, a)

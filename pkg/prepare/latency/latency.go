@@ -233,6 +233,7 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 	drainAhead(&in.Ahead, c.InFlight, req.Arrival)
 	in.RecentPrefillRate = c.InFlight.RecentPrefillRate(req.Arrival)
 	in.StepRestMs = msBetween(req.Arrival, c.InFlight.StepEnd)
+	in.StepElapsedMs = msBetween(c.InFlight.StepStart, req.Arrival)
 	if in.InputTokens == 0 {
 		in.InputTokens = info.TotalBlocks * bs
 	}

@@ -121,6 +121,7 @@ func TestARequestsObjectiveAndSLOHeadersSetItsPriorityAndSLO(t *testing.T) {
 func inFlightNow(f datalayer.InFlight) datalayer.InFlight {
 	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
 	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
+	f.StepStart = time.Time{}
 	return f
 }
 
