@@ -126,8 +126,9 @@ type inflight struct {
 	// stepEnd is StepEnd in Unix nanoseconds (0: unknown), lastToken
 	// StepStart.
 	stepEnd, lastToken atomic.Int64
-	// lastAt is the latest time a change was told at (under mu).
-	lastAt int64
+	// lastAt is the latest time a change was told at, replanned the
+	// lastAt of the last replan (both under mu).
+	lastAt, replanned int64
 	// recent is RecentPrefill's bits as of recentAt (Unix nanoseconds),
 	// both written under mu.
 	recent, recentAt atomic.Int64
@@ -209,8 +210,9 @@ func (c *inflight) sawToken(t int64) {
 
 // replan replays the endpoint's scheduler over the requests in flight and
 // publishes what a request sent now waits behind; the caller holds mu. It
-// runs at each change to them (a request sent, its first token, its
-// progress, its end), on the response path, never per candidate.
+// runs at each change to them (a request sent, its first token, its end,
+// and its progress at most every progressReplanEvery), on the response
+// path, never per candidate.
 func (c *inflight) replan() {
 	c.seqs = c.seqs[:0]
 	stepStart := c.lastToken.Load()
@@ -243,12 +245,29 @@ func (c *inflight) replan() {
 		return
 	}
 	c.ahead.store(c.replayer.Replay(c.seqs, lim), max(c.lastAt, 1))
+	c.replanned = c.lastAt
+}
+
+// progressReplanEvery spaces the replans a request's progress asks for,
+// in the time the changes are told at: every decoding request reports
+// every fourth token, and an endpoint may run hundreds at once, whose
+// replays would then cost more than the routing. A change to which
+// requests are in flight or to their stage (sent, first token, end), or
+// a request's last two tokens, replans at once; other progress, when the
+// last replan is at least this old.
+const progressReplanEvery = 2 * time.Millisecond
+
+// progressed records a request's progress told at at, and reports whether
+// it is time to replan for it; the caller holds mu.
+func (c *inflight) progressed(at int64) bool {
+	c.lastAt = max(c.lastAt, at)
+	return c.lastAt-c.replanned >= int64(progressReplanEvery)
 }
 
 // replanAt replans for a change told at at.
 func (c *inflight) replanAt(at int64) {
 	c.mu.Lock()
-	c.lastAt = max(c.lastAt, at)
+	c.progressed(at)
 	c.replan()
 	c.mu.Unlock()
 }
@@ -355,14 +374,16 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 // have it put back). It runs on the response path (at the first token,
 // every few tokens after it, at the end), never per candidate; d.end is
 // written only here, under mu.
-func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64) {
+//
+// at is when the change was told (0: replan nothing); a first token
+// replans always, progress when it is time (progressReplanEvery).
+func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64, first bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if decoding && d.state.Load() != 1 {
 		return
 	}
-	if at != 0 {
-		c.lastAt = max(c.lastAt, at)
+	if at != 0 && (c.progressed(at) || first) {
 		defer c.replan()
 	}
 	from := len(c.ends)
@@ -519,7 +540,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	if d.perToken > 0 {
 		end = d.first + int64(d.outputs-1)*int64(d.perToken)
 	}
-	d.c.setEnd(d, end, true, d.first)
+	d.c.setEnd(d, end, true, d.first, true)
 }
 
 // Past paceFrom tokens, and every paceEvery tokens after, Progress sets a
@@ -558,11 +579,11 @@ func (d *Dispatch) Progress(at time.Time, tokens int) {
 	case tokens >= d.nextPace:
 		d.nextPace = tokens + paceEvery
 		pace := max((now-d.first)/int64(tokens-1), 0)
-		d.c.setEnd(d, now+int64(max(d.outputs-tokens, 0))*pace, true, now)
+		d.c.setEnd(d, now+int64(max(d.outputs-tokens, 0))*pace, true, now, false)
 	case tokens >= d.outputs-1:
 		// Between every fourth token the replay reads the count when it
-		// next runs; a request about to end is replayed at each token,
-		// as its seat is about to free.
+		// next runs; a request about to end is replayed at each of its
+		// last two tokens, always, as its seat is about to free.
 		d.c.replanAt(now)
 	}
 }
@@ -583,7 +604,7 @@ func (d *Dispatch) Done() {
 	case 1:
 		d.c.decoding.Add(-1)
 		d.c.decodeTokens.Add(-d.prompt)
-		d.c.setEnd(d, 0, false, 0)
+		d.c.setEnd(d, 0, false, 0, false)
 	default:
 		return
 	}

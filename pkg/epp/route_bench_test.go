@@ -24,6 +24,8 @@ import (
 // share of the prompt's prefix, as after a shared-prefix workload. The
 // default profile (predicted latency: the latency producer runs the
 // predictor for every candidate) is measured beside upstream's weights.
+// Each pick's response is ended right after it, and the cost includes
+// ending it in the in-flight accounting.
 func BenchmarkRoute(b *testing.B) {
 	for _, cfg := range []string{"predicted-latency", "upstream-weights"} {
 		for _, n := range []int{16, 64, 256} {
@@ -79,9 +81,14 @@ func benchmarkRoute(b *testing.B, configText string, endpoints, tokens int) {
 	cpu := testkit.CPUTime()
 	for b.Loop() {
 		req := &request.Request{ID: "bench", Model: "m", TokenIDs: prompt}
-		if _, err := e.Director().Route(ctx, req, nil); err != nil {
+		p, err := e.Director().Route(ctx, req, nil)
+		if err != nil {
 			b.Fatal(err)
 		}
+		// Ended at once, as a response refused (which nothing learns
+		// from), so that each pick finds the in-flight accounting as a
+		// steady load leaves it, not b.N requests that never end.
+		e.Director().HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 503})
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1000, "µs/route")
 	b.ReportMetric(float64((testkit.CPUTime()-cpu).Nanoseconds())/float64(b.N)/1000, "cpu-µs/route")
