@@ -114,7 +114,7 @@ func run(args []string) error {
 	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
 	configName := fs.String("config-name", "", "a named scheduling configuration instead of a file or text: predicted-latency (the default), upstream-weights, prefill-cost or precise-prefix (docs/plugins.md)")
 	fs.IntVar(&o.Engine.MaxNumSeqs, "engine-max-num-seqs", 0, "the engines' --max-num-seqs, with which the latency predictor replays each endpoint's scheduler; 0 takes the most requests an endpoint has been seen running")
-	fs.IntVar(&o.Engine.MaxBatchedTokens, "engine-max-num-batched-tokens", 0, "the engines' --max-num-batched-tokens (a step's token budget), for the same replay; 0 means vLLM's default, 8192")
+	fs.IntVar(&o.Engine.MaxBatchedTokens, "engine-max-num-batched-tokens", 0, "the engines' --max-num-batched-tokens (a step's token budget), for the same replay; 0 means 8192, vLLM's default on H100-class GPUs (2048 on others: give the engines' value)")
 	fs.DurationVar(&o.MetricsStaleness, "metrics-staleness-threshold", 2*time.Second, "age after which an endpoint's scraped metrics count as unknown load")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", false, "serve /debug/pprof on --debug-addr")
 	fs.IntVar(&o.Index.MaxHoldings, "index-max-holdings", 0, "bound on (block, endpoint, tier) holdings in the prefix index; 0 sizes it from GOMEMLIMIT or the container's memory limit (half of it, at 96 bytes a holding)")

@@ -14,7 +14,10 @@ type Limits struct {
 	MaxBatchedTokens int `json:"maxBatchedTokens,omitempty"`
 }
 
-// DefaultMaxBatchedTokens is vLLM's step budget for online serving.
+// DefaultMaxBatchedTokens is the step budget taken when none is given:
+// vLLM's default for its OpenAI server on GPUs of 70 GiB or more but the
+// A100 (H100, MI300X). On other GPUs it defaults to 2048, so an EPP in
+// front of them should be given the engines' value.
 const DefaultMaxBatchedTokens = 8192
 
 // Seq is a request in flight on an endpoint, as the replay takes it.

@@ -32,9 +32,8 @@ type Input struct {
 	// and not finished, and their prompts' lengths.
 	Prefilling    int `json:"prefilling"`
 	PrefillTokens int `json:"prefillTokens"`
-
-	Decoding     int `json:"decoding"`
-	DecodeTokens int `json:"decodeTokens"`
+	Decoding      int `json:"decoding"`
+	DecodeTokens  int `json:"decodeTokens"`
 	// MaxTokens is the output the request asks for at most (0: unknown).
 	MaxTokens int `json:"maxTokens,omitempty"`
 	// DecodeEndsMs are how long until the first DecodeEnds of the
@@ -125,8 +124,9 @@ func (in *Input) occupancy() float64 {
 // predicted from: the request's own prefill (uncached tokens, the
 // attention over its context, tokens loaded from each slower tier,
 // speculative tokens that may or may not be computed by then) and what
-// stands before it (the endpoint's queue and batch, and the prefill work
-// this EPP dispatched there and has not seen start decoding).
+// stands before it (the endpoint's queue and batch, the prefill work this
+// EPP dispatched there and has not seen start decoding, the engine work
+// the scheduler's replay counts ahead, and the step under way).
 //
 // seats is the endpoint's batch limit as learned (the most requests it has
 // been seen running; 0 when unknown): requests beyond it wait for a running
@@ -292,6 +292,8 @@ func clampFinite(v, lo, hi float64) float64 {
 // request slower: more uncached tokens, more queued work, a fuller batch.
 // Their coefficients are kept at zero or above, so that a model fitted on
 // a quiet stretch does not extrapolate a longer queue into a shorter wait.
+// TTFT's feature 29, the time the step under way has run, is left free:
+// it takes time off.
 var (
 	ttftMonotone = mask(1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28)
 	tpotMonotone = mask(1, 2, 4, 5, 6, 7, 8, 11)
