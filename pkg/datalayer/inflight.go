@@ -81,7 +81,12 @@ func (f *InFlight) RecentPrefillRate(at time.Time) float64 {
 		return 0
 	}
 	age := max(at.Sub(f.RecentPrefillAt), 0)
-	return f.RecentPrefill * math.Exp(-age.Seconds()/RecentPrefillWindow.Seconds()) / RecentPrefillWindow.Seconds()
+	return f.RecentPrefill * fade(age) / RecentPrefillWindow.Seconds()
+}
+
+// fade is what a prefill sent age ago weighs in RecentPrefill.
+func fade(age time.Duration) float64 {
+	return math.Exp(-age.Seconds() / RecentPrefillWindow.Seconds())
 }
 
 // DecodeEndsKept is how many of an endpoint's expected decode ends
@@ -100,12 +105,11 @@ type inflight struct {
 	// the expected end of every decoding request that said how long it
 	// would decode, in ascending order.
 	firstEnds [DecodeEndsKept]atomic.Int64
-	// oldest is the earliest of starts, the dispatch times of the
-	// requests prefilling, in Unix nanoseconds (0: none).
+	// oldest is the earliest dispatch time of the requests in sent still
+	// prefilling, in Unix nanoseconds (0: none).
 	oldest atomic.Int64
 	mu     sync.Mutex
 	ends   []int64
-	starts []int64
 	// doneBy is PrefillDoneBy in Unix nanoseconds (0: none); queue holds,
 	// in the order sent, the prefilling requests whose time alone is
 	// known. Both are written under mu.
@@ -188,21 +192,17 @@ func (p *publishedAhead) load() (enginesched.Ahead, int64) {
 const defaultOutputs = 256
 
 // sawRunning records that the endpoint was seen running n requests.
-func (c *inflight) sawRunning(n int) {
-	for {
-		seen := c.seats.Load()
-		if int64(n) <= seen || c.seats.CompareAndSwap(seen, int64(n)) {
-			return
-		}
-	}
-}
+func (c *inflight) sawRunning(n int) { raiseTo(&c.seats, int64(n)) }
 
 // sawToken records that the endpoint streamed a token at t: a step ended
 // then, and the next began.
-func (c *inflight) sawToken(t int64) {
+func (c *inflight) sawToken(t int64) { raiseTo(&c.lastToken, t) }
+
+// raiseTo sets v to n if n is larger, atomically.
+func raiseTo(v *atomic.Int64, n int64) {
 	for {
-		last := c.lastToken.Load()
-		if t <= last || c.lastToken.CompareAndSwap(last, t) {
+		was := v.Load()
+		if n <= was || v.CompareAndSwap(was, n) {
 			return
 		}
 	}
@@ -273,21 +273,20 @@ func (c *inflight) replanAt(at int64) {
 }
 
 // send adds d to the requests in flight, and drop takes it out; both
-// replan.
+// publish the oldest prefill and replan.
 func (c *inflight) send(d *Dispatch) {
 	c.mu.Lock()
 	c.lastAt = max(c.lastAt, d.start)
 	tokens, at := float64(d.prefill), d.start
 	if was := c.recentAt.Load(); was != 0 {
 		age := time.Duration(max(d.start-was, 0))
-		tokens += math.Float64frombits(uint64(c.recent.Load())) * math.Exp(-age.Seconds()/RecentPrefillWindow.Seconds())
+		tokens += math.Float64frombits(uint64(c.recent.Load())) * fade(age)
 		at = max(at, was)
 	}
 	c.recent.Store(int64(math.Float64bits(tokens)))
 	c.recentAt.Store(at)
 	c.sent = append(c.sent, d)
-	c.starts = append(c.starts, d.start)
-	c.oldest.Store(earliest(c.starts))
+	c.publishOldest()
 	c.replan()
 	c.mu.Unlock()
 }
@@ -297,6 +296,7 @@ func (c *inflight) drop(d *Dispatch) {
 	if i := slices.Index(c.sent, d); i >= 0 {
 		c.sent = slices.Delete(c.sent, i, i+1)
 	}
+	c.publishOldest()
 	c.replan()
 	c.mu.Unlock()
 }
@@ -415,26 +415,26 @@ func (c *inflight) publishEnds(i int) {
 	}
 }
 
-// removeStart takes t out of starts (send puts it in) and publishes their
-// earliest in oldest; it runs once per request, never per candidate.
-func (c *inflight) removeStart(t int64) {
-	c.mu.Lock()
-	if i := slices.Index(c.starts, t); i >= 0 {
-		c.starts[i] = c.starts[len(c.starts)-1]
-		c.starts = c.starts[:len(c.starts)-1]
-	}
-	c.oldest.Store(earliest(c.starts))
-	c.mu.Unlock()
-}
-
-func earliest(ts []int64) int64 {
+// publishOldest publishes in oldest the earliest dispatch time of the
+// requests in sent still prefilling; the caller holds mu. A request's
+// stage moves before it is called, so one whose first token has just
+// come, or that has just ended, counts no more. It runs a few times per
+// request (sent, first token, end), never per candidate.
+func (c *inflight) publishOldest() {
 	var first int64
-	for _, t := range ts {
-		if first == 0 || t < first {
-			first = t
+	for _, d := range c.sent {
+		if d.state.Load() == 0 && (first == 0 || d.start < first) {
+			first = d.start
 		}
 	}
-	return first
+	c.oldest.Store(first)
+}
+
+// prefillEnded publishes oldest again once a request has left prefill.
+func (c *inflight) prefillEnded() {
+	c.mu.Lock()
+	c.publishOldest()
+	c.mu.Unlock()
 }
 
 // Dispatch is one request's place in an endpoint's in-flight accounting.
@@ -526,7 +526,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
-	d.c.removeStart(d.start)
+	d.c.prefillEnded()
 	if d.prefillFor > 0 {
 		d.c.dequeue(d, at.UnixNano())
 	}
@@ -597,7 +597,6 @@ func (d *Dispatch) Done() {
 	case 0:
 		d.c.prefilling.Add(-1)
 		d.c.prefillTokens.Add(-d.prefill)
-		d.c.removeStart(d.start)
 		if d.prefillFor > 0 {
 			d.c.dequeue(d, 0)
 		}

@@ -155,9 +155,9 @@ type ewls struct {
 	// endpoint changes (see observe).
 	bias   [NumRegimes]float64
 	drifts int
-	// typical is a moving average of the regime's latencies: an
-	// observation is weighted by its square over the latency's, so that
-	// the fit minimises relative error (see observe).
+	// typical is a moving average of the regime's latencies, kept by a
+	// relative fit: an observation is weighted by its square over the
+	// latency's, so that the fit minimises relative error (see observe).
 	typical [NumRegimes]float64
 	// k is the quantile's width multiplier per regime, read from res
 	// every few observations; scratch is where res is sorted.
@@ -234,12 +234,12 @@ func (l *ewls) observe(x *Vector, r int, y float64) {
 			l.drifts++
 		}
 	}
-	if l.typical[r] == 0 {
-		l.typical[r] = math.Max(y, floorMs)
-	}
-	l.typical[r] += (y - l.typical[r]) / 64
 	w := 1.0
 	if l.p.relative {
+		if l.typical[r] == 0 {
+			l.typical[r] = math.Max(y, floorMs)
+		}
+		l.typical[r] += (y - l.typical[r]) / 64
 		w = l.typical[r] / math.Max(y, floorMs)
 		w = math.Min(w*w, maxRelativeWeight)
 	}
