@@ -93,8 +93,17 @@ func (in *intake) open(ctx context.Context) error {
 	return nil
 }
 
+// delivery is one message from the engine. fresh marks the first on a new
+// connection (connect mode) or the first after a peer left (bind mode):
+// the process behind it may be another engine, even when its seq follows
+// on from the last one relayed.
+type delivery struct {
+	frames [][]byte
+	fresh  bool
+}
+
 // read hands every message to out until ctx ends, and closes its sockets.
-func (in *intake) read(ctx context.Context, out chan<- [][]byte) {
+func (in *intake) read(ctx context.Context, out chan<- delivery) {
 	defer in.up.Store(false)
 	if in.bind {
 		defer in.sock.Close()
@@ -119,8 +128,9 @@ func (in *intake) read(ctx context.Context, out chan<- [][]byte) {
 
 // recv reads one socket until ctx ends or, when dialling, until the engine
 // goes away. A bound socket outlives its peers: an error from one that
-// left is not the socket's end.
-func (in *intake) recv(ctx context.Context, s zmq4.Socket, out chan<- [][]byte) {
+// left is not the socket's end, but makes the next message fresh.
+func (in *intake) recv(ctx context.Context, s zmq4.Socket, out chan<- delivery) {
+	fresh := true
 	for {
 		msg, err := s.Recv()
 		if ctx.Err() != nil {
@@ -130,13 +140,15 @@ func (in *intake) recv(ctx context.Context, s zmq4.Socket, out chan<- [][]byte) 
 			if !in.bind {
 				return
 			}
+			fresh = true
 			continue
 		}
 		if len(msg.Frames) == 0 {
 			continue
 		}
 		select {
-		case out <- msg.Frames:
+		case out <- delivery{frames: msg.Frames, fresh: fresh}:
+			fresh = false
 		case <-ctx.Done():
 			return
 		}

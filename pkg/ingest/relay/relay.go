@@ -287,7 +287,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	status := r.nc.StatusChanged(nats.CONNECTED, nats.RECONNECTING, nats.DISCONNECTED, nats.CLOSED)
 	wake := make(chan nats.Status, 1)
-	frames := make(chan [][]byte, 1024)
+	frames := make(chan delivery, 1024)
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() {
@@ -312,8 +312,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			done = true
-		case f := <-frames:
-			r.handle(ctx, f)
+		case d := <-frames:
+			r.handle(ctx, d.frames, d.fresh)
 			r.maintain(time.Now())
 		case now := <-tick.C:
 			if r.cfg.HeartbeatInterval > 0 && now.Sub(lastBeat) >= r.cfg.HeartbeatInterval-r.cfg.HeartbeatInterval/10 {
@@ -367,8 +367,9 @@ func (r *Relay) setConnected() {
 }
 
 // handle takes one message from the engine through sequence checks, gap
-// filling, the mirror, and into the outbox.
-func (r *Relay) handle(ctx context.Context, frames [][]byte) {
+// filling, the mirror, and into the outbox. fresh says it is the first on
+// a new connection to the engine.
+func (r *Relay) handle(ctx context.Context, frames [][]byte, fresh bool) {
 	msg, err := parseFrame(frames)
 	if err != nil {
 		r.m.dropped.WithLabelValues(dropMalformedFrame).Inc()
@@ -394,6 +395,8 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte) {
 		r.log.Info("engine restarted", "last_seq", r.last, "seq", msg.seq)
 		r.newInstance()
 		r.fillHistory(ctx, msg.seq)
+	case fresh:
+		r.confirmEngine(ctx, msg.seq)
 	case msg.seq > r.last+1:
 		r.fillGapOrRestart(ctx, msg.seq)
 	}
@@ -496,6 +499,32 @@ func (r *Relay) fillGapOrRestart(ctx context.Context, to uint64) {
 		got = got[1:]
 	}
 	r.settleGap(r.last+1, to, got, err)
+}
+
+// confirmEngine handles the first batch on a new connection whose seq
+// follows the last one relayed, directly or past a gap. A restarted engine
+// may have published just as many batches before the relay reconnected,
+// so the seq alone does not tell: the replay ring must still hold the
+// last batch relayed, unchanged. When it cannot confirm that (no replay
+// socket, or a ring that no longer has it), the engine is taken for a new
+// one: its mirror starts empty, which can only under-claim, where keeping
+// the old one could claim blocks the new engine never stored.
+func (r *Relay) confirmEngine(ctx context.Context, seq uint64) {
+	got, err := r.replay(ctx, r.last, seq)
+	if len(got) > 0 && got[0].seq == r.last && xxhash.Sum64(got[0].payload) == r.lastDigest {
+		if seq > r.last+1 {
+			r.settleGap(r.last+1, seq, got[1:], err)
+		}
+		return
+	}
+	why := "its replay ring holds another batch at the last seq relayed"
+	if len(got) == 0 || got[0].seq != r.last {
+		why = "the last batch relayed could not be confirmed"
+	}
+	r.m.restarts.Inc()
+	r.log.Info("engine restarted: a new connection", "last_seq", r.last, "seq", seq, "why", why, "err", err)
+	r.newInstance()
+	r.fillHistory(ctx, seq)
 }
 
 // settleGap relays what a replay recovered of from <= seq < to and

@@ -167,46 +167,143 @@ func TestRelayStartsANewInstanceWhenTheEngineRestarts(t *testing.T) {
 	}
 }
 
+// engineThatLeft is a relay dialling an engine that binds, after five
+// batches relayed and the engine's publisher closed: what comes back at
+// its endpoint is up to the test.
+type engineThatLeft struct {
+	eng *engine
+	ep  string
+	r   *testRelay
+	col *collector
+}
+
+func relayWhoseEngineLeft(t *testing.T, ctx context.Context, replay bool, bm *batchMaker) engineThatLeft {
+	t.Helper()
+	ns := startNATS(t, natsembed.Options{})
+	t.Cleanup(ns.Shutdown)
+	l := engineThatLeft{col: collect(t, ns.ClientURL()), eng: newEngine(t, ctx)}
+	if err := l.eng.pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	l.ep = "tcp://" + l.eng.pub.Addr().String()
+	cfg := baseConfig()
+	cfg.Connect, cfg.ZMQEndpoint = true, l.ep
+	if replay {
+		cfg.ReplayEndpoint = l.eng.serveReplay(t, ctx)
+	}
+	l.r = startRelay(t, cfg, ns.ClientURL())
+	l.eng.waitSubscribed(t)
+	for seq := uint64(0); seq < 5; seq++ {
+		l.eng.send(t, seq, bm.payload(t), true)
+	}
+	l.col.wait(t, 5)
+	l.eng.pub.Close()
+	testkit.WaitFor(t, "the relay to notice the engine left", func() bool { return !l.r.Ready() })
+	return l
+}
+
+// rebind binds a new publisher at the engine's endpoint and waits for the
+// relay to subscribe to it.
+func (l engineThatLeft) rebind(t *testing.T, ctx context.Context) {
+	t.Helper()
+	l.eng.pub = newEngine(t, ctx).pub
+	if err := l.eng.pub.Listen(l.ep); err != nil {
+		t.Fatal(err)
+	}
+	l.eng.waitSubscribed(t)
+}
+
 func TestRelayRedialsAnEngineThatBindsAndRestarts(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ns := startNATS(t, natsembed.Options{})
-	defer ns.Shutdown()
-	col := collect(t, ns.ClientURL())
-	eng := newEngine(t, ctx)
-	if err := eng.pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	ep := "tcp://" + eng.pub.Addr().String()
-	cfg := baseConfig()
-	cfg.Connect, cfg.ZMQEndpoint = true, ep
-	r := startRelay(t, cfg, ns.ClientURL())
-	eng.waitSubscribed(t)
 	bm := newBatchMaker(10, 16, 8)
-	for seq := uint64(0); seq < 5; seq++ {
-		eng.send(t, seq, bm.payload(t), true)
-	}
-	col.wait(t, 5)
-
-	eng.pub.Close()
-	testkit.WaitFor(t, "the relay to notice the engine left", func() bool { return !r.Ready() })
-	eng = newEngine(t, ctx)
-	if err := eng.pub.Listen(ep); err != nil {
-		t.Fatal(err)
-	}
-	eng.waitSubscribed(t)
+	l := relayWhoseEngineLeft(t, ctx, false, bm)
+	l.rebind(t, ctx)
 	for seq := uint64(0); seq < 3; seq++ {
-		eng.send(t, seq, bm.payload(t), true)
+		l.eng.send(t, seq, bm.payload(t), true)
 	}
-	msgs := col.wait(t, 8)
+	msgs := l.col.wait(t, 8)
 	a, _ := events.ParseOrigin(msgs[4].Header)
 	b, _ := events.ParseOrigin(msgs[5].Header)
 	if a.Instance == b.Instance || b.Seq != 0 {
 		t.Fatalf("after the engine came back: seq %d, instance %q (was %q)", b.Seq, b.Instance, a.Instance)
 	}
-	if got := value(r.m.restarts); got != 1 {
+	if got := value(l.r.m.restarts); got != 1 {
 		t.Fatalf("engine_restarts_total %v, want 1", got)
+	}
+}
+
+// An engine that restarts and publishes as many batches before the relay
+// reconnects as the old one had relayed hands the relay a seq that follows
+// on from the last one. Only the replay ring can say whether it is the same
+// engine; without that word the relay takes it for a new one, which can
+// only under-claim.
+func TestRelayTellsARestartFromAReconnectWhenTheSeqFollowsOn(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		replay, restart bool
+		wantState       string
+	}{
+		{name: "restarted, the ring holds another batch", replay: true, restart: true, wantState: events.SnapshotExact},
+		{name: "restarted, no replay socket", restart: true, wantState: events.SnapshotPartial},
+		{name: "the same engine, reconnected", replay: true, wantState: events.SnapshotExact},
+		{name: "reconnected, no replay socket", wantState: events.SnapshotPartial},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			bm := newBatchMaker(10, 16, 8)
+			l := relayWhoseEngineLeft(t, ctx, tc.replay, bm)
+			ref := reference{}
+			next := bm.payload
+			if tc.restart {
+				// The new engine's first five batches went by before the
+				// relay was back: they are in its ring only.
+				l.eng.mu.Lock()
+				l.eng.ring = map[uint64][]byte{}
+				l.eng.mu.Unlock()
+				after := newBatchMaker(11, 16, 8)
+				next = func(t testing.TB) []byte {
+					b, data := wire(t, after.batch())
+					ref.apply(b, 16)
+					return data
+				}
+				for seq := uint64(0); seq < 5; seq++ {
+					l.eng.send(t, seq, next(t), false)
+				}
+			}
+			l.rebind(t, ctx)
+			l.eng.send(t, 5, next(t), true)
+
+			want := 6
+			if tc.restart && tc.replay {
+				want = 11 // the new engine's 0..4 from its ring, then 5
+			}
+			msgs := l.col.wait(t, want)
+			a, _ := events.ParseOrigin(msgs[4].Header)
+			b, _ := events.ParseOrigin(msgs[len(msgs)-1].Header)
+			newInstance := tc.restart || !tc.replay
+			if newInstance == (a.Instance == b.Instance) || b.Seq != 5 {
+				t.Fatalf("after the reconnect: seq %d, instance %q (was %q); a new one wanted: %v", b.Seq, b.Instance, a.Instance, newInstance)
+			}
+			wantRestarts := 0.0
+			if newInstance {
+				wantRestarts = 1
+			}
+			if got := value(l.r.m.restarts); got != wantRestarts {
+				t.Fatalf("engine_restarts_total %v, want %v", got, wantRestarts)
+			}
+			if got := l.r.Mirror().Position().SnapshotState(); got != tc.wantState {
+				t.Fatalf("mirror %s, want %s", got, tc.wantState)
+			}
+			if tc.restart && tc.replay {
+				if got, want := l.r.Mirror().heldView(), ref.view(); !reflect.DeepEqual(got, want) {
+					t.Fatalf("the mirror holds %d blocks after the restart, the new engine %d", len(got), len(want))
+				}
+			}
+		})
 	}
 }
 
