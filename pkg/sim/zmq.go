@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/go-zeromq/zmq4/transport"
 )
 
 // DefaultBufferSteps is the replay ring's size when ZMQConfig leaves it
@@ -95,7 +94,7 @@ func (e *Engine) StartZMQ(cfg ZMQConfig) error {
 	z := &zmqOut{topic: []byte(cfg.Topic), cancel: cancel, ring: make([]ringEntry, cfg.BufferSteps)}
 	if cfg.Bind || vllmBinds(cfg.Endpoint) {
 		pub := zmq4.NewPub(ctx, zmq4.WithLogger(quietLogger()))
-		if err := pub.Listen(listenable(cfg.Endpoint)); err != nil {
+		if err := pub.Listen(simEndpoint(listenable(cfg.Endpoint))); err != nil {
 			_ = pub.Close()
 			z.close()
 			return fmt.Errorf("%w: bind %s: %w", ErrZMQ, cfg.Endpoint, err)
@@ -110,7 +109,7 @@ func (e *Engine) StartZMQ(cfg ZMQConfig) error {
 	}
 	if cfg.ReplayEndpoint != "" {
 		z.router = zmq4.NewRouter(ctx, zmq4.WithLogger(quietLogger()))
-		if err := z.router.Listen(listenable(cfg.ReplayEndpoint)); err != nil {
+		if err := z.router.Listen(simEndpoint(listenable(cfg.ReplayEndpoint))); err != nil {
 			z.close()
 			return fmt.Errorf("%w: bind replay %s: %w", ErrZMQ, cfg.ReplayEndpoint, err)
 		}
@@ -204,7 +203,7 @@ func (z *zmqOut) dial(ctx context.Context, ep string) {
 		sctx, cancel := context.WithCancel(context.WithValue(ctx, connDiedKey{}, died))
 		pub := zmq4.NewPub(sctx, zmq4.WithLogger(quietLogger()),
 			zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
-		err := pub.Dial(watchedEndpoint(ep))
+		err := pub.Dial(simEndpoint(ep))
 		if err == nil && !subscribed(ctx, pub) {
 			// A subscriber that was closing as it accepted us leaves a
 			// connection nobody reads or closes; one that subscribes to
@@ -337,58 +336,4 @@ func subscribed(ctx context.Context, pub zmq4.Socket) bool {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return true
-}
-
-// watchedTCP is the transport a dialling engine's PUB goes through: plain
-// TCP whose connections report their end, so that the engine can dial a
-// restarted subscriber afresh.
-const watchedTCP = "kvsim-tcp"
-
-// connDiedKey carries, in the context of the socket that dials, the
-// channel its connection closes when it ends.
-type connDiedKey struct{}
-
-func init() {
-	if err := zmq4.RegisterTransport(watchedTCP, watchTransport{tcp: transport.New("tcp")}); err != nil {
-		panic(err) // only if the name is taken, which is a build mistake
-	}
-}
-
-func watchedEndpoint(ep string) string {
-	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
-		return watchedTCP + "://" + rest
-	}
-	return ep
-}
-
-type watchTransport struct{ tcp transport.Transport }
-
-func (w watchTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
-	c, err := w.tcp.Dial(ctx, d, addr)
-	if err != nil {
-		return nil, err
-	}
-	died, _ := ctx.Value(connDiedKey{}).(chan struct{})
-	return &watchConn{Conn: c, died: died}, nil
-}
-
-func (w watchTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
-	return w.tcp.Listen(ctx, addr)
-}
-
-func (w watchTransport) Addr(ep string) (string, error) { return w.tcp.Addr(ep) }
-
-// watchConn closes died once its first read fails: the peer is gone.
-type watchConn struct {
-	net.Conn
-	died chan struct{}
-	once sync.Once
-}
-
-func (c *watchConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if err != nil && c.died != nil {
-		c.once.Do(func() { close(c.died) })
-	}
-	return n, err
 }

@@ -3,12 +3,15 @@ package sim
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
 
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
@@ -265,4 +268,31 @@ func FuzzReplayRequest(f *testing.F) {
 			t.Fatalf("parsed id %q seq %d from %q", gotID, seq, frames)
 		}
 	})
+}
+
+// A bound socket's listener closes, with itself, every connection it
+// accepted, also one the ZeroMQ library has not yet taken over (still in
+// its handshake): an engine that exits leaves no connection open behind it.
+func TestAClosedEngineListenerLeavesNoConnectionOpen(t *testing.T) {
+	l, err := simTransport{tcp: transport.New("tcp")}.Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if _, err := l.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody closes the accepted connection: the library's accept loop
+	// would only have added it to the socket after its handshake.
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := client.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the client's connection is still open after the engine's listener closed: %v", err)
+	}
 }

@@ -116,8 +116,17 @@ func (in *intake) read(ctx context.Context, out chan<- delivery) {
 			return
 		}
 		if err := s.Dial(guardEndpoint(in.endpoint)); err != nil {
-			_ = s.Close() // only when ctx ended: the dialer retries forever
-			return
+			// The dialer retries a refused connection for ever, but gives
+			// up on one whose ZMTP handshake fails: an engine that closes
+			// as the relay redials (it is restarting) resets it. That is
+			// one more reason to dial again, not the end of the intake.
+			_ = s.Close()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(zmqRetry):
+			}
+			continue
 		}
 		in.up.Store(true)
 		in.recv(ctx, s, out)

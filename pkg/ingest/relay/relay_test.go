@@ -3,12 +3,14 @@ package relay
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -231,6 +233,60 @@ func TestRelayRedialsAnEngineThatBindsAndRestarts(t *testing.T) {
 	}
 	if got := value(l.r.m.restarts); got != 1 {
 		t.Fatalf("engine_restarts_total %v, want 1", got)
+	}
+}
+
+// An engine on its way down can accept the relay's connection and close it
+// before the ZMTP handshake is done. The ZeroMQ dialer gives up on such a
+// connection rather than retry it; the relay must dial again, not stop
+// reading its engine.
+func TestRelayRedialsAfterAHandshakeTheEngineCutShort(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ns := startNATS(t, natsembed.Options{})
+	defer ns.Shutdown()
+	col := collect(t, ns.ClientURL())
+	cutter, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "tcp://" + cutter.Addr().String()
+	cut := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := cutter.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+			select {
+			case cut <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	cfg := baseConfig()
+	cfg.Connect, cfg.ZMQEndpoint = true, ep
+	r := startRelay(t, cfg, ns.ClientURL())
+	for range 2 {
+		select {
+		case <-cut:
+		case <-time.After(waitLimit):
+			t.Fatal("the relay never dialled")
+		}
+	}
+	_ = cutter.Close()
+	eng := newEngine(t, ctx)
+	if err := eng.pub.Listen(ep); err != nil {
+		t.Fatal(err)
+	}
+	eng.waitSubscribed(t)
+	bm := newBatchMaker(10, 16, 8)
+	eng.send(t, 0, bm.payload(t), true)
+	col.wait(t, 1)
+	if !r.Ready() {
+		t.Fatal("the relay relays but does not say it is connected")
 	}
 }
 
