@@ -209,6 +209,7 @@ func bench(ctx context.Context, args []string) error {
 	var ff fleetFlags
 	ff.register(fs, 4, 512)
 	dur := fs.Duration("duration", 8*time.Second, "arrivals per run")
+	minReq := fs.Int("min-requests", 240, "lengthen the arrivals of runs at low rates until about this many requests arrive (0: never)")
 	drain := fs.Duration("drain", 5*time.Second, "time allowed after arrivals before requests in flight are cut")
 	outDir := fs.String("out", "", "directory for routing-benchmark.md and its SVG plots (default docs, or docs/virtual-time with --virtual)")
 	virtual := fs.Bool("virtual", false, "run in virtual time: no HTTP, NATS or sleeping, kvroute's scheduler in process; seconds instead of minutes")
@@ -239,11 +240,11 @@ func bench(ctx context.Context, args []string) error {
 		Virtual:  *virtual,
 		Plans:    plans,
 		Policies: strings.Split(*policies, ","),
-		Fleet:    fo, Duration: *dur, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: *seed,
+		Fleet:    fo, Duration: *dur, MinRequests: *minReq, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: *seed,
 		Progress: os.Stdout,
 	}
 	if *quick {
-		o.Duration = min(o.Duration, 3*time.Second)
+		o.Duration, o.MinRequests = min(o.Duration, 3*time.Second), 0
 	}
 	start := time.Now()
 	pts, err := loadgen.Bench(ctx, o)

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +20,8 @@ import (
 // predictEval compares the latency predictor's learning methods: for each
 // benchmark workload, a trace recorded in virtual time over its whole rate
 // ladder trains each method, and another trace of the same workload (other
-// arrivals, other prompts: a different seed) scores it.
+// arrivals, other prompts: a different seed) scores it; several such
+// pairs, each with seeds of its own, are scored and pooled.
 func predictEval(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("kvsim predict-eval", flag.ContinueOnError)
 	var ff fleetFlags
@@ -27,7 +29,8 @@ func predictEval(ctx context.Context, args []string) error {
 	dur := fs.Duration("duration", 8*time.Second, "arrivals per rate and trace")
 	only := fs.String("workloads", "", "comma-separated workloads (default all)")
 	out := fs.String("out", "", "also write the Markdown table to this file")
-	traces := fs.String("traces", "", "also write each recorded trace to this directory, as JSON lines (<workload>-train.jsonl, <workload>-test.jsonl)")
+	traces := fs.String("traces", "", "also write each recorded trace to this directory, as JSON lines (<workload>-<pair>-train.jsonl, <workload>-<pair>-test.jsonl)")
+	npairs := fs.Int("pairs", 4, "pairs of traces (train, held-apart test) per workload, each with seeds of its own; the scores are pooled")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -42,56 +45,73 @@ func predictEval(ctx context.Context, args []string) error {
 	}
 	start := time.Now()
 	var b strings.Builder
-	b.WriteString("| workload | method | evaluation | TTFT MAPE | TTFT median APE | TTFT p90 coverage | TPOT MAPE | TPOT median APE | TPOT p90 coverage | observations (train / test) |\n")
+	if *npairs < 1 {
+		return fmt.Errorf("kvsim predict-eval: -pairs %d: at least one", *npairs)
+	}
+	b.WriteString("| workload | method | evaluation | TTFT MAPE (pairs) | TTFT median APE | TTFT p90 coverage (pairs) | TPOT MAPE (pairs) | TPOT median APE | TPOT p90 coverage (pairs) | observations (train / test) |\n")
 	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range plans {
 		ro := loadgen.RunOptions{Model: fo.Model, Duration: *dur, Drain: 5 * time.Second, MaxTokens: 32, ThinkTime: 200 * time.Millisecond}
-		ro.Seed = 101
-		train, err := loadgen.RecordTrace(ctx, fo, p, ro)
-		if err != nil {
-			return err
-		}
-		ro.Seed = 202
-		test, err := loadgen.RecordTrace(ctx, fo, p, ro)
-		if err != nil {
-			return err
-		}
-		if *traces != "" {
-			if err := writeTraces(*traces, p.Workload.Name, train, test); err != nil {
+		pairs := make([]predict.TracePair, *npairs)
+		trainN := 0
+		for k := range pairs {
+			var err error
+			ro.Seed = 101 + 202*uint64(k)
+			if pairs[k].Train, err = loadgen.RecordTrace(ctx, fo, p, ro); err != nil {
 				return err
 			}
+			ro.Seed = 202 + 202*uint64(k)
+			if pairs[k].Test, err = loadgen.RecordTrace(ctx, fo, p, ro); err != nil {
+				return err
+			}
+			trainN += len(pairs[k].Train)
+			if *traces != "" {
+				if err := writeTraces(*traces, fmt.Sprintf("%s-%d", p.Workload.Name, k), pairs[k]); err != nil {
+					return err
+				}
+			}
 		}
-		rows := []struct {
+		type row struct {
 			method, eval string
-			train        []predict.Sample
+			train        bool
 			learn        bool
-		}{{"", "prior only (no learning)", nil, false}}
+		}
+		rows := []row{{"", "prior only (no learning)", false, false}}
 		for _, m := range predict.Methods {
-			rows = append(rows,
-				struct {
-					method, eval string
-					train        []predict.Sample
-					learn        bool
-				}{m, "trained, then frozen", train, false},
-				struct {
-					method, eval string
-					train        []predict.Sample
-					learn        bool
-				}{m, "trained, learning on (prequential)", train, true})
+			rows = append(rows, row{m, "trained, then frozen", true, false}, row{m, "trained, learning on (prequential)", true, true})
 		}
 		for _, r := range rows {
-			ev, err := predict.Evaluate(predict.Options{Method: r.method}, r.train, test, r.learn)
+			use := pairs
+			if !r.train {
+				use = make([]predict.TracePair, len(pairs))
+				for k := range pairs {
+					use[k].Test = pairs[k].Test
+				}
+			}
+			ev, each, err := predict.EvaluatePairs(predict.Options{Method: r.method}, use, r.learn)
 			if err != nil {
 				return err
 			}
-			name := ev.Method
-			if r.train == nil {
-				name = "—"
+			name, n := ev.Method, trainN
+			if !r.train {
+				name, n = "—", 0
 			}
-			line := fmt.Sprintf("| %s | %s | %s | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %d / %d |\n",
+			pick := func(f func(predict.Evaluation) float64) string {
+				lo, hi := math.Inf(1), math.Inf(-1)
+				for _, e := range each {
+					lo, hi = min(lo, f(e)), max(hi, f(e))
+				}
+				if len(each) == 1 {
+					return ""
+				}
+				return fmt.Sprintf(" (%.1f–%.1f)", 100*lo, 100*hi)
+			}
+			line := fmt.Sprintf("| %s | %s | %s | %.1f%%%s | %.1f%% | %.1f%%%s | %.1f%%%s | %.1f%% | %.1f%%%s | %d / %d |\n",
 				p.Workload.Name, name, r.eval,
-				100*ev.TTFT.MAPE, 100*ev.TTFT.MedianAPE, 100*ev.TTFT.Coverage,
-				100*ev.TPOT.MAPE, 100*ev.TPOT.MedianAPE, 100*ev.TPOT.Coverage, len(r.train), ev.TTFT.N)
+				100*ev.TTFT.MAPE, pick(func(e predict.Evaluation) float64 { return e.TTFT.MAPE }), 100*ev.TTFT.MedianAPE,
+				100*ev.TTFT.Coverage, pick(func(e predict.Evaluation) float64 { return e.TTFT.Coverage }),
+				100*ev.TPOT.MAPE, pick(func(e predict.Evaluation) float64 { return e.TPOT.MAPE }), 100*ev.TPOT.MedianAPE,
+				100*ev.TPOT.Coverage, pick(func(e predict.Evaluation) float64 { return e.TPOT.Coverage }), n, ev.TTFT.N)
 			b.WriteString(line)
 			fmt.Print(line)
 		}
@@ -104,12 +124,13 @@ func predictEval(ctx context.Context, args []string) error {
 	return os.WriteFile(*out, []byte(head+b.String()), 0o644)
 }
 
-// writeTraces writes a workload's two traces into dir, one sample per line.
-func writeTraces(dir, workload string, train, test []predict.Sample) error {
+// writeTraces writes a pair of traces into dir, one sample per line, as
+// <name>-train.jsonl and <name>-test.jsonl.
+func writeTraces(dir, name string, pair predict.TracePair) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for name, tr := range map[string][]predict.Sample{"train": train, "test": test} {
+	for which, tr := range map[string][]predict.Sample{"train": pair.Train, "test": pair.Test} {
 		var b bytes.Buffer
 		enc := json.NewEncoder(&b)
 		for _, s := range tr {
@@ -117,7 +138,7 @@ func writeTraces(dir, workload string, train, test []predict.Sample) error {
 				return err
 			}
 		}
-		if err := os.WriteFile(filepath.Join(dir, workload+"-"+name+".jsonl"), b.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name+"-"+which+".jsonl"), b.Bytes(), 0o644); err != nil {
 			return err
 		}
 	}

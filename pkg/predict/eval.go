@@ -24,6 +24,11 @@ type Evaluation struct {
 	TTFT, TPOT Accuracy
 }
 
+// TracePair is a trace to train on and another, held apart, to score on.
+type TracePair struct {
+	Train, Test []Sample
+}
+
 // Evaluate trains a predictor with o on train, in order, then scores each
 // observation of test against the prediction made before it: with learn,
 // the predictor goes on learning from test as it is scored (prequential
@@ -32,33 +37,51 @@ type Evaluation struct {
 // train. Every endpoint in either trace gets a model of its own, of its
 // recorded class.
 func Evaluate(o Options, train, test []Sample, learn bool) (Evaluation, error) {
+	ev, _, err := EvaluatePairs(o, []TracePair{{Train: train, Test: test}}, learn)
+	return ev, err
+}
+
+// EvaluatePairs evaluates each pair as Evaluate does, a fresh predictor
+// for each, and pools their scores: one held-apart trace's error moves by
+// a point or more with its seed, several pooled by much less. It returns
+// the pooled evaluation and each pair's.
+func EvaluatePairs(o Options, pairs []TracePair, learn bool) (Evaluation, []Evaluation, error) {
 	o.Synchronous, o.Record, o.Registerer = true, nil, nil
-	p, err := New(o)
-	if err != nil {
-		return Evaluation{}, err
-	}
-	for _, tr := range [][]Sample{train, test} {
-		for _, s := range tr {
-			p.AddEndpoint(s.Endpoint, s.Class)
+	var allTT, allTP scorer
+	each := make([]Evaluation, 0, len(pairs))
+	method := o.Method
+	for _, pair := range pairs {
+		var tt, tp scorer
+		p, err := New(o)
+		if err != nil {
+			return Evaluation{}, nil, err
 		}
-	}
-	for _, s := range train {
-		p.Observe(s)
-	}
-	var tt, tp scorer
-	for _, s := range test {
-		pr := p.Predict(s.Endpoint, &s.Input)
-		if s.HasTTFT {
-			tt.add(pr.TTFT, pr.TTFTQuantile, s.TTFTMs)
+		method = p.Method()
+		for _, tr := range [][]Sample{pair.Train, pair.Test} {
+			for _, s := range tr {
+				p.AddEndpoint(s.Endpoint, s.Class)
+			}
 		}
-		if s.HasTPOT {
-			tp.add(pr.TPOT, pr.TPOTQuantile, s.TPOTMs)
-		}
-		if learn {
+		for _, s := range pair.Train {
 			p.Observe(s)
 		}
+		for _, s := range pair.Test {
+			pr := p.Predict(s.Endpoint, &s.Input)
+			if s.HasTTFT {
+				tt.add(pr.TTFT, pr.TTFTQuantile, s.TTFTMs)
+			}
+			if s.HasTPOT {
+				tp.add(pr.TPOT, pr.TPOTQuantile, s.TPOTMs)
+			}
+			if learn {
+				p.Observe(s)
+			}
+		}
+		allTT.merge(&tt)
+		allTP.merge(&tp)
+		each = append(each, Evaluation{Method: method, TTFT: tt.accuracy(), TPOT: tp.accuracy()})
 	}
-	return Evaluation{Method: p.Method(), TTFT: tt.accuracy(), TPOT: tp.accuracy()}, nil
+	return Evaluation{Method: method, TTFT: allTT.accuracy(), TPOT: allTP.accuracy()}, each, nil
 }
 
 type scorer struct {
@@ -74,6 +97,11 @@ func (s *scorer) add(mean, quant, actual float64) {
 	if actual <= quant {
 		s.covered++
 	}
+}
+
+func (s *scorer) merge(o *scorer) {
+	s.ape = append(s.ape, o.ape...)
+	s.covered += o.covered
 }
 
 func (s *scorer) accuracy() Accuracy {

@@ -255,7 +255,11 @@ func busy(in *Input) float64 {
 // TPOTFeatures fills v with the features time per output token is
 // predicted from: the batch the request will decode in (its size and the
 // context it reads), the prefill work that will share its steps, and its
-// own context.
+// own context. What shares its steps arrives mostly after it: the recent
+// rate of prefill work sent there, and the requests expected to end soon
+// (in conversations and agent loops their next turns come back to the
+// same cache while this one decodes); the prefill queue ahead and the
+// batch the replay sees tell how loaded the endpoint is when it starts.
 func (in *Input) TPOTFeatures(v *Vector, seats int) {
 	waiting, running, kv, stale := in.scraped()
 	*v = Vector{
@@ -271,7 +275,27 @@ func (in *Input) TPOTFeatures(v *Vector, seats int) {
 		float64(in.MaxTokens) / 1e3,
 		stale,
 		clampFinite(in.RecentPrefillRate, 0, 1e9) / 1e4,
+		endsWithin(in, soonMs),
+		clampFinite(float64(in.Ahead.PrefillTokens), 0, 1e9) / 1e3,
+		float64(in.Ahead.Decoding),
+		clampFinite(in.PrefillAheadMs, 0, 1e6) / 100,
 	}
+}
+
+// soonMs is the horizon of the decode ends that TPOT counts: about the
+// decode of a short response.
+const soonMs = 300
+
+// endsWithin is how many of the decode ends in expects fall within ms of
+// the request's arrival.
+func endsWithin(in *Input, ms float64) float64 {
+	n := 0
+	for _, d := range in.DecodeEndsMs[:min(max(in.DecodeEnds, 0), DecodeEndsKept)] {
+		if d < ms {
+			n++
+		}
+	}
+	return float64(n)
 }
 
 func (in *Input) scraped() (waiting, running, kv, stale float64) {
@@ -319,7 +343,7 @@ func dot(a, b *Vector) float64 {
 const (
 	ttftFeatures  = 30
 	aloneFeatures = 7
-	tpotFeatures  = 12
+	tpotFeatures  = 16
 )
 
 // dotN is dot over the first n features, in the same order: when the rest

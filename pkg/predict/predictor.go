@@ -154,7 +154,7 @@ func New(o Options) (*Predictor, error) {
 	}
 	p := &Predictor{
 		o:       o,
-		p:       params{tau: o.Quantile, lambda: math.Exp(-1 / float64(o.Memory)), ridge: 1, window: 64},
+		p:       params{tau: o.Quantile, lambda: math.Exp(-1 / float64(o.Memory)), ridge: 1, window: 64, relative: true},
 		priorTT: o.Prior.ttft(), priorTP: o.Prior.tpot(),
 		obs:     make(chan Sample, o.Queue),
 		classes: map[string]*classModel{},
@@ -171,10 +171,11 @@ func New(o Options) (*Predictor, error) {
 	return p, nil
 }
 
+// newLearners makes the two targets' learners, both fitted for relative
+// error (params.relative): the error that matters, and the one accuracy
+// is judged by, is a share of the latency.
 func (p *Predictor) newLearners() (ttft, tpot learner, err error) {
-	rel := p.p
-	rel.relative = true
-	if ttft, err = newLearner(p.o.Method, p.priorTT, ttftMonotone, rel); err != nil {
+	if ttft, err = newLearner(p.o.Method, p.priorTT, ttftMonotone, p.p); err != nil {
 		return nil, nil, err
 	}
 	tpot, err = newLearner(p.o.Method, p.priorTP, tpotMonotone, p.p)

@@ -391,3 +391,56 @@ func TestEveryMonotoneFeatureIsOneTheFeaturesSet(t *testing.T) {
 		}
 	}
 }
+
+// Pairs evaluated together score as one: every test observation of every
+// pair counted once, each pair by a predictor trained on its own trace
+// only, so that pooling is the same as evaluating each and weighing them
+// by their observations.
+func TestEvaluatingPairsPoolsEachPairsScores(t *testing.T) {
+	trace := func(seed uint64, n int, slow float64) []Sample {
+		w := &world{rng: rand.New(rand.NewPCG(seed, 1)), slow: slow, noise: 0.1}
+		out := make([]Sample, n)
+		for i := range out {
+			in := w.input()
+			ttft, tpot := w.truth(in)
+			out[i] = Sample{Endpoint: "e", Class: "c", Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: i%2 == 0}
+		}
+		return out
+	}
+	// The second pair's endpoint is twice as slow: a predictor carried
+	// over from the first would be far off.
+	pairs := []TracePair{
+		{Train: trace(1, 300, 1), Test: trace(2, 100, 1)},
+		{Train: trace(3, 300, 2), Test: trace(4, 300, 2)},
+	}
+	pooled, each, err := EvaluatePairs(Options{}, pairs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(each) != 2 {
+		t.Fatalf("%d evaluations, want one per pair", len(each))
+	}
+	for i, pair := range pairs {
+		alone, err := Evaluate(Options{}, pair.Train, pair.Test, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if alone != each[i] {
+			t.Fatalf("pair %d: %v within the pool, %v alone", i, each[i], alone)
+		}
+	}
+	for _, tc := range []struct {
+		what         string
+		pooled, a, b Accuracy
+	}{{"TTFT", pooled.TTFT, each[0].TTFT, each[1].TTFT}, {"TPOT", pooled.TPOT, each[0].TPOT, each[1].TPOT}} {
+		n := tc.a.N + tc.b.N
+		mape := (tc.a.MAPE*float64(tc.a.N) + tc.b.MAPE*float64(tc.b.N)) / float64(n)
+		cov := (tc.a.Coverage*float64(tc.a.N) + tc.b.Coverage*float64(tc.b.N)) / float64(n)
+		if tc.pooled.N != n || math.Abs(tc.pooled.MAPE-mape) > 1e-12 || math.Abs(tc.pooled.Coverage-cov) > 1e-12 {
+			t.Fatalf("%s pooled %v, want n=%d MAPE %.4f coverage %.4f", tc.what, tc.pooled, n, mape, cov)
+		}
+		if tc.a.MAPE > 0.1 || tc.b.MAPE > 0.1 {
+			t.Fatalf("%s: each pair's own predictor should fit its world: %v, %v", tc.what, tc.a, tc.b)
+		}
+	}
+}

@@ -27,9 +27,13 @@ type BenchOptions struct {
 	Fleet    FleetOptions
 	// Duration of arrivals and Drain allowed after, per run.
 	Duration, Drain time.Duration
-	MaxTokens       int
-	ThinkTime       time.Duration
-	Seed            uint64
+	// MinRequests lengthens the arrivals of a run at a low rate until
+	// about that many requests arrive: a p90 read from a few dozen
+	// requests is their third or fourth longest, and says little.
+	MinRequests int
+	MaxTokens   int
+	ThinkTime   time.Duration
+	Seed        uint64
 	// Virtual runs every policy in virtual time (RunVirtual) rather than
 	// in real time through HTTP, NATS and a served EPP.
 	Virtual bool
@@ -80,7 +84,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 		fleet.Speeds = p.Speeds
 	}
 	ro := RunOptions{
-		Model: o.Fleet.Model, Rate: rate, Duration: o.Duration, Drain: o.Drain,
+		Model: o.Fleet.Model, Rate: rate, Duration: o.runDuration(rate), Drain: o.Drain,
 		MaxTokens: o.MaxTokens, ThinkTime: o.ThinkTime, Seed: o.Seed,
 	}
 	if o.Virtual {
@@ -99,6 +103,16 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}
 	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan)}, nil
+}
+
+// runDuration is how long arrivals run at rate: Duration, or longer for
+// MinRequests to arrive.
+func (o BenchOptions) runDuration(rate float64) time.Duration {
+	d := o.Duration
+	if o.MinRequests > 0 && rate > 0 {
+		d = max(d, time.Duration(float64(o.MinRequests)/rate*float64(time.Second)).Round(time.Second))
+	}
+	return d
 }
 
 // ms formats a duration in milliseconds for tables.

@@ -78,8 +78,12 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 	if o.Virtual {
 		ttftNote = "TTFT runs from a request's arrival to the end of the engine step that made its first token."
 	}
-	fmt.Fprintf(&b, "Traffic: open-loop Poisson arrivals for %s per run (then up to %s to finish; requests still running are cut and counted with their time so far), %d output tokens per request, streamed; a conversation's turns follow one another %s apart, conversations starting at the rate divided by the turns; every policy sees the same arrivals and prompts, on a fresh fleet with cold caches. %s Every request states a TTFT SLO (`x-slo-ttft-ms`); SLO attainment is the share of the requests served (not shed) whose TTFT met it, goodput those per second. In mixed-slo, 60%% of conversations are `interactive` (priority 0, SLO 300ms) and 40%% `batch` (priority -1, sheddable, SLO 1.5s), named by `x-gateway-inference-objective`; only kvroute's EPP can shed (429), which the tables count.\n\n",
-		o.Duration, o.Drain, o.MaxTokens, o.ThinkTime, ttftNote)
+	long := ""
+	if o.MinRequests > 0 {
+		long = fmt.Sprintf(", or longer at low rates, until about %d requests have arrived", o.MinRequests)
+	}
+	fmt.Fprintf(&b, "Traffic: open-loop Poisson arrivals for %s per run%s (then up to %s to finish; requests still running are cut and counted with their time so far), %d output tokens per request, streamed; a conversation's turns follow one another %s apart, conversations starting at the rate divided by the turns; every policy sees the same arrivals and prompts, on a fresh fleet with cold caches. %s Every request states a TTFT SLO (`x-slo-ttft-ms`); SLO attainment is the share of the requests served (not shed) whose TTFT met it, goodput those per second. In mixed-slo, 60%% of conversations are `interactive` (priority 0, SLO 300ms) and 40%% `batch` (priority -1, sheddable, SLO 1.5s), named by `x-gateway-inference-objective`; only kvroute's EPP can shed (429), which the tables count.\n\n",
+		o.Duration, long, o.Drain, o.MaxTokens, o.ThinkTime, ttftNote)
 	b.WriteString(`Policies:
 
 | policy | how it routes |
