@@ -34,7 +34,7 @@ bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns in one run (2-6 min)
 	$(GO) test -run '^$$' -bench 'BenchmarkExtProc(Floor|Rates)' -benchtime 1800x -timeout 40m ./pkg/requestpath/extproc/
 
-bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~40 min)
+bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~60 min)
 	$(GO) run ./cmd/kvsim bench
 
 bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virtual-time/
