@@ -151,6 +151,10 @@ func newWorld(t testing.TB, o worldOptions) *world {
 		w.slots = append(w.slots, s)
 		w.startEngine(s)
 		w.startRelay(s)
+		// The engine's PUB drops what it publishes before the relay's
+		// subscription reaches it: a relay that missed the first batches
+		// would start partial without a replay ring, on a busy machine.
+		testkit.WaitFor(t, "the engine to see its relay's subscription", s.eng.ZMQSubscribed)
 		t.Cleanup(func() {
 			w.stopRelay(s)
 			_ = s.eng.Close()
