@@ -391,14 +391,9 @@ func (r *Relay) handle(ctx context.Context, frames [][]byte, fresh bool) {
 		r.newInstance()
 		r.fillHistory(ctx, msg.seq)
 	case msg.seq <= r.last:
-		r.m.restarts.Inc()
-		r.log.Info("engine restarted", "last_seq", r.last, "seq", msg.seq)
-		r.newInstance()
-		r.fillHistory(ctx, msg.seq)
-	case fresh:
-		r.confirmEngine(ctx, msg.seq)
-	case msg.seq > r.last+1:
-		r.fillGapOrRestart(ctx, msg.seq)
+		r.engineRestarted(ctx, msg.seq, "its seq went back")
+	case fresh || msg.seq > r.last+1:
+		r.followOn(ctx, msg.seq, fresh)
 	}
 	r.forward(msg.seq, msg.payload)
 	r.gauges()
@@ -481,48 +476,41 @@ func (r *Relay) fillGap(ctx context.Context, from, to uint64) {
 	r.settleGap(from, to, got, err)
 }
 
-// fillGapOrRestart handles a seq past the next: a gap, unless the engine
-// restarted and its new seq has already passed the last one relayed (the
-// relay reconnected to it late). The replay ring tells them apart: asked
-// from the last seq relayed, it holds that very batch if the engine is the
-// same, and another if not.
-func (r *Relay) fillGapOrRestart(ctx context.Context, to uint64) {
+// followOn handles a seq past the last one relayed that may be another
+// engine's: one past the next (a gap, unless the engine restarted and its
+// new seq has already passed the last one relayed), or the first batch on
+// a new connection (fresh), where even the very next seq proves nothing:
+// a restarted engine may have published just as many batches before the
+// relay reconnected. The replay ring tells them apart: asked from the last
+// seq relayed, it holds that very batch, unchanged, if the engine is the
+// same, and another if not. A ring that cannot say (none, or one that no
+// longer has it) leaves a gap a gap; on a new connection the engine is
+// then taken for a new one: its mirror starts empty, which can only
+// under-claim, where keeping the old one could claim blocks the new
+// engine never stored.
+func (r *Relay) followOn(ctx context.Context, to uint64, fresh bool) {
 	got, err := r.replay(ctx, r.last, to)
-	if len(got) > 0 && got[0].seq == r.last {
-		if xxhash.Sum64(got[0].payload) != r.lastDigest {
-			r.m.restarts.Inc()
-			r.log.Info("engine restarted: its replay ring holds another batch at the last seq relayed", "last_seq", r.last, "seq", to)
-			r.newInstance()
-			r.fillHistory(ctx, to)
-			return
-		}
+	atLast := len(got) > 0 && got[0].seq == r.last
+	switch {
+	case atLast && xxhash.Sum64(got[0].payload) == r.lastDigest:
 		got = got[1:]
-	}
-	r.settleGap(r.last+1, to, got, err)
-}
-
-// confirmEngine handles the first batch on a new connection whose seq
-// follows the last one relayed, directly or past a gap. A restarted engine
-// may have published just as many batches before the relay reconnected,
-// so the seq alone does not tell: the replay ring must still hold the
-// last batch relayed, unchanged. When it cannot confirm that (no replay
-// socket, or a ring that no longer has it), the engine is taken for a new
-// one: its mirror starts empty, which can only under-claim, where keeping
-// the old one could claim blocks the new engine never stored.
-func (r *Relay) confirmEngine(ctx context.Context, seq uint64) {
-	got, err := r.replay(ctx, r.last, seq)
-	if len(got) > 0 && got[0].seq == r.last && xxhash.Sum64(got[0].payload) == r.lastDigest {
-		if seq > r.last+1 {
-			r.settleGap(r.last+1, seq, got[1:], err)
-		}
+	case atLast:
+		r.engineRestarted(ctx, to, "its replay ring holds another batch at the last seq relayed")
+		return
+	case fresh:
+		r.engineRestarted(ctx, to, "a new connection, and the last batch relayed could not be confirmed")
 		return
 	}
-	why := "its replay ring holds another batch at the last seq relayed"
-	if len(got) == 0 || got[0].seq != r.last {
-		why = "the last batch relayed could not be confirmed"
+	if to > r.last+1 {
+		r.settleGap(r.last+1, to, got, err)
 	}
+}
+
+// engineRestarted starts a new instance at seq, the first batch of an
+// engine that is not the one relayed so far.
+func (r *Relay) engineRestarted(ctx context.Context, seq uint64, why string) {
 	r.m.restarts.Inc()
-	r.log.Info("engine restarted: a new connection", "last_seq", r.last, "seq", seq, "why", why, "err", err)
+	r.log.Info("engine restarted", "last_seq", r.last, "seq", seq, "why", why)
 	r.newInstance()
 	r.fillHistory(ctx, seq)
 }
