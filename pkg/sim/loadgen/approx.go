@@ -32,7 +32,7 @@ func newUpstreamApprox(replicas []*sim.Replica, model string, seed uint64) *upst
 		index: approx.New(0, nil), rng: rand.New(rand.NewPCG(seed, 2))}
 }
 
-func (u *upstreamApprox) pickText(prompt string) string {
+func (u *upstreamApprox) pickText(prompt string) (address string) {
 	req := &request.Request{Model: u.model, Prompt: prompt}
 	hashes := approx.Hashes(nil, req, approx.DefaultBlockSizeTokens, approx.DefaultMaxBlocks)
 	addrs := make([]string, len(u.replicas))
@@ -70,5 +70,5 @@ func (u *upstreamApprox) pickText(prompt string) string {
 		}
 	}
 	u.index.Record(addrs[best], hashes)
-	return "http://" + addrs[best]
+	return addrs[best]
 }

@@ -86,3 +86,52 @@ func TestMultiTurnConversationsHitTheirHistory(t *testing.T) {
 			pts[0].Errors, pts[0].HitRate, pts[1].HitRate)
 	}
 }
+
+// A policy that picks in the client sends its requests through the EPP's
+// proxy, as kvroute's policies do, and each lands on the engine it chose:
+// round-robin fills the engines in turn, where the EPP's own profile would
+// follow the prompts' shared prefixes.
+func TestAClientRoutedPolicyPaysTheSameHopAndKeepsItsPick(t *testing.T) {
+	ctx := context.Background()
+	env, err := StartEnv(ctx, PolicyRoundRobin, tinyFleet(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	w := Workload{Name: "tiny", Kind: KindSharedPrefix, Groups: 2, SystemTokens: 256, QuestionTokens: 16,
+		Classes: []Class{{Objective: "batch", Priority: -1, SLO: time.Second, Share: 1}}}
+	res := env.Run(ctx, w, RunOptions{Model: "sim-model", Rate: 30, Duration: time.Second, Drain: 5 * time.Second, MaxTokens: 2, Seed: 5})
+	served := 0
+	for _, s := range res.Samples {
+		if s.Err != nil || s.Shed || s.Cut {
+			t.Fatalf("a request failed: %+v", s)
+		}
+		served++
+	}
+	if served < 10 {
+		t.Fatalf("only %d requests served", served)
+	}
+	lo, hi := int64(1<<62), int64(0)
+	for _, r := range env.Fleet.Replicas() {
+		n := r.Stats().Requests
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	if hi-lo > 1 {
+		t.Errorf("engines served %d to %d requests; round-robin through the EPP gives each its turn", lo, hi)
+	}
+	mfs, err := env.EPP.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxied := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "kvroute_proxy_requests_total" {
+			for _, m := range mf.GetMetric() {
+				proxied += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if int(proxied) != served {
+		t.Errorf("the EPP's proxy answered %v requests of the %d served", proxied, served)
+	}
+}

@@ -94,9 +94,13 @@ type FleetOptions struct {
 	Mixed    bool
 }
 
-// Env is one policy's world: a fresh fleet with cold caches and, for the
-// policies routed by kvroute, an EPP on an embedded NATS server that the
-// engines publish their KV events to and whose proxy fronts them.
+// Env is one policy's world: a fresh fleet with cold caches behind an EPP
+// on an embedded NATS server, whose proxy every request goes through. For
+// the policies routed by kvroute the engines publish their KV events to it
+// and it picks; a policy that picks in the client names its choice in the
+// subset hint, and the EPP (on upstream's profile, hearing no events)
+// forwards it there, so that every policy's numbers include the same hop
+// and differ by the picks alone.
 type Env struct {
 	Policy string
 	Fleet  *sim.Fleet
@@ -112,24 +116,9 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 	env := &Env{Policy: policy}
 	ctx, env.cancel = context.WithCancel(ctx)
 	fc := fo.fleetConfig(seed)
-	if !viaEPP(policy) {
-		f, err := sim.StartFleet(ctx, fc)
-		if err != nil {
-			env.cancel()
-			return nil, err
-		}
-		env.Fleet = f
-		env.router, err = newDirect(policy, f.Replicas(), fo.Model, seed, time.Now)
-		if err != nil {
-			env.Close()
-			return nil, err
-		}
-		return env, nil
-	}
-	cfg := eppConfig(policy)
 	e, err := epp.New(epp.Options{
 		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
-		ConfigText: cfg, Scrape: true, Engine: fo.engineLimits(),
+		ConfigText: eppConfig(policy), Scrape: true, Engine: fo.engineLimits(),
 		ScrapeOptions: scrape.Options{Interval: 50 * time.Millisecond},
 		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
 		RequestPath: epp.RequestPathOptions{
@@ -145,8 +134,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 	env.EPP = e
 	env.eppErr = make(chan error, 1)
 	go func() { env.eppErr <- e.Run(ctx) }()
-	if policy != PolicyApproxEPP {
-		// The approximate policy's EPP hears no events: that is the point.
+	if hearsEvents(policy) {
 		env.nc, err = nats.Connect(e.NATSURL(), nats.Name("kvsim-fleet"))
 		if err != nil {
 			env.Close()
@@ -165,13 +153,24 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 			Name: cfg.Pod, Address: cfg.Address, Pod: cfg.Pod, Namespace: e.Namespace(), Model: cfg.Model,
 		})
 	}
-	env.router = viaProxy{url: "http://" + e.ProxyAddr()}
+	proxy := "http://" + e.ProxyAddr()
+	if viaEPP(policy) {
+		env.router = viaProxy{url: proxy}
+	} else if env.router, err = newDirect(policy, env.Fleet.Replicas(), proxy, fo.Model, seed, time.Now); err != nil {
+		env.Close()
+		return nil, err
+	}
 	if err := env.waitReady(ctx); err != nil {
 		env.Close()
 		return nil, err
 	}
 	return env, nil
 }
+
+// hearsEvents says whether a policy's EPP is fed the engines' KV events:
+// kvroute's are; the approximate one's is not (that is the point), nor is
+// the pass-through EPP of a client-routed policy.
+func hearsEvents(policy string) bool { return viaEPP(policy) && policy != PolicyApproxEPP }
 
 // waitReady waits for the EPP to be ready and to have scraped every engine.
 func (env *Env) waitReady(ctx context.Context) error {
@@ -196,10 +195,6 @@ func (env *Env) waitReady(ctx context.Context) error {
 		}
 	}
 }
-
-// URL is where a client sends a request with these tokens under the
-// environment's policy.
-func (env *Env) URL(prompt string, tokens []uint32) string { return env.router.pick(prompt, tokens) }
 
 // Close stops the fleet and the EPP and returns the first error either
 // ended with.
@@ -258,8 +253,8 @@ type IndexCheck struct {
 // the fleet is idle, so that no events are in flight.
 func (env *Env) CheckIndex(ctx context.Context, prompts [][]uint32) (IndexCheck, error) {
 	var c IndexCheck
-	if env.EPP == nil {
-		return c, errors.New("loadgen: this policy runs no EPP")
+	if !hearsEvents(env.Policy) {
+		return c, fmt.Errorf("loadgen: the EPP of policy %s hears no KV events", env.Policy)
 	}
 	byAddr := map[string]*sim.Engine{}
 	for _, s := range env.Fleet.Servers {
@@ -311,7 +306,10 @@ func eppConfig(policy string) string {
 	case PolicyPreciseLoad:
 		return PreciseLoadConfig
 	}
-	return config.DefaultConfigText
+	// A client-routed policy's pass-through EPP: a subset of one endpoint
+	// leaves the profile no choice, and upstream's costs the request path
+	// what it costs upstream.
+	return ApproxConfig
 }
 
 // engineLimits are the fleet's scheduler limits, as a user of vLLM gives

@@ -44,35 +44,40 @@ func viaEPP(policy string) bool {
 	return false
 }
 
-// router picks the base URL a request is sent to, knowing its prompt (the
-// rendered text, and its tokens).
+// router picks where a request is sent, knowing its prompt (the rendered
+// text, and its tokens): every policy's request goes to the EPP's proxy at
+// base; a policy that chooses the engine in the client names it in
+// endpoint, the EPP's subset hint, so that the EPP forwards it there and
+// every policy pays for the same hop.
 type router interface {
-	pick(prompt string, tokens []uint32) string
+	route(prompt string, tokens []uint32) (base, endpoint string)
 }
 
 // direct routes to one replica chosen in the client.
 type direct struct {
+	proxy    string
 	approx   *upstreamApprox
 	replicas []*sim.Replica
 	choose   func(tokens []uint32) int
 }
 
-func (d *direct) pick(prompt string, tokens []uint32) string {
+func (d *direct) route(prompt string, tokens []uint32) (base, endpoint string) {
 	if d.approx != nil {
-		return d.approx.pickText(prompt)
+		return d.proxy, d.approx.pickText(prompt)
 	}
-	return "http://" + d.replicas[d.choose(tokens)].Engine().Config().Address
+	return d.proxy, d.replicas[d.choose(tokens)].Engine().Config().Address
 }
 
 // viaProxy sends everything to the EPP's proxy, which picks.
 type viaProxy struct{ url string }
 
-func (v viaProxy) pick(string, []uint32) string { return v.url }
+func (v viaProxy) route(string, []uint32) (base, endpoint string) { return v.url, "" }
 
-// newDirect builds a client-side policy over replicas; now is the run's
-// clock (the oracle's estimates need it).
-func newDirect(policy string, replicas []*sim.Replica, model string, seed uint64, now func() time.Time) (router, error) {
-	d := &direct{replicas: replicas}
+// newDirect builds a client-side policy over replicas, sent through the
+// EPP's proxy at proxy; now is the run's clock (the oracle's estimates
+// need it).
+func newDirect(policy string, replicas []*sim.Replica, proxy, model string, seed uint64, now func() time.Time) (router, error) {
+	d := &direct{proxy: proxy, replicas: replicas}
 	switch policy {
 	case PolicyApprox:
 		d.approx = newUpstreamApprox(replicas, model, seed)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/predict"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/sim"
 )
@@ -127,7 +128,8 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 		return s, ""
 	}
 	tokens := sim.Tokenize(parsed.Prompt)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.pick(parsed.Prompt, tokens)+path, bytes.NewReader(body))
+	base, endpoint := r.route(parsed.Prompt, tokens)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		s.Err = err
 		return s, ""
@@ -135,6 +137,12 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range conv.headers() {
 		req.Header.Set(k, v)
+	}
+	if endpoint != "" {
+		// The client chose: the EPP forwards to its choice and sheds
+		// nothing of it (a request with no objective is not sheddable).
+		req.Header.Set(director.HeaderSubsetHint, endpoint)
+		req.Header.Del(director.HeaderObjective)
 	}
 	s.SLO = conv.SLO
 	resp, err := o.Client.Do(req)

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -116,7 +115,8 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 		v.addrs[ec.Address] = i
 	}
 	if v.eppSrv == nil {
-		r, err := newDirect(policy, v.replicas, fo.Model, seed, v.clock.Now)
+		// Virtual time has no hop to pay for: no proxy.
+		r, err := newDirect(policy, v.replicas, "", fo.Model, seed, v.clock.Now)
 		if err != nil {
 			return nil, err
 		}
@@ -140,8 +140,8 @@ func (v *virtualRun) pick(ctx context.Context, path string, body []byte, headers
 	}
 	tokens = sim.Tokenize(req.Prompt)
 	if v.dir == nil {
-		url := v.router.pick(req.Prompt, tokens)
-		return v.addrs[strings.TrimPrefix(url, "http://")], tokens, nil, nil
+		_, endpoint := v.router.route(req.Prompt, tokens)
+		return v.addrs[endpoint], tokens, nil, nil
 	}
 	ds := v.eppSrv.Datastore()
 	for _, r := range v.replicas {
