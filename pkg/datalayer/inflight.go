@@ -69,6 +69,13 @@ type InFlight struct {
 	// what will (RecentPrefillRate).
 	RecentPrefill   float64
 	RecentPrefillAt time.Time
+	// RecentEnds counts the requests this EPP has lately seen finish on
+	// the endpoint, each weighed down by exp(-age/RecentEndsWindow) as of
+	// RecentEndsAt: in conversations and agent loops a finished turn's
+	// next comes back to the same cache within moments, and its prefill
+	// shares the steps of whatever decodes there then (RecentEndsNow).
+	RecentEnds   float64
+	RecentEndsAt time.Time
 }
 
 // RecentPrefillWindow is the time constant RecentPrefill fades with.
@@ -87,6 +94,18 @@ func (f *InFlight) RecentPrefillRate(at time.Time) float64 {
 // fade is what a prefill sent age ago weighs in RecentPrefill.
 func fade(age time.Duration) float64 {
 	return math.Exp(-age.Seconds() / RecentPrefillWindow.Seconds())
+}
+
+// RecentEndsWindow is the time constant RecentEnds fades with: about the
+// pause between an agent's turns (a tool call, a client's next message).
+const RecentEndsWindow = 300 * time.Millisecond
+
+// RecentEndsNow is RecentEnds as of at.
+func (f *InFlight) RecentEndsNow(at time.Time) float64 {
+	if f.RecentEndsAt.IsZero() {
+		return 0
+	}
+	return f.RecentEnds * math.Exp(-max(at.Sub(f.RecentEndsAt), 0).Seconds()/RecentEndsWindow.Seconds())
 }
 
 // DecodeEndsKept is how many of an endpoint's expected decode ends
@@ -134,8 +153,9 @@ type inflight struct {
 	// lastAt of the last replan (both under mu).
 	lastAt, replanned int64
 	// recent is RecentPrefill's bits as of recentAt (Unix nanoseconds),
-	// both written under mu.
+	// ended RecentEnds' as of endedAt; all written under mu.
 	recent, recentAt atomic.Int64
+	ended, endedAt   atomic.Int64
 }
 
 // publishedAhead is a replay's counts and when it ran, each in an atomic,
@@ -272,8 +292,9 @@ func (c *inflight) replanAt(at int64) {
 	c.mu.Unlock()
 }
 
-// send adds d to the requests in flight, and drop takes it out; both
-// publish the oldest prefill and replan.
+// send adds d to the requests in flight, and drop takes it out (one that
+// finished its decode at end counts in RecentEnds); both publish the
+// oldest prefill and replan.
 func (c *inflight) send(d *Dispatch) {
 	c.mu.Lock()
 	c.lastAt = max(c.lastAt, d.start)
@@ -291,10 +312,23 @@ func (c *inflight) send(d *Dispatch) {
 	c.mu.Unlock()
 }
 
-func (c *inflight) drop(d *Dispatch) {
+func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 	c.mu.Lock()
 	if i := slices.Index(c.sent, d); i >= 0 {
 		c.sent = slices.Delete(c.sent, i, i+1)
+	}
+	if finished {
+		at := end
+		if at == 0 {
+			at = max(c.lastAt, d.start)
+		}
+		n := 1.0
+		if was := c.endedAt.Load(); was != 0 {
+			n += math.Float64frombits(uint64(c.ended.Load())) * math.Exp(-time.Duration(max(at-was, 0)).Seconds()/RecentEndsWindow.Seconds())
+			at = max(at, was)
+		}
+		c.ended.Store(int64(math.Float64bits(n)))
+		c.endedAt.Store(at)
 	}
 	c.publishOldest()
 	c.replan()
@@ -325,6 +359,9 @@ func (c *inflight) load() InFlight {
 	}
 	if at := c.recentAt.Load(); at != 0 {
 		f.RecentPrefill, f.RecentPrefillAt = math.Float64frombits(uint64(c.recent.Load())), time.Unix(0, at)
+	}
+	if at := c.endedAt.Load(); at != 0 {
+		f.RecentEnds, f.RecentEndsAt = math.Float64frombits(uint64(c.ended.Load())), time.Unix(0, at)
 	}
 	if n := c.stepEnd.Load(); n != 0 && f.Decoding > 0 {
 		f.StepEnd = time.Unix(0, n)
@@ -589,11 +626,17 @@ func (d *Dispatch) Progress(at time.Time, tokens int) {
 }
 
 // Done removes the request, from whichever stage it had reached.
-func (d *Dispatch) Done() {
+func (d *Dispatch) Done() { d.DoneAt(time.Time{}) }
+
+// DoneAt is Done for a response that ended at at: one that had begun
+// decoding counts in the endpoint's RecentEnds from then (the zero at:
+// from the last change told).
+func (d *Dispatch) DoneAt(at time.Time) {
 	if d == nil {
 		return
 	}
-	switch d.state.Swap(2) {
+	state := d.state.Swap(2)
+	switch state {
 	case 0:
 		d.c.prefilling.Add(-1)
 		d.c.prefillTokens.Add(-d.prefill)
@@ -607,7 +650,11 @@ func (d *Dispatch) Done() {
 	default:
 		return
 	}
-	d.c.drop(d)
+	var end int64
+	if !at.IsZero() {
+		end = at.UnixNano()
+	}
+	d.c.drop(d, state == 1, end)
 }
 
 // InFlight returns the endpoint named name's in-flight work.

@@ -17,6 +17,7 @@ import (
 func inFlightNow(f InFlight) InFlight {
 	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
 	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
+	f.RecentEnds, f.RecentEndsAt = 0, time.Time{}
 	f.StepStart = time.Time{}
 	return f
 }
@@ -131,6 +132,38 @@ func TestRecentPrefillFadesWithTheWindow(t *testing.T) {
 	}
 	if got := (&InFlight{}).RecentPrefillRate(at); got != 0 {
 		t.Errorf("no prefill sent: rate %v", got)
+	}
+}
+
+// A response that ended after its first token counts in RecentEnds from
+// its end, fading with the window; one that never began does not count.
+func TestRecentEndsCountsFinishedResponsesFadingWithTheWindow(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	failed := ds.Dispatch("a", t0, 100, 100, 8)
+	failed.DoneAt(t0)
+	if f := ds.InFlight("a"); f.RecentEnds != 0 || !f.RecentEndsAt.IsZero() {
+		t.Fatalf("a request that never began counts: %v at %v", f.RecentEnds, f.RecentEndsAt)
+	}
+	d1 := ds.Dispatch("a", t0, 100, 100, 8)
+	d1.FirstToken(t0.Add(10 * time.Millisecond))
+	d1.DoneAt(t0.Add(50 * time.Millisecond))
+	d2 := ds.Dispatch("a", t0, 100, 100, 8)
+	d2.FirstToken(t0.Add(20 * time.Millisecond))
+	end := t0.Add(50*time.Millisecond + RecentEndsWindow)
+	d2.DoneAt(end)
+	f := ds.InFlight("a")
+	// One end a window ago weighs 1/e, besides the one now.
+	if want := 1 + 1/math.E; math.Abs(f.RecentEnds-want) > 1e-9 || !f.RecentEndsAt.Equal(end) {
+		t.Errorf("recent ends %v at %v, want %v at the second end", f.RecentEnds, f.RecentEndsAt, want)
+	}
+	if got, want := f.RecentEndsNow(end.Add(RecentEndsWindow)), (1+1/math.E)/math.E; math.Abs(got-want) > 1e-9 {
+		t.Errorf("a window later %v, want %v", got, want)
+	}
+	if got := (&InFlight{}).RecentEndsNow(end); got != 0 {
+		t.Errorf("nothing ended: %v", got)
 	}
 }
 

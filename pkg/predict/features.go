@@ -71,6 +71,11 @@ type Input struct {
 	// endpoint, in uncached prompt tokens a second: what will likely
 	// share the request's decode steps.
 	RecentPrefillRate float64 `json:"recentPrefillRate,omitempty"`
+	// RecentEnds is how many requests this EPP has lately seen finish on
+	// the endpoint, each faded by its age (datalayer.RecentEndsWindow):
+	// their conversations' next turns, about to come back, will share the
+	// request's decode steps.
+	RecentEnds float64 `json:"recentEnds,omitempty"`
 }
 
 // Uncached is the prompt tokens the endpoint has to compute.
@@ -256,9 +261,10 @@ func busy(in *Input) float64 {
 // predicted from: the batch the request will decode in (its size and the
 // context it reads), the prefill work that will share its steps, and its
 // own context. What shares its steps arrives mostly after it: the recent
-// rate of prefill work sent there, and the requests expected to end soon
-// (in conversations and agent loops their next turns come back to the
-// same cache while this one decodes); the prefill queue ahead and the
+// rate of prefill work sent there, and the requests that have just ended
+// or are expected to end soon (in conversations and agent loops their
+// next turns come back to the same cache while this one decodes); the
+// prefill queue ahead and the
 // batch the replay sees tell how loaded the endpoint is when it starts.
 func (in *Input) TPOTFeatures(v *Vector, seats int) {
 	waiting, running, kv, stale := in.scraped()
@@ -279,6 +285,7 @@ func (in *Input) TPOTFeatures(v *Vector, seats int) {
 		clampFinite(float64(in.Ahead.PrefillTokens), 0, 1e9) / 1e3,
 		float64(in.Ahead.Decoding),
 		clampFinite(in.PrefillAheadMs, 0, 1e6) / 100,
+		clampFinite(in.RecentEnds, 0, 1e6),
 	}
 }
 
@@ -343,7 +350,7 @@ func dot(a, b *Vector) float64 {
 const (
 	ttftFeatures  = 30
 	aloneFeatures = 7
-	tpotFeatures  = 16
+	tpotFeatures  = 17
 )
 
 // dotN is dot over the first n features, in the same order: when the rest

@@ -232,6 +232,7 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 	in.Ahead = c.InFlight.Ahead
 	drainAhead(&in.Ahead, c.InFlight, req.Arrival)
 	in.RecentPrefillRate = c.InFlight.RecentPrefillRate(req.Arrival)
+	in.RecentEnds = c.InFlight.RecentEndsNow(req.Arrival)
 	in.StepRestMs = msBetween(req.Arrival, c.InFlight.StepEnd)
 	in.StepElapsedMs = msBetween(c.InFlight.StepStart, req.Arrival)
 	if in.InputTokens == 0 {

@@ -430,7 +430,7 @@ func (d *Director) HandleProgress(p *Pick, tokens int) {
 // HandleResponse accounts for a finished response, and tells the
 // observers. It is called once per pick, however the response ended.
 func (d *Director) HandleResponse(p *Pick, s Served) {
-	p.dispatch.Done()
+	p.dispatch.DoneAt(s.End)
 	d.o.Metrics.observeResponse(p, s)
 	for _, o := range d.o.Observers {
 		o.ObserveResponse(p, s)
