@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"testing"
@@ -191,18 +192,36 @@ type side struct {
 	allocs uint64
 	bytes  uint64
 	n      int
+	// gcCycles and gcCPU are the collector's cycles that began in the
+	// side's turns and the CPU the runtime counts as the collector's
+	// there, in seconds: a cycle marks the whole process's heap (the
+	// simulated fleet's most of all), so a turn that holds one more than
+	// the other side's costs tens of µs per request more, whoever caused it.
+	gcCycles uint64
+	gcCPU    float64
+}
+
+// gcSamples are the runtime's counts of collector cycles and CPU.
+func gcSamples() (cycles uint64, cpu float64) {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64(), s[1].Value.Float64()
 }
 
 func (s *side) run(b *testing.B, c *envoy.Client, l envoy.Load) {
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
+	gc0, gcCPU0 := gcSamples()
 	cpu := testkit.CPUTime()
 	res := l.Run(c)
 	s.cpu += testkit.CPUTime() - cpu
+	gc1, gcCPU1 := gcSamples()
 	runtime.ReadMemStats(&m1)
 	if res.Failures > 0 {
 		b.Fatalf("%d of %d requests failed", res.Failures, l.N)
 	}
+	s.gcCycles += gc1 - gc0
+	s.gcCPU += gcCPU1 - gcCPU0
 	s.allocs += m1.Mallocs - m0.Mallocs
 	s.bytes += m1.TotalAlloc - m0.TotalAlloc
 	s.lat = append(s.lat, res.Latencies...)
@@ -262,6 +281,10 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 	b.ReportMetric(float64(kv.bytes)/float64(kv.n)/1024, "KiB/req")
 	b.ReportMetric(float64(fl.bytes)/float64(fl.n)/1024, "floor-KiB/req")
 	b.ReportMetric((float64(kv.bytes)/float64(kv.n)-float64(fl.bytes)/float64(fl.n))/1024, "own-KiB/req")
+	b.ReportMetric(float64(kv.gcCycles), "gc-cycles")
+	b.ReportMetric(float64(fl.gcCycles), "floor-gc-cycles")
+	b.ReportMetric(kv.gcCPU*1e6/float64(kv.n), "gc-cpu-µs/req")
+	b.ReportMetric(fl.gcCPU*1e6/float64(fl.n), "floor-gc-cpu-µs/req")
 	// The benchmark's ns/op would be the two sides' time together.
 	b.ReportMetric(0, "ns/op")
 }
