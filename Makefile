@@ -31,7 +31,7 @@ test-interop: ## the relay against vLLM's own transport library (needs libzmq3-d
 bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns in one run (3-7 min)
+bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns in one run (1-7 min)
 	$(GO) test -run '^$$' -bench 'BenchmarkExtProc(Floor|Rates)' -benchtime 1800x -timeout 40m ./pkg/requestpath/extproc/
 	@# The checked row again, with turns long enough to hold a few collector cycles each.
 	$(GO) test -run '^$$' -bench 'BenchmarkExtProcFloor/tokens=8192/rate1000' -benchtime 7200x -timeout 20m ./pkg/requestpath/extproc/
