@@ -53,7 +53,11 @@ const benchRounds = 6
 // Envoy-like client and the idle fleet included: Go cannot attribute CPU
 // to goroutines), and the ratios kvroute/floor. "own-cpu-µs/req",
 // "own-allocs/req" and "own-KiB/req" are the differences: what kvroute's
-// routing itself costs.
+// routing itself costs. "gc-cycles" and "gc-cpu-µs/req" (and their
+// "floor-" twins) are the collector cycles that began in each side's turns
+// and the CPU the runtime counts as the collector's there: a cycle costs
+// tens of ms here, so how they fall between the two sides' turns moves
+// the ratio, and turns long enough to hold several keep it even.
 func BenchmarkExtProcFloor(b *testing.B) {
 	rig := startRig(b, true)
 	for _, prompt := range []string{"tokens=1024", "tokens=8192", "tokens=32768", "chat=8192"} {
