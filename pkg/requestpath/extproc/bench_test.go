@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -31,6 +32,11 @@ func init() { experimental.SetDefaultBufferPool(extproc.BufferPool()) }
 
 // benchRounds is how many times each side of a comparison takes its turn.
 const benchRounds = 6
+
+// benchSide picks what the ext_proc benchmarks run: both sides in turns
+// (the measure), or one of them alone, to see what each costs in a steady
+// state of its own (go test ... -args -extproc.side=kvroute).
+var benchSide = flag.String("extproc.side", "both", "what BenchmarkExtProcFloor and BenchmarkExtProcRates run: both (kvroute and the floor in turns), kvroute or floor (that side alone, no ratios)")
 
 // BenchmarkExtProcFloor measures what routing costs on top of the least an
 // ext_proc server can do. kvroute is the EPP as epp.New assembles it, in
@@ -256,6 +262,25 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 
 	var kv, fl side
 	b.ResetTimer()
+	switch *benchSide {
+	case "kvroute", "floor":
+		// One side alone, its turns back to back: what each costs in a
+		// steady state of its own, with the same process around it.
+		one, c, prefix := &kv, r.kvroute, ""
+		if *benchSide == "floor" {
+			one, c, prefix = &fl, r.floor, "floor-"
+		}
+		for range benchRounds {
+			one.run(b, c, l)
+		}
+		b.StopTimer()
+		one.report(b, prefix)
+		b.ReportMetric(0, "ns/op")
+		return
+	case "both":
+	default:
+		b.Fatalf("-extproc.side=%q, want both, kvroute or floor", *benchSide)
+	}
 	for round := range benchRounds {
 		if round%2 == 0 {
 			kv.run(b, r.kvroute, l)
@@ -266,29 +291,29 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 		}
 	}
 	b.StopTimer()
-	slices.Sort(kv.lat)
-	slices.Sort(fl.lat)
-	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-	b.ReportMetric(us(kv.quantile(0.5)), "µs/request")
-	b.ReportMetric(us(kv.quantile(0.99)), "p99-µs")
-	b.ReportMetric(kv.cpuPerReq(), "cpu-µs/req")
-	b.ReportMetric(float64(kv.allocs)/float64(kv.n), "allocs/req")
-	b.ReportMetric(us(fl.quantile(0.5)), "floor-µs/request")
-	b.ReportMetric(us(fl.quantile(0.99)), "floor-p99-µs")
-	b.ReportMetric(fl.cpuPerReq(), "floor-cpu-µs/req")
-	b.ReportMetric(float64(fl.allocs)/float64(fl.n), "floor-allocs/req")
+	kv.report(b, "")
+	fl.report(b, "floor-")
 	b.ReportMetric(kv.cpuPerReq()/fl.cpuPerReq(), "cpu-ratio")
 	b.ReportMetric(us(kv.quantile(0.5))/us(fl.quantile(0.5)), "p50-ratio")
 	b.ReportMetric(us(kv.quantile(0.99))/us(fl.quantile(0.99)), "p99-ratio")
 	b.ReportMetric(kv.cpuPerReq()-fl.cpuPerReq(), "own-cpu-µs/req")
 	b.ReportMetric(float64(kv.allocs)/float64(kv.n)-float64(fl.allocs)/float64(fl.n), "own-allocs/req")
-	b.ReportMetric(float64(kv.bytes)/float64(kv.n)/1024, "KiB/req")
-	b.ReportMetric(float64(fl.bytes)/float64(fl.n)/1024, "floor-KiB/req")
 	b.ReportMetric((float64(kv.bytes)/float64(kv.n)-float64(fl.bytes)/float64(fl.n))/1024, "own-KiB/req")
-	b.ReportMetric(float64(kv.gcCycles), "gc-cycles")
-	b.ReportMetric(float64(fl.gcCycles), "floor-gc-cycles")
-	b.ReportMetric(kv.gcCPU*1e6/float64(kv.n), "gc-cpu-µs/req")
-	b.ReportMetric(fl.gcCPU*1e6/float64(fl.n), "floor-gc-cpu-µs/req")
 	// The benchmark's ns/op would be the two sides' time together.
 	b.ReportMetric(0, "ns/op")
+}
+
+// us is d in microseconds.
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// report reports one side's own measures, their names prefixed.
+func (s *side) report(b *testing.B, prefix string) {
+	slices.Sort(s.lat)
+	b.ReportMetric(us(s.quantile(0.5)), prefix+"µs/request")
+	b.ReportMetric(us(s.quantile(0.99)), prefix+"p99-µs")
+	b.ReportMetric(s.cpuPerReq(), prefix+"cpu-µs/req")
+	b.ReportMetric(float64(s.allocs)/float64(s.n), prefix+"allocs/req")
+	b.ReportMetric(float64(s.bytes)/float64(s.n)/1024, prefix+"KiB/req")
+	b.ReportMetric(float64(s.gcCycles), prefix+"gc-cycles")
+	b.ReportMetric(s.gcCPU*1e6/float64(s.n), prefix+"gc-cpu-µs/req")
 }
