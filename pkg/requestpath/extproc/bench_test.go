@@ -203,10 +203,8 @@ type side struct {
 	bytes  uint64
 	n      int
 	// gcCycles and gcCPU are the collector's cycles that began in the
-	// side's turns and the CPU the runtime counts as the collector's
-	// there, in seconds: a cycle marks the whole process's heap (the
-	// simulated fleet's most of all), so a turn that holds one more than
-	// the other side's costs tens of µs per request more, whoever caused it.
+	// side's turns and the CPU, in seconds, the runtime counts as the
+	// collector's there (see BenchmarkExtProcFloor).
 	gcCycles uint64
 	gcCPU    float64
 }
@@ -243,6 +241,10 @@ func (s *side) quantile(q float64) time.Duration {
 }
 
 func (s *side) cpuPerReq() float64 { return float64(s.cpu.Microseconds()) / float64(s.n) }
+
+func (s *side) allocsPerReq() float64 { return float64(s.allocs) / float64(s.n) }
+
+func (s *side) kibPerReq() float64 { return float64(s.bytes) / float64(s.n) / 1024 }
 
 // compare runs kvroute and the floor in turns, benchRounds times each, with
 // b.N requests in all for each, and reports both and their ratios.
@@ -297,8 +299,8 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 	b.ReportMetric(us(kv.quantile(0.5))/us(fl.quantile(0.5)), "p50-ratio")
 	b.ReportMetric(us(kv.quantile(0.99))/us(fl.quantile(0.99)), "p99-ratio")
 	b.ReportMetric(kv.cpuPerReq()-fl.cpuPerReq(), "own-cpu-µs/req")
-	b.ReportMetric(float64(kv.allocs)/float64(kv.n)-float64(fl.allocs)/float64(fl.n), "own-allocs/req")
-	b.ReportMetric((float64(kv.bytes)/float64(kv.n)-float64(fl.bytes)/float64(fl.n))/1024, "own-KiB/req")
+	b.ReportMetric(kv.allocsPerReq()-fl.allocsPerReq(), "own-allocs/req")
+	b.ReportMetric(kv.kibPerReq()-fl.kibPerReq(), "own-KiB/req")
 	// The benchmark's ns/op would be the two sides' time together.
 	b.ReportMetric(0, "ns/op")
 }
@@ -312,8 +314,8 @@ func (s *side) report(b *testing.B, prefix string) {
 	b.ReportMetric(us(s.quantile(0.5)), prefix+"µs/request")
 	b.ReportMetric(us(s.quantile(0.99)), prefix+"p99-µs")
 	b.ReportMetric(s.cpuPerReq(), prefix+"cpu-µs/req")
-	b.ReportMetric(float64(s.allocs)/float64(s.n), prefix+"allocs/req")
-	b.ReportMetric(float64(s.bytes)/float64(s.n)/1024, prefix+"KiB/req")
+	b.ReportMetric(s.allocsPerReq(), prefix+"allocs/req")
+	b.ReportMetric(s.kibPerReq(), prefix+"KiB/req")
 	b.ReportMetric(float64(s.gcCycles), prefix+"gc-cycles")
 	b.ReportMetric(s.gcCPU*1e6/float64(s.n), prefix+"gc-cpu-µs/req")
 }
