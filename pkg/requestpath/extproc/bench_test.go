@@ -20,7 +20,6 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
-	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 	"github.com/kvroute/kvroute/pkg/testkit/fleet"
@@ -30,8 +29,11 @@ import (
 // deployed EPP runs; so do these benchmarks and the tests beside them.
 func init() { experimental.SetDefaultBufferPool(extproc.BufferPool()) }
 
-// benchRounds is how many times each side of a comparison takes its turn.
-const benchRounds = 6
+// benchTurn is how many requests a side sends in one turn: at 1000
+// requests/s a fifth of a second, short enough that what else the machine
+// does over seconds falls on both sides alike, long enough to hold a
+// collector cycle or two.
+const benchTurn = 200
 
 // benchSide picks what the ext_proc benchmarks run: both sides in turns
 // (the measure), or one of them alone, to see what each costs in a steady
@@ -42,11 +44,16 @@ var benchSide = flag.String("extproc.side", "both", "what BenchmarkExtProcFloor 
 // ext_proc server can do. kvroute is the EPP as epp.New assembles it, in
 // its default scheduling configuration, serving ext_proc in plaintext
 // against an index fed by 64 engines, each holding a different 32k-token
-// prefix (and, for the chat prompts, the prompt's own ids). The floor
-// (envoy.Floor) gathers the body and answers with a fixed destination,
-// with the same gRPC options, buffer pool, client and load. The two take
-// turns, benchRounds times each, within one run, so that whatever else
-// the machine does falls on both alike; the ratios are the measure.
+// prefix (and, for the chat prompts, the prompt's own ids). The engines
+// run in a process of their own (fleet.Options.Process), as vLLM pods do:
+// their caches are not the EPP's heap, which this process's collector
+// would otherwise mark on every cycle. The floor (envoy.Floor) gathers the
+// body and answers with a fixed destination, with the same gRPC options,
+// buffer pool, client and load. The two take turns of benchTurn requests
+// within one run, after a thousand uncounted requests each (a fresh
+// process's first second costs a quarter more, its heap still growing),
+// so that whatever else the machine does falls on both alike; the ratios
+// are the measure.
 //
 // Prompts are 1k, 8k and 32k token ids, and an 8k-token chat prompt the
 // EPP tokenizes in process (Qwen3's tokenizer, when installed by
@@ -56,14 +63,15 @@ var benchSide = flag.String("extproc.side", "both", "what BenchmarkExtProcFloor 
 //
 // Each side reports µs per request (p50, p99), CPU µs per request,
 // allocations and KiB allocated per request, for the whole process (the
-// Envoy-like client and the idle fleet included: Go cannot attribute CPU
-// to goroutines), and the ratios kvroute/floor. "own-cpu-µs/req",
+// Envoy-like client included: Go cannot attribute CPU to goroutines), and
+// the ratios kvroute/floor. "own-cpu-µs/req",
 // "own-allocs/req" and "own-KiB/req" are the differences: what kvroute's
 // routing itself costs. "gc-cycles" and "gc-cpu-µs/req" (and their
 // "floor-" twins) are the collector cycles that began in each side's turns
-// and the CPU the runtime counts as the collector's there: a cycle costs
-// tens of ms here, so how they fall between the two sides' turns moves
-// the ratio, and turns long enough to hold several keep it even.
+// and the CPU the runtime counts as the collector's there: with the
+// engines' caches out of this process a cycle costs a few ms, and a turn
+// of 300 requests holds two or three, of 1200 about ten, so that how they
+// fall between the two sides' turns moves the ratio little.
 func BenchmarkExtProcFloor(b *testing.B) {
 	rig := startRig(b, true)
 	for _, prompt := range []string{"tokens=1024", "tokens=8192", "tokens=32768", "chat=8192"} {
@@ -115,7 +123,7 @@ func startRig(b *testing.B, chat bool) *rig {
 	}
 	r.f = fleet.Start(b, fleet.Options{
 		Endpoints: endpoints, BlockSize: blockSize, GPUBlocks: 4096,
-		NoTokenizer: true, ScrapeInterval: time.Second,
+		NoTokenizer: true, ScrapeInterval: time.Second, Process: true,
 		EPP: func(o *epp.Options) {
 			o.Logger = slog.New(slog.DiscardHandler)
 			o.RequestPath.ExtProcAddr, o.RequestPath.Plaintext = "127.0.0.1:0", true
@@ -170,7 +178,7 @@ func (r *rig) bodies(b *testing.B, prompt string) (string, [][]byte) {
 		}
 		held := ids[:len(ids)-16]
 		s := r.f.Servers[i]
-		if _, err := s.Engine.Serve(blockpool.Request{Tokens: held}); err != nil {
+		if err := s.Serve(held); err != nil {
 			b.Fatal(err)
 		}
 		r.f.WaitHeld(b, s.Addr, held[:len(held)/16*16])
@@ -246,19 +254,21 @@ func (s *side) allocsPerReq() float64 { return float64(s.allocs) / float64(s.n) 
 
 func (s *side) kibPerReq() float64 { return float64(s.bytes) / float64(s.n) / 1024 }
 
-// compare runs kvroute and the floor in turns, benchRounds times each, with
-// b.N requests in all for each, and reports both and their ratios.
+// compare runs kvroute and the floor in turns of benchTurn requests, b.N
+// requests in all for each, and reports both and their ratios.
 func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
-	l := envoy.Load{Path: path, Bodies: bodies, N: max(1, b.N/benchRounds), Workers: 1}
+	rounds := max(1, b.N/benchTurn)
+	l := envoy.Load{Path: path, Bodies: bodies, N: max(1, b.N/rounds), Workers: 1}
 	if rate, ok := strings.CutPrefix(mode, "rate"); ok {
 		var n int
 		fmt.Sscan(rate, &n)
 		l.Workers, l.Interval = 64, time.Second/time.Duration(n)
 	}
-	// One turn each to warm both up (connections, pools, the tokenizer's
-	// segment cache), not counted.
+	// A thousand requests each to warm both up (connections, pools, the
+	// heap's growth to its working size, the tokenizer's segment cache),
+	// not counted.
 	warm := l
-	warm.N = min(l.N, 50)
+	warm.N = 1000
 	warm.Run(r.kvroute)
 	warm.Run(r.floor)
 
@@ -272,7 +282,7 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 		if *benchSide == "floor" {
 			one, c, prefix = &fl, r.floor, "floor-"
 		}
-		for range benchRounds {
+		for range rounds {
 			one.run(b, c, l)
 		}
 		b.StopTimer()
@@ -283,7 +293,7 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 	default:
 		b.Fatalf("-extproc.side=%q, want both, kvroute or floor", *benchSide)
 	}
-	for round := range benchRounds {
+	for round := range rounds {
 		if round%2 == 0 {
 			kv.run(b, r.kvroute, l)
 			fl.run(b, r.floor, l)

@@ -2,5 +2,7 @@
 // an EPP built by epp.New exactly as cmd/epp builds it (embedded NATS, event
 // consumer, exact index, scraping, the default scheduling configuration), fed
 // by simulated vLLM engines that publish real KV events, each behind an HTTP
-// server that answers /metrics, /tokenize and /v1/* as vLLM does.
+// server that answers /metrics, /tokenize and /v1/* as vLLM does. The
+// engines can run in a process of their own (Options.Process), so that a
+// benchmark of the EPP measures the EPP's memory and CPU alone.
 package fleet

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -53,6 +54,13 @@ type Options struct {
 	// EPP's remote tokenizer), while they serve with TokenizeText: an EPP
 	// whose tokenizer disagrees with the engines'.
 	Tokenize func(text string) []uint32
+	// Process runs the stand-ins in a process of their own (this test
+	// binary again, as Main runs it), so that their memory and CPU are not
+	// the EPP's: in this process the EPP's garbage collector then marks
+	// the EPP's heap alone, as a deployed EPP's does. Such a fleet's
+	// Servers have an Addr and Serve, and no Engine; a package whose tests
+	// use it calls Main from TestMain.
+	Process bool
 }
 
 // Fleet is a complete request path on loopback: an EPP (embedded NATS,
@@ -72,6 +80,8 @@ type Fleet struct {
 
 // ModelServer is one vLLM stand-in.
 type ModelServer struct {
+	// Engine is the stand-in's simulated engine (nil when the fleet runs
+	// in a process of its own: see Options.Process).
 	Engine *sim.Engine
 	Addr   string
 	// Requests counts /v1/* requests served.
@@ -82,28 +92,18 @@ type ModelServer struct {
 	// Waiting is reported as vllm:num_requests_waiting.
 	Waiting atomic.Int32
 
-	srv  *httptest.Server
-	mu   sync.Mutex
-	gate chan struct{}
+	srv   *httptest.Server
+	mu    sync.Mutex
+	gate  chan struct{}
+	model string
 }
 
 // Start starts a fleet that lives until the test ends.
 func Start(t testing.TB, o Options) *Fleet {
 	t.Helper()
-	if o.Endpoints <= 0 {
-		o.Endpoints = 3
-	}
-	if o.Model == "" {
-		o.Model = "m"
-	}
-	if o.BlockSize <= 0 {
-		o.BlockSize = 4
-	}
-	if o.GPUBlocks <= 0 {
-		o.GPUBlocks = 256
-	}
-	if o.ScrapeInterval <= 0 {
-		o.ScrapeInterval = 20 * time.Millisecond
+	o = o.withDefaults()
+	if o.Process && o.Tokenize != nil {
+		t.Fatal("fleet: Options.Tokenize cannot cross to a fleet in a process of its own")
 	}
 	eo := epp.Options{
 		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
@@ -138,40 +138,78 @@ func Start(t testing.TB, o Options) *Fleet {
 	}
 	t.Cleanup(stop)
 
-	nc, err := nats.Connect(e.NATSURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	pub := events.NewPublisher(nc, e.Namespace(), e.Pool())
 	f := &Fleet{EPP: e, Director: e.Director(), Metrics: e.Registry(), model: o.Model}
-	for i := range o.Endpoints {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if o.Process {
+		for _, addr := range startProcess(t, o, e) {
+			f.Servers = append(f.Servers, &ModelServer{Addr: addr, model: o.Model})
+		}
+	} else {
+		nc, err := nats.Connect(e.NATSURL())
 		if err != nil {
 			t.Fatal(err)
 		}
-		ms := &ModelServer{Addr: ln.Addr().String()}
-		ms.Engine = sim.NewEngine(sim.EngineConfig{
-			Pod: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Model: o.Model,
-			Pool: blockpool.Config{BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, Seed: uint64(i + 1)},
-		}, pub)
-		engines.Add(1)
-		go func() {
-			defer engines.Done()
-			if err := ms.Engine.ServeSnapshots(ctx, 0); err != nil {
-				t.Errorf("engine %s: %v", ms.Addr, err)
+		t.Cleanup(nc.Close)
+		pub := events.NewPublisher(nc, e.Namespace(), e.Pool())
+		for i := range o.Endpoints {
+			ms, err := startServer(ctx, i, o, pub, &engines, func(err error) { t.Errorf("engine %d: %v", i, err) })
+			if err != nil {
+				t.Fatal(err)
 			}
-		}()
-		ms.srv = httptest.NewUnstartedServer(ms.routes(o))
-		ms.srv.Listener = ln
-		ms.srv.Start()
-		t.Cleanup(ms.srv.Close)
-		f.Servers = append(f.Servers, ms)
+			t.Cleanup(ms.srv.Close)
+			f.Servers = append(f.Servers, ms)
+		}
+	}
+	for i, ms := range f.Servers {
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Pod: fmt.Sprintf("pod-%d", i), Model: o.Model})
 	}
 	// The EPP stops before the stand-ins, so that it does not scrape them gone.
 	t.Cleanup(stop)
 	return f
+}
+
+func (o Options) withDefaults() Options {
+	if o.Endpoints <= 0 {
+		o.Endpoints = 3
+	}
+	if o.Model == "" {
+		o.Model = "m"
+	}
+	if o.BlockSize <= 0 {
+		o.BlockSize = 4
+	}
+	if o.GPUBlocks <= 0 {
+		o.GPUBlocks = 256
+	}
+	if o.ScrapeInterval <= 0 {
+		o.ScrapeInterval = 20 * time.Millisecond
+	}
+	return o
+}
+
+// startServer starts stand-in i: its engine, publishing on pub, whose
+// snapshot service runs in engines until ctx ends (reporting its error to
+// fail), and its HTTP server.
+func startServer(ctx context.Context, i int, o Options, pub *events.Publisher, engines *sync.WaitGroup, fail func(error)) (*ModelServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ms := &ModelServer{Addr: ln.Addr().String(), model: o.Model}
+	ms.Engine = sim.NewEngine(sim.EngineConfig{
+		Pod: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Model: o.Model,
+		Pool: blockpool.Config{BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, Seed: uint64(i + 1)},
+	}, pub)
+	engines.Add(1)
+	go func() {
+		defer engines.Done()
+		if err := ms.Engine.ServeSnapshots(ctx, 0); err != nil {
+			fail(err)
+		}
+	}()
+	ms.srv = httptest.NewUnstartedServer(ms.routes(o))
+	ms.srv.Listener = ln
+	ms.srv.Start()
+	return ms, nil
 }
 
 // Server returns the stand-in at addr, or nil.
@@ -333,6 +371,30 @@ func (ms *ModelServer) SetGate(g chan struct{}) {
 // connections, as a pod that went away does.
 func (ms *ModelServer) Close() { ms.srv.Close() }
 
+// Serve has the stand-in's engine compute a prompt of tokens, as a request
+// it served would, publishing the KV events of the blocks it stores. A
+// stand-in in a process of its own is sent the prompt as a completion.
+func (ms *ModelServer) Serve(tokens []uint32) error {
+	if ms.Engine != nil {
+		_, err := ms.Engine.Serve(blockpool.Request{Tokens: tokens})
+		return err
+	}
+	body, err := json.Marshal(map[string]any{"model": ms.model, "prompt": tokens, "max_tokens": 1})
+	if err != nil {
+		return err
+	}
+	resp, err := http.Post("http://"+ms.Addr+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("stand-in %s: %s: %s", ms.Addr, resp.Status, msg)
+	}
+	return nil
+}
+
 // FillPrefixes has every server's engine compute a prefix of its own,
 // length tokens long, and returns the prefixes: server i's tokens are
 // i*length to (i+1)*length-1, so no two share a block.
@@ -345,7 +407,7 @@ func (f *Fleet) FillPrefixes(tb testing.TB, length int) [][]uint32 {
 			p[j] = uint32(i*length + j)
 		}
 		prefixes[i] = p
-		if _, err := s.Engine.Serve(blockpool.Request{Tokens: p}); err != nil {
+		if err := s.Serve(p); err != nil {
 			tb.Fatal(err)
 		}
 	}
