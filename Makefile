@@ -33,7 +33,7 @@ bench: ## run every benchmark (see docs/benchmarks.md for recorded numbers)
 
 bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns in one run (1-7 min)
 	$(GO) test -run '^$$' -bench 'BenchmarkExtProc(Floor|Rates)' -benchtime 1800x -timeout 40m ./pkg/requestpath/extproc/
-	@# The checked row again, with turns long enough to hold a few collector cycles each.
+	@# The checked row again, four times as many requests: 36 turns of 200 for each side.
 	$(GO) test -run '^$$' -bench 'BenchmarkExtProcFloor/tokens=8192/rate1000' -benchtime 7200x -timeout 20m ./pkg/requestpath/extproc/
 
 bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~60 min)
