@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -117,7 +118,10 @@ func BufferPool() mem.BufferPool { return sharedPool }
 // credentials aside: the benchmarks' do-nothing floor (pkg/testkit/envoy)
 // is built with them too, so that the two differ only in what they do.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{experimental.BufferPool(BufferPool())}
+	return []grpc.ServerOption{
+		experimental.BufferPool(BufferPool()),
+		grpc.NumStreamWorkers(uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))),
+	}
 }
 
 // Server is the ext_proc gRPC server.
@@ -307,3 +311,11 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 	st := newStream(s, ps)
 	return st.run()
 }
+
+// streamWorkersPerCPU sizes the server's pool of stream goroutines. Envoy
+// opens one ext_proc stream per HTTP request; by default gRPC starts a
+// goroutine for each, whose stack then grows, copied at each doubling,
+// through the director's calls: several µs a request. A worker keeps the
+// stack it grew. A stream that finds every worker busy gets a goroutine of
+// its own, as without the pool.
+const streamWorkersPerCPU = 8
