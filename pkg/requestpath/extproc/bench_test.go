@@ -69,9 +69,9 @@ var benchSide = flag.String("extproc.side", "both", "what BenchmarkExtProcFloor 
 // routing itself costs. "gc-cycles" and "gc-cpu-µs/req" (and their
 // "floor-" twins) are the collector cycles that began in each side's turns
 // and the CPU the runtime counts as the collector's there: with the
-// engines' caches out of this process a cycle costs a few ms, and a turn
-// of 300 requests holds two or three, of 1200 about ten, so that how they
-// fall between the two sides' turns moves the ratio little.
+// engines' caches out of this process a cycle costs a few ms and comes
+// every hundred-odd requests, so that a side's turns hold dozens, and how
+// they fall between the two sides moves the ratio little.
 func BenchmarkExtProcFloor(b *testing.B) {
 	rig := startRig(b, true)
 	for _, prompt := range []string{"tokens=1024", "tokens=8192", "tokens=32768", "chat=8192"} {

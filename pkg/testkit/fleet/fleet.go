@@ -58,8 +58,9 @@ type Options struct {
 	// binary again, as Main runs it), so that their memory and CPU are not
 	// the EPP's: in this process the EPP's garbage collector then marks
 	// the EPP's heap alone, as a deployed EPP's does. Such a fleet's
-	// Servers have an Addr and Serve, and no Engine; a package whose tests
-	// use it calls Main from TestMain.
+	// Servers have an Addr and Serve only: no Engine, and Status, Waiting
+	// and SetGate reach nothing there. A package whose tests use it calls
+	// Main from TestMain.
 	Process bool
 }
 
@@ -368,8 +369,14 @@ func (ms *ModelServer) SetGate(g chan struct{}) {
 }
 
 // Close stops the stand-in's HTTP server: its address then refuses
-// connections, as a pod that went away does.
-func (ms *ModelServer) Close() { ms.srv.Close() }
+// connections, as a pod that went away does. A stand-in in a process of
+// its own cannot be closed alone.
+func (ms *ModelServer) Close() {
+	if ms.srv == nil {
+		panic("fleet: a stand-in in a process of its own cannot be closed alone")
+	}
+	ms.srv.Close()
+}
 
 // Serve has the stand-in's engine compute a prompt of tokens, as a request
 // it served would, publishing the KV events of the blocks it stores. A
