@@ -40,7 +40,7 @@ bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and it
 	$(GO) run ./cmd/kvsim bench
 
 bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virtual-time/
-	$(GO) run ./cmd/kvsim bench --virtual
+	$(GO) run ./cmd/kvsim bench --virtual --seeds 5
 
 chaos: ## the fault matrix (relays, NATS, two EPP replicas on loopback): writes docs/reliability.md (~1 min)
 	$(GO) run ./cmd/kvsim chaos --timeout 10m

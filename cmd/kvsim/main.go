@@ -218,8 +218,12 @@ func bench(ctx context.Context, args []string) error {
 	rates := fs.String("rates", "", "comma-separated request rates overriding every workload's ladder")
 	policies := fs.String("policies", strings.Join(loadgen.AllPolicies, ","), "policies to compare")
 	seed := fs.Uint64("seed", 42, "seed of the arrivals, prompts and engines")
+	seeds := fs.Int("seeds", 1, "runs per point, with seeds --seed, --seed+1, …; each point reports its run with the median TTFT p90")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *seeds < 1 {
+		return fmt.Errorf("--seeds %d: at least one", *seeds)
 	}
 	fo, err := ff.options()
 	if err != nil {
@@ -240,7 +244,7 @@ func bench(ctx context.Context, args []string) error {
 		Virtual:  *virtual,
 		Plans:    plans,
 		Policies: strings.Split(*policies, ","),
-		Fleet:    fo, Duration: *dur, MinRequests: *minReq, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: *seed,
+		Fleet:    fo, Duration: *dur, MinRequests: *minReq, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: *seed, Seeds: *seeds,
 		Progress: os.Stdout,
 	}
 	if *quick {

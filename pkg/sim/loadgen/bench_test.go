@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -133,5 +134,64 @@ func TestAClientRoutedPolicyPaysTheSameHopAndKeepsItsPick(t *testing.T) {
 	}
 	if int(proxied) != served {
 		t.Errorf("the EPP's proxy answered %v requests of the %d served", proxied, served)
+	}
+}
+
+// With Seeds, a point is the run of the median TTFT p90 among its seeds'
+// runs, each as a run with that seed alone would be.
+func TestSeedsKeepThePointsMedianRun(t *testing.T) {
+	o := BenchOptions{
+		Plans: []Plan{{
+			Workload: Workload{Name: "tiny", Kind: KindSharedPrefix, Groups: 3, SystemTokens: 256, QuestionTokens: 32},
+			Rates:    []float64{150},
+		}},
+		Policies: []string{PolicyRandom},
+		Fleet:    tinyFleet(), Duration: 2 * time.Second, Drain: 5 * time.Second, MaxTokens: 16, Seed: 6,
+		Virtual: true,
+	}
+	var alone []Point
+	for k := range 3 {
+		one := o
+		one.Seed += uint64(k)
+		pts, err := Bench(context.Background(), one)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alone = append(alone, pts[0])
+	}
+	if alone[0].TTFTp90 == alone[1].TTFTp90 && alone[1].TTFTp90 == alone[2].TTFTp90 {
+		t.Fatalf("the three seeds' runs have one TTFT p90 (%v): the test cannot tell them apart", alone[0].TTFTp90)
+	}
+	o.Seeds = 3
+	pts, err := Bench(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != 1 {
+		t.Fatalf("got %d points, want 1", len(pts))
+	}
+	if want := MedianRun(alone); pts[0] != want {
+		t.Errorf("point %+v, want the median run %+v", pts[0], want)
+	}
+	p90s := []time.Duration{alone[0].TTFTp90, alone[1].TTFTp90, alone[2].TTFTp90}
+	if m := MedianRun(alone); m == alone[0] || m == alone[2] {
+		t.Fatalf("the median of %v is the first or last seed's: the test cannot tell it from the first or last run", p90s)
+	}
+	slices.Sort(p90s)
+	if pts[0].TTFTp90 != p90s[1] {
+		t.Errorf("TTFT p90 %v, want the middle of %v", pts[0].TTFTp90, p90s)
+	}
+}
+
+func TestMedianRunTakesTheLowerMiddleOfAnEvenCount(t *testing.T) {
+	runs := []Point{{Rate: 1}, {Rate: 2}, {Rate: 3}, {Rate: 4}}
+	for i, p90 := range []time.Duration{40, 10, 30, 20} {
+		runs[i].TTFTp90 = p90
+	}
+	if got := MedianRun(runs); got.Rate != 4 {
+		t.Errorf("median run %+v, want the one with p90 20 (rate 4)", got)
+	}
+	if runs[0].TTFTp90 != 40 {
+		t.Errorf("MedianRun reordered its argument: %v", runs)
 	}
 }
