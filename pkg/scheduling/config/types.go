@@ -75,17 +75,22 @@ type PluginRef struct {
 // predicted latency. The predicted-latency producer (added as the default
 // producer of the latency data the plugins consume, and reading the exact
 // prefix producer's per-tier matches) predicts each candidate's TTFT; the
-// latency-scorer prefers the least, its own prefill weighted by how full
-// the endpoint's KV cache is; a request with an SLO goes to an endpoint
+// latency-scorer prefers the least predicted p90 (use: quantile: the tail
+// each pick risks, which the mean under-prices where a burst meets a full
+// batch), its own prefill weighted by how full the endpoint's KV cache
+// is; a request with an SLO goes to an endpoint
 // predicted to meet it when one is, and a sheddable one none is predicted
 // to meet is refused. The speculative recorder lets a burst of one prefix
 // follow the first pick before its KV events arrive. It was the best
-// policy measured: docs/routing-benchmark.md.
+// policy measured: docs/routing-benchmark.md, docs/virtual-time/ and the
+// seed studies in docs/benchmarks.md.
 const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: slo-headroom-tier-filter
 - type: latency-scorer
+  parameters:
+    use: quantile
 - type: latency-slo-admitter
 - type: speculative-prefix-recorder
 schedulingProfiles:
