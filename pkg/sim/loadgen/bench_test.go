@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 func tinyFleet() FleetOptions {
@@ -121,35 +122,13 @@ func TestAClientRoutedPolicyPaysTheSameHopAndKeepsItsPick(t *testing.T) {
 		t.Errorf("engines served %d to %d requests; round-robin through the EPP gives each its turn", lo, hi)
 	}
 	// The proxy counts a request once its handler returns, which can be
-	// just after the client has read the whole answer.
-	proxied := 0.0
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		proxied = proxiedRequests(t, env)
-		if int(proxied) >= served || time.Now().After(deadline) {
-			break
-		}
+	// just after the client has read the whole answer; no request is
+	// active once all are counted.
+	reg := env.EPP.Registry()
+	testkit.WaitFor(t, "every request to end", func() bool { return testkit.Value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	if got := testkit.Value(t, reg, "kvroute_proxy_requests_total"); int(got) != served {
+		t.Errorf("the EPP's proxy answered %v requests of the %d served", got, served)
 	}
-	if int(proxied) != served {
-		t.Errorf("the EPP's proxy answered %v requests of the %d served", proxied, served)
-	}
-}
-
-// proxiedRequests is the EPP's proxy's count of requests answered.
-func proxiedRequests(t *testing.T, env *Env) float64 {
-	t.Helper()
-	mfs, err := env.EPP.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == "kvroute_proxy_requests_total" {
-			for _, m := range mf.GetMetric() {
-				n += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return n
 }
 
 // With Seeds, a point is the run of the median TTFT p90 among its seeds'
