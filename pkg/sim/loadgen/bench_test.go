@@ -189,3 +189,41 @@ func TestMedianRunTakesTheLowerMiddleOfAnEvenCount(t *testing.T) {
 		t.Errorf("MedianRun reordered its argument: %v", runs)
 	}
 }
+
+// The report names the make target only when the command is the one the
+// target runs.
+func TestTheReportNamesItsMakeTargetOnlyWhenThatRan(t *testing.T) {
+	o := BenchOptions{
+		Plans: []Plan{{
+			Workload: Workload{Name: "tiny", Kind: KindSharedPrefix, Groups: 2, SystemTokens: 256, QuestionTokens: 16},
+			Rates:    []float64{50},
+		}},
+		Policies: []string{PolicyRandom},
+		Fleet:    tinyFleet(), Duration: time.Second, Drain: 5 * time.Second, MaxTokens: 4, Seed: 3,
+		Virtual: true,
+	}
+	pts, err := Bench(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ command, want, not string }{
+		{"go run ./cmd/kvsim bench --virtual --seeds 5", "`go run ./cmd/kvsim bench --virtual --seeds 5` (`make bench-routing-virtual`) in", ""},
+		{"go run ./cmd/kvsim bench --virtual -workloads tiny", "`go run ./cmd/kvsim bench --virtual -workloads tiny` in", "make bench-routing"},
+	} {
+		path := t.TempDir() + "/routing-benchmark.md"
+		if err := WriteReport(path, o, pts, tc.command, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, _, _ := strings.Cut(string(b), "\n\nFleet:")
+		if !strings.Contains(head, tc.want) {
+			t.Errorf("report opens %q, want it to contain %q", head, tc.want)
+		}
+		if tc.not != "" && strings.Contains(head, tc.not) {
+			t.Errorf("report opens %q, naming %q for another command", head, tc.not)
+		}
+	}
+}
