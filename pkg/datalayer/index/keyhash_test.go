@@ -6,11 +6,12 @@ import (
 	"testing"
 )
 
-// blockKey computes xxhash64 from the tokens' values, without writing
-// their bytes out: it must agree with the library's hash of those bytes
-// for every length, each side of a 32-byte stripe and of the 8- and
-// 4-byte tails.
-func TestBlockKeysAreXXHashOfTheirBytes(t *testing.T) {
+// blockKey hashes the tokens where they lie, and the portable path through
+// a stack buffer and the streaming hash: both must agree with the
+// library's hash of the bytes written out, for every length, across each
+// of XXH3's length classes (to 16, 128 and 240 bytes, and beyond) and
+// either side of the portable buffer's size.
+func TestBlockKeysAreXXH3OfTheirBytes(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(7, 8))
 	for n := 0; n <= 300; n++ {
@@ -20,8 +21,12 @@ func TestBlockKeysAreXXHashOfTheirBytes(t *testing.T) {
 			for i := range tokens {
 				tokens[i] = rng.Uint32()
 			}
-			if got, want := blockKey(parent, tokens), referenceKey(parent, tokens); got != want {
+			want := referenceKey(parent, tokens)
+			if got := blockKey(parent, tokens); got != want {
 				t.Fatalf("%d tokens: key %#x, want %#x", n, got, want)
+			}
+			if got := blockKeyPortable(parent, tokens); got != want {
+				t.Fatalf("%d tokens: portable key %#x, want %#x", n, got, want)
 			}
 		}
 	}
@@ -38,8 +43,12 @@ func FuzzBlockKey(f *testing.F) {
 		for i := range tokens {
 			tokens[i] = binary.LittleEndian.Uint32(raw[4*i:])
 		}
-		if got, want := blockKey(parent, tokens), referenceKey(parent, tokens); got != want {
+		want := referenceKey(parent, tokens)
+		if got := blockKey(parent, tokens); got != want {
 			t.Fatalf("%d tokens: key %#x, want %#x", len(tokens), got, want)
+		}
+		if got := blockKeyPortable(parent, tokens); got != want {
+			t.Fatalf("%d tokens: portable key %#x, want %#x", len(tokens), got, want)
 		}
 	})
 }

@@ -3,10 +3,11 @@ package index
 import (
 	"encoding/binary"
 	"math"
-	"math/bits"
 	"slices"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvroute/kvroute/pkg/events"
 )
@@ -16,8 +17,10 @@ import (
 // request finds the blocks any engine holds whatever that engine's own
 // (unportable) hashes are.
 //
-// A key carries 61 bits of xxhash64: its low three bits are always zero, so
-// that the index can keep a block's tier set beside its key in one word. At
+// A key carries 61 bits of a 64-bit hash (xxhash64 for roots and marked
+// keys, XXH3-64 seeded with the parent for a chain's blocks): its low three
+// bits are always zero, so that the index can keep a block's tier set
+// beside its key in one word. At
 // ten million distinct blocks the chance of any collision stays near 1e-5.
 const (
 	keyLowBits = 3
@@ -25,12 +28,14 @@ const (
 )
 
 // keyChunkTokens is the largest block vLLM uses, in tokens (its sizes are
-// 16 to 64); keys of blocks either side of it are tested against the
-// library's hash.
+// 16 to 64), and the portable key's buffer; keys of blocks either side of
+// it are tested against the library's hash.
 const keyChunkTokens = 64
 
-// Domain tags keep the three kinds of hash input apart, so that no root can
-// equal a chained key or a marked one by construction of the input bytes.
+// Domain tags keep the inputs of roots, bigram roots and marked keys apart
+// by construction of their bytes. A chained key is another function of its
+// input (XXH3 seeded with the parent), so that one equal to a root or a
+// marked key is a 61-bit collision like any other.
 const (
 	tagRoot       = 'R'
 	tagMarked     = 'M'
@@ -95,94 +100,48 @@ func AppendBigramBlockKeys(dst []uint64, parent uint64, tokens []uint32, blockSi
 	return dst
 }
 
-// blockKey chains one block's tokens onto its parent's key: xxhash64 of
-// the parent and then each token, all little-endian, whatever the
-// machine's byte order.
+// blockKey chains one block's tokens onto its parent's key: XXH3-64 of
+// the tokens' bytes (each token four bytes, little-endian, whatever the
+// machine's byte order) seeded with the parent key. The seed enters each
+// of the hash's 16-byte mixes side by side, so that a chain of keys costs
+// about one mix a block in sequence; the tokens' own mixing overlaps from
+// block to block (a hash over the parent's bytes and then the tokens'
+// cost two and a half times as much, its every round waiting on the
+// parent). TestBlockKeysAreXXH3OfTheirBytes and FuzzBlockKey hold it to
+// the library's hash of bytes written out one by one.
 func blockKey(parent uint64, tokens []uint32) uint64 {
-	return sumKeyInput(parent, tokens) & keyMask
+	if littleEndian {
+		return xxh3.HashSeed(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), 4*len(tokens)), parent) & keyMask
+	}
+	return blockKeyPortable(parent, tokens)
 }
 
-// xxhash64's primes.
-const (
-	xxPrime1 uint64 = 11400714785074694791
-	xxPrime2 uint64 = 14029467366897019727
-	xxPrime3 uint64 = 1609587929392839161
-	xxPrime4 uint64 = 9650029242287828579
-	xxPrime5 uint64 = 2870177450012600261
-	// The first and fourth lanes' starting values, prime1+prime2 and
-	// -prime1 modulo 2^64.
-	xxLane1 uint64 = 6983438078262162902
-	xxLane4 uint64 = 7046029288634856825
-)
-
-// sumKeyInput is xxhash.Sum64 of parent's eight bytes followed by each
-// token's four, computed from the values without writing those bytes
-// out: each of the hash's 8-byte input words is the parent or a pair of
-// tokens. This is a request's keying cost (a copy into a buffer and a
-// call per block cost twice as much); TestBlockKeysAreXXHashOfTheirBytes
-// and FuzzBlockKey hold it to the library's answer.
-func sumKeyInput(parent uint64, tokens []uint32) uint64 {
-	n := len(tokens)
-	i := 0 // tokens consumed
-	var h uint64
-	if n >= 6 {
-		// At least 32 bytes: four lanes over 32-byte stripes, the first
-		// of which starts with the parent.
-		v1 := xxRound(xxLane1, parent)
-		v2 := xxRound(xxPrime2, pair(tokens[0:2]))
-		v3 := xxRound(0, pair(tokens[2:4]))
-		v4 := xxRound(xxLane4, pair(tokens[4:6]))
-		for i = 6; n-i >= 8; i += 8 {
-			t := tokens[i : i+8]
-			v1 = xxRound(v1, pair(t[0:2]))
-			v2 = xxRound(v2, pair(t[2:4]))
-			v3 = xxRound(v3, pair(t[4:6]))
-			v4 = xxRound(v4, pair(t[6:8]))
+// blockKeyPortable is blockKey for machines whose memory order is not
+// the key's: the tokens are written out little-endian, a stack buffer at
+// a time, into the seeded streaming hash (which answers as the one-shot
+// hash over the same bytes).
+func blockKeyPortable(parent uint64, tokens []uint32) uint64 {
+	var h xxh3.Hasher
+	h.ResetSeed(parent)
+	var buf [4 * keyChunkTokens]byte
+	for len(tokens) > 0 {
+		n := min(len(tokens), keyChunkTokens)
+		for i, t := range tokens[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], t)
 		}
-		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
-		h = xxMerge(h, v1)
-		h = xxMerge(h, v2)
-		h = xxMerge(h, v3)
-		h = xxMerge(h, v4)
-		h += uint64(8 + 4*n)
-	} else {
-		h = xxPrime5 + uint64(8+4*n)
-		h = xxWord(h, parent)
+		_, _ = h.Write(buf[:4*n])
+		tokens = tokens[n:]
 	}
-	for ; n-i >= 2; i += 2 {
-		h = xxWord(h, pair(tokens[i:i+2]))
-	}
-	if i < n {
-		h ^= uint64(tokens[i]) * xxPrime1
-		h = bits.RotateLeft64(h, 23)*xxPrime2 + xxPrime3
-	}
-	h ^= h >> 33
-	h *= xxPrime2
-	h ^= h >> 29
-	h *= xxPrime3
-	h ^= h >> 32
-	return h
+	return h.Sum64() & keyMask
 }
 
-// pair is the 8-byte little-endian word of two tokens.
-func pair(t []uint32) uint64 { return uint64(t[0]) | uint64(t[1])<<32 }
-
-func xxRound(acc, in uint64) uint64 {
-	acc += in * xxPrime2
-	acc = bits.RotateLeft64(acc, 31)
-	return acc * xxPrime1
-}
-
-func xxMerge(acc, v uint64) uint64 {
-	acc ^= xxRound(0, v)
-	return acc*xxPrime1 + xxPrime4
-}
-
-// xxWord folds one 8-byte word of the input's tail into h.
-func xxWord(h, w uint64) uint64 {
-	h ^= xxRound(0, w)
-	return bits.RotateLeft64(h, 27)*xxPrime1 + xxPrime4
-}
+// littleEndian reports whether this machine keeps a uint32's bytes in
+// the key's order, so that a block's tokens are the hash's input as they
+// lie in memory.
+var littleEndian = func() bool {
+	x := uint32(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // markedKey folds a block's extras into its key when they are something no
 // plain request reproduces (multimodal item hashes, prompt-embedding

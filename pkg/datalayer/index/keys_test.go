@@ -4,20 +4,21 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvroute/kvroute/pkg/events"
 )
 
-// referenceKey is the block key written the plain way: all bytes in one
-// slice, one xxhash call. blockKey's stack buffer and streaming paths must
-// agree with it.
+// referenceKey is the block key written the plain way: the tokens' bytes
+// written out one by one into a slice, one call of the library's seeded
+// hash. blockKey's view of the tokens in place, and the portable path's
+// stack buffer and streaming hash, must agree with it.
 func referenceKey(parent uint64, tokens []uint32) uint64 {
-	b := binary.LittleEndian.AppendUint64(nil, parent)
+	var b []byte
 	for _, t := range tokens {
 		b = binary.LittleEndian.AppendUint32(b, t)
 	}
-	return xxhash.Sum64(b) & keyMask
+	return xxh3.HashSeed(b, parent) & keyMask
 }
 
 func countingTokens(n int, from uint32) []uint32 {
