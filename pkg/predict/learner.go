@@ -144,7 +144,10 @@ type ewls struct {
 	a        [NumRegimes][NumFeatures][NumFeatures]float64
 	b        [NumRegimes]Vector
 	theta    [NumRegimes]Vector
-	n        [NumRegimes]int
+	// held are the monotone coefficients theta holds at zero, per regime
+	// (see constrained).
+	held [NumRegimes][NumFeatures]bool
+	n    [NumRegimes]int
 	// res holds recent normalised residuals per regime, as a ring; scale
 	// is the regime's recent mean absolute residual.
 	res   [NumRegimes][]float64
@@ -260,7 +263,10 @@ func (l *ewls) observe(x *Vector, r int, y float64) {
 	l.publish()
 }
 
-// solve sets theta[r] by a Cholesky solve of (A + ρI)θ = b + ρθ₀.
+// solve sets theta[r] to the least-squares solution of (A + ρI)θ = b + ρθ₀
+// with every monotone coefficient at zero or above, by Cholesky solves
+// over the coefficients left free (see constrained). A system that cannot
+// be solved keeps the last coefficients.
 func (l *ewls) solve(r int) {
 	var m [NumFeatures][NumFeatures]float64
 	var rhs Vector
@@ -271,85 +277,148 @@ func (l *ewls) solve(r int) {
 		m[i][i] += l.p.ridge
 		rhs[i] = l.b[r][i] + l.p.ridge*l.prior[i]
 	}
-	// m = L·Lᵀ, in place in the lower triangle.
-	for j := range NumFeatures {
-		d := m[j][j]
-		for k := range j {
-			d -= m[j][k] * m[j][k]
-		}
-		if !(d > 0) {
-			return // not positive definite: keep the last coefficients
-		}
-		m[j][j] = math.Sqrt(d)
-		for i := j + 1; i < NumFeatures; i++ {
-			s := m[i][j]
-			for k := range j {
-				s -= m[i][k] * m[j][k]
-			}
-			m[i][j] = s / m[j][j]
+	theta, ok := constrained(&m, &rhs, &l.monotone, &l.held[r])
+	if !ok {
+		return
+	}
+	for _, v := range theta {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return
 		}
 	}
-	var z Vector
-	for i := range NumFeatures {
-		s := rhs[i]
-		for k := range i {
-			s -= m[i][k] * z[k]
-		}
-		z[i] = s / m[i][i]
-	}
-	var theta Vector
-	for i := NumFeatures - 1; i >= 0; i-- {
-		s := z[i]
-		for k := i + 1; k < NumFeatures; k++ {
-			s -= m[k][i] * theta[k]
-		}
-		theta[i] = s / m[i][i]
-	}
-	if l.constrain(&theta, &rhs, r) {
-		for _, v := range theta {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return
-			}
-		}
-		l.theta[r] = theta
-	}
+	l.theta[r] = theta
 }
 
-// constrain makes theta the least-squares solution with every monotone
-// coefficient at zero or above, when the unconstrained one has a negative
-// one: projected Gauss-Seidel on (A + ρI)θ = rhs, from the clipped
-// solution. It reports false when the system cannot be solved.
-func (l *ewls) constrain(theta, rhs *Vector, r int) bool {
-	neg := false
-	for i, v := range theta {
-		if l.monotone[i] && v < 0 {
-			theta[i], neg = 0, true
-		}
+// constrainedRounds bounds constrained's changes to the set of
+// coefficients held at zero; each costs one Cholesky solve.
+const constrainedRounds = 2 * NumFeatures
+
+// constrained is the θ minimising ½θᵀMθ − θᵀrhs with θ_i ≥ 0 for every
+// monotone i (M symmetric positive definite, so that the minimum is
+// unique), by an active set: solve with the coefficients in held at zero
+// and the rest free; hold at zero the monotone ones that came out
+// negative and solve again; release a held one whose gradient says it
+// would rise, the steepest first; stop when every free one is feasible
+// and no held one would rise (the optimum's conditions). held starts as
+// the last observation's set, which one more observation seldom changes,
+// and is left as this one's: a change of the set is one solve of at most
+// NumFeatures unknowns (a few µs), and the set is usually settled at the
+// first. Should the rounds run out first, the monotone coefficients still
+// negative are clipped, so that the answer is always feasible. It
+// reports false when M is not positive definite over the free
+// coefficients.
+func constrained(m *[NumFeatures][NumFeatures]float64, rhs *Vector, monotone, held *[NumFeatures]bool) (Vector, bool) {
+	for i := range held {
+		held[i] = held[i] && monotone[i]
 	}
-	if !neg {
-		return true
-	}
-	a := &l.a[r]
-	for range 30 {
-		for i := range NumFeatures {
-			d := a[i][i] + l.p.ridge
-			if !(d > 0) {
-				return false
+	theta, ok := solveFree(m, rhs, held)
+	for round := 0; ok && round < constrainedRounds; round++ {
+		changed := false
+		for i, v := range theta {
+			if monotone[i] && !held[i] && v < 0 {
+				held[i], changed = true, true
 			}
-			s := rhs[i]
-			for j := range NumFeatures {
-				if j != i {
-					s -= a[i][j] * theta[j]
+		}
+		if !changed {
+			// Feasible: release the held coefficient whose gradient
+			// (rhs − Mθ)_i is the most positive, if any is.
+			release, steepest := -1, 0.0
+			for i := range NumFeatures {
+				if !held[i] {
+					continue
+				}
+				g := rhs[i]
+				for j := range NumFeatures {
+					g -= m[i][j] * theta[j]
+				}
+				if g > steepest*(1+1e-12) && g > 1e-12*(math.Abs(rhs[i])+1) {
+					release, steepest = i, g
 				}
 			}
-			v := s / d
-			if l.monotone[i] && v < 0 {
-				v = 0
+			if release < 0 {
+				return theta, true
 			}
-			theta[i] = v
+			held[release] = false
+		}
+		theta, ok = solveFree(m, rhs, held)
+	}
+	if !ok {
+		return Vector{}, false
+	}
+	for i := range theta {
+		if monotone[i] && theta[i] < 0 {
+			theta[i] = 0
 		}
 	}
-	return true
+	return theta, true
+}
+
+// dotSlices is a·b over len(a) (b at least as long), in four running
+// sums, so that the additions do not wait on each other.
+func dotSlices(a, b []float64) float64 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float64
+	k := 0
+	for ; k+4 <= len(a); k += 4 {
+		s0 += a[k] * b[k]
+		s1 += a[k+1] * b[k+1]
+		s2 += a[k+2] * b[k+2]
+		s3 += a[k+3] * b[k+3]
+	}
+	for ; k < len(a); k++ {
+		s0 += a[k] * b[k]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// solveFree solves Mθ = rhs over the coefficients not held, the held ones
+// at zero, by a Cholesky factorisation of M's free rows and columns.
+func solveFree(m *[NumFeatures][NumFeatures]float64, rhs *Vector, held *[NumFeatures]bool) (Vector, bool) {
+	var idx [NumFeatures]int
+	n := 0
+	for i := range NumFeatures {
+		if !held[i] {
+			idx[n] = i
+			n++
+		}
+	}
+	// c = L·Lᵀ over the free coefficients, in its lower triangle; inv
+	// holds L's diagonal's reciprocals.
+	var c [NumFeatures][NumFeatures]float64
+	var inv [NumFeatures]float64
+	for a := range n {
+		for b := range a + 1 {
+			c[a][b] = m[idx[a]][idx[b]]
+		}
+	}
+	for j := range n {
+		cj := c[j][:j]
+		d := c[j][j] - dotSlices(cj, cj)
+		if !(d > 0) {
+			return Vector{}, false
+		}
+		c[j][j] = math.Sqrt(d)
+		inv[j] = 1 / c[j][j]
+		for i := j + 1; i < n; i++ {
+			c[i][j] = (c[i][j] - dotSlices(c[i][:j], cj)) * inv[j]
+		}
+	}
+	var z, x [NumFeatures]float64
+	for i := range n {
+		z[i] = (rhs[idx[i]] - dotSlices(c[i][:i], z[:i])) * inv[i]
+	}
+	for i := n - 1; i >= 0; i-- {
+		s := z[i]
+		for k := i + 1; k < n; k++ {
+			s -= c[k][i] * x[k]
+		}
+		x[i] = s * inv[i]
+	}
+	var theta Vector
+	for i := range n {
+		theta[idx[i]] = x[i]
+	}
+	return theta, true
 }
 
 func (l *ewls) publish() {
