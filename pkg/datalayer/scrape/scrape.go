@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -247,8 +248,21 @@ func (s *Scraper) scrapeLoop(ctx context.Context, ep *datalayer.Endpoint) {
 		lastLog    time.Time
 		suppressed int
 	)
-	t := time.NewTicker(s.opts.Interval)
-	defer t.Stop()
+	// The first scrape is at once, so that an endpoint has metrics soon
+	// after it joins; the rest keep a phase of the endpoint's own, from a
+	// random part of the interval after it, so that endpoints that joined
+	// together (a pool's pods when the EPP starts) do not all scrape in
+	// the same instant ever after: a burst of every page at once, each
+	// interval, that the requests arriving then would wait behind.
+	phase := time.NewTimer(rand.N(s.opts.Interval))
+	defer phase.Stop()
+	next := phase.C
+	var ticker *time.Ticker
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}()
 	for {
 		start := time.Now()
 		m, err := s.scrapeOnce(ctx, url, &buf)
@@ -281,7 +295,11 @@ func (s *Scraper) scrapeLoop(ctx context.Context, ep *datalayer.Endpoint) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-next:
+			if ticker == nil {
+				ticker = time.NewTicker(s.opts.Interval)
+				next = ticker.C
+			}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package scrape
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -359,6 +360,67 @@ func TestScraper(t *testing.T) {
 		t.Fatalf("targets after shutdown = %v", got)
 	}
 	// Run waits for every scrape loop it started, so nothing of it is left.
+}
+
+// scrapeTimes records when each host was asked for its page.
+type scrapeTimes struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	at   map[string][]time.Time
+}
+
+func (c *scrapeTimes) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.at[r.URL.Host] = append(c.at[r.URL.Host], time.Now())
+	c.mu.Unlock()
+	return c.next.RoundTrip(r)
+}
+
+// Endpoints that join together are scraped at once, and from then on each
+// in a phase of its own: their second scrapes spread over the interval
+// instead of coming in one burst (with every loop on the same ticker, all
+// sixteen would land within the scheduler's jitter of one another).
+func TestScrapersOfEndpointsThatJoinTogetherKeepPhasesApart(t *testing.T) {
+	t.Parallel()
+	const endpoints, interval = 16, 400 * time.Millisecond
+	ds := datalayer.NewDatastore(nil)
+	for i := range endpoints {
+		ds.Upsert(ep(fmt.Sprintf("e%d", i), newMetricsServer(t, minimalPage).addr()))
+	}
+	times := &scrapeTimes{next: http.DefaultTransport.(*http.Transport).Clone(), at: map[string][]time.Time{}}
+	s := New(ds, Options{Interval: interval, Timeout: time.Second, HTTPClient: &http.Client{Transport: times}}, prometheus.NewRegistry())
+	ctx, cancel := context.WithCancel(t.Context())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		s.Run(ctx)
+	}()
+	defer func() { cancel(); <-stopped }()
+	var seconds []time.Duration
+	testkit.WaitFor(t, "every endpoint scraped twice", func() bool {
+		times.mu.Lock()
+		defer times.mu.Unlock()
+		if len(times.at) < endpoints {
+			return false
+		}
+		seconds = seconds[:0]
+		for _, at := range times.at {
+			if len(at) < 2 {
+				return false
+			}
+			seconds = append(seconds, at[1].Sub(at[0]))
+		}
+		return true
+	})
+	lo, hi := slices.Min(seconds), slices.Max(seconds)
+	// Sixteen phases drawn uniformly from the interval all fall within a
+	// quarter of it with probability about 16·(1/4)^15, below 1e-8.
+	if hi-lo < interval/4 {
+		t.Fatalf("second scrapes %v to %v after the first: within %v of each other, not spread over the %v interval", lo, hi, hi-lo, interval)
+	}
+	if hi > 2*interval {
+		t.Fatalf("a second scrape came %v after the first, with a %v interval", hi, interval)
+	}
 }
 
 func TestScraperRefusesAnOversizedPage(t *testing.T) {
