@@ -20,8 +20,8 @@ import (
 // A key carries 61 bits of a 64-bit hash (xxhash64 for roots and marked
 // keys, XXH3-64 seeded with the parent for a chain's blocks): its low three
 // bits are always zero, so that the index can keep a block's tier set
-// beside its key in one word. At
-// ten million distinct blocks the chance of any collision stays near 1e-5.
+// beside its key in one word. At ten million distinct blocks the chance of
+// any collision stays near 1e-5.
 const (
 	keyLowBits = 3
 	keyMask    = ^uint64(1<<keyLowBits - 1)
