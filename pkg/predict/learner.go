@@ -268,7 +268,7 @@ func (l *ewls) observe(x *Vector, r int, y float64) {
 // over the coefficients left free (see constrained). A system that cannot
 // be solved keeps the last coefficients.
 func (l *ewls) solve(r int) {
-	var m [NumFeatures][NumFeatures]float64
+	var m [NumFeatures]Vector
 	var rhs Vector
 	for i := range NumFeatures {
 		for j := range NumFeatures {
@@ -307,7 +307,7 @@ const constrainedRounds = 2 * NumFeatures
 // negative are clipped, so that the answer is always feasible. It
 // reports false when M is not positive definite over the free
 // coefficients.
-func constrained(m *[NumFeatures][NumFeatures]float64, rhs *Vector, monotone, held *[NumFeatures]bool) (Vector, bool) {
+func constrained(m *[NumFeatures]Vector, rhs *Vector, monotone, held *[NumFeatures]bool) (Vector, bool) {
 	for i := range held {
 		held[i] = held[i] && monotone[i]
 	}
@@ -327,10 +327,7 @@ func constrained(m *[NumFeatures][NumFeatures]float64, rhs *Vector, monotone, he
 				if !held[i] {
 					continue
 				}
-				g := rhs[i]
-				for j := range NumFeatures {
-					g -= m[i][j] * theta[j]
-				}
+				g := rhs[i] - dot(&m[i], &theta)
 				if g > steepest*(1+1e-12) && g > 1e-12*(math.Abs(rhs[i])+1) {
 					release, steepest = i, g
 				}
@@ -353,27 +350,9 @@ func constrained(m *[NumFeatures][NumFeatures]float64, rhs *Vector, monotone, he
 	return theta, true
 }
 
-// dotSlices is a·b over len(a) (b at least as long), in four running
-// sums, so that the additions do not wait on each other.
-func dotSlices(a, b []float64) float64 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float64
-	k := 0
-	for ; k+4 <= len(a); k += 4 {
-		s0 += a[k] * b[k]
-		s1 += a[k+1] * b[k+1]
-		s2 += a[k+2] * b[k+2]
-		s3 += a[k+3] * b[k+3]
-	}
-	for ; k < len(a); k++ {
-		s0 += a[k] * b[k]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
-
 // solveFree solves Mθ = rhs over the coefficients not held, the held ones
 // at zero, by a Cholesky factorisation of M's free rows and columns.
-func solveFree(m *[NumFeatures][NumFeatures]float64, rhs *Vector, held *[NumFeatures]bool) (Vector, bool) {
+func solveFree(m *[NumFeatures]Vector, rhs *Vector, held *[NumFeatures]bool) (Vector, bool) {
 	var idx [NumFeatures]int
 	n := 0
 	for i := range NumFeatures {
@@ -384,7 +363,7 @@ func solveFree(m *[NumFeatures][NumFeatures]float64, rhs *Vector, held *[NumFeat
 	}
 	// c = L·Lᵀ over the free coefficients, in its lower triangle; inv
 	// holds L's diagonal's reciprocals.
-	var c [NumFeatures][NumFeatures]float64
+	var c [NumFeatures]Vector
 	var inv [NumFeatures]float64
 	for a := range n {
 		for b := range a + 1 {
@@ -392,20 +371,19 @@ func solveFree(m *[NumFeatures][NumFeatures]float64, rhs *Vector, held *[NumFeat
 		}
 	}
 	for j := range n {
-		cj := c[j][:j]
-		d := c[j][j] - dotSlices(cj, cj)
+		d := c[j][j] - dotN(&c[j], &c[j], j)
 		if !(d > 0) {
 			return Vector{}, false
 		}
 		c[j][j] = math.Sqrt(d)
 		inv[j] = 1 / c[j][j]
 		for i := j + 1; i < n; i++ {
-			c[i][j] = (c[i][j] - dotSlices(c[i][:j], cj)) * inv[j]
+			c[i][j] = (c[i][j] - dotN(&c[i], &c[j], j)) * inv[j]
 		}
 	}
-	var z, x [NumFeatures]float64
+	var z, x Vector
 	for i := range n {
-		z[i] = (rhs[idx[i]] - dotSlices(c[i][:i], z[:i])) * inv[i]
+		z[i] = (rhs[idx[i]] - dotN(&c[i], &z, i)) * inv[i]
 	}
 	for i := n - 1; i >= 0; i-- {
 		s := z[i]

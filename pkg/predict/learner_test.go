@@ -8,7 +8,7 @@ import (
 
 // randomSystem is a symmetric positive definite M (XᵀX plus a ridge) and a
 // right-hand side, as an observation's least squares makes them.
-func randomSystem(rng *rand.Rand) (m [NumFeatures][NumFeatures]float64, rhs Vector) {
+func randomSystem(rng *rand.Rand) (m [NumFeatures]Vector, rhs Vector) {
 	var x [2 * NumFeatures][NumFeatures]float64
 	for i := range x {
 		for j := range NumFeatures {
@@ -103,7 +103,7 @@ func TestConstrainedWithoutConstraintsSolves(t *testing.T) {
 // A matrix that is not positive definite is refused, not solved wrong.
 func TestConstrainedRefusesASingularSystem(t *testing.T) {
 	t.Parallel()
-	var m [NumFeatures][NumFeatures]float64
+	var m [NumFeatures]Vector
 	var rhs Vector
 	var monotone, held [NumFeatures]bool
 	if _, ok := constrained(&m, &rhs, &monotone, &held); ok {
