@@ -254,15 +254,8 @@ func (s *Scraper) scrapeLoop(ctx context.Context, ep *datalayer.Endpoint) {
 	// together (a pool's pods when the EPP starts) do not all scrape in
 	// the same instant ever after: a burst of every page at once, each
 	// interval, that the requests arriving then would wait behind.
-	phase := time.NewTimer(rand.N(s.opts.Interval))
-	defer phase.Stop()
-	next := phase.C
-	var ticker *time.Ticker
-	defer func() {
-		if ticker != nil {
-			ticker.Stop()
-		}
-	}()
+	next := time.NewTimer(rand.N(s.opts.Interval))
+	defer next.Stop()
 	for {
 		start := time.Now()
 		m, err := s.scrapeOnce(ctx, url, &buf)
@@ -295,11 +288,10 @@ func (s *Scraper) scrapeLoop(ctx context.Context, ep *datalayer.Endpoint) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-next:
-			if ticker == nil {
-				ticker = time.NewTicker(s.opts.Interval)
-				next = ticker.C
-			}
+		case <-next.C:
+			// Set again as it fires, before the scrape, so that the
+			// interval runs from tick to tick as a ticker's does.
+			next.Reset(s.opts.Interval)
 		}
 	}
 }

@@ -248,23 +248,29 @@ func (s *metricsServer) addr() string { return strings.TrimPrefix(s.URL, "http:/
 // it starts them. A test server counts a request only when it reads it, which
 // can be after the scrape that sent it was cancelled; what the scraper issued
 // is known exactly once the loop that issued it has returned.
+// issuedRequests records when each host was asked for its page.
 type issuedRequests struct {
 	next http.RoundTripper
 	mu   sync.Mutex
-	n    map[string]int
+	at   map[string][]time.Time
+}
+
+func newIssuedRequests() *issuedRequests {
+	return &issuedRequests{next: http.DefaultTransport.(*http.Transport).Clone(), at: map[string][]time.Time{}}
 }
 
 func (c *issuedRequests) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.mu.Lock()
-	c.n[r.URL.Host]++
+	c.at[r.URL.Host] = append(c.at[r.URL.Host], time.Now())
 	c.mu.Unlock()
 	return c.next.RoundTrip(r)
 }
 
+// to is how many requests host has been sent.
 func (c *issuedRequests) to(host string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.n[host]
+	return len(c.at[host])
 }
 
 func TestScraper(t *testing.T) {
@@ -276,7 +282,7 @@ func TestScraper(t *testing.T) {
 	ds.Upsert(ep("b", b.addr()))
 	reg := prometheus.NewRegistry()
 	logs := &testkit.LogBuffer{}
-	issued := &issuedRequests{next: http.DefaultTransport.(*http.Transport).Clone(), n: map[string]int{}}
+	issued := newIssuedRequests()
 	s := New(ds, Options{
 		Interval:   2 * time.Millisecond,
 		Timeout:    100 * time.Millisecond,
@@ -362,20 +368,6 @@ func TestScraper(t *testing.T) {
 	// Run waits for every scrape loop it started, so nothing of it is left.
 }
 
-// scrapeTimes records when each host was asked for its page.
-type scrapeTimes struct {
-	next http.RoundTripper
-	mu   sync.Mutex
-	at   map[string][]time.Time
-}
-
-func (c *scrapeTimes) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.mu.Lock()
-	c.at[r.URL.Host] = append(c.at[r.URL.Host], time.Now())
-	c.mu.Unlock()
-	return c.next.RoundTrip(r)
-}
-
 // Endpoints that join together are scraped at once, and from then on each
 // in a phase of its own: their second scrapes spread over the interval
 // instead of coming in one burst (with every loop on the same ticker, all
@@ -387,7 +379,7 @@ func TestScrapersOfEndpointsThatJoinTogetherKeepPhasesApart(t *testing.T) {
 	for i := range endpoints {
 		ds.Upsert(ep(fmt.Sprintf("e%d", i), newMetricsServer(t, minimalPage).addr()))
 	}
-	times := &scrapeTimes{next: http.DefaultTransport.(*http.Transport).Clone(), at: map[string][]time.Time{}}
+	times := newIssuedRequests()
 	s := New(ds, Options{Interval: interval, Timeout: time.Second, HTTPClient: &http.Client{Transport: times}}, prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(t.Context())
 	stopped := make(chan struct{})
