@@ -108,3 +108,28 @@ func TestCandidateStagedWritesArePublishedOnlyWhenCommittedUnderTheirKeys(t *tes
 		})
 	}
 }
+
+func TestPrefixCacheInfoIsReadWhetherPublishedAsAValueOrAPointer(t *testing.T) {
+	t.Parallel()
+	want := PrefixCacheInfo{MatchBlocks: 3, TotalBlocks: 5, BlockSizeTokens: 16, MatchTokens: 48, State: StreamExact, Exact: true}
+	for _, tc := range []struct {
+		name string
+		put  any // nil: nothing published
+		ok   bool
+	}{
+		{"a value", want, true},
+		{"a pointer", &want, true},
+		{"a nil pointer", (*PrefixCacheInfo)(nil), false},
+		{"another type", 3, false},
+		{"nothing", nil, false},
+	} {
+		c := NewCandidate(ep("e", "10.0.0.1:8000"), Metrics{}, StreamExact)
+		if tc.put != nil {
+			c.Put(PrefixCacheMatchInfoKey, tc.put)
+		}
+		got, ok := PrefixCacheInfoOf(c)
+		if ok != tc.ok || (ok && got != want) || (!ok && got != PrefixCacheInfo{}) {
+			t.Errorf("%s: got %+v, %v; want %+v, %v", tc.name, got, ok, want, tc.ok)
+		}
+	}
+}

@@ -62,3 +62,23 @@ func (p *PrefixCacheInfo) Ratio() float64 {
 	}
 	return float64(p.MatchBlocks) / float64(p.TotalBlocks)
 }
+
+// PrefixCacheInfoOf returns the prefix info published on c under
+// PrefixCacheMatchInfoKey. It accepts a pointer as well as a value, so that
+// a producer publishing either cannot silently zero what every consumer
+// reads; the copy it returns keeps its readers free of allocations.
+func PrefixCacheInfoOf(c *Candidate) (PrefixCacheInfo, bool) {
+	v, ok := c.Get(PrefixCacheMatchInfoKey)
+	if !ok {
+		return PrefixCacheInfo{}, false
+	}
+	switch p := v.(type) {
+	case PrefixCacheInfo:
+		return p, true
+	case *PrefixCacheInfo:
+		if p != nil {
+			return *p, true
+		}
+	}
+	return PrefixCacheInfo{}, false
+}

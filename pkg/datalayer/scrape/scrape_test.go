@@ -244,11 +244,10 @@ func newMetricsServer(t *testing.T, page string) *metricsServer {
 
 func (s *metricsServer) addr() string { return strings.TrimPrefix(s.URL, "http://") }
 
-// issuedRequests counts the requests a client starts, per host, at the moment
-// it starts them. A test server counts a request only when it reads it, which
-// can be after the scrape that sent it was cancelled; what the scraper issued
-// is known exactly once the loop that issued it has returned.
-// issuedRequests records when each host was asked for its page.
+// issuedRequests records, per host, when a client starts each request. A
+// test server counts a request only when it reads it, which can be after
+// the scrape that sent it was cancelled; what the scraper issued is known
+// exactly once the loop that issued it has returned.
 type issuedRequests struct {
 	next http.RoundTripper
 	mu   sync.Mutex
@@ -284,8 +283,10 @@ func TestScraper(t *testing.T) {
 	logs := &testkit.LogBuffer{}
 	issued := newIssuedRequests()
 	s := New(ds, Options{
-		Interval:   2 * time.Millisecond,
-		Timeout:    100 * time.Millisecond,
+		Interval: 2 * time.Millisecond,
+		// Long enough that a's good scrapes do not time out on a loaded
+		// machine, which would log failure streaks of their own.
+		Timeout:    300 * time.Millisecond,
 		Logger:     slog.New(slog.NewTextHandler(logs, nil)),
 		HTTPClient: &http.Client{Transport: issued},
 	}, reg)
@@ -316,10 +317,19 @@ func TestScraper(t *testing.T) {
 		errs := s.errors.WithLabelValues(tc.reason)
 		before := testutil.ToFloat64(errs)
 		a.mode.Store(tc.mode)
-		testkit.WaitFor(t, tc.mode+" counted as "+tc.reason, func() bool { return testutil.ToFloat64(errs) >= before+1 })
+		// Waited for by a's own requests, not the error counter, which b's
+		// timeouts on a loaded machine also raise. Every request issued
+		// from here on meets the new mode, and one loop scrapes a, one
+		// scrape at a time: once the second is issued, the first's failure
+		// has been handled, and nothing can refresh a's metrics.
+		n := issued.to(a.addr())
+		testkit.WaitFor(t, "a scraped twice in mode "+tc.mode, func() bool { return issued.to(a.addr()) >= n+2 })
+		if got := testutil.ToFloat64(errs); got < before+1 {
+			t.Fatalf("%s: errors with reason %s = %v, want at least %v", tc.mode, tc.reason, got, before+1)
+		}
 		// The last good metrics stay, and stop being refreshed.
 		last := metricsOf("a").UpdateTime
-		testkit.WaitFor(t, "two more failures", func() bool { return testutil.ToFloat64(errs) >= before+3 })
+		testkit.WaitFor(t, "two more failures", func() bool { return issued.to(a.addr()) >= n+4 })
 		if m := metricsOf("a"); !m.UpdateTime.Equal(last) || m.WaitingQueueSize != 5 {
 			t.Fatalf("%s: metrics changed while failing: %+v", tc.mode, m)
 		}

@@ -202,10 +202,7 @@ var matchCredit = [datalayer.NumStreamStates]float64{
 // inputOf is what is known of req on c when it is picked.
 // It fills in, which may hold an earlier request's input, whole.
 func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, now time.Time, staleness time.Duration) {
-	var info datalayer.PrefixCacheInfo
-	if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
-		info, _ = v.(datalayer.PrefixCacheInfo)
-	}
+	info, _ := datalayer.PrefixCacheInfoOf(c)
 	bs := info.BlockSizeTokens
 	credit := func(blocks int) int { return int(float64(blocks*bs) * matchCredit[info.State]) }
 	*in = predict.Input{

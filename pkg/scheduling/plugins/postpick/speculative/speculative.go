@@ -78,7 +78,7 @@ func (r *Recorder) PostPick(_ context.Context, _ *framework.CycleState, req *req
 			// should one lie among them, it is only left unrefreshed, and
 			// lapses when its time is up (never a claim of more).
 			held := 0
-			if info, ok := prefixinfo.Get(primary); ok && (info.Exact || info.State.HoldsMatched()) {
+			if info, ok := datalayer.PrefixCacheInfoOf(primary); ok && (info.Exact || info.State.HoldsMatched()) {
 				held = min(max(info.MatchBlocks-info.SpeculativeBlocks, 0), len(keys))
 			}
 			r.spec.Speculate(primary.Address, keys, held)

@@ -82,7 +82,7 @@ func (s *Scorer) coldKey() string { return "nohitlru.cold/" + s.name.Name }
 // cold reports whether no candidate holds any of the request's blocks.
 func cold(cands []*datalayer.Candidate) bool {
 	for _, c := range cands {
-		if info, ok := prefixinfo.Get(c); ok && info.MatchBlocks > 0 {
+		if info, ok := datalayer.PrefixCacheInfoOf(c); ok && info.MatchBlocks > 0 {
 			return false
 		}
 	}

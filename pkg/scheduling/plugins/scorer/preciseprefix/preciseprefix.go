@@ -163,7 +163,7 @@ func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, _ *request.Re
 }
 
 func (s *Scorer) score(c *datalayer.Candidate) float64 {
-	info, ok := prefixinfo.Get(c)
+	info, ok := datalayer.PrefixCacheInfoOf(c)
 	if !ok || info.TotalBlocks <= 0 {
 		return 0
 	}

@@ -171,7 +171,7 @@ func (s *Scorer) Score(_ context.Context, cs *framework.CycleState, req *request
 
 // uncached is the prefill the request would need on c, in tokens.
 func (s *Scorer) uncached(req *request.Request, c *datalayer.Candidate) float64 {
-	info, ok := prefixinfo.Get(c)
+	info, ok := datalayer.PrefixCacheInfoOf(c)
 	total := float64(len(req.TokenIDs))
 	if total == 0 && ok {
 		total = float64(info.TotalBlocks * info.BlockSizeTokens)

@@ -80,7 +80,7 @@ func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, _ *request.Re
 	w := s.params.MatchLengthWeight
 	for i, c := range cands {
 		out[i] = 0
-		info, ok := prefixinfo.Get(c)
+		info, ok := datalayer.PrefixCacheInfoOf(c)
 		if !ok {
 			continue
 		}
