@@ -39,8 +39,8 @@ bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns
 bench-routing: ## the routing benchmark: writes docs/routing-benchmark.md and its plots (~60 min)
 	$(GO) run ./cmd/kvsim bench
 
-bench-routing-virtual: ## the same in virtual time, in seconds: writes docs/virtual-time/
-	$(GO) run ./cmd/kvsim bench --virtual --seeds 5
+bench-routing-virtual: ## the same in virtual time, 25 seeds a point: writes docs/virtual-time/ (~6 min)
+	$(GO) run ./cmd/kvsim bench --virtual --seeds 25
 
 chaos: ## the fault matrix (relays, NATS, two EPP replicas on loopback): writes docs/reliability.md (~1 min)
 	$(GO) run ./cmd/kvsim chaos --timeout 10m

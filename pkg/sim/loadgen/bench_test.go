@@ -207,7 +207,7 @@ func TestTheReportNamesItsMakeTargetOnlyWhenThatRan(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ command, want, not string }{
-		{"go run ./cmd/kvsim bench --virtual --seeds 5", "`go run ./cmd/kvsim bench --virtual --seeds 5` (`make bench-routing-virtual`) in", ""},
+		{"go run ./cmd/kvsim bench --virtual --seeds 25", "`go run ./cmd/kvsim bench --virtual --seeds 25` (`make bench-routing-virtual`) in", ""},
 		{"go run ./cmd/kvsim bench --virtual -workloads tiny", "`go run ./cmd/kvsim bench --virtual -workloads tiny` in", "make bench-routing"},
 	} {
 		path := t.TempDir() + "/routing-benchmark.md"

@@ -55,8 +55,8 @@ func DefaultPlans(quick bool) []Plan {
 
 // makeTargets are the Makefile's benchmark targets by the command each runs.
 var makeTargets = map[string]string{
-	"go run ./cmd/kvsim bench":                     "make bench-routing",
-	"go run ./cmd/kvsim bench --virtual --seeds 5": "make bench-routing-virtual",
+	"go run ./cmd/kvsim bench":                      "make bench-routing",
+	"go run ./cmd/kvsim bench --virtual --seeds 25": "make bench-routing-virtual",
 }
 
 // WriteReport writes the benchmark's Markdown report to path and an SVG
