@@ -32,10 +32,15 @@ type TracePair struct {
 // Evaluate trains a predictor with o on train, in order, then scores each
 // observation of test against the prediction made before it: with learn,
 // the predictor goes on learning from test as it is scored (prequential
-// evaluation, as it runs in the EPP: every prediction is still of an
-// observation it has not seen), without it the model is frozen after
-// train. Every endpoint in either trace gets a model of its own, of its
-// recorded class.
+// evaluation, as it runs in the EPP), without it the model is frozen after
+// train. Learning on, test is replayed in time as the EPP lived it: each
+// request predicted at its Start, having learned only from the responses
+// that had ended before then (their End), so that no prediction draws on an
+// outcome the EPP could not yet have seen, such as that of a request
+// decoding beside it. (A trace without times is taken in its order, each
+// prediction learning from every sample before it, which is optimistic.)
+// Every endpoint in either trace gets a model of its own, of its recorded
+// class.
 func Evaluate(o Options, train, test []Sample, learn bool) (Evaluation, error) {
 	ev, _, err := EvaluatePairs(o, []TracePair{{Train: train, Test: test}}, learn)
 	return ev, err
@@ -65,7 +70,7 @@ func EvaluatePairs(o Options, pairs []TracePair, learn bool) (Evaluation, []Eval
 		for _, s := range pair.Train {
 			p.Observe(s)
 		}
-		for _, s := range pair.Test {
+		replay(pair.Test, learn, func(s *Sample) {
 			pr := p.Predict(s.Endpoint, &s.Input)
 			if s.HasTTFT {
 				tt.add(pr.TTFT, pr.TTFTQuantile, s.TTFTMs)
@@ -73,15 +78,46 @@ func EvaluatePairs(o Options, pairs []TracePair, learn bool) (Evaluation, []Eval
 			if s.HasTPOT {
 				tp.add(pr.TPOT, pr.TPOTQuantile, s.TPOTMs)
 			}
-			if learn {
-				p.Observe(s)
-			}
-		}
+		}, func(s *Sample) { p.Observe(*s) })
 		allTT.merge(&tt)
 		allTP.merge(&tp)
 		each = append(each, Evaluation{Method: method, TTFT: tt.accuracy(), TPOT: tp.accuracy()})
 	}
 	return Evaluation{Method: method, TTFT: allTT.accuracy(), TPOT: allTP.accuracy()}, each, nil
+}
+
+// replay calls predict for each sample of trace and, with learn, learn
+// for each: in time when every sample has its Start and End (each
+// prediction at its Start, in order of Start, after learning every sample
+// whose End is before it: never its own), else in the trace's order, each sample
+// learned right after it is predicted.
+func replay(trace []Sample, learn bool, predict, learnFrom func(*Sample)) {
+	timed := learn
+	for i := range trace {
+		timed = timed && !trace[i].Start.IsZero() && !trace[i].End.IsZero()
+	}
+	if !timed {
+		for i := range trace {
+			predict(&trace[i])
+			if learn {
+				learnFrom(&trace[i])
+			}
+		}
+		return
+	}
+	byStart, byEnd := make([]int, len(trace)), make([]int, len(trace))
+	for i := range trace {
+		byStart[i], byEnd[i] = i, i
+	}
+	slices.SortStableFunc(byStart, func(a, b int) int { return trace[a].Start.Compare(trace[b].Start) })
+	slices.SortStableFunc(byEnd, func(a, b int) int { return trace[a].End.Compare(trace[b].End) })
+	j := 0
+	for _, i := range byStart {
+		for ; j < len(byEnd) && trace[byEnd[j]].End.Before(trace[i].Start); j++ {
+			learnFrom(&trace[byEnd[j]])
+		}
+		predict(&trace[i])
+	}
 }
 
 type scorer struct {

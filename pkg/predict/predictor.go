@@ -64,6 +64,12 @@ type Sample struct {
 	HasTPOT  bool    `json:"hasTpot,omitempty"`
 	// OutputTokens is how many tokens the response generated.
 	OutputTokens int `json:"outputTokens,omitempty"`
+	// Start is when the request reached the EPP, which predicted it then;
+	// End is when its response ended and was learned from. An evaluation
+	// replays a trace in that order, so that each prediction learns only
+	// from the responses that had ended before it (EvaluatePairs).
+	Start time.Time `json:"start,omitzero"`
+	End   time.Time `json:"end,omitzero"`
 }
 
 // Prediction is one request's predicted latency on one endpoint, in

@@ -2,9 +2,12 @@ package predict
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/testkit"
@@ -441,6 +444,70 @@ func TestEvaluatingPairsPoolsEachPairsScores(t *testing.T) {
 		}
 		if tc.a.MAPE > 0.1 || tc.b.MAPE > 0.1 {
 			t.Fatalf("%s: each pair's own predictor should fit its world: %v, %v", tc.what, tc.a, tc.b)
+		}
+	}
+}
+
+// A timed trace is replayed as the EPP lived it: each prediction made at
+// its request's start, having learned from exactly the responses that had
+// ended before then, none that ended later or at that instant (its own
+// included) (a request decoding beside it
+// included); an untimed one in its order, each sample learned right after
+// it is predicted. Without learning, every sample is predicted, in order.
+func TestATimedTraceIsReplayedWithoutLearningAnOutcomeBeforeItsEnd(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	rng := rand.New(rand.NewPCG(7, 7))
+	trace := make([]Sample, 200)
+	for i := range trace {
+		start := rng.IntN(10000)
+		// Recorded as a trace is, in order of End; some overlap many
+		// others, some end at another's very start.
+		trace[i] = Sample{Endpoint: fmt.Sprint(i), Start: at(start), End: at(start + rng.IntN(4)*rng.IntN(500))}
+	}
+	slices.SortStableFunc(trace, func(a, b Sample) int { return a.End.Compare(b.End) })
+	for _, timed := range []bool{true, false} {
+		tr := slices.Clone(trace)
+		if !timed {
+			for i := range tr {
+				tr[i].Start, tr[i].End = time.Time{}, time.Time{}
+			}
+		}
+		learned := map[string]bool{}
+		var predicted []string
+		var lastStart time.Time
+		replay(tr, true, func(s *Sample) {
+			predicted = append(predicted, s.Endpoint)
+			if !timed {
+				if len(learned) != len(predicted)-1 {
+					t.Fatalf("untimed: %d learned before the %d-th prediction, want every sample before it", len(learned), len(predicted))
+				}
+				return
+			}
+			if s.Start.Before(lastStart) {
+				t.Fatalf("predicted at %v after one at %v: not in order of start", s.Start, lastStart)
+			}
+			lastStart = s.Start
+			for _, o := range trace {
+				if ended := o.End.Before(s.Start); learned[o.Endpoint] != ended {
+					t.Fatalf("predicting the request started at %v: learned %v of one that ended at %v", s.Start, learned[o.Endpoint], o.End)
+				}
+			}
+		}, func(s *Sample) {
+			if learned[s.Endpoint] {
+				t.Fatalf("%s learned twice", s.Endpoint)
+			}
+			learned[s.Endpoint] = true
+		})
+		if len(predicted) != len(trace) {
+			t.Fatalf("timed %v: %d predictions, want %d", timed, len(predicted), len(trace))
+		}
+	}
+	var frozen []string
+	replay(trace, false, func(s *Sample) { frozen = append(frozen, s.Endpoint) }, func(*Sample) { t.Fatal("learned while frozen") })
+	for i := range trace {
+		if frozen[i] != trace[i].Endpoint {
+			t.Fatalf("frozen: prediction %d of %s, want the trace's order", i, frozen[i])
 		}
 	}
 }

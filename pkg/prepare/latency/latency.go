@@ -278,7 +278,7 @@ func (p *Producer) ObserveResponse(_ context.Context, req *request.Request, resp
 	}
 	info, _ := datalayer.LatencyPredictionOf(resp.Picked)
 	model := []string{resp.RequestedModel, req.Model}
-	s := predict.Sample{Endpoint: resp.Endpoint, Input: *in, OutputTokens: resp.CompletionTokens}
+	s := predict.Sample{Endpoint: resp.Endpoint, Input: *in, OutputTokens: resp.CompletionTokens, Start: resp.Start, End: resp.End}
 	if ttft, ok := resp.TTFT(); ok {
 		s.TTFTMs, s.HasTTFT = ms(ttft), true
 		if info.TTFTValid {

@@ -181,7 +181,8 @@ func TestAFailedBackendLeavesThePredictionsInvalid(t *testing.T) {
 
 func TestTheProducerLearnsFromThePickedEndpointsResponse(t *testing.T) {
 	t.Parallel()
-	p, err := predict.New(predict.Options{Synchronous: true})
+	var learned []predict.Sample
+	p, err := predict.New(predict.Options{Synchronous: true, Record: func(s predict.Sample) { learned = append(learned, s) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,6 +204,12 @@ func TestTheProducerLearnsFromThePickedEndpointsResponse(t *testing.T) {
 	prod.ObserveResponse(context.Background(), req, resp)
 	if got := p.Observations("10.0.0.1:8000"); got != 1 {
 		t.Errorf("the predictor learned %d observations, want 1", got)
+	}
+	// What an evaluation replays the trace by: when the request was
+	// predicted, and when its outcome was known.
+	if len(learned) != 1 || !learned[0].Start.Equal(resp.Start) || !learned[0].End.Equal(resp.End) ||
+		learned[0].TTFTMs != 50 || learned[0].TPOTMs != 10 {
+		t.Errorf("learned %+v, want one sample from %v to %v, TTFT 50ms, TPOT 10ms", learned, resp.Start, resp.End)
 	}
 	if v := testkit.Value(t, reg, "inference_objective_request_slo_violation_total", "type", "ttft"); v != 1 {
 		t.Errorf("TTFT SLO violations = %v, want 1 (50ms against 10ms)", v)
