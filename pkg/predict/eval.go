@@ -86,11 +86,11 @@ func EvaluatePairs(o Options, pairs []TracePair, learn bool) (Evaluation, []Eval
 	return Evaluation{Method: method, TTFT: allTT.accuracy(), TPOT: allTP.accuracy()}, each, nil
 }
 
-// replay calls predict for each sample of trace and, with learn, learn
-// for each: in time when every sample has its Start and End (each
-// prediction at its Start, in order of Start, after learning every sample
-// whose End is before it: never its own), else in the trace's order, each sample
-// learned right after it is predicted.
+// replay calls predict for each sample of trace and, with learn,
+// learnFrom for each: in time when every sample has its Start and End
+// (each prediction at its Start, in order of Start, after learning every
+// sample whose End is before it, never its own), else in the trace's
+// order, each sample learned right after it is predicted.
 func replay(trace []Sample, learn bool, predict, learnFrom func(*Sample)) {
 	timed := learn
 	for i := range trace {

@@ -450,10 +450,10 @@ func TestEvaluatingPairsPoolsEachPairsScores(t *testing.T) {
 
 // A timed trace is replayed as the EPP lived it: each prediction made at
 // its request's start, having learned from exactly the responses that had
-// ended before then, none that ended later or at that instant (its own
-// included) (a request decoding beside it
-// included); an untimed one in its order, each sample learned right after
-// it is predicted. Without learning, every sample is predicted, in order.
+// ended before then, none that ended later or at that instant (a request
+// decoding beside it, or its own); an untimed one in its order, each
+// sample learned right after it is predicted. Without learning, every
+// sample is predicted, in order.
 func TestATimedTraceIsReplayedWithoutLearningAnOutcomeBeforeItsEnd(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
