@@ -561,7 +561,8 @@ func (r *Recovery) startDue(ctx context.Context, wg *sync.WaitGroup) time.Time {
 // finish records a resync's end and schedules the next one if it failed,
 // unless it was a joined endpoint's one attempt.
 func (r *Recovery) finish(st *stream, err error, once bool) {
-	result := err
+	r.m.result(err)
+	r.m.inFlight.Dec()
 	if errors.Is(err, errPartial) {
 		err = nil // a partial snapshot is all there is to have: settled
 	}
@@ -607,10 +608,6 @@ func (r *Recovery) finish(st *stream, err error, once bool) {
 	if uncertain {
 		r.target.SetStreamState(st.id, datalayer.StreamUncertain)
 	}
-	// Counted once the stream's state says what the resync left it in, so
-	// that whoever reads the count reads that state too.
-	r.m.result(result)
-	r.m.inFlight.Dec()
 	select {
 	case r.wake <- struct{}{}:
 	default:

@@ -249,6 +249,11 @@ func TestHeldBatchesFollowTheSnapshotInOrder(t *testing.T) {
 	if got := testkit.Value(t, u.reg, "kvroute_recovery_buffered_batches"); got != 0 {
 		t.Errorf("buffered batches = %v after the install, want 0", got)
 	}
+	// The stream is marked exact inside the resync, and the resync counted
+	// as it ends, a moment later.
+	testkit.WaitFor(t, "the resync counted", func() bool {
+		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok") >= 1
+	})
 	if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
 		t.Errorf("resyncs ok = %v, want 1", got)
 	}
@@ -317,9 +322,10 @@ func TestFailedResyncsLeaveTheStreamUncertain(t *testing.T) {
 			testkit.WaitFor(t, tt.result+" three times", func() bool {
 				return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", tt.result) >= 3
 			})
-			// Waited for rather than read once: the next attempt may
-			// already be under way, and an install reads recovering while
-			// it runs (an inexact snapshot is installed each time).
+			// Waited for rather than read once: a failure is counted just
+			// before the state it leaves is set, and the next attempt may
+			// already be under way (an inexact snapshot is installed each
+			// time, and an install reads recovering while it runs).
 			testkit.WaitFor(t, "the stream uncertain", func() bool {
 				s, _ := u.ix.State(unitAddr)
 				return s == datalayer.StreamUncertain
