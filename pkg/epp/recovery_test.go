@@ -261,6 +261,11 @@ func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
 	// The pod name, and so the snapshot subject, comes from discovery.
 	e.Datastore().Upsert(&datalayer.Endpoint{Name: "vllm-0", Address: "127.0.0.1:8200", Pod: "vllm-0", Model: "m"})
 	waitExact(t, e, []*sim.Engine{eng}, ps)
+	// The stream is marked exact inside the resync, which is counted as it
+	// ends, a moment later.
+	testkit.WaitFor(t, "the resync counted", func() bool {
+		return testkit.Value(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok") >= 1
+	})
 	if got := testkit.Value(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
 		t.Errorf("resyncs ok = %v, want 1", got)
 	}
