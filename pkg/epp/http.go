@@ -103,9 +103,7 @@ func (e *EPP) Lookup(ctx context.Context, q prefixquery.Query) (*prefixquery.Ans
 	ans := &prefixquery.Answer{Model: q.Model, Tokens: len(q.TokenIDs), Endpoints: make([]prefixquery.Endpoint, 0, len(cands))}
 	for _, c := range cands {
 		a := prefixquery.Endpoint{Name: c.Name, Address: c.Address, Model: c.Model, Stream: c.Stream}
-		if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
-			a.Prefix, _ = v.(datalayer.PrefixCacheInfo)
-		}
+		a.Prefix, _ = datalayer.PrefixCacheInfoOf(c)
 		ans.Endpoints = append(ans.Endpoints, a)
 	}
 	return ans, nil

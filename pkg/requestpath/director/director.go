@@ -328,10 +328,7 @@ func (d *Director) checkContext(req *request.Request) error {
 // when the endpoint has left.
 func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *datalayer.Candidate) bool {
 	prompt := len(req.TokenIDs)
-	var info datalayer.PrefixCacheInfo
-	if v, ok := c.Get(datalayer.PrefixCacheMatchInfoKey); ok {
-		info, _ = v.(datalayer.PrefixCacheInfo)
-	}
+	info, _ := datalayer.PrefixCacheInfoOf(c)
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}

@@ -150,8 +150,7 @@ func (m *Metrics) observePick(p *Pick) {
 	if len(picked) == 0 {
 		return
 	}
-	v, ok := picked[0].Get(datalayer.PrefixCacheMatchInfoKey)
-	info, _ := v.(datalayer.PrefixCacheInfo)
+	info, ok := datalayer.PrefixCacheInfoOf(picked[0])
 	if !ok {
 		m.pickNone.Inc()
 		return

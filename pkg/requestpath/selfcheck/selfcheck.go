@@ -203,9 +203,8 @@ func (c *Checker) Judge(p *director.Pick, s director.Served) Verdict {
 	if cand == nil || !p.Request.TokensKnown() {
 		return v
 	}
-	val, ok := cand.Get(datalayer.PrefixCacheMatchInfoKey)
-	info, isInfo := val.(datalayer.PrefixCacheInfo)
-	if !ok || !isInfo || info.BlockSizeTokens <= 0 || !info.State.HoldsMatched() {
+	info, ok := datalayer.PrefixCacheInfoOf(cand)
+	if !ok || info.BlockSizeTokens <= 0 || !info.State.HoldsMatched() {
 		return v
 	}
 	bs := info.BlockSizeTokens

@@ -128,16 +128,14 @@ func (w *World) ServeVia(n int, replicas []*Replica) (Picks, error) {
 		}
 		target := pick.Result.Targets()[0]
 		pod := byAddr[target.Address]
-		if v, ok := target.Get(datalayer.PrefixCacheMatchInfoKey); ok {
-			if info, ok := v.(datalayer.PrefixCacheInfo); ok {
-				picks.ByState[info.State]++
-				held := 0
-				for _, b := range info.BlocksByTier {
-					held += b
-				}
-				if held > pod.Engine.Held(prompt).Blocks {
-					picks.Overclaimed++
-				}
+		if info, ok := datalayer.PrefixCacheInfoOf(target); ok {
+			picks.ByState[info.State]++
+			held := 0
+			for _, b := range info.BlocksByTier {
+				held += b
+			}
+			if held > pod.Engine.Held(prompt).Blocks {
+				picks.Overclaimed++
 			}
 		}
 		picks.Total++
