@@ -197,9 +197,10 @@ func (env *Env) waitReady(ctx context.Context) error {
 }
 
 // Close stops the fleet and the EPP and returns the first error either
-// ended with.
+// ended with. The fleet and its NATS connection go first: the EPP's
+// embedded server stops with the EPP, and a fleet still publishing then
+// has its writes fail.
 func (env *Env) Close() error {
-	env.cancel()
 	var err error
 	if env.Fleet != nil {
 		err = env.Fleet.Close()
@@ -207,6 +208,7 @@ func (env *Env) Close() error {
 	if env.nc != nil {
 		env.nc.Close()
 	}
+	env.cancel()
 	if env.eppErr != nil {
 		if e := <-env.eppErr; e != nil && err == nil {
 			err = fmt.Errorf("loadgen: EPP: %w", e)
