@@ -292,8 +292,8 @@ func TestPredictAllocatesNothing(t *testing.T) {
 
 func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 	t.Parallel()
-	rng := rand.New(rand.NewPCG(5, 5))
-	anyInput := func() Input {
+	// Each subtest draws from its own generator: they run in parallel.
+	anyInput := func(rng *rand.Rand) Input {
 		in := Input{
 			InputTokens: rng.IntN(40000), GPUTokens: rng.IntN(9000), CPUTokens: rng.IntN(3000), StorageTokens: rng.IntN(2000),
 			SpeculativeTokens: rng.IntN(1000), Waiting: rng.IntN(9), Running: rng.IntN(40), KVUsage: rng.Float64() * 1.2,
@@ -316,6 +316,7 @@ func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 	for _, method := range Methods {
 		t.Run(method+": every feature past the ones filled is zero, and predictions are the full products'", func(t *testing.T) {
 			t.Parallel()
+			rng := rand.New(rand.NewPCG(5, 5))
 			p := newTestPredictor(t, Options{Synchronous: true, Method: method})
 			p.AddEndpoint("a", "")
 			w := &world{rng: rand.New(rand.NewPCG(6, 6)), slow: 1, noise: 0.2}
@@ -329,7 +330,7 @@ func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 				t.Fatal("a learned model's coefficients are not all finite")
 			}
 			for range 2000 {
-				in := anyInput()
+				in := anyInput(rng)
 				seats := rng.IntN(20)
 				var x Vector
 				in.TTFTFeatures(&x, seats)
