@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +58,31 @@ func TestSelectPlansFiltersAndOverridesRates(t *testing.T) {
 	for _, p := range got {
 		if len(p.Rates) != 2 || p.Rates[0] != 3 || p.Rates[1] != 5 {
 			t.Errorf("%s rates = %v, want [3 5]", p.Workload.Name, p.Rates)
+		}
+	}
+}
+
+// predict-eval on one short pair writes a table with a row per method and
+// evaluation, and the two linear rows that show how far the features go.
+func TestPredictEvalWritesEveryRow(t *testing.T) {
+	t.Parallel()
+	out := filepath.Join(t.TempDir(), "eval.md")
+	if err := run(context.Background(), []string{"predict-eval", "-workloads", "unrelated", "-pairs", "1", "-duration", "2s", "-out", out}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| unrelated | — | prior only (no learning) |",
+		"| unrelated | ewls | trained, learning on (prequential) |",
+		"| unrelated | quantile-sgd | trained, then frozen |",
+		"| unrelated | linear (least absolute relative error) | one linear model, fitted on the training trace, frozen |",
+		"| unrelated | linear (least absolute relative error) | one linear model, fitted on the test trace itself (a bound) |",
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the table has no row %q:\n%s", want, b)
 		}
 	}
 }
