@@ -76,7 +76,17 @@ type InFlight struct {
 	// shares the steps of whatever decodes there then (RecentEndsNow).
 	RecentEnds   float64
 	RecentEndsAt time.Time
+	// Ended are when the last EndedKept requests this EPP saw finish on
+	// the endpoint ended, in Unix nanoseconds, in no particular order,
+	// zero past the last one known: in conversations and agent loops a
+	// finished turn's next comes back after its pause (a tool call, the
+	// client's next message), so how long ago each ended tells what is
+	// about to arrive, which RecentEnds' one fading count blurs.
+	Ended [EndedKept]int64
 }
+
+// EndedKept is how many of an endpoint's latest ends InFlight holds.
+const EndedKept = 8
 
 // RecentPrefillWindow is the time constant RecentPrefill fades with.
 const RecentPrefillWindow = time.Second
@@ -156,6 +166,10 @@ type inflight struct {
 	// ended RecentEnds' as of endedAt; all written under mu.
 	recent, recentAt atomic.Int64
 	ended, endedAt   atomic.Int64
+	// lastEnds is Ended, as a ring whose next slot is endsNext (under
+	// mu).
+	lastEnds [EndedKept]atomic.Int64
+	endsNext int
 }
 
 // publishedAhead is a replay's counts and when it ran, each in an atomic,
@@ -322,6 +336,8 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 		if at == 0 {
 			at = max(c.lastAt, d.start)
 		}
+		c.lastEnds[c.endsNext].Store(at)
+		c.endsNext = (c.endsNext + 1) % EndedKept
 		n := 1.0
 		if was := c.endedAt.Load(); was != 0 {
 			n += math.Float64frombits(uint64(c.ended.Load())) * math.Exp(-time.Duration(max(at-was, 0)).Seconds()/RecentEndsWindow.Seconds())
@@ -362,6 +378,9 @@ func (c *inflight) load() InFlight {
 	}
 	if at := c.endedAt.Load(); at != 0 {
 		f.RecentEnds, f.RecentEndsAt = math.Float64frombits(uint64(c.ended.Load())), time.Unix(0, at)
+	}
+	for i := range f.Ended {
+		f.Ended[i] = c.lastEnds[i].Load()
 	}
 	if n := c.stepEnd.Load(); n != 0 && f.Decoding > 0 {
 		f.StepEnd = time.Unix(0, n)

@@ -18,6 +18,7 @@ func inFlightNow(f InFlight) InFlight {
 	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
 	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
 	f.RecentEnds, f.RecentEndsAt = 0, time.Time{}
+	f.Ended = [EndedKept]int64{}
 	f.StepStart = time.Time{}
 	return f
 }
@@ -164,6 +165,38 @@ func TestRecentEndsCountsFinishedResponsesFadingWithTheWindow(t *testing.T) {
 	}
 	if got := (&InFlight{}).RecentEndsNow(end); got != 0 {
 		t.Errorf("nothing ended: %v", got)
+	}
+}
+
+// Ended holds when the last EndedKept responses that began decoding
+// ended, the latest replacing the oldest; one that never began is not
+// among them, and one done without a time ended at the last change told.
+func TestEndedHoldsTheLastEnds(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	ds.Dispatch("a", t0, 100, 100, 8).DoneAt(t0.Add(time.Hour))
+	if f := ds.InFlight("a"); f.Ended != ([EndedKept]int64{}) {
+		t.Fatalf("a request that never began is among the ends: %v", f.Ended)
+	}
+	var want []int64
+	for i := range EndedKept + 3 {
+		d := ds.Dispatch("a", t0, 100, 100, 8)
+		d.FirstToken(t0.Add(time.Duration(i) * time.Millisecond))
+		end := t0.Add(time.Duration(i)*time.Millisecond + time.Second)
+		d.DoneAt(end)
+		want = append(want, end.UnixNano())
+	}
+	d := ds.Dispatch("a", t0, 100, 100, 8)
+	last := t0.Add(2 * time.Second)
+	d.FirstToken(last)
+	d.Done()
+	want = append(want, last.UnixNano())
+	got := ds.InFlight("a").Ended
+	slices.Sort(got[:])
+	if w := want[len(want)-EndedKept:]; !slices.Equal(got[:], w) {
+		t.Errorf("ends %v, want the last %d: %v", got, EndedKept, w)
 	}
 }
 

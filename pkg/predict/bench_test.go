@@ -34,6 +34,10 @@ func BenchmarkPredict(b *testing.B) {
 	in.Ahead = enginesched.Ahead{Steps: 3, DecodeSteps: 3, SeqSteps: 12, DecodeContext: 40000, PrefillTokens: 900,
 		PrefillContext: 5e6, Decoding: 4, DecodingContext: 13000, Budget: 4096, FirstChunk: 100}
 	in.StepRestMs, in.RecentPrefillRate = 4, 3000
+	in.EndedN = EndedKept
+	for i := range in.EndedN {
+		in.EndedAgoMs[i] = float64(i) * 150
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	var sink float64

@@ -2,6 +2,7 @@ package predict
 
 import (
 	"math"
+	"math/bits"
 
 	"github.com/kvroute/kvroute/pkg/enginesched"
 )
@@ -76,7 +77,16 @@ type Input struct {
 	// their conversations' next turns, about to come back, will share the
 	// request's decode steps.
 	RecentEnds float64 `json:"recentEnds,omitempty"`
+	// EndedAgoMs are how long ago the last EndedN requests this EPP saw
+	// finish on the endpoint ended, in milliseconds, in no particular
+	// order: a finished turn's next comes back after its loop's pause,
+	// and shares the decode steps of whatever runs there then.
+	EndedAgoMs [EndedKept]float64 `json:"endedAgoMs"`
+	EndedN     int                `json:"endedN,omitempty"`
 }
+
+// EndedKept is how many of an endpoint's latest ends an Input holds.
+const EndedKept = 8
 
 // Uncached is the prompt tokens the endpoint has to compute.
 func (in *Input) Uncached() int {
@@ -262,10 +272,10 @@ func busy(in *Input) float64 {
 // context it reads), the prefill work that will share its steps, and its
 // own context. What shares its steps arrives mostly after it: the recent
 // rate of prefill work sent there, and the requests that have just ended
-// or are expected to end soon (in conversations and agent loops their
-// next turns come back to the same cache while this one decodes); the
-// prefill queue ahead and the
-// batch the replay sees tell how loaded the endpoint is when it starts.
+// (counted by how long ago) or are expected to end soon (in conversations
+// and agent loops their next turns come back to the same cache while this
+// one decodes); the prefill queue ahead and the batch the replay sees tell
+// how loaded the endpoint is when it starts.
 func (in *Input) TPOTFeatures(v *Vector, seats int) {
 	waiting, running, kv, stale := in.scraped()
 	*v = Vector{
@@ -286,6 +296,29 @@ func (in *Input) TPOTFeatures(v *Vector, seats int) {
 		float64(in.Ahead.Decoding),
 		clampFinite(in.PrefillAheadMs, 0, 1e6) / 100,
 		clampFinite(in.RecentEnds, 0, 1e6),
+	}
+	endedByAge(in, v[17:17+endedBins])
+}
+
+// The ends TPOT counts, by age: under endedFirstMs, then in bins each
+// twice as wide as the one before, endedBins in all (0–100, 100–200,
+// 200–400, 400–800 and 800–1600 ms: ends older than endedLastMs are not
+// counted). What comes back when is the loops' pause, which the model
+// learns from the counts' coefficients rather than assuming one.
+const (
+	endedFirstMs = 100
+	endedBins    = 5
+	endedLastMs  = endedFirstMs << (endedBins - 1)
+)
+
+// endedByAge counts in's ends by age into bins (endedBins long).
+func endedByAge(in *Input, bins []float64) {
+	for _, d := range in.EndedAgoMs[:min(max(in.EndedN, 0), EndedKept)] {
+		if !(d >= 0 && d < endedLastMs) { // NaN too
+			continue
+		}
+		// The bin is how many times endedFirstMs must double to pass d.
+		bins[bits.Len(uint(d/endedFirstMs))]++
 	}
 }
 
@@ -350,7 +383,7 @@ func dot(a, b *Vector) float64 {
 const (
 	ttftFeatures  = 30
 	aloneFeatures = 7
-	tpotFeatures  = 17
+	tpotFeatures  = 17 + endedBins
 )
 
 // dotN is dot over the first n features, in the same order: when the rest

@@ -28,6 +28,10 @@ func FuzzPredictionsAreFiniteAndNonNegative(f *testing.F) {
 		for i := range in.DecodeEndsMs {
 			in.DecodeEndsMs[i] = endMs * float64(i)
 		}
+		in.EndedN = ends
+		for i := range in.EndedAgoMs {
+			in.EndedAgoMs[i] = endMs * float64(i)
+		}
 		for range 40 {
 			p.Observe(Sample{Endpoint: "a", Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
 		}

@@ -113,7 +113,12 @@ type model struct {
 	// seats is the most requests the endpoint has been seen running: its
 	// batch limit, as far as the observations show it.
 	seats int
-	snap  atomic.Pointer[snapshot]
+	// tpotErr is the recent mean absolute relative error, over this
+	// endpoint's observations, of its own TPOT model ([0]) and of its
+	// class's ([1]); tpotScored counts the observations scored.
+	tpotErr    [2]float64
+	tpotScored int
+	snap       atomic.Pointer[snapshot]
 }
 
 // classModel learns from every endpoint of a class (model and hardware).
@@ -126,6 +131,10 @@ type classModel struct {
 type snapshot struct {
 	ttft, tpot *coefs
 	seats      int
+	// tpotFromClass says the endpoint's TPOT is predicted by its class's
+	// model, which has lately predicted its observations better than its
+	// own (see scoreTPOT).
+	tpotFromClass bool
 }
 
 // New returns a predictor that starts from the prior everywhere.
@@ -198,10 +207,16 @@ func (p *Predictor) Method() string { return p.o.Method }
 // endpoint the predictor does not know is predicted by the prior.
 func (p *Predictor) Predict(addr string, in *Input) Prediction {
 	s := p.prior
+	tpot := (*coefs)(nil)
 	if m := (*p.models.Load())[addr]; m != nil {
 		if s = m.snap.Load(); s == nil {
 			s = m.cls.snap.Load()
+		} else if s.tpotFromClass {
+			tpot = m.cls.snap.Load().tpot
 		}
+	}
+	if tpot == nil {
+		tpot = s.tpot
 	}
 	r := in.Regime(s.seats)
 	var x Vector
@@ -212,7 +227,7 @@ func (p *Predictor) Predict(addr string, in *Input) Prediction {
 	out.TTFTAlone = s.ttft.predictMean(&x, RegimeIdle, p.o.Quantile, aloneFeatures)
 	out.TTFTAlone = min(out.TTFTAlone, out.TTFT)
 	in.TPOTFeatures(&x, s.seats)
-	out.TPOT, out.TPOTQuantile = s.tpot.predict(&x, r, p.o.Quantile, tpotFeatures)
+	out.TPOT, out.TPOTQuantile = tpot.predict(&x, r, p.o.Quantile, tpotFeatures)
 	return out
 }
 
@@ -315,6 +330,7 @@ func (p *Predictor) learn(s Sample) {
 	}
 	if s.HasTPOT {
 		s.Input.TPOTFeatures(&x, m.seats)
+		m.scoreTPOT(&x, r, p.o.Quantile, s.TPOTMs)
 		m.tpot.observe(&x, r, s.TPOTMs)
 		c.tpot.observe(&x, r, s.TPOTMs)
 	}
@@ -345,9 +361,41 @@ func (p *Predictor) class(name string) *classModel {
 // learned enough to stand on its own; the caller holds trainMu.
 func (p *Predictor) publish(m *model) {
 	if total(m.ttft) >= p.o.OwnMinObservations {
-		m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs(), seats: m.seats})
+		m.snap.Store(&snapshot{ttft: m.ttft.coefs(), tpot: m.tpot.coefs(), seats: m.seats,
+			tpotFromClass: m.tpotScored >= selectMinScored && m.tpotErr[1] < m.tpotErr[0]})
 	}
 }
+
+// scoreTPOT scores the endpoint's own TPOT model and its class's on one
+// observation (features x in regime r, TPOT y), before either learns it.
+// TPOT is set by what arrives while a request decodes, so one endpoint's
+// observations are noisy and few; where the endpoints of a class are
+// alike, the class's model, which learns from all of them, predicts each
+// better than its own, and where one differs (a slower engine, one
+// drifting) its own does. Each TPOT is predicted by whichever has lately
+// erred less on the endpoint's observations (publish).
+func (m *model) scoreTPOT(x *Vector, r int, tau, y float64) {
+	y = math.Max(y, floorMs)
+	var e [2]float64
+	for i, c := range [2]*coefs{m.tpot.coefs(), m.cls.tpot.coefs()} {
+		e[i] = math.Abs(c.predictMean(x, r, tau, tpotFeatures)-y) / y
+	}
+	if m.tpotScored == 0 {
+		m.tpotErr = e
+	}
+	for i := range e {
+		m.tpotErr[i] += (e[i] - m.tpotErr[i]) / selectMemory
+	}
+	m.tpotScored++
+}
+
+// selectMemory is the observations the errors scoreTPOT keeps fade over;
+// selectMinScored the observations scored before the class's model may be
+// chosen.
+const (
+	selectMemory    = 64
+	selectMinScored = 16
+)
 
 func total(l learner) int {
 	n := 0

@@ -3,6 +3,7 @@ package predict
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -19,6 +20,8 @@ type world struct {
 	rng   *rand.Rand
 	slow  float64 // 1 normally; 2 for an endpoint that slowed down
 	noise float64
+	// tpotScale multiplies TPOT (0: 1): what the features do not see.
+	tpotScale float64
 }
 
 func (w *world) input() Input {
@@ -42,6 +45,9 @@ func (w *world) truth(in Input) (ttft, tpot float64) {
 	ttft = w.slow * (12 + 0.06*float64(in.Uncached()) + 0.01*float64(in.CPUTokens) +
 		0.05*float64(in.PrefillTokens) + 15*float64(in.Waiting) + 1.5*float64(in.Running))
 	tpot = w.slow * (8 + 0.4*float64(in.Running) + 0.2*float64(in.Waiting))
+	if w.tpotScale != 0 {
+		tpot *= w.tpotScale
+	}
 	n := func() float64 { return 1 + w.noise*(w.rng.Float64()*2-1) }
 	return ttft * n(), tpot * n()
 }
@@ -311,6 +317,10 @@ func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 		for i := range in.DecodeEnds {
 			in.DecodeEndsMs[i] = float64(i+1) * rng.Float64() * 1000
 		}
+		in.EndedN = rng.IntN(EndedKept + 1)
+		for i := range in.EndedN {
+			in.EndedAgoMs[i] = rng.Float64() * 2500
+		}
 		return in
 	}
 	for _, method := range Methods {
@@ -510,5 +520,80 @@ func TestATimedTraceIsReplayedWithoutLearningAnOutcomeBeforeItsEnd(t *testing.T)
 		if frozen[i] != trace[i].Endpoint {
 			t.Fatalf("frozen: prediction %d of %s, want the trace's order", i, frozen[i])
 		}
+	}
+}
+
+// TPOT is predicted by whichever of the endpoint's own model and its
+// class's has lately erred less on the endpoint's observations: the
+// class's for an endpoint like its classmates but seldom observed itself,
+// while the whole fleet's TPOT moves with what its features do not see
+// (the class, observed on every endpoint, follows it sooner); its own for
+// one unlike them (an engine twice as slow as its classmates).
+func TestTPOTIsPredictedByTheClassOnlyWhereItPredictsTheEndpointBetter(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(3) {
+		p := newTestPredictor(t, Options{})
+		class := map[string]string{"a": "alike", "b": "alike", "rare": "alike", "d": "unlike", "e": "unlike", "slow": "unlike"}
+		worlds := map[string]*world{}
+		for i, addr := range slices.Sorted(maps.Keys(class)) {
+			p.AddEndpoint(addr, class[addr])
+			worlds[addr] = &world{rng: rand.New(rand.NewPCG(seed, uint64(i))), slow: 1, noise: 0.3}
+		}
+		worlds["slow"].slow = 2
+		observe := func(addr string) {
+			w := worlds[addr]
+			in := w.input()
+			ttft, tpot := w.truth(in)
+			p.Observe(Sample{Endpoint: addr, Input: in, TTFTMs: ttft, TPOTMs: tpot, HasTTFT: true, HasTPOT: true})
+		}
+		for i := range 2000 {
+			// The fleet's TPOT swings by a third over 1000 rounds.
+			for _, w := range worlds {
+				w.tpotScale = 1 + math.Sin(2*math.Pi*float64(i)/1000)/3
+			}
+			for _, addr := range []string{"a", "b", "d", "e", "slow"} {
+				observe(addr)
+			}
+			if i%20 == 0 {
+				observe("rare")
+			}
+		}
+		fromClass := func(addr string) bool { return (*p.models.Load())[addr].snap.Load().tpotFromClass }
+		if !fromClass("rare") {
+			t.Errorf("seed %d: an endpoint like its class, observed a twentieth as often, predicts its TPOT by its own model", seed)
+		}
+		if fromClass("slow") {
+			t.Errorf("seed %d: an engine twice as slow as its class predicts its TPOT by the class's model", seed)
+		}
+		// The slow engine's TPOT predictions are its own, within the noise.
+		w := worlds["slow"]
+		w.tpotScale = 1
+		var ape float64
+		for range 500 {
+			in := w.input()
+			_, tpot := w.truth(in)
+			ape += math.Abs(p.Predict("slow", &in).TPOT-tpot) / tpot
+		}
+		if mape := ape / 500; mape > 0.25 {
+			t.Errorf("seed %d: the slow engine's TPOT MAPE %.1f%%, want ≤ 25%% (±30%% noise; its class's model errs by about half)", seed, 100*mape)
+		}
+	}
+}
+
+// TPOT counts the endpoint's recent ends by age, in bins each twice as
+// wide as the one before; an end older than the last bin, or of no known
+// age, counts in none.
+func TestTPOTCountsTheRecentEndsByAge(t *testing.T) {
+	t.Parallel()
+	in := Input{EndedAgoMs: [EndedKept]float64{0, 99, 150, 300, 799, 1000, 1600, math.NaN()}, EndedN: EndedKept}
+	var v Vector
+	in.TPOTFeatures(&v, 0)
+	if got, want := v[17:17+endedBins], []float64{2, 1, 1, 1, 1}; !slices.Equal(got, want) {
+		t.Errorf("ends by age %v, want %v", got, want)
+	}
+	in.EndedN = 2
+	in.TPOTFeatures(&v, 0)
+	if got, want := v[17:17+endedBins], []float64{2, 0, 0, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("with two ends known: %v, want %v", got, want)
 	}
 }

@@ -230,6 +230,13 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 	drainAhead(&in.Ahead, c.InFlight, req.Arrival)
 	in.RecentPrefillRate = c.InFlight.RecentPrefillRate(req.Arrival)
 	in.RecentEnds = c.InFlight.RecentEndsNow(req.Arrival)
+	for _, end := range c.InFlight.Ended[:min(len(c.InFlight.Ended), len(in.EndedAgoMs))] {
+		if end == 0 {
+			break
+		}
+		in.EndedAgoMs[in.EndedN] = msBetween(time.Unix(0, end), req.Arrival)
+		in.EndedN++
+	}
 	in.StepRestMs = msBetween(req.Arrival, c.InFlight.StepEnd)
 	in.StepElapsedMs = msBetween(c.InFlight.StepStart, req.Arrival)
 	if in.InputTokens == 0 {

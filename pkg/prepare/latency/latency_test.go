@@ -263,3 +263,25 @@ func TestPredictingARequestAllocatesNothingWhenItsCandidatesMemoryIsReused(t *te
 		}
 	}
 }
+
+// A candidate's recent ends reach the predictor as how long before the
+// request's arrival each came.
+func TestTheInputCarriesTheRecentEndsAges(t *testing.T) {
+	t.Parallel()
+	_, prod := inProcess(t, prometheus.NewRegistry())
+	now := time.Now()
+	req := &request.Request{TokenIDs: make([]uint32, 400), Arrival: now}
+	cands := candidates(now)
+	cands[0].InFlight.Ended = [datalayer.EndedKept]int64{now.Add(-50 * time.Millisecond).UnixNano(), now.Add(-300 * time.Millisecond).UnixNano()}
+	if err := prod.Produce(context.Background(), req, cands); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := cands[0].Get(latency.InputKey)
+	in := v.(*predict.Input)
+	if in.EndedN != 2 || in.EndedAgoMs[0] != 50 || in.EndedAgoMs[1] != 300 {
+		t.Errorf("the ends' ages: %d known, %v; want 50 and 300 ms", in.EndedN, in.EndedAgoMs)
+	}
+	if v, _ := cands[1].Get(latency.InputKey); v.(*predict.Input).EndedN != 0 {
+		t.Errorf("a candidate with no ends has %d", v.(*predict.Input).EndedN)
+	}
+}
