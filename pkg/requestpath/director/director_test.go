@@ -122,6 +122,7 @@ func inFlightNow(f datalayer.InFlight) datalayer.InFlight {
 	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
 	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
 	f.RecentEnds, f.RecentEndsAt = 0, time.Time{}
+	f.Ended = [datalayer.EndedKept]int64{}
 	f.StepStart = time.Time{}
 	return f
 }
@@ -155,8 +156,9 @@ func TestAPickIsInFlightUntilItsResponseEndsAndObserversHearOfIt(t *testing.T) {
 	if got := inFlightNow(ds.InFlight(name)); got != (datalayer.InFlight{}) {
 		t.Errorf("after the end: %+v, want nothing in flight", got)
 	}
-	if f := ds.InFlight(name); f.RecentEnds != 1 || !f.RecentEndsAt.Equal(start.Add(120*time.Millisecond)) {
-		t.Errorf("recent ends %v at %v, want the one response, at its end", f.RecentEnds, f.RecentEndsAt)
+	if f := ds.InFlight(name); f.RecentEnds != 1 || !f.RecentEndsAt.Equal(start.Add(120*time.Millisecond)) ||
+		f.Ended != [datalayer.EndedKept]int64{start.Add(120 * time.Millisecond).UnixNano()} {
+		t.Errorf("recent ends %v at %v, ended %v; want the one response, at its end", f.RecentEnds, f.RecentEndsAt, f.Ended)
 	}
 	if len(rec.seen) != 1 {
 		t.Fatalf("observers heard %d responses, want 1", len(rec.seen))
