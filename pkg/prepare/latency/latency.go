@@ -217,11 +217,17 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 		DecodeTokens:      c.InFlight.DecodeTokens,
 		MaxTokens:         req.MaxTokens,
 	}
+	// The ends are Unix nanoseconds: read against the arrival's, without a
+	// time.Time for each of the (up to) sixteen a candidate has.
+	arrival := int64(0)
+	if !req.Arrival.IsZero() {
+		arrival = req.Arrival.UnixNano()
+	}
 	for _, end := range c.InFlight.DecodeEnds[:min(len(c.InFlight.DecodeEnds), len(in.DecodeEndsMs))] {
 		if end == 0 {
 			break
 		}
-		in.DecodeEndsMs[in.DecodeEnds] = msBetween(req.Arrival, time.Unix(0, end))
+		in.DecodeEndsMs[in.DecodeEnds] = nsToMs(arrival, end)
 		in.DecodeEnds++
 	}
 	in.OldestPrefillMs = msBetween(c.InFlight.OldestPrefill, req.Arrival)
@@ -234,7 +240,7 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 		if end == 0 {
 			break
 		}
-		in.EndedAgoMs[in.EndedN] = msBetween(time.Unix(0, end), req.Arrival)
+		in.EndedAgoMs[in.EndedN] = nsToMs(end, arrival)
 		in.EndedN++
 	}
 	in.StepRestMs = msBetween(req.Arrival, c.InFlight.StepEnd)
@@ -322,6 +328,14 @@ func (p *Producer) ForgetEndpoint(addr string) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// nsToMs is msBetween for times in Unix nanoseconds (0: unknown).
+func nsToMs(from, to int64) float64 {
+	if from == 0 || to == 0 || to <= from {
+		return 0
+	}
+	return float64(to-from) / float64(time.Millisecond)
+}
 
 // msBetween is the milliseconds from from to to, 0 when either is unknown
 // (the zero time) or to is not after from.
