@@ -130,7 +130,7 @@ func linearRow(workload string, pairs []predict.TracePair, inSample bool) (strin
 	score := func(ttft bool) (string, error) {
 		var sum float64
 		var n int
-		each := make([]predict.Evaluation, len(pairs))
+		each := make([]float64, len(pairs))
 		for k, pair := range pairs {
 			fitOn := pair.Train
 			if inSample {
@@ -142,9 +142,9 @@ func linearRow(workload string, pairs []predict.TracePair, inSample bool) (strin
 			}
 			mape, m := l.MAPE(pair.Test)
 			sum, n = sum+mape*float64(m), n+m
-			each[k].TTFT.MAPE = mape
+			each[k] = mape
 		}
-		return fmt.Sprintf("%.1f%%%s", 100*sum/float64(max(n, 1)), pairRange(each, func(e predict.Evaluation) float64 { return e.TTFT.MAPE })), nil
+		return fmt.Sprintf("%.1f%%%s", 100*sum/float64(max(n, 1)), percentRange(each)), nil
 	}
 	tt, err := score(true)
 	if err != nil {
@@ -164,12 +164,22 @@ func linearRow(workload string, pairs []predict.TracePair, inSample bool) (strin
 // pairRange is " (lo–hi)", in percent, of one score over the pairs each
 // evaluated; empty for a single pair.
 func pairRange(each []predict.Evaluation, score func(predict.Evaluation) float64) string {
-	if len(each) < 2 {
+	scores := make([]float64, len(each))
+	for i, e := range each {
+		scores[i] = score(e)
+	}
+	return percentRange(scores)
+}
+
+// percentRange is " (lo–hi)" of shares, in percent; empty for fewer than
+// two.
+func percentRange(shares []float64) string {
+	if len(shares) < 2 {
 		return ""
 	}
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, e := range each {
-		lo, hi = min(lo, score(e)), max(hi, score(e))
+	for _, v := range shares {
+		lo, hi = min(lo, v), max(hi, v)
 	}
 	return fmt.Sprintf(" (%.1f–%.1f)", 100*lo, 100*hi)
 }

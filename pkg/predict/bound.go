@@ -12,8 +12,10 @@ import (
 // the features can go. Fitted on a training trace and scored on a
 // held-apart one, it is what a model of the features that had seen all of
 // the training trace at once would score; fitted on the very trace it is
-// scored on, a bound no model of these features fitted by least absolute
-// relative error can beat on that trace.
+// scored on, about the best any linear model of these features can score
+// there (the reweighting comes close to the least absolute relative
+// error, not exactly to it): a bound for online models, which must learn
+// as they go.
 type Linear struct {
 	ttft  bool
 	seats int
