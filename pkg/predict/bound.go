@@ -39,8 +39,12 @@ func FitLinear(trace []Sample, ttft bool) (Linear, error) {
 		return l, errors.New("predict: no sample has the target")
 	}
 	var coef Vector
+	var free [NumFeatures]bool // none held: every coefficient is fitted
 	for it := range linearRounds {
-		var a [NumFeatures][NumFeatures + 1]float64
+		// The weighted normal equations, symmetric positive definite with
+		// the ridge, solved as the online learner solves its own.
+		var m [NumFeatures]Vector
+		var rhs Vector
 		for n := range xs {
 			x, y := &xs[n], ys[n]
 			w := 1 / (y * y)
@@ -48,17 +52,17 @@ func FitLinear(trace []Sample, ttft bool) (Linear, error) {
 				w = 1 / (y * math.Max(math.Abs(dot(&coef, x)-y), linearResidualFloor*y))
 			}
 			for i := range NumFeatures {
-				a[i][NumFeatures] += w * x[i] * y
+				rhs[i] += w * x[i] * y
 				for j := range NumFeatures {
-					a[i][j] += w * x[i] * x[j]
+					m[i][j] += w * x[i] * x[j]
 				}
 			}
 		}
 		for i := range NumFeatures {
 			// A feature the trace never sets gets a zero coefficient.
-			a[i][i] += 1e-9 * (1 + a[i][i])
+			m[i][i] += 1e-9 * (1 + m[i][i])
 		}
-		next, ok := gaussSolve(&a)
+		next, ok := solveFree(&m, &rhs, &free)
 		if !ok {
 			return l, errors.New("predict: the trace's features are degenerate")
 		}
@@ -116,39 +120,4 @@ func (l Linear) rows(trace []Sample) ([]Vector, []float64) {
 		xs, ys = append(xs, x), append(ys, y)
 	}
 	return xs, ys
-}
-
-// gaussSolve solves the augmented system a by Gaussian elimination with
-// partial pivoting; false when it is singular.
-func gaussSolve(a *[NumFeatures][NumFeatures + 1]float64) (Vector, bool) {
-	const n = NumFeatures
-	for c := range n {
-		p := c
-		for r := c + 1; r < n; r++ {
-			if math.Abs(a[r][c]) > math.Abs(a[p][c]) {
-				p = r
-			}
-		}
-		if a[p][c] == 0 {
-			return Vector{}, false
-		}
-		a[c], a[p] = a[p], a[c]
-		for r := range n {
-			if r == c || a[r][c] == 0 {
-				continue
-			}
-			f := a[r][c] / a[c][c]
-			for k := c; k <= n; k++ {
-				a[r][k] -= f * a[c][k]
-			}
-		}
-	}
-	var x Vector
-	for i := range n {
-		x[i] = a[i][n] / a[i][i]
-		if math.IsNaN(x[i]) || math.IsInf(x[i], 0) {
-			return Vector{}, false
-		}
-	}
-	return x, true
 }
