@@ -38,10 +38,10 @@ func TestMain(m *testing.M) {
 // simulated engines over NATS and scraping their /metrics, while this
 // process plays Envoy. Each engine holds a different 32k-token prefix; a
 // request is an 8k-token prompt given as token ids, sharing all but its
-// last block with one of them. Requests arrive at 250, 500 and 1000/s
-// (open loop, at most 64 in flight), each timed from when it was due. The
-// EPP's CPU per request is read from /proc, apart from the load
-// generator's. KVROUTE_EPP_GOGC and KVROUTE_EPP_GOMAXPROCS set the EPP's
+// last block with one of them. Requests arrive at 250, 500, 1000, 1500
+// and 2000/s (open loop, at most 64 in flight), each timed from when it
+// was due. The EPP's CPU per request is read from /proc, apart from the
+// load generator's. KVROUTE_EPP_GOGC and KVROUTE_EPP_GOMAXPROCS set the EPP's
 // GOGC and GOMAXPROCS.
 func BenchmarkEPPProcess(b *testing.B) {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
@@ -129,7 +129,7 @@ func BenchmarkEPPProcess(b *testing.B) {
 		used := procCPU(b, pid) - eppCPU
 		b.ReportMetric(float64(used.Milliseconds())/time.Since(start).Seconds(), "epp-cpu-ms/s")
 	})
-	for _, rate := range []int{250, 500, 1000} {
+	for _, rate := range []int{250, 500, 1000, 1500, 2000} {
 		b.Run(fmt.Sprintf("rate%d", rate), func(b *testing.B) {
 			interval := time.Second / time.Duration(rate)
 			// KVROUTE_EPP_PROFILE=file saves a CPU profile of the EPP under

@@ -341,6 +341,19 @@ type ownedMemory struct {
 // apart (a producer passes itself); each owner has one such slice per
 // type. Without a set, the memory is new.
 func RequestMemory[T any](cands []*Candidate, owner any, n int) []T {
+	return requestMemory[T](cands, owner, n, true)
+}
+
+// RequestMemoryOverwritten is RequestMemory for a caller that writes each
+// value whole before anything reads it: the values are what the set's
+// previous request left there, not zeroed. Clearing what is written again
+// at once cost the latency producer a tenth of its time (64 candidates'
+// inputs, 25 KB a request).
+func RequestMemoryOverwritten[T any](cands []*Candidate, owner any, n int) []T {
+	return requestMemory[T](cands, owner, n, false)
+}
+
+func requestMemory[T any](cands []*Candidate, owner any, n int, zero bool) []T {
 	var set *CandidateSet
 	if len(cands) > 0 {
 		set = cands[0].set
@@ -360,7 +373,9 @@ func RequestMemory[T any](cands []*Candidate, owner any, n int) []T {
 					*p = make([]T, n)
 				}
 				*p = (*p)[:n]
-				clear(*p)
+				if zero {
+					clear(*p)
+				}
 				return *p
 			}
 		}

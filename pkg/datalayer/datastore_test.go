@@ -306,6 +306,25 @@ func TestRequestMemoryIsTheCandidateSetsAndComesBackZeroedToItsOwner(t *testing.
 	}
 }
 
+func TestRequestMemoryOverwrittenIsTheSameMemoryLeftAsItWas(t *testing.T) {
+	ds := NewDatastore(nil)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	var set CandidateSet
+	owner := new(int)
+	a := RequestMemoryOverwritten[int](ds.CandidatesInto(&set, nil), owner, 2)
+	a[0], a[1] = 1, 2
+	next := ds.CandidatesInto(&set, nil)
+	a2 := RequestMemoryOverwritten[int](next, owner, 2)
+	if &a2[0] != &a[0] || a2[0] != 1 || a2[1] != 2 {
+		t.Errorf("the owner's memory again: %v at %p, want [1 2] at %p (not cleared)", a2, &a2[0], &a[0])
+	}
+	// The zeroing form, asked by the same owner for the same type, is given
+	// the same memory, cleared.
+	if z := RequestMemory[int](next, owner, 2); &z[0] != &a[0] || z[0] != 0 || z[1] != 0 {
+		t.Errorf("RequestMemory after RequestMemoryOverwritten: %v at %p, want zeroes at %p", z, &z[0], &a[0])
+	}
+}
+
 func TestDatastoreConcurrentReadersAndWriters(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)

@@ -147,8 +147,10 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 	}()
 	sc.addrs = slices.Grow(sc.addrs[:0], n)[:n]
 	sc.out = slices.Grow(sc.out[:0], n)[:n]
-	ins := datalayer.RequestMemory[predict.Input](cands, p, n)
-	infos := datalayer.RequestMemory[datalayer.LatencyPredictionInfo](cands, p, n)
+	// Each input and info is written whole below (inputOf assigns the
+	// input; the info is assigned before its fields are set).
+	ins := datalayer.RequestMemoryOverwritten[predict.Input](cands, p, n)
+	infos := datalayer.RequestMemoryOverwritten[datalayer.LatencyPredictionInfo](cands, p, n)
 	now := time.Now()
 	for i, c := range cands {
 		sc.addrs[i] = c.Address
@@ -165,7 +167,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 	q := p.backend.Quantile()
 	for i, c := range cands {
 		info := &infos[i]
-		info.Quantile, info.DispatchedRequestCount = q, c.InFlight.Requests()
+		*info = datalayer.LatencyPredictionInfo{Quantile: q, DispatchedRequestCount: c.InFlight.Requests()}
 		if err == nil {
 			pr := &sc.out[i]
 			info.TTFTValid, info.TPOTValid = true, true

@@ -189,7 +189,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		// usually.
 		var keys []uint64
 		if !keysInMemory {
-			keys, keysInMemory = datalayer.RequestMemory[uint64](cands, p, total)[:0], true
+			keys, keysInMemory = datalayer.RequestMemoryOverwritten[uint64](cands, p, total)[:0], true
 		} else {
 			keys = make([]uint64, 0, total)
 		}

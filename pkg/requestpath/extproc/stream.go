@@ -233,19 +233,33 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 		return st.refuse(http.StatusRequestEntityTooLarge,
 			fmt.Errorf("request body exceeds the limit of %d bytes", st.s.o.MaxBodyBytes))
 	}
-	if st.body == nil {
-		// Size the buffer once from Content-Length, when it is believable.
-		if n, err := strconv.Atoi(st.in.Headers["content-length"]); err == nil && n > 0 && n <= st.s.o.MaxBodyBytes {
-			st.body = make([]byte, 0, n)
-		}
-	}
-	st.body = append(st.body, b.GetBody()...)
 	buffered := st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-	if b.GetEndOfStream() || buffered {
+	whole := b.GetEndOfStream() || buffered
+	st.gather(b.GetBody(), whole)
+	if whole {
 		// A buffered body is whole in one message even when trailers follow.
 		return st.route(b.GetEndOfStream())
 	}
 	return false, nil
+}
+
+// gather adds a chunk of the request body; whole says the chunk ends it
+// (a buffered body is whole in one message, even when trailers follow).
+// A body that is whole in its first message is kept as gRPC decoded it:
+// that memory is the message's own and nothing else holds it, so it is
+// not copied. Chunks are gathered into one buffer, which parsing needs,
+// sized once from Content-Length when it is believable.
+func (st *stream) gather(chunk []byte, whole bool) {
+	if st.body == nil {
+		if whole {
+			st.body = chunk
+			return
+		}
+		if n, err := strconv.Atoi(st.in.Headers["content-length"]); err == nil && n > 0 && n <= st.s.o.MaxBodyBytes {
+			st.body = make([]byte, 0, n)
+		}
+	}
+	st.body = append(st.body, chunk...)
 }
 
 func (st *stream) requestTrailers() (bool, error) {

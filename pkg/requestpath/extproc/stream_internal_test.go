@@ -7,6 +7,8 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 )
 
 func hint(v *structpb.Value) *corev3.Metadata {
@@ -72,5 +74,52 @@ func TestHeaderValuesComeFromRawValueOrValue(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}
+	}
+}
+
+func TestABodyWholeInOneMessageIsKeptAndChunksAreGathered(t *testing.T) {
+	t.Parallel()
+	newStream := func() *stream {
+		return &stream{s: &Server{o: Options{MaxBodyBytes: 1 << 20}},
+			in: director.Input{Headers: map[string]string{"content-length": "10"}}}
+	}
+
+	// Whole in one message: kept as decoded, not copied.
+	one := []byte("0123456789")
+	st := newStream()
+	st.gather(one, true)
+	if string(st.body) != "0123456789" || &st.body[0] != &one[0] {
+		t.Fatalf("a one-message body was copied (or changed): %q", st.body)
+	}
+
+	// In chunks: gathered into a buffer of the stream's own, so that no
+	// chunk's memory is the body's.
+	chunks := [][]byte{[]byte("0123"), []byte("456"), []byte("789")}
+	st = newStream()
+	for i, c := range chunks {
+		st.gather(c, i == len(chunks)-1)
+	}
+	if string(st.body) != "0123456789" {
+		t.Fatalf("gathered %q, want 0123456789", st.body)
+	}
+	for _, c := range chunks {
+		c[0] = 'x'
+	}
+	if string(st.body) != "0123456789" {
+		t.Fatalf("the gathered body shares a chunk's memory: %q", st.body)
+	}
+	if cap(st.body) != 10 {
+		t.Errorf("buffer capacity %d, want Content-Length's 10", cap(st.body))
+	}
+
+	// An empty first chunk gathers nothing: the next, ending the body, is
+	// then the whole of it.
+	last := []byte("abc")
+	st = newStream()
+	st.in.Headers = nil
+	st.gather(nil, false)
+	st.gather(last, true)
+	if string(st.body) != "abc" || &st.body[0] != &last[0] {
+		t.Fatalf("after an empty chunk, body %q (copied: %v)", st.body, len(st.body) > 0 && &st.body[0] != &last[0])
 	}
 }
