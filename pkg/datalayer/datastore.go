@@ -347,8 +347,8 @@ func RequestMemory[T any](cands []*Candidate, owner any, n int) []T {
 // RequestMemoryOverwritten is RequestMemory for a caller that writes each
 // value whole before anything reads it: the values are what the set's
 // previous request left there, not zeroed. Clearing what is written again
-// at once cost the latency producer a tenth of its time (64 candidates'
-// inputs, 25 KB a request).
+// at once was about 4 µs of the latency producer's 22 a request on the
+// ext_proc path (64 candidates' inputs, 25 KB, most of it cache misses).
 func RequestMemoryOverwritten[T any](cands []*Candidate, owner any, n int) []T {
 	return requestMemory[T](cands, owner, n, false)
 }
