@@ -297,18 +297,20 @@ func (in *Input) TPOTFeatures(v *Vector, seats int) {
 		clampFinite(in.PrefillAheadMs, 0, 1e6) / 100,
 		clampFinite(in.RecentEnds, 0, 1e6),
 	}
-	endedByAge(in, v[17:17+endedBins])
+	endedByAge(in, v[tpotEndedFrom:tpotEndedFrom+endedBins])
 }
 
 // The ends TPOT counts, by age: under endedFirstMs, then in bins each
 // twice as wide as the one before, endedBins in all (0–100, 100–200,
 // 200–400, 400–800 and 800–1600 ms: ends older than endedLastMs are not
-// counted). What comes back when is the loops' pause, which the model
-// learns from the counts' coefficients rather than assuming one.
+// counted), as features tpotEndedFrom on, after the 17 the literal above
+// sets. What comes back when is the loops' pause, which the model learns
+// from the counts' coefficients rather than assuming one.
 const (
-	endedFirstMs = 100
-	endedBins    = 5
-	endedLastMs  = endedFirstMs << (endedBins - 1)
+	tpotEndedFrom = 17
+	endedFirstMs  = 100
+	endedBins     = 5
+	endedLastMs   = endedFirstMs << (endedBins - 1)
 )
 
 // endedByAge counts in's ends by age into bins (endedBins long).
@@ -383,7 +385,7 @@ func dot(a, b *Vector) float64 {
 const (
 	ttftFeatures  = 30
 	aloneFeatures = 7
-	tpotFeatures  = 17 + endedBins
+	tpotFeatures  = tpotEndedFrom + endedBins
 )
 
 // dotN is dot over the first n features, in the same order: when the rest

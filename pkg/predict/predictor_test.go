@@ -588,12 +588,12 @@ func TestTPOTCountsTheRecentEndsByAge(t *testing.T) {
 	in := Input{EndedAgoMs: [EndedKept]float64{0, 99, 150, 300, 799, 1000, 1600, math.NaN()}, EndedN: EndedKept}
 	var v Vector
 	in.TPOTFeatures(&v, 0)
-	if got, want := v[17:17+endedBins], []float64{2, 1, 1, 1, 1}; !slices.Equal(got, want) {
+	if got, want := v[tpotEndedFrom:tpotEndedFrom+endedBins], []float64{2, 1, 1, 1, 1}; !slices.Equal(got, want) {
 		t.Errorf("ends by age %v, want %v", got, want)
 	}
 	in.EndedN = 2
 	in.TPOTFeatures(&v, 0)
-	if got, want := v[17:17+endedBins], []float64{2, 0, 0, 0, 0}; !slices.Equal(got, want) {
+	if got, want := v[tpotEndedFrom:tpotEndedFrom+endedBins], []float64{2, 0, 0, 0, 0}; !slices.Equal(got, want) {
 		t.Errorf("with two ends known: %v, want %v", got, want)
 	}
 }
