@@ -15,6 +15,10 @@ import (
 // prefill to decode at the response's first byte, dropped at its end.
 // Scraped metrics lag by a scrape interval; this does not, though it
 // knows only the requests this EPP routed.
+//
+// Its times are Unix nanoseconds, zero where none is known: a snapshot is
+// taken for every candidate of every request, and an int64 is a third of
+// a time.Time to copy and needs no conversion to read.
 type InFlight struct {
 	// Prefilling counts requests whose first token has not come back;
 	// PrefillTokens sums their uncached prompt tokens (what the endpoint
@@ -32,17 +36,17 @@ type InFlight struct {
 	// before it in that wait, for the k-th of these.
 	DecodeEnds [DecodeEndsKept]int64
 	// OldestPrefill is when the longest-waiting of the prefilling requests
-	// was dispatched, the zero time when none is: a request still without
-	// its first token long after it was sent says the endpoint's queue is
+	// was dispatched, zero when none is: a request still without its
+	// first token long after it was sent says the endpoint's queue is
 	// long before any response can say so.
-	OldestPrefill time.Time
+	OldestPrefill int64
 	// PrefillDoneBy is when the endpoint is expected to have computed the
 	// prefills this EPP sent it, from each one's predicted time alone
-	// there, taken in the order they were sent (the zero time when none is
-	// known): the queue a new request's prefill waits behind, as a time,
-	// where PrefillTokens is it as a count. It drains as time passes and
-	// is set again from what remains at every first token.
-	PrefillDoneBy time.Time
+	// there, taken in the order they were sent (zero when none is known):
+	// the queue a new request's prefill waits behind, as a time, where
+	// PrefillTokens is it as a count. It drains as time passes and is set
+	// again from what remains at every first token.
+	PrefillDoneBy int64
 	// Ahead is the engine work a request sent now waits behind before its
 	// prefill starts: the endpoint's scheduler replayed over these
 	// requests (enginesched.Replayer), at the last change to them. The zero
@@ -50,32 +54,31 @@ type InFlight struct {
 	Ahead enginesched.Ahead
 	// StepEnd is when the engine's step under way is expected to end: the
 	// last token the endpoint streamed, plus the time between that
-	// request's last two tokens (the zero time when nothing decodes). A
-	// request arriving mid-step waits for its end before its own step
-	// starts: for a request with little to compute, that is much of its
-	// TTFT.
-	StepEnd time.Time
+	// request's last two tokens (zero when nothing decodes). A request
+	// arriving mid-step waits for its end before its own step starts: for
+	// a request with little to compute, that is much of its TTFT.
+	StepEnd int64
 	// StepStart is when the step under way began: the endpoint's last
-	// token, which ended the step before it (the zero time before any
-	// token). A request arriving later waits the rest of it.
-	StepStart time.Time
+	// token, which ended the step before it (zero before any token). A
+	// request arriving later waits the rest of it.
+	StepStart int64
 	// ReplayedAt is the time of the last change Ahead was replayed at
-	// (the zero time with Ahead): the prefills ahead have run since.
-	ReplayedAt time.Time
+	// (zero with the zero Ahead): the prefills ahead have run since.
+	ReplayedAt int64
 	// RecentPrefill is the uncached prompt tokens this EPP has sent the
 	// endpoint lately, each weighed down by exp(-age/RecentPrefillWindow)
 	// as of RecentPrefillAt: the prefill work that arrives while a request
 	// decodes shares its steps, and the recent rate is the best guess of
 	// what will (RecentPrefillRate).
 	RecentPrefill   float64
-	RecentPrefillAt time.Time
+	RecentPrefillAt int64
 	// RecentEnds counts the requests this EPP has lately seen finish on
 	// the endpoint, each weighed down by exp(-age/RecentEndsWindow) as of
 	// RecentEndsAt: in conversations and agent loops a finished turn's
 	// next comes back to the same cache within moments, and its prefill
 	// shares the steps of whatever decodes there then (RecentEndsNow).
 	RecentEnds   float64
-	RecentEndsAt time.Time
+	RecentEndsAt int64
 	// Ended are when the last EndedKept requests this EPP saw finish on
 	// the endpoint ended, in Unix nanoseconds, in no particular order,
 	// zero past the last one known: in conversations and agent loops a
@@ -92,30 +95,32 @@ const EndedKept = 8
 const RecentPrefillWindow = time.Second
 
 // RecentPrefillRate is the endpoint's recent prefill work, in uncached
-// prompt tokens a second, as of at.
-func (f *InFlight) RecentPrefillRate(at time.Time) float64 {
-	if f.RecentPrefillAt.IsZero() {
+// prompt tokens a second, as of at (Unix nanoseconds).
+func (f *InFlight) RecentPrefillRate(at int64) float64 {
+	if f.RecentPrefill == 0 || f.RecentPrefillAt == 0 {
 		return 0
 	}
-	age := max(at.Sub(f.RecentPrefillAt), 0)
+	age := time.Duration(max(at-f.RecentPrefillAt, 0))
 	return f.RecentPrefill * fade(age) / RecentPrefillWindow.Seconds()
 }
 
-// fade is what a prefill sent age ago weighs in RecentPrefill.
+// fade is what a prefill sent age ago weighs in RecentPrefill. It runs
+// for every candidate of every request: the ratio is taken of the
+// nanoseconds themselves, without Duration.Seconds' two divisions.
 func fade(age time.Duration) float64 {
-	return math.Exp(-age.Seconds() / RecentPrefillWindow.Seconds())
+	return math.Exp(-float64(age) / float64(RecentPrefillWindow))
 }
 
 // RecentEndsWindow is the time constant RecentEnds fades with: about the
 // pause between an agent's turns (a tool call, a client's next message).
 const RecentEndsWindow = 300 * time.Millisecond
 
-// RecentEndsNow is RecentEnds as of at.
-func (f *InFlight) RecentEndsNow(at time.Time) float64 {
-	if f.RecentEndsAt.IsZero() {
+// RecentEndsNow is RecentEnds as of at (Unix nanoseconds).
+func (f *InFlight) RecentEndsNow(at int64) float64 {
+	if f.RecentEnds == 0 || f.RecentEndsAt == 0 {
 		return 0
 	}
-	return f.RecentEnds * math.Exp(-max(at.Sub(f.RecentEndsAt), 0).Seconds()/RecentEndsWindow.Seconds())
+	return f.RecentEnds * math.Exp(-float64(max(at-f.RecentEndsAt, 0))/float64(RecentEndsWindow))
 }
 
 // DecodeEndsKept is how many of an endpoint's expected decode ends
@@ -364,29 +369,25 @@ func (c *inflight) load() InFlight {
 			break
 		}
 	}
-	if n := c.oldest.Load(); n != 0 {
-		f.OldestPrefill = time.Unix(0, n)
-	}
-	if n := c.doneBy.Load(); n != 0 {
-		f.PrefillDoneBy = time.Unix(0, n)
-	}
+	f.OldestPrefill = c.oldest.Load()
+	f.PrefillDoneBy = c.doneBy.Load()
 	if a, at := c.ahead.load(); at != 0 {
-		f.Ahead, f.ReplayedAt = a, time.Unix(0, at)
+		f.Ahead, f.ReplayedAt = a, at
 	}
 	if at := c.recentAt.Load(); at != 0 {
-		f.RecentPrefill, f.RecentPrefillAt = math.Float64frombits(uint64(c.recent.Load())), time.Unix(0, at)
+		f.RecentPrefill, f.RecentPrefillAt = math.Float64frombits(uint64(c.recent.Load())), at
 	}
 	if at := c.endedAt.Load(); at != 0 {
-		f.RecentEnds, f.RecentEndsAt = math.Float64frombits(uint64(c.ended.Load())), time.Unix(0, at)
+		f.RecentEnds, f.RecentEndsAt = math.Float64frombits(uint64(c.ended.Load())), at
 	}
 	for i := range f.Ended {
 		f.Ended[i] = c.lastEnds[i].Load()
 	}
-	if n := c.stepEnd.Load(); n != 0 && f.Decoding > 0 {
-		f.StepEnd = time.Unix(0, n)
+	if f.Decoding > 0 {
+		f.StepEnd = c.stepEnd.Load()
 	}
-	if n := c.lastToken.Load(); n != 0 && f.Requests() > 0 {
-		f.StepStart = time.Unix(0, n)
+	if f.Requests() > 0 {
+		f.StepStart = c.lastToken.Load()
 	}
 	return f
 }

@@ -15,11 +15,11 @@ import (
 // (checked below, and in package enginesched) and the recent prefill
 // work, which outlasts the requests: what is in flight now.
 func inFlightNow(f InFlight) InFlight {
-	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
-	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
-	f.RecentEnds, f.RecentEndsAt = 0, time.Time{}
+	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, 0
+	f.RecentPrefill, f.RecentPrefillAt = 0, 0
+	f.RecentEnds, f.RecentEndsAt = 0, 0
 	f.Ended = [EndedKept]int64{}
-	f.StepStart = time.Time{}
+	f.StepStart = 0
 	return f
 }
 
@@ -29,12 +29,12 @@ func TestInFlightFollowsARequestFromPickToEnd(t *testing.T) {
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
 	d1 := ds.Dispatch("a", time.Unix(1, 0), 300, 1000, 0)
 	d2 := ds.Dispatch("a", time.Unix(2, 0), 50, 2000, 0)
-	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{Prefilling: 2, PrefillTokens: 350, OldestPrefill: time.Unix(1, 0)}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{Prefilling: 2, PrefillTokens: 350, OldestPrefill: time.Unix(1, 0).UnixNano()}) {
 		t.Fatalf("after two dispatches: %+v", got)
 	}
 	d1.FirstToken(time.Unix(5, 0))
 	d1.FirstToken(time.Unix(6, 0)) // a second first byte changes nothing
-	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000, OldestPrefill: time.Unix(2, 0)}) {
+	if got := inFlightNow(ds.InFlight("a")); got != (InFlight{Prefilling: 1, PrefillTokens: 50, Decoding: 1, DecodeTokens: 1000, OldestPrefill: time.Unix(2, 0).UnixNano()}) {
 		t.Fatalf("after the first's first token: %+v", got)
 	}
 	if c := ds.Candidates(nil)[0]; c.InFlight.Requests() != 2 || c.InFlight.DecodeTokens != 1000 {
@@ -98,19 +98,19 @@ func TestTheStepUnderWayIsExpectedToEndAsFarAfterTheLastTokenAsTheOneBefore(t *t
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	d := ds.Dispatch("a", t0, 10, 10, 100)
 	d.FirstToken(at(50))
-	if got := ds.InFlight("a").StepEnd; !got.IsZero() {
+	if got := ds.InFlight("a").StepEnd; got != 0 {
 		t.Errorf("one token says nothing of a step's length, yet the step ends at %v", got)
 	}
 	d.Progress(at(60), 2)
-	if got := ds.InFlight("a").StepEnd; !got.Equal(at(70)) {
+	if got := ds.InFlight("a").StepEnd; got != at(70).UnixNano() {
 		t.Errorf("tokens at 50 and 60ms: the step under way ends at %v, want t0+70ms", got)
 	}
 	d.Progress(at(90), 4) // two tokens in 30ms: 15ms a step
-	if got := ds.InFlight("a").StepEnd; !got.Equal(at(105)) {
+	if got := ds.InFlight("a").StepEnd; got != at(105).UnixNano() {
 		t.Errorf("then two more by 90ms: %v, want t0+105ms", got)
 	}
 	d.Done()
-	if got := ds.InFlight("a").StepEnd; !got.IsZero() {
+	if got := ds.InFlight("a").StepEnd; got != 0 {
 		t.Errorf("nothing decodes, yet a step ends at %v", got)
 	}
 }
@@ -124,14 +124,14 @@ func TestRecentPrefillFadesWithTheWindow(t *testing.T) {
 	ds.Dispatch("a", t0.Add(RecentPrefillWindow), 500, 600, 0)
 	f := ds.InFlight("a")
 	// 1000 tokens a window ago weigh 1000/e, besides the 500 sent now.
-	if want := 500 + 1000/math.E; math.Abs(f.RecentPrefill-want) > 1e-9 || !f.RecentPrefillAt.Equal(t0.Add(RecentPrefillWindow)) {
+	if want := 500 + 1000/math.E; math.Abs(f.RecentPrefill-want) > 1e-9 || f.RecentPrefillAt != t0.Add(RecentPrefillWindow).UnixNano() {
 		t.Errorf("recent prefill %v at %v, want %v at t0+window", f.RecentPrefill, f.RecentPrefillAt, want)
 	}
 	at := t0.Add(2 * RecentPrefillWindow)
-	if got, want := f.RecentPrefillRate(at), (500+1000/math.E)/math.E/RecentPrefillWindow.Seconds(); math.Abs(got-want) > 1e-9 {
+	if got, want := f.RecentPrefillRate(at.UnixNano()), (500+1000/math.E)/math.E/RecentPrefillWindow.Seconds(); math.Abs(got-want) > 1e-9 {
 		t.Errorf("rate a window later %v, want %v", got, want)
 	}
-	if got := (&InFlight{}).RecentPrefillRate(at); got != 0 {
+	if got := (&InFlight{}).RecentPrefillRate(at.UnixNano()); got != 0 {
 		t.Errorf("no prefill sent: rate %v", got)
 	}
 }
@@ -145,7 +145,7 @@ func TestRecentEndsCountsFinishedResponsesFadingWithTheWindow(t *testing.T) {
 	t0 := time.Unix(100, 0)
 	failed := ds.Dispatch("a", t0, 100, 100, 8)
 	failed.DoneAt(t0)
-	if f := ds.InFlight("a"); f.RecentEnds != 0 || !f.RecentEndsAt.IsZero() {
+	if f := ds.InFlight("a"); f.RecentEnds != 0 || f.RecentEndsAt != 0 {
 		t.Fatalf("a request that never began counts: %v at %v", f.RecentEnds, f.RecentEndsAt)
 	}
 	d1 := ds.Dispatch("a", t0, 100, 100, 8)
@@ -157,13 +157,13 @@ func TestRecentEndsCountsFinishedResponsesFadingWithTheWindow(t *testing.T) {
 	d2.DoneAt(end)
 	f := ds.InFlight("a")
 	// One end a window ago weighs 1/e, besides the one now.
-	if want := 1 + 1/math.E; math.Abs(f.RecentEnds-want) > 1e-9 || !f.RecentEndsAt.Equal(end) {
+	if want := 1 + 1/math.E; math.Abs(f.RecentEnds-want) > 1e-9 || f.RecentEndsAt != end.UnixNano() {
 		t.Errorf("recent ends %v at %v, want %v at the second end", f.RecentEnds, f.RecentEndsAt, want)
 	}
-	if got, want := f.RecentEndsNow(end.Add(RecentEndsWindow)), (1+1/math.E)/math.E; math.Abs(got-want) > 1e-9 {
+	if got, want := f.RecentEndsNow(end.Add(RecentEndsWindow).UnixNano()), (1+1/math.E)/math.E; math.Abs(got-want) > 1e-9 {
 		t.Errorf("a window later %v, want %v", got, want)
 	}
-	if got := (&InFlight{}).RecentEndsNow(end); got != 0 {
+	if got := (&InFlight{}).RecentEndsNow(end.UnixNano()); got != 0 {
 		t.Errorf("nothing ended: %v", got)
 	}
 }
@@ -205,7 +205,12 @@ func TestPrefillDoneByQueuesPrefillsInTheOrderSentAndResetsAtEachFirstToken(t *t
 	ds := NewDatastore(nil)
 	ds.Upsert(ep("a", "10.0.0.1:8000"))
 	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
-	doneBy := func() time.Time { return ds.InFlight("a").PrefillDoneBy }
+	doneBy := func() time.Time {
+		if n := ds.InFlight("a").PrefillDoneBy; n != 0 {
+			return time.Unix(0, n)
+		}
+		return time.Time{}
+	}
 
 	d1 := ds.Dispatch("a", at(0), 2000, 2000, 0)
 	if !doneBy().IsZero() {
@@ -327,7 +332,7 @@ func TestTheDecodeEndsAreTheExpectedEndsInOrder(t *testing.T) {
 	long, short, unknown := ds.Dispatch("a", t0, 1, 1, 2), ds.Dispatch("a", t0, 1, 1, 2), ds.Dispatch("a", t0, 1, 1, 0)
 	long.ExpectDecode(time.Second)
 	short.ExpectDecode(300 * time.Millisecond)
-	if f := ds.InFlight("a"); f.DecodeEnds[0] != 0 || !f.OldestPrefill.Equal(t0) {
+	if f := ds.InFlight("a"); f.DecodeEnds[0] != 0 || f.OldestPrefill != t0.UnixNano() {
 		t.Fatal("an end is expected before anything decodes")
 	}
 	long.FirstToken(t0)

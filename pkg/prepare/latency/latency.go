@@ -219,8 +219,8 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 		DecodeTokens:      c.InFlight.DecodeTokens,
 		MaxTokens:         req.MaxTokens,
 	}
-	// The ends are Unix nanoseconds: read against the arrival's, without a
-	// time.Time for each of the (up to) sixteen a candidate has.
+	// The in-flight times are Unix nanoseconds: read against the
+	// arrival's, without a time.Time for each of them.
 	arrival := int64(0)
 	if !req.Arrival.IsZero() {
 		arrival = req.Arrival.UnixNano()
@@ -232,12 +232,12 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 		in.DecodeEndsMs[in.DecodeEnds] = nsToMs(arrival, end)
 		in.DecodeEnds++
 	}
-	in.OldestPrefillMs = msBetween(c.InFlight.OldestPrefill, req.Arrival)
-	in.PrefillAheadMs = msBetween(req.Arrival, c.InFlight.PrefillDoneBy)
+	in.OldestPrefillMs = nsToMs(c.InFlight.OldestPrefill, arrival)
+	in.PrefillAheadMs = nsToMs(arrival, c.InFlight.PrefillDoneBy)
 	in.Ahead = c.InFlight.Ahead
-	drainAhead(&in.Ahead, c.InFlight, req.Arrival)
-	in.RecentPrefillRate = c.InFlight.RecentPrefillRate(req.Arrival)
-	in.RecentEnds = c.InFlight.RecentEndsNow(req.Arrival)
+	drainAhead(&in.Ahead, &c.InFlight, arrival)
+	in.RecentPrefillRate = c.InFlight.RecentPrefillRate(arrival)
+	in.RecentEnds = c.InFlight.RecentEndsNow(arrival)
 	for _, end := range c.InFlight.Ended[:min(len(c.InFlight.Ended), len(in.EndedAgoMs))] {
 		if end == 0 {
 			break
@@ -245,8 +245,8 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 		in.EndedAgoMs[in.EndedN] = nsToMs(end, arrival)
 		in.EndedN++
 	}
-	in.StepRestMs = msBetween(req.Arrival, c.InFlight.StepEnd)
-	in.StepElapsedMs = msBetween(c.InFlight.StepStart, req.Arrival)
+	in.StepRestMs = nsToMs(arrival, c.InFlight.StepEnd)
+	in.StepElapsedMs = nsToMs(c.InFlight.StepStart, arrival)
 	if in.InputTokens == 0 {
 		in.InputTokens = info.TotalBlocks * bs
 	}
@@ -265,12 +265,13 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 // requests in flight, and a long prefill changes nothing until its first
 // token, so by a request's arrival part of what the replay counts ahead
 // is done. The share is time's, from the prefill queue's expected end.
-func drainAhead(a *enginesched.Ahead, f datalayer.InFlight, arrival time.Time) {
-	if a.PrefillTokens == 0 || f.PrefillDoneBy.IsZero() || f.ReplayedAt.IsZero() || !arrival.After(f.ReplayedAt) {
+// Times are Unix nanoseconds, arrival's as the in-flight state's.
+func drainAhead(a *enginesched.Ahead, f *datalayer.InFlight, arrival int64) {
+	if a.PrefillTokens == 0 || f.PrefillDoneBy == 0 || f.ReplayedAt == 0 || arrival <= f.ReplayedAt {
 		return
 	}
-	left := f.PrefillDoneBy.Sub(arrival)
-	whole := f.PrefillDoneBy.Sub(f.ReplayedAt)
+	left := f.PrefillDoneBy - arrival
+	whole := f.PrefillDoneBy - f.ReplayedAt
 	if whole <= 0 {
 		return
 	}
@@ -331,21 +332,13 @@ func (p *Producer) ForgetEndpoint(addr string) {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// nsToMs is msBetween for times in Unix nanoseconds (0: unknown).
+// nsToMs is the milliseconds from from to to, times in Unix nanoseconds:
+// 0 when either is unknown (zero) or to is not after from.
 func nsToMs(from, to int64) float64 {
 	if from == 0 || to == 0 || to <= from {
 		return 0
 	}
 	return float64(to-from) / float64(time.Millisecond)
-}
-
-// msBetween is the milliseconds from from to to, 0 when either is unknown
-// (the zero time) or to is not after from.
-func msBetween(from, to time.Time) float64 {
-	if from.IsZero() || to.IsZero() || !to.After(from) {
-		return 0
-	}
-	return ms(to.Sub(from))
 }
 
 type metrics struct {

@@ -119,11 +119,11 @@ func TestARequestsObjectiveAndSLOHeadersSetItsPriorityAndSLO(t *testing.T) {
 // over them and the recent prefill work, which outlasts them (both are
 // checked in package datalayer).
 func inFlightNow(f datalayer.InFlight) datalayer.InFlight {
-	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, time.Time{}
-	f.RecentPrefill, f.RecentPrefillAt = 0, time.Time{}
-	f.RecentEnds, f.RecentEndsAt = 0, time.Time{}
+	f.Ahead, f.ReplayedAt = enginesched.Ahead{}, 0
+	f.RecentPrefill, f.RecentPrefillAt = 0, 0
+	f.RecentEnds, f.RecentEndsAt = 0, 0
 	f.Ended = [datalayer.EndedKept]int64{}
-	f.StepStart = time.Time{}
+	f.StepStart = 0
 	return f
 }
 
@@ -139,7 +139,7 @@ func TestAPickIsInFlightUntilItsResponseEndsAndObserversHearOfIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := p.Result.Targets()[0].Name
-	if got := inFlightNow(ds.InFlight(name)); got != (datalayer.InFlight{Prefilling: 1, PrefillTokens: 64, OldestPrefill: *now}) {
+	if got := inFlightNow(ds.InFlight(name)); got != (datalayer.InFlight{Prefilling: 1, PrefillTokens: 64, OldestPrefill: now.UnixNano()}) {
 		t.Fatalf("after the pick: %+v, want one request prefilling its 64 tokens", got)
 	}
 	start := *now
@@ -156,7 +156,7 @@ func TestAPickIsInFlightUntilItsResponseEndsAndObserversHearOfIt(t *testing.T) {
 	if got := inFlightNow(ds.InFlight(name)); got != (datalayer.InFlight{}) {
 		t.Errorf("after the end: %+v, want nothing in flight", got)
 	}
-	if f := ds.InFlight(name); f.RecentEnds != 1 || !f.RecentEndsAt.Equal(start.Add(120*time.Millisecond)) ||
+	if f := ds.InFlight(name); f.RecentEnds != 1 || f.RecentEndsAt != start.Add(120*time.Millisecond).UnixNano() ||
 		f.Ended != [datalayer.EndedKept]int64{start.Add(120 * time.Millisecond).UnixNano()} {
 		t.Errorf("recent ends %v at %v, ended %v; want the one response, at its end", f.RecentEnds, f.RecentEndsAt, f.Ended)
 	}
