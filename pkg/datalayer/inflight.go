@@ -100,15 +100,15 @@ func (f *InFlight) RecentPrefillRate(at int64) float64 {
 	if f.RecentPrefill == 0 || f.RecentPrefillAt == 0 {
 		return 0
 	}
-	age := time.Duration(max(at-f.RecentPrefillAt, 0))
-	return f.RecentPrefill * fade(age) / RecentPrefillWindow.Seconds()
+	return f.RecentPrefill * fade(at-f.RecentPrefillAt, RecentPrefillWindow) / RecentPrefillWindow.Seconds()
 }
 
-// fade is what a prefill sent age ago weighs in RecentPrefill. It runs
-// for every candidate of every request: the ratio is taken of the
-// nanoseconds themselves, without Duration.Seconds' two divisions.
-func fade(age time.Duration) float64 {
-	return math.Exp(-float64(age) / float64(RecentPrefillWindow))
+// fade is what a term of a fading sum weighs age nanoseconds after it
+// was added (no more than when added, should the clocks of two
+// goroutines disagree). It runs for every candidate of every request, so
+// the ratio is taken of the nanoseconds themselves.
+func fade(age int64, window time.Duration) float64 {
+	return math.Exp(-float64(max(age, 0)) / float64(window))
 }
 
 // RecentEndsWindow is the time constant RecentEnds fades with: about the
@@ -120,7 +120,7 @@ func (f *InFlight) RecentEndsNow(at int64) float64 {
 	if f.RecentEnds == 0 || f.RecentEndsAt == 0 {
 		return 0
 	}
-	return f.RecentEnds * math.Exp(-float64(max(at-f.RecentEndsAt, 0))/float64(RecentEndsWindow))
+	return f.RecentEnds * fade(at-f.RecentEndsAt, RecentEndsWindow)
 }
 
 // DecodeEndsKept is how many of an endpoint's expected decode ends
@@ -319,8 +319,7 @@ func (c *inflight) send(d *Dispatch) {
 	c.lastAt = max(c.lastAt, d.start)
 	tokens, at := float64(d.prefill), d.start
 	if was := c.recentAt.Load(); was != 0 {
-		age := time.Duration(max(d.start-was, 0))
-		tokens += math.Float64frombits(uint64(c.recent.Load())) * fade(age)
+		tokens += math.Float64frombits(uint64(c.recent.Load())) * fade(d.start-was, RecentPrefillWindow)
 		at = max(at, was)
 	}
 	c.recent.Store(int64(math.Float64bits(tokens)))
@@ -345,7 +344,7 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 		c.endsNext = (c.endsNext + 1) % EndedKept
 		n := 1.0
 		if was := c.endedAt.Load(); was != 0 {
-			n += math.Float64frombits(uint64(c.ended.Load())) * math.Exp(-time.Duration(max(at-was, 0)).Seconds()/RecentEndsWindow.Seconds())
+			n += math.Float64frombits(uint64(c.ended.Load())) * fade(at-was, RecentEndsWindow)
 			at = max(at, was)
 		}
 		c.ended.Store(int64(math.Float64bits(n)))
