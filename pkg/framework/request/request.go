@@ -3,6 +3,7 @@
 package request
 
 import (
+	"bytes"
 	"encoding/json"
 	"time"
 )
@@ -39,6 +40,21 @@ type Chat struct {
 	ContinueFinalMessage bool
 	// AddSpecialTokens is false for chat by default: the template adds them.
 	AddSpecialTokens bool
+}
+
+// Clone is c with raw fields of its own. A request's raw fields are the
+// body's memory, which the request path reuses once the response is
+// handled: whatever reads them later needs a clone.
+// A nil Chat's clone is nil.
+func (c *Chat) Clone() *Chat {
+	if c == nil {
+		return nil
+	}
+	d := *c
+	d.Messages = bytes.Clone(c.Messages)
+	d.Tools = bytes.Clone(c.Tools)
+	d.ChatTemplateKwargs = bytes.Clone(c.ChatTemplateKwargs)
+	return &d
 }
 
 // Request is one inference request after parsing (and tokenization, when the
@@ -91,7 +107,9 @@ type Request struct {
 	Arrival time.Time
 	// Stream is true for streaming (SSE) requests.
 	Stream bool
-	// Body is the request body as received.
+	// Body is the request body as received. Its memory (and that of
+	// Chat's raw fields, which are in it) may be reused once the response
+	// is handled: whatever keeps it longer keeps a copy.
 	Body []byte
 }
 

@@ -47,9 +47,13 @@ type stream struct {
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	observe           bool // observability mode: Envoy expects no answers
 
-	in       director.Input
-	mem      *requestMemory // pooled memory in.IDBuf and in.Candidates are in
-	body     []byte
+	in   director.Input
+	mem  *requestMemory // pooled memory in.IDBuf and in.Candidates are in
+	body []byte
+	// bodyBuf is the pooled buffer a chunked body is gathered in (nil for
+	// a body whole in one message): BufferPool's, given back with the
+	// request's other memory (releaseMemory).
+	bodyBuf  *[]byte
 	answered bool // the request path has been answered (pick or refusal)
 	result   string
 
@@ -247,8 +251,10 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 // (a buffered body is whole in one message, even when trailers follow).
 // A body that is whole in its first message is kept as gRPC decoded it:
 // that memory is the message's own and nothing else holds it, so it is
-// not copied. Chunks are gathered into one buffer, which parsing needs,
-// sized once from Content-Length when it is believable.
+// not copied. Chunks are gathered into one buffer, which parsing needs:
+// taken from BufferPool, sized once from Content-Length when it is
+// believable (a body that outgrows it moves to memory of its own, and
+// the pooled buffer still goes back).
 func (st *stream) gather(chunk []byte, whole bool) {
 	if st.body == nil {
 		if whole {
@@ -256,7 +262,8 @@ func (st *stream) gather(chunk []byte, whole bool) {
 			return
 		}
 		if n, err := strconv.Atoi(st.in.Headers["content-length"]); err == nil && n > 0 && n <= st.s.o.MaxBodyBytes {
-			st.body = make([]byte, 0, n)
+			st.bodyBuf = BufferPool().Get(n)
+			st.body = (*st.bodyBuf)[:0]
 		}
 	}
 	st.body = append(st.body, chunk...)
@@ -429,14 +436,29 @@ func (st *stream) takeMemory() {
 	st.in.Candidates = &st.mem.cands
 }
 
-// releaseMemory returns the request's memory to memPool when the stream is
-// over, once nothing can use the request any more: its response is handled
-// (finish), and no producer the director ran can outlive it. A refused
-// request's memory is left to the collector: PrepareData may have run.
+// releaseMemory returns the request's memory to memPool, and its gathered
+// body to BufferPool, when the stream is over, once nothing can use the
+// request any more: its response is handled (finish), and no producer the
+// director ran can outlive it. A refused request's memory is left to the
+// collector: PrepareData may have run.
+//
+// The body's bytes were also sent back to Envoy, but gRPC encodes a
+// message before Send returns, and this server has no stats handler that
+// could read a message later: once the stream is over nothing reads them.
+// What the request parsed from the body holds none of its memory past
+// routing: strings are copies, and the raw chat fields are read by the
+// tokenizer within HandleRequest (a remote tokenizer sends a copy).
 func (st *stream) releaseMemory() {
-	m, ids := st.mem, st.in.IDBuf
-	st.mem, st.in.IDBuf, st.in.Candidates = nil, nil, nil
-	if m == nil || st.pick == nil || st.pick.HeldAfterResponse() {
+	m, ids, buf := st.mem, st.in.IDBuf, st.bodyBuf
+	st.mem, st.in.IDBuf, st.in.Candidates, st.bodyBuf = nil, nil, nil, nil
+	if st.pick == nil || st.pick.HeldAfterResponse() {
+		return
+	}
+	st.in.Body = nil
+	if buf != nil {
+		BufferPool().Put(buf)
+	}
+	if m == nil {
 		return
 	}
 	m.ids = nil

@@ -64,7 +64,15 @@ func (f *Floor) Addr() string { return f.ln.Addr().String() }
 
 // Process serves one stream.
 func (f *Floor) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
+	// The body is gathered in a buffer from the ext_proc server's pool, as
+	// the EPP's is, and given back when the stream ends.
 	var body []byte
+	var buf *[]byte
+	defer func() {
+		if buf != nil {
+			extproc.BufferPool().Put(buf)
+		}
+	}()
 	for {
 		req, err := ps.Recv()
 		if errors.Is(err, io.EOF) {
@@ -82,7 +90,8 @@ func (f *Floor) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 			for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
 				if h.GetKey() == "content-length" {
 					if n, err := strconv.Atoi(string(h.GetRawValue())); err == nil && n > 0 && n <= extproc.DefaultMaxBodyBytes {
-						body = make([]byte, 0, n)
+						buf = extproc.BufferPool().Get(n)
+						body = (*buf)[:0]
 					}
 				}
 			}

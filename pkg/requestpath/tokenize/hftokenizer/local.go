@@ -183,7 +183,9 @@ func (l *Local) fallback(ctx context.Context, req *request.Request, label string
 
 // checkDrift compares, in the background, the local ids of a copy of req
 // with the fallback's. The copy keeps the check independent of the caller,
-// who may set req.TokenIDs as soon as Tokenize returns.
+// who may set req.TokenIDs as soon as Tokenize returns, and of the body's
+// memory, which the chat's raw fields are in and which is reused once the
+// response is handled, perhaps before the check is done.
 func (l *Local) checkDrift(req *request.Request, local []uint32) {
 	select {
 	case l.sem <- struct{}{}:
@@ -192,7 +194,7 @@ func (l *Local) checkDrift(req *request.Request, local []uint32) {
 		return
 	}
 	probe := &request.Request{
-		ID: req.ID, API: req.API, Model: req.Model, Chat: req.Chat,
+		ID: req.ID, API: req.API, Model: req.Model, Chat: req.Chat.Clone(),
 		AddSpecialTokens: req.AddSpecialTokens, Prompt: req.Prompt,
 	}
 	want := slices.Clone(local)

@@ -168,6 +168,39 @@ func TestDriftCheckCountsMismatchesWithTheModelServer(t *testing.T) {
 	}
 }
 
+// A request's raw chat fields are the body's memory, which the request
+// path reuses once the response is handled; a drift check still under way
+// then must ask about the messages the request had.
+func TestADriftCheckAsksAboutTheMessagesAsTheyWereWhenTheirMemoryIsReused(t *testing.T) {
+	t.Parallel()
+	const messages = `[{"role":"user","content":"hello"}]`
+	got := make(chan any, 1)
+	server := newModelServer(t, func(body map[string]any) []uint32 {
+		got <- body["messages"]
+		return []uint32{1}
+	}, false)
+	l := newLocalWith(t, server, 1, nil)
+	body := []byte(messages)
+	req := &request.Request{API: request.APIChatCompletions, Model: "tiny",
+		Chat: &request.Chat{Messages: body, AddGenerationPrompt: true}}
+	if _, err := l.Tokenize(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	copy(body, `[{"role":"user","content":"XXXXX"}]`) // the next request's body
+	var want any
+	if err := json.Unmarshal([]byte(messages), &want); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if fmt.Sprint(m) != fmt.Sprint(want) {
+			t.Errorf("the drift check asked about %v, want %v", m, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no drift check reached the model server")
+	}
+}
+
 func TestCloseStopsDriftChecksInFlight(t *testing.T) {
 	t.Parallel()
 	server := newModelServer(t, nil, true)
