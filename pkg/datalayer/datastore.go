@@ -399,12 +399,9 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 	// The candidates live in one slab: this runs for every request, and one
 	// allocation per endpoint was most of its cost.
 	var slab []Candidate
-	if set != nil && cap(set.slab) >= len(s.sorted) {
-		// Whole, so that nothing of an earlier request's candidates (what
-		// producers published on them) is seen again.
-		slab = set.slab[:len(s.sorted)]
-		clear(slab)
-		slab = slab[:0]
+	reused := set != nil && cap(set.slab) >= len(s.sorted)
+	if reused {
+		slab = set.slab[:0]
 	} else {
 		slab = make([]Candidate, 0, len(s.sorted))
 	}
@@ -412,10 +409,14 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 		if filter != nil && !filter(e.ep) {
 			continue
 		}
-		// Filled in place: appending a composite literal builds the large
-		// struct twice and copies it whole.
+		// Each candidate is written whole, so that nothing of an earlier
+		// request's candidate in this memory (what producers published on
+		// it) is seen again; in place, since appending a composite literal
+		// builds the large struct twice and copies it whole. Clearing the
+		// slab first, then filling it, wrote every line twice.
 		slab = slab[:len(slab)+1]
 		c := &slab[len(slab)-1]
+		*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set}
 		if streams != nil {
 			var info StreamInfo
 			if info, c.described = e.streamInfo(streams); c.described {
@@ -423,10 +424,15 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 			}
 			c.Stream = info.State
 		}
-		c.Endpoint, c.InFlight, c.set = e.ep, e.load.load(), set
+		e.load.loadInto(&c.InFlight)
 		if m := e.metrics.Load(); m != nil {
-			c.Metrics = *m
+			c.Metrics = m
 		}
+	}
+	if reused && len(slab) < len(set.slab) {
+		// Candidates the filter left out this time: what an earlier
+		// request published there is no one's now.
+		clear(set.slab[len(slab):len(set.slab)])
 	}
 	var out []*Candidate
 	if set != nil && cap(set.ptrs) >= len(slab) {

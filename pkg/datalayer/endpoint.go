@@ -133,7 +133,12 @@ func (m *Metrics) Fresh(now time.Time, maxAge time.Duration) bool {
 // Put and Get concurrently.
 type Candidate struct {
 	*Endpoint
-	Metrics Metrics
+	// Metrics is the endpoint's last scrape as it was when the candidate
+	// was made, never nil: the datastore's own snapshot, read in place and
+	// never written (a scrape stores a new one), so that making a
+	// candidate copies none of it. Unscraped endpoints share the zero
+	// Metrics.
+	Metrics *Metrics
 	Stream  StreamState
 	// InFlight is the work this EPP had dispatched to the endpoint and not
 	// seen finish when the request arrived.
@@ -191,8 +196,12 @@ type attr struct {
 
 // NewCandidate makes a candidate from an endpoint snapshot.
 func NewCandidate(ep *Endpoint, m Metrics, s StreamState) *Candidate {
-	return &Candidate{Endpoint: ep, Metrics: m, Stream: s}
+	return &Candidate{Endpoint: ep, Metrics: &m, Stream: s}
 }
+
+// unscraped is the Metrics of every candidate whose endpoint was never
+// scraped. Nothing writes a candidate's Metrics, this one least of all.
+var unscraped = new(Metrics)
 
 // MarkShared makes c safe for concurrent Puts and Gets from now on. Call
 // it before c is handed to another goroutine that may use it while this

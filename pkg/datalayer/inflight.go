@@ -356,13 +356,19 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 }
 
 func (c *inflight) load() InFlight {
+	var f InFlight
+	c.loadInto(&f)
+	return f
+}
+
+// loadInto is load into f, which must be the zero InFlight: a candidate's
+// own, so that the snapshot is not built aside and copied.
+func (c *inflight) loadInto(f *InFlight) {
 	if c == nil {
-		return InFlight{}
+		return
 	}
-	f := InFlight{
-		Prefilling: int(c.prefilling.Load()), PrefillTokens: int(c.prefillTokens.Load()),
-		Decoding: int(c.decoding.Load()), DecodeTokens: int(c.decodeTokens.Load()),
-	}
+	f.Prefilling, f.PrefillTokens = int(c.prefilling.Load()), int(c.prefillTokens.Load())
+	f.Decoding, f.DecodeTokens = int(c.decoding.Load()), int(c.decodeTokens.Load())
 	for i := range f.DecodeEnds {
 		if f.DecodeEnds[i] = c.firstEnds[i].Load(); f.DecodeEnds[i] == 0 {
 			break
@@ -388,7 +394,6 @@ func (c *inflight) load() InFlight {
 	if f.Requests() > 0 {
 		f.StepStart = c.lastToken.Load()
 	}
-	return f
 }
 
 // enqueue adds d, whose prefill alone takes d.prefillFor, behind the

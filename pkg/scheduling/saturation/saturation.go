@@ -105,7 +105,7 @@ func (d *Detector) Thresholds() Thresholds { return d.thresholds }
 // saturated, as upstream: admission must not let sheddable load through on
 // the strength of a reading it cannot trust.
 func (d *Detector) Saturated(c *datalayer.Candidate, now time.Time) bool {
-	return !c.Metrics.Fresh(now, d.staleness) || d.thresholds.Over(&c.Metrics)
+	return !c.Metrics.Fresh(now, d.staleness) || d.thresholds.Over(c.Metrics)
 }
 
 // AllSaturated reports whether every candidate is saturated; true for none.

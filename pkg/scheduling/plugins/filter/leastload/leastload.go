@@ -97,7 +97,7 @@ func (f *Band) Filter(_ context.Context, _ *framework.CycleState, _ *request.Req
 	}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, c := range cands {
-		v := f.read(&c.Metrics)
+		v := f.read(c.Metrics)
 		lo, hi = math.Min(lo, v), math.Max(hi, v)
 	}
 	top := lo + (hi-lo)/float64(len(cands))
@@ -106,7 +106,7 @@ func (f *Band) Filter(_ context.Context, _ *framework.CycleState, _ *request.Req
 	}
 	out := cands[:0:0]
 	for _, c := range cands {
-		if v := f.read(&c.Metrics); v >= lo && v <= top {
+		if v := f.read(c.Metrics); v >= lo && v <= top {
 			out = append(out, c)
 		}
 	}

@@ -93,5 +93,5 @@ func (f *Filter) Filter(_ context.Context, cs *framework.CycleState, _ *request.
 }
 
 func (f *Filter) drop(c *datalayer.Candidate, now time.Time) bool {
-	return c.Metrics.Fresh(now, f.staleness) && f.thresholds.Over(&c.Metrics)
+	return c.Metrics.Fresh(now, f.staleness) && f.thresholds.Over(c.Metrics)
 }

@@ -63,7 +63,7 @@ func (s *Scorer) Score(_ context.Context, cs *framework.CycleState, _ *request.R
 			out[i] = Unknown
 			continue
 		}
-		out[i] = s.read(&c.Metrics)
+		out[i] = s.read(c.Metrics)
 	}
 	s.normalise(out)
 }

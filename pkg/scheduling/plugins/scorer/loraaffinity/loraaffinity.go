@@ -47,7 +47,7 @@ func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, req *request.
 		model = req.Model
 	}
 	for i, c := range cands {
-		m := &c.Metrics
+		m := c.Metrics
 		switch {
 		case slices.Contains(m.ActiveLoRAs, model):
 			out[i] = 1
