@@ -78,7 +78,7 @@ func BenchmarkExtProcFloor(b *testing.B) {
 		for _, mode := range []string{"serial", "rate500", "rate1000"} {
 			b.Run(prompt+"/"+mode, func(b *testing.B) {
 				path, bodies := rig.bodies(b, prompt)
-				compare(b, rig, path, bodies, mode)
+				compare(b, rig.kvroute, rig.floor, path, bodies, mode)
 			})
 		}
 	}
@@ -91,7 +91,32 @@ func BenchmarkExtProcRates(b *testing.B) {
 	for _, rate := range []int{1000, 1250, 1500, 2000, 2500} {
 		b.Run(fmt.Sprintf("tokens=8192/rate%d", rate), func(b *testing.B) {
 			path, bodies := rig.bodies(b, "tokens=8192")
-			compare(b, rig, path, bodies, fmt.Sprintf("rate%d", rate))
+			compare(b, rig.kvroute, rig.floor, path, bodies, fmt.Sprintf("rate%d", rate))
+		})
+	}
+}
+
+// BenchmarkExtProcWork calibrates the ratios. It runs, in place of
+// kvroute, a floor that spends a fixed amount of CPU on each request
+// before it answers (envoy.StartWorkingFloor), against the plain floor, in
+// the same rig and turns as BenchmarkExtProcFloor's checked row (8k-token
+// ids at 1000 req/s). work=0 is the floor against a second floor: how far
+// the ratios move between two identical servers. The other rows say how
+// much serial work per request the checks (CPU and p99 each within 1.25×)
+// leave room for on the machine at hand; the "kvroute" measures in them
+// are the working floor's.
+func BenchmarkExtProcWork(b *testing.B) {
+	rig := startRig(b, false)
+	for _, work := range []int{0, 25, 50, 100} {
+		b.Run(fmt.Sprintf("tokens=8192/rate1000/work=%dus", work), func(b *testing.B) {
+			fl := envoy.StartWorkingFloor(b, rig.f.Servers[0].Addr, time.Duration(work)*time.Microsecond)
+			c, err := envoy.Dial(fl.Addr(), true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			path, bodies := rig.bodies(b, "tokens=8192")
+			compare(b, c, rig.floor, path, bodies, "rate1000")
 		})
 	}
 }
@@ -254,9 +279,10 @@ func (s *side) allocsPerReq() float64 { return float64(s.allocs) / float64(s.n) 
 
 func (s *side) kibPerReq() float64 { return float64(s.bytes) / float64(s.n) / 1024 }
 
-// compare runs kvroute and the floor in turns of benchTurn requests, b.N
-// requests in all for each, and reports both and their ratios.
-func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
+// compare runs kvroute (or what stands in for it) and the floor in turns
+// of benchTurn requests, b.N requests in all for each, and reports both and
+// their ratios.
+func compare(b *testing.B, kvroute, floor *envoy.Client, path string, bodies [][]byte, mode string) {
 	rounds := max(1, b.N/benchTurn)
 	l := envoy.Load{Path: path, Bodies: bodies, N: max(1, b.N/rounds), Workers: 1}
 	if rate, ok := strings.CutPrefix(mode, "rate"); ok {
@@ -269,8 +295,8 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 	// not counted.
 	warm := l
 	warm.N = 1000
-	warm.Run(r.kvroute)
-	warm.Run(r.floor)
+	warm.Run(kvroute)
+	warm.Run(floor)
 
 	var kv, fl side
 	b.ResetTimer()
@@ -278,9 +304,9 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 	case "kvroute", "floor":
 		// One side alone, its turns back to back: what each costs in a
 		// steady state of its own, with the same process around it.
-		one, c, prefix := &kv, r.kvroute, ""
+		one, c, prefix := &kv, kvroute, ""
 		if *benchSide == "floor" {
-			one, c, prefix = &fl, r.floor, "floor-"
+			one, c, prefix = &fl, floor, "floor-"
 		}
 		for range rounds {
 			one.run(b, c, l)
@@ -295,11 +321,11 @@ func compare(b *testing.B, r *rig, path string, bodies [][]byte, mode string) {
 	}
 	for round := range rounds {
 		if round%2 == 0 {
-			kv.run(b, r.kvroute, l)
-			fl.run(b, r.floor, l)
+			kv.run(b, kvroute, l)
+			fl.run(b, floor, l)
 		} else {
-			fl.run(b, r.floor, l)
-			kv.run(b, r.kvroute, l)
+			fl.run(b, floor, l)
+			kv.run(b, kvroute, l)
 		}
 	}
 	b.StopTimer()

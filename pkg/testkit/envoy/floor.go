@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,17 +33,32 @@ type Floor struct {
 	dest string
 	srv  *grpc.Server
 	ln   net.Listener
+	// spins is how many rounds of spin a request costs before it is
+	// answered (StartWorkingFloor); sink keeps their result live.
+	spins int
+	sink  atomic.Uint64
 }
 
 // StartFloor serves a Floor in plaintext on loopback, answering every
 // request with dest, until the test ends.
-func StartFloor(tb testing.TB, dest string) *Floor {
+func StartFloor(tb testing.TB, dest string) *Floor { return StartWorkingFloor(tb, dest, 0) }
+
+// StartWorkingFloor serves a Floor that, once a request's body is whole,
+// spends about work of CPU on the stream's goroutine before it answers, as
+// routing does: a yardstick for the ratios to the floor, telling what a
+// known amount of serial work per request moves them by on the machine at
+// hand. The work is arithmetic on registers (no memory traffic), sized by
+// spinsPerMicrosecond.
+func StartWorkingFloor(tb testing.TB, dest string, work time.Duration) *Floor {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	f := &Floor{dest: dest, srv: grpc.NewServer(extproc.ServerOptions()...), ln: ln}
+	if work > 0 {
+		f.spins = int(spinsPerMicrosecond() * float64(work) / float64(time.Microsecond))
+	}
 	extprocv3.RegisterExternalProcessorServer(f.srv, f)
 	done := make(chan error, 1)
 	go func() { done <- f.srv.Serve(ln) }()
@@ -98,6 +115,9 @@ func (f *Floor) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 		case *extprocv3.ProcessingRequest_RequestBody:
 			body = append(body, r.RequestBody.GetBody()...)
 			if r.RequestBody.GetEndOfStream() {
+				if f.spins > 0 {
+					f.sink.Add(spin(f.spins))
+				}
 				out = f.answer(body)
 			}
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
@@ -141,4 +161,40 @@ func (f *Floor) answer(body []byte) []*extprocv3.ProcessingResponse {
 		body = body[n:]
 	}
 	return out
+}
+
+// spin runs n rounds of a xorshift generator, each depending on the one
+// before, and returns the state: CPU work that touches no memory.
+//
+//go:noinline
+func spin(n int) uint64 {
+	x := uint64(n) | 1
+	for range n {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+	}
+	return x
+}
+
+var (
+	calibrateOnce sync.Once
+	spinRate      float64
+)
+
+// spinsPerMicrosecond is how many rounds of spin this machine runs in a
+// microsecond: the fastest of seven timed runs of a million rounds, the
+// fastest being the one the fewest interruptions fell on.
+func spinsPerMicrosecond() float64 {
+	calibrateOnce.Do(func() {
+		const n = 1 << 20
+		best := time.Duration(1<<63 - 1)
+		for range 7 {
+			t0 := time.Now()
+			spin(n)
+			best = min(best, time.Since(t0))
+		}
+		spinRate = float64(n) / (float64(best.Nanoseconds()) / 1e3)
+	})
+	return spinRate
 }
