@@ -9,7 +9,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
 )
 

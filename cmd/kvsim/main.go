@@ -191,7 +191,7 @@ func serve(ctx context.Context, args []string) error {
 		return err
 	}
 	for i, s := range f.Servers {
-		cfg := s.Replica().Engine().Config()
+		cfg := s.Core().Engine().Config()
 		line := fmt.Sprintf("%s  http://%s", cfg.Pod, s.Addr())
 		if fc.ZMQ != nil {
 			line += fmt.Sprintf("  zmq tcp://127.0.0.1:%d", *zmqBase+i)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 func jetStream(nc *nats.Conn) (jetstream.JetStream, error) {

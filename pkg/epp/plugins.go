@@ -12,10 +12,10 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/approx"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/predict/sidecar"
-	"github.com/kvroute/kvroute/pkg/prepare/latency"
+	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
@@ -29,11 +29,11 @@ import (
 // lat keeps so that the EPP runs it and tells it of endpoints).
 func newRegistry(defaults prefixmatch.Params, index prefixmatch.Index, approx prefixmatch.Approx, lat *latencySetup) (*config.Registry, error) {
 	r := config.NewInTreeRegistry()
-	if err := r.Register(latency.Type, lat.factory); err != nil {
+	if err := r.Register(predictedlatency.Type, lat.factory); err != nil {
 		return nil, err
 	}
-	for _, key := range []string{datalayer.LatencyPredictionInfoKey, latency.InputKey} {
-		if err := r.RegisterDefaultProducer(key, latency.Type); err != nil {
+	for _, key := range []string{datalayer.LatencyPredictionInfoKey, predictedlatency.InputKey} {
+		if err := r.RegisterDefaultProducer(key, predictedlatency.Type); err != nil {
 			return nil, err
 		}
 	}
@@ -122,21 +122,21 @@ type latencySetup struct {
 }
 
 type latencyInstance struct {
-	producer   *latency.Producer
+	producer   *predictedlatency.Producer
 	predictor  *predict.Predictor // nil with a sidecar
 	sidecar    *sidecar.Client
 	classLabel string
 }
 
 func (l *latencySetup) factory(name string, raw json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
-	var p latency.Params
-	if err := framework.DecodeParams(latency.Type, name, raw, &p); err != nil {
+	var p predictedlatency.Params
+	if err := framework.DecodeParams(predictedlatency.Type, name, raw, &p); err != nil {
 		return nil, err
 	}
 	// Each instance's metrics carry its name, so that two can coexist.
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"predictor": name}, l.reg)
 	inst := &latencyInstance{classLabel: p.ClassLabel}
-	var backend latency.Backend
+	var backend predictedlatency.Backend
 	if sc := p.Sidecar; sc != nil {
 		o := sidecar.Options{PredictionURL: sc.PredictionURL, TrainingURL: sc.TrainingURL, Quantile: p.Quantile, Registerer: reg, Logger: l.logger}
 		if o.PredictionURL == "" {
@@ -148,16 +148,16 @@ func (l *latencySetup) factory(name string, raw json.RawMessage, h framework.Han
 		if sc.Timeout != "" {
 			d, err := time.ParseDuration(sc.Timeout)
 			if err != nil || d <= 0 {
-				return nil, framework.ParamError(latency.Type, name, "sidecar.timeout %q is not a positive duration", sc.Timeout)
+				return nil, framework.ParamError(predictedlatency.Type, name, "sidecar.timeout %q is not a positive duration", sc.Timeout)
 			}
 			o.Timeout = d
 		}
 		if p.Method != "" || p.Prior != nil || p.Memory != 0 {
-			return nil, framework.ParamError(latency.Type, name, "method, prior and memory tune the in-process predictor, not a sidecar")
+			return nil, framework.ParamError(predictedlatency.Type, name, "method, prior and memory tune the in-process predictor, not a sidecar")
 		}
 		c, err := sidecar.New(o)
 		if err != nil {
-			return nil, framework.ParamError(latency.Type, name, "%v", err)
+			return nil, framework.ParamError(predictedlatency.Type, name, "%v", err)
 		}
 		inst.sidecar, backend = c, c
 	} else {
@@ -166,11 +166,11 @@ func (l *latencySetup) factory(name string, raw json.RawMessage, h framework.Han
 			Synchronous: l.opts.Synchronous, Record: l.opts.Record, Registerer: reg,
 		})
 		if err != nil {
-			return nil, framework.ParamError(latency.Type, name, "%v", err)
+			return nil, framework.ParamError(predictedlatency.Type, name, "%v", err)
 		}
-		inst.predictor, backend = pr, latency.InProcess{P: pr}
+		inst.predictor, backend = pr, predictedlatency.InProcess{P: pr}
 	}
-	prod, err := latency.New(name, backend, framework.StalenessOf(h), l.reg)
+	prod, err := predictedlatency.New(name, backend, framework.StalenessOf(h), l.reg)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %q: %w", name, err)
 	}
@@ -191,7 +191,7 @@ func (l *latencySetup) follow(ds *datalayer.Datastore) {
 			}
 			for _, ep := range added {
 				if inst.predictor != nil {
-					inst.predictor.AddEndpoint(ep.Address, latency.Class(ep, inst.classLabel))
+					inst.predictor.AddEndpoint(ep.Address, predictedlatency.Class(ep, inst.classLabel))
 				}
 			}
 		})

@@ -16,8 +16,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // Errors from BuildGraph, for errors.Is; the messages name the plugins and

@@ -20,11 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
-	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
 // Sentinel errors of Schedule; the request path maps ErrNoCandidates to 503
@@ -46,7 +46,7 @@ type Options struct {
 	Handler framework.ProfileHandler
 	// Detector decides admission of sheddable requests; nil means upstream's
 	// thresholds (queue 5, KV 0.8) with the default metrics staleness.
-	Detector *saturation.Detector
+	Detector *saturationdetector.Detector
 	// Admitters run after the detector, in order; the first refusal sheds
 	// the request.
 	Admitters []framework.Admitter
@@ -64,7 +64,7 @@ type Scheduler struct {
 	handler  framework.ProfileHandler
 	profiles []*framework.Profile
 	runs     map[*framework.Profile]*profileRun
-	detector *saturation.Detector
+	detector *saturationdetector.Detector
 	admit    []framework.Admitter
 	admitT   []prometheus.Observer
 	// now is Options.Now, nil for time.Now: a cycle then reads the clock
@@ -113,7 +113,7 @@ func New(opts Options) (*Scheduler, error) {
 		s.handler = single.New(single.Type)
 	}
 	if s.detector == nil {
-		s.detector = saturation.NewDetector(saturation.Type, saturation.DefaultThresholds(), framework.DefaultMetricsStaleness)
+		s.detector = saturationdetector.NewDetector(saturationdetector.Type, saturationdetector.DefaultThresholds(), framework.DefaultMetricsStaleness)
 	}
 	if s.rng == nil {
 		var b [16]byte

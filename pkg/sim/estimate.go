@@ -25,15 +25,15 @@ type estSeq struct {
 }
 
 // EstimateTTFT is how long a request with these tokens, arriving at now,
-// would wait for its first token on this replica if nothing else arrived:
-// the replica's scheduler run forward, step by step with its own timing
+// would wait for its first token on this core if nothing else arrived:
+// the core's scheduler run forward, step by step with its own timing
 // model, from its true state (the step in progress, the running batch with
 // each sequence's remaining prefill and output, the waiting queue with each
 // prompt's blocks as the engine holds them now, and the blocks that the
 // sequences admitted before it will have computed by then). It is what an
 // oracle that knows every engine's caches and queues can compute; it does
 // not know future arrivals, nor evictions the wait would cause.
-func (r *Replica) EstimateTTFT(tokens []uint32, now time.Time) time.Duration {
+func (r *Core) EstimateTTFT(tokens []uint32, now time.Time) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	bs := r.eng.cfg.Pool.BlockSize

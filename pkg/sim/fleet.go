@@ -12,7 +12,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
-// FleetConfig shapes a fleet of replicas, each behind its own HTTP server
+// FleetConfig shapes a fleet of cores, each behind its own HTTP server
 // on loopback.
 type FleetConfig struct {
 	Engines int
@@ -41,7 +41,7 @@ type FleetConfig struct {
 	ZMQ func(i int) *ZMQConfig
 }
 
-// Fleet is a running set of replicas and their servers. Close stops them.
+// Fleet is a running set of cores and their servers. Close stops them.
 type Fleet struct {
 	Servers []*Server
 
@@ -104,7 +104,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 				f.engines = append(f.engines, eng)
 			}
 		}
-		rep := NewReplica(eng, cfg.TimingOf(i))
+		rep := NewCore(eng, cfg.TimingOf(i))
 		srv := NewServer(rep, ln)
 		f.Servers = append(f.Servers, srv)
 		if cfg.Publisher != nil {
@@ -129,16 +129,16 @@ func (f *Fleet) record(err error) {
 	}
 }
 
-// Replicas are the fleet's replicas, in server order.
-func (f *Fleet) Replicas() []*Replica {
-	out := make([]*Replica, len(f.Servers))
+// Replicas are the fleet's cores, in server order.
+func (f *Fleet) Cores() []*Core {
+	out := make([]*Core, len(f.Servers))
 	for i, s := range f.Servers {
 		out[i] = s.r
 	}
 	return out
 }
 
-// Close stops every replica and server and returns the first error any of
+// Close stops every core and server and returns the first error any of
 // them ended with.
 func (f *Fleet) Close() error {
 	f.cancel()

@@ -32,7 +32,7 @@ func FuzzServerRequest(f *testing.F) {
 		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 4096, Seed: 1}}, nil)
 	// A zero timing model: every step is instant, so long outputs cost
 	// only their tokens.
-	r := NewReplica(eng, Timing{MaxSeqs: 8})
+	r := NewCore(eng, Timing{MaxSeqs: 8})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

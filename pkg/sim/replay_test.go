@@ -78,7 +78,7 @@ func TestTheReplayPricedAtTheEnginesCostsIsTheTTFTItsSchedulerTakes(t *testing.T
 	}
 }
 
-func (r *Replica) isRunning(s *Seq) bool {
+func (r *Core) isRunning(s *Seq) bool {
 	for _, x := range r.running {
 		if x == s {
 			return true

@@ -15,8 +15,8 @@ import (
 // even when nothing else runs.
 var ErrTooLarge = errors.New("sim: prompt larger than the engine's KV cache")
 
-// ErrStopped is a request submitted to, or cut short by, a stopped replica.
-var ErrStopped = errors.New("sim: replica stopped")
+// ErrStopped is a request submitted to, or cut short by, a stopped core.
+var ErrStopped = errors.New("sim: core stopped")
 
 // admit allocates a request's blocks and reports its cache hits: leading
 // blocks already on GPU, then those after them that only the CPU tier
@@ -69,7 +69,7 @@ type Token struct {
 	Err  error
 }
 
-// Seq is one request inside a replica.
+// Seq is one request inside a core.
 type Seq struct {
 	// Tokens delivers the sequence's output as the engine steps; it is
 	// buffered for the whole output, so a slow reader never stalls the
@@ -117,12 +117,12 @@ func (s *Seq) WaitedSteps() int {
 // PromptTokens is the prompt's length.
 func (s *Seq) PromptTokens() int { return len(s.req.Tokens) }
 
-// Replica is a simulated engine with vLLM's scheduler loop: a waiting
+// Core is a simulated engine with vLLM's scheduler loop: a waiting
 // queue, a running batch bounded by Timing.MaxSeqs, and steps whose
 // duration the timing model gives. Each step prefills newly admitted
 // sequences (their uncached tokens), decodes one token for the others, and
 // publishes that step's KV events.
-type Replica struct {
+type Core struct {
 	eng    *Engine
 	timing Timing
 	wake   chan struct{}
@@ -132,15 +132,15 @@ type Replica struct {
 	running []*Seq
 	stopped bool
 	n       uint64
-	stats   ReplicaStats
+	stats   CoreStats
 	// inStep is set between a Plan that found work and its Finish;
 	// stepEnd is when that step ends, as its driver said.
 	inStep  bool
 	stepEnd time.Time
 }
 
-// ReplicaStats are a replica's cumulative counters, in vLLM's units.
-type ReplicaStats struct {
+// CoreStats are a core's cumulative counters, in vLLM's units.
+type CoreStats struct {
 	Requests         int64
 	PromptTokens     int64
 	GenerationTokens int64
@@ -152,22 +152,22 @@ type ReplicaStats struct {
 	Busy time.Duration
 }
 
-// NewReplica returns a replica scheduling eng with timing t.
-func NewReplica(eng *Engine, t Timing) *Replica {
+// NewCore returns a core scheduling eng with timing t.
+func NewCore(eng *Engine, t Timing) *Core {
 	if t.MaxSeqs <= 0 {
 		t.MaxSeqs = DefaultTiming().MaxSeqs
 	}
-	return &Replica{eng: eng, timing: t, wake: make(chan struct{}, 1)}
+	return &Core{eng: eng, timing: t, wake: make(chan struct{}, 1)}
 }
 
-// Engine is the replica's engine.
-func (r *Replica) Engine() *Engine { return r.eng }
+// Engine is the core's engine.
+func (r *Core) Engine() *Engine { return r.eng }
 
-// Timing is the replica's timing model.
-func (r *Replica) Timing() Timing { return r.timing }
+// Timing is the core's timing model.
+func (r *Core) Timing() Timing { return r.timing }
 
 // Submit queues a request generating maxTokens output tokens.
-func (r *Replica) Submit(req blockpool.Request, maxTokens int) (*Seq, error) {
+func (r *Core) Submit(req blockpool.Request, maxTokens int) (*Seq, error) {
 	if maxTokens <= 0 {
 		maxTokens = 1
 	}
@@ -189,15 +189,15 @@ func (r *Replica) Submit(req blockpool.Request, maxTokens int) (*Seq, error) {
 	return s, nil
 }
 
-// Load is the replica's queue: sequences waiting and running.
-func (r *Replica) Load() (waiting, running int) {
+// Load is the core's queue: sequences waiting and running.
+func (r *Core) Load() (waiting, running int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.waiting), len(r.running)
 }
 
-// Stats returns the replica's counters.
-func (r *Replica) Stats() ReplicaStats {
+// Stats returns the core's counters.
+func (r *Core) Stats() CoreStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stats
@@ -209,7 +209,7 @@ func (r *Replica) Stats() ReplicaStats {
 // blocks fit, and returns the step's work. ok is false when there is
 // nothing to do. Plan and Finish are the loop's two halves; Run drives them
 // in real time, tests and virtual time call them directly.
-func (r *Replica) Plan() (w StepWork, ok bool) {
+func (r *Core) Plan() (w StepWork, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b := newBudget(r.timing)
@@ -291,9 +291,9 @@ func (b *budget) take(want int) int {
 
 func (b *budget) left() bool { return b.unlimited || b.n > 0 }
 
-// Stepping tells the replica that the step its driver started ends at
+// Stepping tells the core that the step its driver started ends at
 // until, so that EstimateTTFT can count the wait for it.
-func (r *Replica) Stepping(until time.Time) {
+func (r *Core) Stepping(until time.Time) {
 	r.mu.Lock()
 	r.stepEnd = until
 	r.mu.Unlock()
@@ -303,7 +303,7 @@ func (r *Replica) Stepping(until time.Time) {
 // decoding sequence emits a token, and so does every sequence whose
 // prefill this step completed (its first); finished ones release their
 // blocks, and the step's KV events are published.
-func (r *Replica) Finish(d time.Duration) error {
+func (r *Core) Finish(d time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats.Steps++
@@ -348,9 +348,9 @@ func (s *Seq) fail(err error) {
 	close(s.tokens)
 }
 
-// Run drives the replica's loop in real time until ctx is done; then every
+// Run drives the core's loop in real time until ctx is done; then every
 // sequence still queued or running ends with ErrStopped.
-func (r *Replica) Run(ctx context.Context) error {
+func (r *Core) Run(ctx context.Context) error {
 	defer r.stop()
 	timer := time.NewTimer(0)
 	<-timer.C
@@ -379,7 +379,7 @@ func (r *Replica) Run(ctx context.Context) error {
 	}
 }
 
-func (r *Replica) stop() {
+func (r *Core) stop() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stopped = true

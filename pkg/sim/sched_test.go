@@ -10,12 +10,12 @@ import (
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
-func testReplica(gpu, cpu, maxSeqs int) *Replica {
+func testReplica(gpu, cpu, maxSeqs int) *Core {
 	eng := NewEngine(EngineConfig{Pod: "p", Address: "127.0.0.1:1", Model: "m",
 		Pool: blockpool.Config{BlockSize: 16, GPUBlocks: gpu, CPUBlocks: cpu, Seed: 1}}, nil)
 	t := DefaultTiming()
 	t.MaxSeqs = maxSeqs
-	return NewReplica(eng, t)
+	return NewCore(eng, t)
 }
 
 func prompt(seed, n int) []uint32 {
@@ -26,9 +26,9 @@ func prompt(seed, n int) []uint32 {
 	return out
 }
 
-// drain steps the replica until it is idle and returns the simulated time
+// drain steps the core until it is idle and returns the simulated time
 // each step took.
-func drain(t *testing.T, r *Replica) []time.Duration {
+func drain(t *testing.T, r *Core) []time.Duration {
 	t.Helper()
 	var steps []time.Duration
 	for range 10000 {
@@ -42,7 +42,7 @@ func drain(t *testing.T, r *Replica) []time.Duration {
 			t.Fatal(err)
 		}
 	}
-	t.Fatal("the replica never went idle")
+	t.Fatal("the core never went idle")
 	return nil
 }
 
@@ -293,9 +293,9 @@ func TestEstimateTTFTIsWhatTheSchedulerThenDoes(t *testing.T) {
 		budget  int
 		queued  int
 	}{
-		{"an idle replica", 4, 4096, 0},
-		{"a replica with a batch running", 4, 4096, 3},
-		{"a replica whose batch is full, so the request waits for a seat", 2, 4096, 5},
+		{"an idle core", 4, 4096, 0},
+		{"a core with a batch running", 4, 4096, 3},
+		{"a core whose batch is full, so the request waits for a seat", 2, 4096, 5},
 		{"a small token budget, so prefills are chunked", 4, 700, 4},
 	}
 	for _, tt := range tests {
@@ -329,7 +329,7 @@ func TestEstimateTTFTIsWhatTheSchedulerThenDoes(t *testing.T) {
 			for range 10000 {
 				w, ok := r.Plan()
 				if !ok {
-					t.Fatal("the replica went idle before the request's first token")
+					t.Fatal("the core went idle before the request's first token")
 				}
 				d := r.Timing().Step(w)
 				elapsed += d

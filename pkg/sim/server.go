@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
@@ -30,12 +30,12 @@ const maxBody = 64 << 20
 // defaultMaxTokens is the output length when a request gives none.
 const defaultMaxTokens = 16
 
-// Server is a replica's OpenAI-compatible HTTP API, shaped as vLLM's:
+// Server is a core's OpenAI-compatible HTTP API, shaped as vLLM's:
 // /v1/completions and /v1/chat/completions (streaming or not, with usage
 // and cached tokens), /tokenize, /health, /v1/models and /metrics with
 // vLLM's metric names.
 type Server struct {
-	r    *Replica
+	r    *Core
 	ln   net.Listener
 	srv  *http.Server
 	reg  *prometheus.Registry
@@ -43,7 +43,7 @@ type Server struct {
 }
 
 // NewServer serves r's API on ln once Run is called.
-func NewServer(r *Replica, ln net.Listener) *Server {
+func NewServer(r *Core, ln net.Listener) *Server {
 	s := &Server{r: r, ln: ln, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(&vllmCollector{r: r})
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
@@ -53,8 +53,8 @@ func NewServer(r *Replica, ln net.Listener) *Server {
 // Addr is the address the server listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// Replica is the engine behind the server.
-func (s *Server) Replica() *Replica { return s.r }
+// Core is the engine behind the server.
+func (s *Server) Core() *Core { return s.r }
 
 // Run serves until ctx is done, then shuts the server down.
 func (s *Server) Run(ctx context.Context) error {
@@ -342,8 +342,8 @@ func (e *emitter) stream(ctx context.Context, seq *Seq, includeUsage bool) {
 	}
 }
 
-// vllmCollector exposes a replica's state under vLLM's metric names.
-type vllmCollector struct{ r *Replica }
+// vllmCollector exposes a core's state under vLLM's metric names.
+type vllmCollector struct{ r *Core }
 
 var (
 	labelsModel   = []string{"model_name"}

@@ -16,7 +16,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
-// startServer runs one fast replica behind its HTTP API on loopback.
+// startServer runs one fast core behind its HTTP API on loopback.
 func startServer(t testing.TB) *Server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -26,10 +26,10 @@ func startServer(t testing.TB) *Server {
 	eng := NewEngine(EngineConfig{Pod: "p0", Address: ln.Addr().String(), Model: "m",
 		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 512, CPUBlocks: 64, Seed: 1}}, nil)
 	tm := Timing{PrefillPerToken: time.Microsecond, DecodeStep: 100 * time.Microsecond, MaxSeqs: 4}
-	s := NewServer(NewReplica(eng, tm), ln)
+	s := NewServer(NewCore(eng, tm), ln)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
-	go func() { done <- s.Replica().Run(ctx) }()
+	go func() { done <- s.Core().Run(ctx) }()
 	go func() { done <- s.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()

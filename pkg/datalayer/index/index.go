@@ -47,7 +47,7 @@ const DefaultEndpointShare = 8
 
 // Index is the exact prefix index: which endpoint holds which block key, in
 // which cache tier, built from the endpoints' KV events. It is an
-// events.Sink. Ingest for one endpoint is serialised by that endpoint's lock;
+// events.Sink. Apply for one endpoint is serialised by that endpoint's lock;
 // lookups take only the per-shard read locks of the keys they visit, so they
 // never wait for a whole batch to be applied.
 type Index struct {
@@ -95,7 +95,7 @@ type ixEndpoint struct {
 	addr string
 	id   uint16
 
-	// mu serialises ingest into the endpoint's streams with its removal and
+	// mu serialises Apply into the endpoint's streams with its removal and
 	// with speculation, so nothing is added for an endpoint that has left.
 	mu      sync.Mutex
 	gone    bool

@@ -25,7 +25,7 @@ var (
 )
 
 // InstallSnapshot replaces what the stream o names holds with the state the
-// chunks rebuild (docs/snapshot.md): under the endpoint's ingest lock it
+// chunks rebuild (docs/snapshot.md): under the endpoint's apply lock it
 // forgets the stream's holdings, applies every chunk's events in order
 // (chunks are not live batches, so the sequence check does not apply to
 // them), and sets the stream's position to o.Seq under o.Instance, so that

@@ -315,7 +315,7 @@ func shardsOf(keys []uint64) shardSet {
 // Why holding many shards cannot deadlock: a walk is the only holder of
 // more than one shard lock, it holds no other lock of the index, and it
 // takes its shards in ascending order. Every other user of a shard lock
-// (ingest, Speculate, expiry, hybrid and single-key reads) holds one
+// (Apply, Speculate, expiry, hybrid and single-key reads) holds one
 // shard at a time and waits for nothing while holding it. A walk waiting
 // for shard b (behind a writer queued on b, which Go's RWMutex lets go
 // first) holds only shards below b; the writer waits only for b's readers,

@@ -56,7 +56,7 @@ var evictReasonNames = [numEvictReasons]string{
 }
 
 // indexStats are plain atomics updated in bulk (per batch) and read by the
-// collector at scrape time, so ingest pays no per-block metric cost.
+// collector at scrape time, so Apply pays no per-block metric cost.
 type indexStats struct {
 	holdings  [events.NumTiers]atomic.Int64
 	blocks    atomic.Int64

@@ -88,7 +88,7 @@ func (ix *Index) Streams(addr string) []events.Stream {
 // (1<<events.Tier), over all of its streams and, for a hybrid model, all
 // of their KV-cache groups (a block any group holds). It is for checking
 // the index against an engine's ground truth and for tooling, not for the
-// request path: it copies the endpoint's whole state under its ingest lock.
+// request path: it copies the endpoint's whole state under its apply lock.
 func (ix *Index) Holdings(addr string) map[uint64]uint8 {
 	ep := ix.member(addr)
 	if ep == nil {

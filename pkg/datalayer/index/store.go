@@ -8,11 +8,11 @@ import (
 )
 
 // The key store maps a block key to the endpoints holding it. It is split
-// into shards, each behind its own RWMutex, so ingest for one endpoint and
+// into shards, each behind its own RWMutex, so Apply for one endpoint and
 // lookups for many requests rarely meet on a lock. A long lookup read-locks
 // every shard its keys fall in, each lock an atomic instruction on a line
 // that is often cold, so there are few shards: 64 (256 cost an 8k-token
-// lookup about 7 µs more on the ext_proc path, and ingest and speculation
+// lookup about 7 µs more on the ext_proc path, and Apply and speculation
 // measured the same with either). The price is in a table's growth: each
 // shard's table is four times larger than with 256, so the write lock a
 // resize holds lasts four times longer, a quarter as often; as a long

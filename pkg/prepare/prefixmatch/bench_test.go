@@ -9,8 +9,8 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
-	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 

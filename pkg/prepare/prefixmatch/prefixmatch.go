@@ -14,9 +14,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/approx"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // Type is the producer's registered plugin type.

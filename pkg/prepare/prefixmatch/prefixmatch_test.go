@@ -8,8 +8,8 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // store tells ix that the engine at addr holds the first blocks of prompt.

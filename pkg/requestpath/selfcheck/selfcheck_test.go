@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/testkit"

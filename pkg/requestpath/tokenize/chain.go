@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // Chain tokenizes with first, and with next the requests first does not

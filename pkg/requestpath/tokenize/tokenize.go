@@ -9,7 +9,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // Tokenizer returns the token ids the model server would compute for the

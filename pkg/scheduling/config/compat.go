@@ -9,7 +9,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/postpick/speculative"
 )

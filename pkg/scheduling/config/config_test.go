@@ -12,15 +12,15 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare"
-	"github.com/kvroute/kvroute/pkg/prepare/latency"
+	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
 	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
-	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
 // registryWithProducer registers kvroute's real prefix producer the way the
@@ -58,17 +58,17 @@ func registryCapturingParams(t testing.TB) (*config.Registry, func() producer.Pa
 	}
 	// The latency producer, as the EPP registers it, with a predictor of
 	// its own.
-	err = r.Register(latency.Type, func(name string, _ json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
+	err = r.Register(predictedlatency.Type, func(name string, _ json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
 		p, err := predict.New(predict.Options{})
 		if err != nil {
 			return nil, err
 		}
-		return latency.New(name, latency.InProcess{P: p}, framework.StalenessOf(h), nil)
+		return predictedlatency.New(name, predictedlatency.InProcess{P: p}, framework.StalenessOf(h), nil)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.RegisterDefaultProducer(datalayer.LatencyPredictionInfoKey, latency.Type); err != nil {
+	if err := r.RegisterDefaultProducer(datalayer.LatencyPredictionInfoKey, predictedlatency.Type); err != nil {
 		t.Fatal(err)
 	}
 	return r, func() producer.Params {
@@ -293,7 +293,7 @@ saturationDetector: {pluginRef: strict}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := l.Detector.Thresholds(); got != (saturation.Thresholds{QueueDepth: 2, KVCacheUtil: 0.8}) {
+	if got := l.Detector.Thresholds(); got != (saturationdetector.Thresholds{QueueDepth: 2, KVCacheUtil: 0.8}) {
 		t.Errorf("thresholds = %+v", got)
 	}
 }

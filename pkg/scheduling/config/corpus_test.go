@@ -12,7 +12,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
-	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
 // corpusCase is what one upstream configuration file must load as: the
@@ -46,7 +46,7 @@ var upstreamCorpus = map[string]corpusCase{
 	}},
 	"gie-v1.3.1-config-text-saturation-inline.yaml": {profiles: map[string][]string{
 		"default": {"picker:max-score-picker/max-score-picker"},
-	}, check: wantThresholds(saturation.Thresholds{QueueDepth: 8, KVCacheUtil: 0.75}, 150*time.Millisecond)},
+	}, check: wantThresholds(saturationdetector.Thresholds{QueueDepth: 8, KVCacheUtil: 0.75}, 150*time.Millisecond)},
 	"gie-v1.4.0-chart-default-plugins.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
 	}},
@@ -55,7 +55,7 @@ var upstreamCorpus = map[string]corpusCase{
 	}},
 	"gie-v1.5.0-config-text-utilization-detector.yaml": {profiles: map[string][]string{
 		"default": {"picker:max-score-picker/max-score-picker"},
-	}, check: wantThresholds(saturation.Thresholds{QueueDepth: 8, KVCacheUtil: 0.8}, 0)},
+	}, check: wantThresholds(saturationdetector.Thresholds{QueueDepth: 8, KVCacheUtil: 0.8}, 0)},
 	"gie-v1.5.0-integration-default-config.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:lora-affinity-scorer/lora-affinity-scorer*1", "picker:max-score-picker/max-score-picker"},
 	}},
@@ -207,7 +207,7 @@ func TestUpstreamCorpusLoadsAsWritten(t *testing.T) {
 }
 
 // wantThresholds checks the detector admission uses.
-func wantThresholds(want saturation.Thresholds, staleAfter time.Duration) func(t *testing.T, l *config.Loaded) {
+func wantThresholds(want saturationdetector.Thresholds, staleAfter time.Duration) func(t *testing.T, l *config.Loaded) {
 	return func(t *testing.T, l *config.Loaded) {
 		t.Helper()
 		if got := l.Detector.Thresholds(); got != want {

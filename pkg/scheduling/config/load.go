@@ -10,12 +10,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
-	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
 // Loaded is a configuration turned into running parts.
@@ -29,7 +29,7 @@ type Loaded struct {
 	// Profiles in configuration order.
 	Profiles []*framework.Profile
 	Handler  framework.ProfileHandler
-	Detector *saturation.Detector
+	Detector *saturationdetector.Detector
 	// Admitters are every admitter plugin, in configuration order.
 	Admitters []framework.Admitter
 	// FeatureGates are the gates the config names, on or off.
@@ -239,10 +239,10 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 			return nil, fmt.Errorf("%w: saturationDetector names a plugin and gives thresholds; give one or the other", ErrInvalid)
 		case inline != nil:
 			// GIE v1.3 and v1.4 gave the detector's thresholds inline.
-			if _, err := add(saturation.Type, saturation.Type, inline); err != nil {
+			if _, err := add(saturationdetector.Type, saturationdetector.Type, inline); err != nil {
 				return nil, fmt.Errorf("saturationDetector: %w", err)
 			}
-			detRef = &PluginRef{PluginRef: saturation.Type}
+			detRef = &PluginRef{PluginRef: saturationdetector.Type}
 		default:
 			detRef = &PluginRef{PluginRef: sd.PluginRef}
 		}
@@ -360,27 +360,27 @@ func (r *Registry) addDefaultProducers(l *Loaded, cfg *EndpointPickerConfig, add
 	}
 }
 
-func detector(ref *PluginRef, plugins []plugin.Plugin, h *loadHandle) (*saturation.Detector, error) {
+func detector(ref *PluginRef, plugins []plugin.Plugin, h *loadHandle) (*saturationdetector.Detector, error) {
 	if ref != nil {
 		p, ok := h.byName[ref.PluginRef]
 		if !ok {
 			return nil, fmt.Errorf("saturationDetector: %w %q", ErrDanglingRef, ref.PluginRef)
 		}
-		d, ok := p.(*saturation.Detector)
+		d, ok := p.(*saturationdetector.Detector)
 		if !ok {
-			return nil, fmt.Errorf("%w: saturationDetector: plugin %q has type %s, want %s", ErrInvalid, ref.PluginRef, p.TypedName().Type, saturation.Type)
+			return nil, fmt.Errorf("%w: saturationDetector: plugin %q has type %s, want %s", ErrInvalid, ref.PluginRef, p.TypedName().Type, saturationdetector.Type)
 		}
 		return d, nil
 	}
-	var found []*saturation.Detector
+	var found []*saturationdetector.Detector
 	for _, p := range plugins {
-		if d, ok := p.(*saturation.Detector); ok {
+		if d, ok := p.(*saturationdetector.Detector); ok {
 			found = append(found, d)
 		}
 	}
 	switch len(found) {
 	case 0:
-		return saturation.NewDetector(saturation.Type, saturation.DefaultThresholds(), h.MetricsStaleness()), nil
+		return saturationdetector.NewDetector(saturationdetector.Type, saturationdetector.DefaultThresholds(), h.MetricsStaleness()), nil
 	case 1:
 		return found[0], nil
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/decisiontree"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/headertest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/leastload"
-	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/loraaffinity"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/lorafilter"
 	satfilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/saturation"
 	slofilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/slo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
@@ -33,7 +33,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/prefix"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/queue"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/runningrequests"
-	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
 // Sentinel errors of loading; each error names the offending plugin,
@@ -95,7 +95,7 @@ func NewInTreeRegistry() *Registry {
 		loadaware.Type:           loadaware.Factory,
 		loraaffinityscorer.Type:  loraaffinityscorer.Factory,
 		nohitlru.Type:            nohitlru.Factory,
-		loraaffinity.Type:        loraaffinity.Factory,
+		lorafilter.Type:          lorafilter.Factory,
 		satfilter.Type:           satfilter.Factory,
 		bylabel.Type:             bylabel.Factory,
 		bylabel.SelectorType:     bylabel.SelectorFactory,
@@ -113,7 +113,7 @@ func NewInTreeRegistry() *Registry {
 		softmax.Type:             softmax.Factory,
 		single.Type:              single.Factory,
 		speculative.Type:         speculative.Factory,
-		saturation.Type:          saturation.Factory,
+		saturationdetector.Type:  saturationdetector.Factory,
 		latency.Type:             latency.Factory,
 		slofilter.Type:           slofilter.Factory,
 		latencyslo.Type:          latencyslo.Factory,

@@ -10,8 +10,8 @@ import (
 	"errors"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // Sentinel errors a scheduling cycle can end with. The request path maps

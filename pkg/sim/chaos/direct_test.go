@@ -26,7 +26,7 @@ func startEPP(t *testing.T, natsURL string, f *sim.Fleet) (*epp.EPP, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range f.Replicas() {
+	for _, r := range f.Cores() {
 		c := r.Engine().Config()
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: c.Model})
 	}
@@ -71,7 +71,7 @@ func TestARestartedReplicaBesideEnginesOnNATSAgreesWithItsTwin(t *testing.T) {
 	prompts := sim.SharedPrefix{Groups: 6, PromptsPerGroup: 4, SystemTokens: 24, QuestionTokens: 12, Seed: 4}.Prompts()
 	serve := func(n, offset int) {
 		for i := range n {
-			eng := f.Replicas()[(i+offset)%3].Engine()
+			eng := f.Cores()[(i+offset)%3].Engine()
 			p := prompts[(i*7+offset)%len(prompts)]
 			p.ID = ""
 			if _, err := eng.Serve(p); err != nil {
@@ -86,7 +86,7 @@ func TestARestartedReplicaBesideEnginesOnNATSAgreesWithItsTwin(t *testing.T) {
 	serve(60, 1) // b misses these
 	b, _ = startEPP(t, srv.URL(), f)
 	testkit.Converge(t, "both replicas equal to the engines' caches", func() string {
-		for _, r := range f.Replicas() {
+		for _, r := range f.Cores() {
 			eng := r.Engine()
 			addr := eng.Config().Address
 			truth, err := eng.TrueHoldings()

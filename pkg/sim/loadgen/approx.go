@@ -5,7 +5,7 @@ import (
 	"sync"
 
 	"github.com/kvroute/kvroute/pkg/datalayer/approx"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/sim"
 )
 
@@ -19,7 +19,7 @@ import (
 // ties broken at random. Queue and usage are read from the engines
 // directly, which is fresher than upstream's 50ms scrape.
 type upstreamApprox struct {
-	replicas []*sim.Replica
+	replicas []*sim.Core
 	model    string
 	index    *approx.Index
 
@@ -27,7 +27,7 @@ type upstreamApprox struct {
 	rng *rand.Rand
 }
 
-func newUpstreamApprox(replicas []*sim.Replica, model string, seed uint64) *upstreamApprox {
+func newUpstreamApprox(replicas []*sim.Core, model string, seed uint64) *upstreamApprox {
 	return &upstreamApprox{replicas: replicas, model: model,
 		index: approx.New(0, nil), rng: rand.New(rand.NewPCG(seed, 2))}
 }

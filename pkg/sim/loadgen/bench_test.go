@@ -114,7 +114,7 @@ func TestAClientRoutedPolicyPaysTheSameHopAndKeepsItsPick(t *testing.T) {
 		t.Fatalf("only %d requests served", served)
 	}
 	lo, hi := int64(1<<62), int64(0)
-	for _, r := range env.Fleet.Replicas() {
+	for _, r := range env.Fleet.Cores() {
 		n := r.Stats().Requests
 		lo, hi = min(lo, n), max(hi, n)
 	}

@@ -148,7 +148,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 		return nil, err
 	}
 	for _, s := range env.Fleet.Servers {
-		cfg := s.Replica().Engine().Config()
+		cfg := s.Core().Engine().Config()
 		e.Datastore().Upsert(&datalayer.Endpoint{
 			Name: cfg.Pod, Address: cfg.Address, Pod: cfg.Pod, Namespace: e.Namespace(), Model: cfg.Model,
 		})
@@ -156,7 +156,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 	proxy := "http://" + e.ProxyAddr()
 	if viaEPP(policy) {
 		env.router = viaProxy{url: proxy}
-	} else if env.router, err = newDirect(policy, env.Fleet.Replicas(), proxy, fo.Model, seed, time.Now); err != nil {
+	} else if env.router, err = newDirect(policy, env.Fleet.Cores(), proxy, fo.Model, seed, time.Now); err != nil {
 		env.Close()
 		return nil, err
 	}
@@ -260,10 +260,10 @@ func (env *Env) CheckIndex(ctx context.Context, prompts [][]uint32) (IndexCheck,
 	}
 	byAddr := map[string]*sim.Engine{}
 	for _, s := range env.Fleet.Servers {
-		byAddr[s.Addr()] = s.Replica().Engine()
+		byAddr[s.Addr()] = s.Core().Engine()
 	}
 	for _, p := range prompts {
-		ans, err := env.EPP.Lookup(ctx, prefixquery.Query{Model: env.Fleet.Servers[0].Replica().Engine().Config().Model, TokenIDs: p})
+		ans, err := env.EPP.Lookup(ctx, prefixquery.Query{Model: env.Fleet.Servers[0].Core().Engine().Config().Model, TokenIDs: p})
 		if err != nil {
 			return c, fmt.Errorf("loadgen: index lookup: %w", err)
 		}

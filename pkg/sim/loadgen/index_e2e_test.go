@@ -74,7 +74,7 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 		}
 	}()
 	for _, s := range f.Servers {
-		c := s.Replica().Engine().Config()
+		c := s.Core().Engine().Config()
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
 	}
 	testkit.WaitFor(t, "the EPP to be ready", e.Ready)
@@ -96,7 +96,7 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 			p = append(p, uint32(rng.IntN(1000)))
 		}
 		prompts = append(prompts, p)
-		s, err := f.Servers[rng.IntN(len(f.Servers))].Replica().Submit(blockpool.Request{Tokens: p}, 1+rng.IntN(3))
+		s, err := f.Servers[rng.IntN(len(f.Servers))].Core().Submit(blockpool.Request{Tokens: p}, 1+rng.IntN(3))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +125,7 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 func compare(t *testing.T, e *epp.EPP, f *sim.Fleet, prompts [][]uint32) (agree, total int, miss string) {
 	byAddr := map[string]*sim.Engine{}
 	for _, s := range f.Servers {
-		byAddr[s.Addr()] = s.Replica().Engine()
+		byAddr[s.Addr()] = s.Core().Engine()
 	}
 	for _, p := range prompts {
 		ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: "m", TokenIDs: p})

@@ -109,7 +109,7 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 | kvroute-precise-load | kvroute's EPP with its default profile, upstream's weights on the precise scorer (precise prefix 3, queue 2, KV usage 2) |
 | kvroute-prefill-cost | kvroute's EPP with the prefill-cost-scorer: per engine, the prompt tokens the exact index says are not cached there plus the prefill work queued there; the cheapest wins |
 | **kvroute-predicted-latency** (the default) | kvroute's EPP with its latency predictor (` + "`predicted-latency-producer`" + `, learning online from the responses, fed the exact index's tokens per tier and the EPP's own in-flight accounting) and the ` + "`latency-scorer`" + ` (least predicted p90 TTFT, plus its own prefill time weighted by the endpoint's KV usage squared); ` + "`latency-slo-admitter`" + ` sheds sheddable requests no endpoint is predicted to serve within their SLO |
-| oracle | in the client, reading every engine's true state: for each engine, its own scheduler replayed forward from its step under way, batch, queue and caches (` + "`sim.Replica.EstimateTTFT`" + `); the least true TTFT wins. It is greedy (it knows no future arrivals, and weighs only the request at hand) and never sheds, so under overload a policy that keeps prefixes together, or sheds, can beat it |
+| oracle | in the client, reading every engine's true state: for each engine, its own scheduler replayed forward from its step under way, batch, queue and caches (` + "`sim.Core.EstimateTTFT`" + `); the least true TTFT wins. It is greedy (it knows no future arrivals, and weighs only the request at hand) and never sheds, so under overload a policy that keeps prefixes together, or sheds, can beat it |
 
 Workloads:
 

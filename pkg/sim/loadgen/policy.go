@@ -57,7 +57,7 @@ type router interface {
 type direct struct {
 	proxy    string
 	approx   *upstreamApprox
-	replicas []*sim.Replica
+	replicas []*sim.Core
 	choose   func(tokens []uint32) int
 }
 
@@ -76,7 +76,7 @@ func (v viaProxy) route(string, []uint32) (base, endpoint string) { return v.url
 // newDirect builds a client-side policy over replicas, sent through the
 // EPP's proxy at proxy; now is the run's clock (the oracle's estimates
 // need it).
-func newDirect(policy string, replicas []*sim.Replica, proxy, model string, seed uint64, now func() time.Time) (router, error) {
+func newDirect(policy string, replicas []*sim.Core, proxy, model string, seed uint64, now func() time.Time) (router, error) {
 	d := &direct{proxy: proxy, replicas: replicas}
 	switch policy {
 	case PolicyApprox:
@@ -111,14 +111,14 @@ func newDirect(policy string, replicas []*sim.Replica, proxy, model string, seed
 // oracle picks the replica with the least true time to first token: for
 // each, the replica's own scheduler run forward from its true state (the
 // step under way, the batch, the queue, every prompt's cache hits as the
-// engine holds them; sim.Replica.EstimateTTFT). It is the best the
+// engine holds them; sim.Core.EstimateTTFT). It is the best the
 // simulator can compute at the moment of the pick; it does not know the
 // arrivals to come, so it is greedy, as every policy here is. Near-ties
 // (within a millisecond, e.g. a prefix no engine holds on idle engines) go
 // to the least loaded engine, and among equals to the next in turn, so
 // that new prefixes spread over the fleet.
 type oracle struct {
-	replicas []*sim.Replica
+	replicas []*sim.Core
 	now      func() time.Time
 	turn     atomic.Uint64
 }

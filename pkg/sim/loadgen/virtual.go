@@ -52,7 +52,7 @@ func RunVirtual(ctx context.Context, policy string, fo FleetOptions, w Workload,
 
 type virtualRun struct {
 	clock    *virtualClock
-	replicas []*sim.Replica
+	replicas []*sim.Core
 	addrs    map[string]int
 	// Exactly one of these picks.
 	router router
@@ -111,7 +111,7 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 			}
 			v.eppSrv.Datastore().Upsert(&datalayer.Endpoint{Name: ec.Pod, Address: ec.Address, Pod: ec.Pod, Model: fo.Model})
 		}
-		v.replicas = append(v.replicas, sim.NewReplica(sim.NewEngine(ec, nil), fc.TimingOf(i)))
+		v.replicas = append(v.replicas, sim.NewCore(sim.NewEngine(ec, nil), fc.TimingOf(i)))
 		v.addrs[ec.Address] = i
 	}
 	if v.eppSrv == nil {

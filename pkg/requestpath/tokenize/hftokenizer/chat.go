@@ -12,7 +12,7 @@ import (
 
 	"github.com/ardanlabs/jinja"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
 

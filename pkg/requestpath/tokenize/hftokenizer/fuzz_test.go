@@ -13,7 +13,7 @@ import (
 	"github.com/ardanlabs/jinja"
 	"github.com/dlclark/regexp2/v2"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 var fuzzSeeds = []string{

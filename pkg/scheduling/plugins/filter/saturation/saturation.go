@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
-	sat "github.com/kvroute/kvroute/pkg/scheduling/saturation"
+	sat "github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
 // Type is the plugin's registered type name.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/latency"

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/loraaffinity"

@@ -1,11 +1,11 @@
-package saturation_test
+package saturationdetector_test
 
 import (
 	"encoding/json"
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
-	"github.com/kvroute/kvroute/pkg/scheduling/saturation"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
 func TestDetector(t *testing.T) {
@@ -36,11 +36,11 @@ func TestDetector(t *testing.T) {
 			if tt.params != "" {
 				raw = json.RawMessage(tt.params)
 			}
-			p, err := saturation.Factory("d", raw, nil)
+			p, err := saturationdetector.Factory("d", raw, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := p.(*saturation.Detector).AllSaturated(schedtest.Cands(tt.cands...), schedtest.Now); got != tt.want {
+			if got := p.(*saturationdetector.Detector).AllSaturated(schedtest.Cands(tt.cands...), schedtest.Now); got != tt.want {
 				t.Errorf("AllSaturated = %v, want %v", got, tt.want)
 			}
 		})
@@ -60,7 +60,7 @@ func TestFactoryRejectsBadParameters(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := saturation.Factory("d", json.RawMessage(tt.params), nil)
+			_, err := saturationdetector.Factory("d", json.RawMessage(tt.params), nil)
 			if err == nil || err.Error() != tt.want {
 				t.Fatalf("err = %v\nwant %s", err, tt.want)
 			}

@@ -1,13 +1,13 @@
-package loraaffinity_test
+package lorafilter_test
 
 import (
 	"context"
 	"slices"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
-	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/loraaffinity"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/lorafilter"
 )
 
 func TestFilterPrefersEndpointsWithTheAdapter(t *testing.T) {
@@ -34,7 +34,7 @@ func TestFilterPrefersEndpointsWithTheAdapter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := loraaffinity.New("l").Filter(context.Background(), schedtest.Cycle(), &request.Request{LoRA: tt.lora}, schedtest.Cands(tt.cands...))
+			got := lorafilter.New("l").Filter(context.Background(), schedtest.Cycle(), &request.Request{LoRA: tt.lora}, schedtest.Cands(tt.cands...))
 			if !slices.Equal(schedtest.Names(got), tt.want) {
 				t.Errorf("kept %v, want %v", schedtest.Names(got), tt.want)
 			}

@@ -1,4 +1,4 @@
-package latency_test
+package predictedlatency_test
 
 import (
 	"context"
@@ -11,21 +11,21 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/framework/request"
 	"github.com/kvroute/kvroute/pkg/predict"
-	"github.com/kvroute/kvroute/pkg/prepare/latency"
+	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // inProcess is a producer predicting with a new in-process predictor that
 // learns synchronously.
-func inProcess(tb testing.TB, reg prometheus.Registerer) (*predict.Predictor, *latency.Producer) {
+func inProcess(tb testing.TB, reg prometheus.Registerer) (*predict.Predictor, *predictedlatency.Producer) {
 	tb.Helper()
 	p, err := predict.New(predict.Options{Synchronous: true})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, reg)
+	prod, err := predictedlatency.New("", predictedlatency.InProcess{P: p}, 2*time.Second, reg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -107,11 +107,11 @@ func TestTheProducerPredictsEachCandidateFromItsCachedTiersAndLoad(t *testing.T)
 	if !hit.MeetsSLO() || cold.MeetsSLO() {
 		t.Errorf("a 200ms cold prefill against a 100ms SLO: hit meets %v, cold meets %v", hit.MeetsSLO(), cold.MeetsSLO())
 	}
-	v, _ := cands[1].Get(latency.InputKey)
+	v, _ := cands[1].Get(predictedlatency.InputKey)
 	if in := v.(*predict.Input); !in.MetricsStale || in.InputTokens != 4000 || in.Uncached() != 4000 {
 		t.Errorf("the cold candidate's input: %+v", in)
 	}
-	v, _ = cands[0].Get(latency.InputKey)
+	v, _ = cands[0].Get(predictedlatency.InputKey)
 	if in := v.(*predict.Input); in.GPUTokens != 3200 || in.CPUTokens != 640 || in.Running != 1 {
 		t.Errorf("the hit candidate's input: %+v", in)
 	}
@@ -142,7 +142,7 @@ func TestAMatchCountsAsCachedAsFarAsItsStreamIsTrusted(t *testing.T) {
 			if err := prod.Produce(context.Background(), &request.Request{TokenIDs: make([]uint32, 4000)}, []*datalayer.Candidate{c}); err != nil {
 				t.Fatal(err)
 			}
-			v, _ := c.Get(latency.InputKey)
+			v, _ := c.Get(predictedlatency.InputKey)
 			if in := v.(*predict.Input); in.GPUTokens != tt.wantGPU || in.Uncached() != 4000-tt.wantGPU {
 				t.Errorf("input %+v, want %d tokens credited as held in GPU", in, tt.wantGPU)
 			}
@@ -166,7 +166,7 @@ func (f *failing) Quantile() float64      { return 0.9 }
 
 func TestAFailedBackendLeavesThePredictionsInvalid(t *testing.T) {
 	t.Parallel()
-	prod, err := latency.New("", &failing{}, time.Second, nil)
+	prod, err := predictedlatency.New("", &failing{}, time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestTheProducerLearnsFromThePickedEndpointsResponse(t *testing.T) {
 	}
 	p.AddEndpoint("10.0.0.1:8000", "")
 	reg := prometheus.NewRegistry()
-	prod, err := latency.New("", latency.InProcess{P: p}, 2*time.Second, reg)
+	prod, err := predictedlatency.New("", predictedlatency.InProcess{P: p}, 2*time.Second, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,12 +276,12 @@ func TestTheInputCarriesTheRecentEndsAges(t *testing.T) {
 	if err := prod.Produce(context.Background(), req, cands); err != nil {
 		t.Fatal(err)
 	}
-	v, _ := cands[0].Get(latency.InputKey)
+	v, _ := cands[0].Get(predictedlatency.InputKey)
 	in := v.(*predict.Input)
 	if in.EndedN != 2 || in.EndedAgoMs[0] != 50 || in.EndedAgoMs[1] != 300 {
 		t.Errorf("the ends' ages: %d known, %v; want 50 and 300 ms", in.EndedN, in.EndedAgoMs)
 	}
-	if v, _ := cands[1].Get(latency.InputKey); v.(*predict.Input).EndedN != 0 {
+	if v, _ := cands[1].Get(predictedlatency.InputKey); v.(*predict.Input).EndedN != 0 {
 		t.Errorf("a candidate with no ends has %d", v.(*predict.Input).EndedN)
 	}
 }

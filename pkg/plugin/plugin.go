@@ -7,7 +7,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // TypedName names a plugin instance: Type is its registered kebab-case type

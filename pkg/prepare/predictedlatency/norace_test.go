@@ -1,5 +1,5 @@
 //go:build !race
 
-package latency_test
+package predictedlatency_test
 
 const raceEnabled = false

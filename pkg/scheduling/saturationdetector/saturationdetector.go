@@ -1,15 +1,15 @@
-// Package saturation decides when an endpoint is saturated, by the queue and
+// Package saturationdetector decides when an endpoint is saturated, by the queue and
 // KV-cache thresholds the saturation filter and admission share. Its Detector
 // is the utilization-detector plugin that a configuration's
 // saturationDetector names.
-package saturation
+package saturationdetector
 
 import (
 	"encoding/json"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 

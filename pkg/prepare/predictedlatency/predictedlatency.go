@@ -1,4 +1,4 @@
-// Package latency is the PrepareData producer that predicts, for every
+// Package predictedlatency is the PrepareData producer that predicts, for every
 // candidate of a request, its time to first token and time per output
 // token (upstream's predicted-latency-producer): it reads the candidate's
 // PrefixCacheInfo (tokens cached per tier, exactly), its scraped load and
@@ -7,7 +7,7 @@
 // *LatencyPredictionInfo with the headroom against the request's SLOs. It
 // also observes every response, so that the backend learns from what each
 // endpoint then took.
-package latency
+package predictedlatency
 
 import (
 	"context"
@@ -21,10 +21,10 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/request"
 )
 
 // Type is the producer's registered plugin type, upstream's name.

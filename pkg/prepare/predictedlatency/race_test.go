@@ -1,6 +1,6 @@
 //go:build race
 
-package latency_test
+package predictedlatency_test
 
 // raceEnabled: the race detector makes sync.Pool drop items at random.
 const raceEnabled = true

@@ -1,7 +1,7 @@
-// Package loraaffinity is the lora-affinity-filter: it keeps a LoRA request
+// Package lorafilter is the lora-affinity-filter: it keeps a LoRA request
 // on endpoints that already have its adapter, or failing that on endpoints
 // with room to load it.
-package loraaffinity
+package lorafilter
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"slices"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/framework/plugin"
-	"github.com/kvroute/kvroute/pkg/framework/request"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
