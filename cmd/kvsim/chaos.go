@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/sim/chaos"
+	"github.com/kvroute/kvroute/pkg/harness/chaos"
 )
 
 // chaosCmd runs the fault matrix and writes its table into the report

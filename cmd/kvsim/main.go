@@ -26,7 +26,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
-	"github.com/kvroute/kvroute/pkg/sim/loadgen"
+	"github.com/kvroute/kvroute/pkg/harness/loadgen"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 

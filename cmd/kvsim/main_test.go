@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/sim/loadgen"
+	"github.com/kvroute/kvroute/pkg/harness/loadgen"
 )
 
 func TestBadCommandLinesAreRefusedClearly(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/predict"
-	"github.com/kvroute/kvroute/pkg/sim/loadgen"
+	"github.com/kvroute/kvroute/pkg/harness/loadgen"
 )
 
 // predictEval compares the latency predictor's learning methods: for each

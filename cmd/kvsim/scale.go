@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/sim/scale"
+	"github.com/kvroute/kvroute/pkg/harness/scale"
 )
 
 // scaleCmd runs the fleet-scale sizes and writes docs/scale.md, or prints

@@ -24,7 +24,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
-	"github.com/kvroute/kvroute/pkg/sim/chaos"
+	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )

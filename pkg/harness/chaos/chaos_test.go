@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/sim/chaos"
+	"github.com/kvroute/kvroute/pkg/harness/chaos"
 )
 
 // Every fault of the matrix, against the real components on loopback with

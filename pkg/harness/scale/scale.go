@@ -30,7 +30,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
-	"github.com/kvroute/kvroute/pkg/sim/chaos"
+	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
