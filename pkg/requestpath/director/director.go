@@ -171,6 +171,29 @@ type ResponseObserver interface {
 	ObserveResponse(p *Pick, s Served)
 }
 
+// Handler is the request path as its front ends drive it: the ext_proc
+// server and the standalone proxy with a request's body (HandleRequest,
+// PickAny), the load generator's virtual time with a request already parsed
+// (Route); then each through the response's first byte, its progress and
+// its end. *Director is one; a front end depends on this, not on it.
+type Handler interface {
+	// HandleRequest decides where a request goes; its errors are *Error.
+	HandleRequest(ctx context.Context, in *Input) (*Pick, error)
+	// Route schedules a request that is already parsed.
+	Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error)
+	// PickAny routes a request without a body.
+	PickAny(ctx context.Context, in *Input) (*Pick, error)
+	// HandleFirstByte notes the response's first body bytes.
+	HandleFirstByte(p *Pick)
+	// HandleProgress notes how many output tokens a streamed response has
+	// carried so far.
+	HandleProgress(p *Pick, tokens int)
+	// HandleResponse accounts for the response's end, once per pick.
+	HandleResponse(p *Pick, s Served)
+}
+
+var _ Handler = (*Director)(nil)
+
 // Director runs the request path. It is safe for concurrent use.
 type Director struct {
 	o Options

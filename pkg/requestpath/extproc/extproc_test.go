@@ -16,6 +16,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/testkit"
@@ -25,7 +26,7 @@ import (
 
 // startServer runs an ext_proc server over d until the test ends and
 // returns a client connected to it.
-func startServer(t testing.TB, d extproc.Director, o extproc.Options) (*extproc.Server, *envoy.Client, *prometheus.Registry) {
+func startServer(t testing.TB, d director.Handler, o extproc.Options) (*extproc.Server, *envoy.Client, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	if o.Addr == "" {

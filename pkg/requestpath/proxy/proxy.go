@@ -41,20 +41,6 @@ const maxUsageBody = 8 << 20
 // picked endpoints accepted a connection.
 var ErrAllTargetsDown = errors.New("no picked endpoint accepted a connection")
 
-// Director is the request path the proxy drives; *director.Director is one.
-type Director interface {
-	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
-	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
-	// HandleFirstByte notes the response's first body bytes.
-	HandleFirstByte(p *director.Pick)
-	// HandleProgress notes how many output tokens a streamed response
-	// has carried so far.
-	HandleProgress(p *director.Pick, tokens int)
-	HandleResponse(p *director.Pick, s director.Served)
-}
-
-var _ Director = (*director.Director)(nil)
-
 // Options configure a Server. The zero value listens on :8080, takes
 // bodies up to 16 MiB and forwards over plain HTTP.
 type Options struct {
@@ -86,7 +72,7 @@ type Options struct {
 
 // Server is the proxy.
 type Server struct {
-	d   Director
+	d   director.Handler
 	o   Options
 	log *slog.Logger
 	m   *metrics
@@ -99,7 +85,7 @@ type Server struct {
 }
 
 // New binds the listener, so that Addr is known before Run.
-func New(d Director, o Options) (*Server, error) {
+func New(d director.Handler, o Options) (*Server, error) {
 	if d == nil {
 		return nil, errors.New("proxy: a director is required")
 	}
@@ -384,7 +370,7 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 type observedBody struct {
 	rc io.ReadCloser
 	ex *exchange
-	d  Director
+	d  director.Handler
 }
 
 func (b *observedBody) Read(p []byte) (int, error) {

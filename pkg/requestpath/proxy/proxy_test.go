@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/fleet"
@@ -34,7 +35,7 @@ schedulingProfiles:
   - pluginRef: max-score-picker
 `
 
-func startProxy(t testing.TB, d proxy.Director, o proxy.Options) (string, *prometheus.Registry) {
+func startProxy(t testing.TB, d director.Handler, o proxy.Options) (string, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	o.Addr, o.Registerer = "127.0.0.1:0", reg
