@@ -131,12 +131,63 @@ func (p *Pick) HeldAfterResponse() bool { return p.held }
 // upstream's 400ms.
 const DefaultPrepareDataTimeout = 400 * time.Millisecond
 
-// Options wire a Director.
+// Datastore is where the director finds a request's candidates and the
+// models the pool serves; *datalayer.Datastore is one.
+type Datastore interface {
+	// CandidatesInto snapshots the endpoints filter accepts (all of them
+	// when filter is nil) as a request's candidates, made in set's memory
+	// (new memory when set is nil).
+	CandidatesInto(set *datalayer.CandidateSet, filter func(*datalayer.Endpoint) bool) []*datalayer.Candidate
+	// Endpoints are the endpoints in name order, read only: the director
+	// searches them for a request's model on every request, so the slice
+	// is shared, not copied.
+	Endpoints() []*datalayer.Endpoint
+	// Metrics are the last scraped metrics of the endpoint named name.
+	Metrics(name string) (datalayer.Metrics, bool)
+}
+
+// PrepareData runs the PrepareData producers over a request's candidates,
+// within a timeout; *prepare.Graph is one.
+type PrepareData interface {
+	Run(ctx context.Context, timeout time.Duration, req *request.Request, cands []*datalayer.Candidate) error
+	// AllInline reports whether every producer runs on Run's goroutine:
+	// if one does not, it may use the request after its response.
+	AllInline() bool
+}
+
+// Scheduler picks a request's endpoints from its candidates;
+// *scheduling.Scheduler is one. Its errors wrap scheduling.ErrNoCandidates
+// (503) or scheduling.ErrShed (429) where those apply.
+type Scheduler interface {
+	Schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, error)
+}
+
+// InFlight is the in-flight accounting every pick enters on its primary
+// endpoint and leaves with its response; *datalayer.Datastore keeps it.
+type InFlight interface {
+	// DispatchInto accounts a request in d (new, its zero value) as sent
+	// at at to the endpoint named name; false, d unused, when that
+	// endpoint has left.
+	DispatchInto(d *datalayer.Dispatch, name string, at time.Time, prefillTokens, promptTokens, outputs int) bool
+}
+
+var (
+	_ Datastore   = (*datalayer.Datastore)(nil)
+	_ InFlight    = (*datalayer.Datastore)(nil)
+	_ PrepareData = (*prepare.Graph)(nil)
+	_ Scheduler   = (*scheduling.Scheduler)(nil)
+)
+
+// Options wire a Director. Datastore, Scheduler and InFlight are required.
 type Options struct {
-	Datastore *datalayer.Datastore
-	// Graph runs the PrepareData producers; nil runs none.
-	Graph     *prepare.Graph
-	Scheduler *scheduling.Scheduler
+	Datastore Datastore
+	// PrepareData runs the PrepareData producers; nil runs none.
+	PrepareData PrepareData
+	Scheduler   Scheduler
+	// InFlight accounts each pick until its response ends, for the
+	// scorers and the latency predictor, which read it back through the
+	// candidates.
+	InFlight InFlight
 	// Tokenizer finds token ids for requests that carry none; nil means
 	// such requests are matched approximately.
 	Tokenizer tokenize.Tokenizer
@@ -201,8 +252,8 @@ type Director struct {
 
 // New returns a director.
 func New(o Options) (*Director, error) {
-	if o.Datastore == nil || o.Scheduler == nil {
-		return nil, errors.New("director needs a datastore and a scheduler")
+	if o.Datastore == nil || o.Scheduler == nil || o.InFlight == nil {
+		return nil, errors.New("director needs a datastore, a scheduler and in-flight accounting")
 	}
 	if o.PrepareDataTimeout <= 0 {
 		o.PrepareDataTimeout = DefaultPrepareDataTimeout
@@ -288,8 +339,8 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("no ready endpoint%s", subsetNote(subset))}
 	}
-	if d.o.Graph != nil {
-		if err := d.o.Graph.Run(ctx, d.o.PrepareDataTimeout, req, cands); err != nil {
+	if d.o.PrepareData != nil {
+		if err := d.o.PrepareData.Run(ctx, d.o.PrepareDataTimeout, req, cands); err != nil {
 			// Producers' failures are logged by the graph; the request is
 			// still scheduled on whatever data did arrive.
 			d.o.Metrics.prepareFailures.Inc()
@@ -308,7 +359,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
 	}
 	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels,
-		held: d.o.Graph != nil && !d.o.Graph.AllInline()}
+		held: d.o.PrepareData != nil && !d.o.PrepareData.AllInline()}
 	if t := res.Targets(); len(t) == 1 {
 		p.target[0] = t[0].Address
 		p.Targets = p.target[:]
@@ -355,7 +406,7 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
-	if !d.o.Datastore.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt, req.MaxTokens) {
+	if !d.o.InFlight.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt, req.MaxTokens) {
 		return false
 	}
 	if lat, ok := datalayer.LatencyPredictionOf(c); ok {
@@ -490,17 +541,16 @@ type knownModel struct {
 
 // known looks model up among the endpoints and their scraped metrics.
 func (d *Director) known(model string) knownModel {
-	empty := true
-	for ep := range d.o.Datastore.All() {
+	eps := d.o.Datastore.Endpoints()
+	if len(eps) == 0 {
+		return knownModel{base: true}
+	}
+	for _, ep := range eps {
 		if ep.Model == model || ep.Model == "" {
 			return knownModel{base: true}
 		}
-		empty = false
 	}
-	if empty {
-		return knownModel{base: true}
-	}
-	for ep := range d.o.Datastore.All() {
+	for _, ep := range eps {
 		if m, ok := d.o.Datastore.Metrics(ep.Name); ok && (slices.Contains(m.ActiveLoRAs, model) || slices.Contains(m.WaitingLoRAs, model)) {
 			return knownModel{adapter: true}
 		}
@@ -516,7 +566,7 @@ const labelOther = "other"
 // serves it or reports it as an adapter, else labelOther. A label value
 // is a series for good, and a model name is the client's text.
 func (d *Director) modelLabel(model string) string {
-	for ep := range d.o.Datastore.All() {
+	for _, ep := range d.o.Datastore.Endpoints() {
 		if ep.Model == model {
 			return model
 		}

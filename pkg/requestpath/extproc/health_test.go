@@ -39,7 +39,7 @@ func plainDirector(t testing.TB, n int) *director.Director {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched})
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, InFlight: ds})
 	if err != nil {
 		t.Fatal(err)
 	}
