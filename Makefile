@@ -57,8 +57,9 @@ fuzz-smoke: ## run each fuzz target briefly (FUZZTIME executions each)
 images: ## build the chart's images with Docker: $(REGISTRY)/{epp,kv-relay,kv-nats-auth}:$(IMAGE_TAG)
 	for t in epp kv-relay kv-nats-auth; do docker build -f deploy/images/Dockerfile --target $$t -t $(REGISTRY)/$$t:$(IMAGE_TAG) . || exit 1; done
 
-lint: ## go vet, gofmt, and the import rules of docs/architecture.md
+lint: ## go vet, gofmt, the import rules of docs/architecture.md, and no binary or bulk in git
 	$(GO) vet $(PKGS)
 	$(GO) run ./scripts/importcheck
+	$(GO) run ./scripts/treecheck
 	@out="$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
