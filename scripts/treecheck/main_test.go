@@ -187,3 +187,24 @@ func TestListReadsModesFromGitNotTheWorkTree(t *testing.T) {
 		t.Errorf("list = %v, want %v", entries, want)
 	}
 }
+
+// FuzzCheckFile holds the header readers to never panic, whatever a
+// tracked file starts with, and to call anything starting with ELF's
+// magic an executable.
+func FuzzCheckFile(f *testing.F) {
+	f.Add(elf(), false, int64(128))
+	f.Add(peFile(), true, int64(256))
+	f.Add(machOFile(), false, int64(64))
+	f.Add([]byte("#!/bin/sh\n"), true, int64(MaxSize+1))
+	f.Add([]byte("MZ\xff\xff\xff\xff"), false, int64(6))
+	f.Fuzz(func(t *testing.T, head []byte, exec bool, size int64) {
+		mode := "100644"
+		if exec {
+			mode = "100755"
+		}
+		problems := checkFile(entry{Path: "f", Mode: mode}, size, head)
+		if bytes.HasPrefix(head, []byte("\x7fELF")) && (len(problems) == 0 || !strings.Contains(problems[0], "ELF")) {
+			t.Errorf("an ELF header passed: %q", problems)
+		}
+	})
+}
