@@ -81,6 +81,7 @@ var rules = []rule{
 	{Path: "cmd/kvsim", AnyBut: []string{"pkg/testkit"}, NeverLinks: []string{"pkg/testkit"}},
 	{Path: "deploy", May: []string{}},
 	{Path: "scripts", May: []string{}},
+	{Path: "scripts/treecheck", May: []string{}},
 	{Path: "scripts/plugin-table", May: []string{"pkg/scheduling/config"}},
 }
 

@@ -443,8 +443,11 @@ func TestCancelledStreamsLeakNothingAndAreAccountedOnce(t *testing.T) {
 		}
 		cancel()
 	}
-	testkit.WaitFor(t, "every stream to end", func() bool {
-		return testkit.Value(t, reg, "kvroute_extproc_active_streams") == 0
+	testkit.WaitFor(t, "every stream to end", func() error {
+		if seen := testkit.Value(t, reg, "kvroute_extproc_active_streams"); seen != 0 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_extproc_active_streams\") is %v, want %v", seen, 0)
+		}
+		return nil
 	})
 	if after := testkit.SettledGoroutines(before); after > before {
 		t.Errorf("goroutines: %d before, %d after %d cancelled streams", before, after, n)

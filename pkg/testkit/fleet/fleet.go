@@ -227,17 +227,17 @@ func (f *Fleet) Server(addr string) *ModelServer {
 // tokens, which is when a pick can follow the cache there.
 func (f *Fleet) WaitHeld(t testing.TB, addr string, tokens []uint32) {
 	t.Helper()
-	testkit.WaitFor(t, "the index to show "+addr+" holding the prompt", func() bool {
+	testkit.WaitFor(t, "the index to show "+addr+" holding the prompt", func() error {
 		ans, err := f.EPP.Lookup(context.Background(), prefixquery.Query{Model: f.model, TokenIDs: tokens})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, a := range ans.Endpoints {
 			if a.Address == addr && a.Prefix.MatchBlocks > 0 && a.Prefix.MatchBlocks == a.Prefix.TotalBlocks {
-				return true
+				return nil
 			}
 		}
-		return false
+		return fmt.Errorf("answer %+v", ans.Endpoints)
 	})
 }
 
