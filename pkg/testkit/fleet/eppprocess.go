@@ -83,7 +83,7 @@ func (p *EPPProcess) Stats() (testkit.ProcessStats, error) { return p.child.Stat
 // as its request path does; it fails when the EPP has none.
 func (p *EPPProcess) EncodeChat(body []byte) ([]uint32, error) {
 	var ids []uint32
-	err := p.child.Call(opEncodeChat, json.RawMessage(body), &ids)
+	err := p.child.Call(opEncodeChat, body, &ids)
 	return ids, err
 }
 
@@ -200,7 +200,11 @@ func runEPP(spec string, in io.Reader, out io.Writer) error {
 			if tok == nil {
 				return nil, errors.New("this EPP has no tokenizer in process")
 			}
-			req, err := openai.ParseRequest("/v1/chat/completions", arg)
+			var body []byte
+			if err := json.Unmarshal(arg, &body); err != nil {
+				return nil, err
+			}
+			req, err := openai.ParseRequest("/v1/chat/completions", body)
 			if err != nil {
 				return nil, err
 			}
