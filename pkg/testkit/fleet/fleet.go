@@ -116,7 +116,7 @@ type ModelServer struct {
 func Start(t testing.TB, o Options) *Fleet {
 	t.Helper()
 	o = o.withDefaults()
-	if o.Process && o.Tokenize != nil {
+	if (o.Process || len(o.EPPProcesses) > 0) && o.Tokenize != nil {
 		t.Fatal("fleet: Options.Tokenize cannot cross to a fleet in a process of its own")
 	}
 	if len(o.EPPProcesses) > 0 {
