@@ -1,7 +1,8 @@
 // Package testkit is what the tests of every package share: waiting for an
 // observable condition instead of sleeping, loopback addresses, the
-// process's CPU time, metric values read from a registry, and an embedded
-// NATS server that can be restarted on its port and store. Its
+// process's CPU time and collector totals, the test binary run again as a
+// server of its own (Child), metric values read from a registry, and an
+// embedded NATS server that can be restarted on its port and store. Its
 // subpackages are the larger rigs: an Envoy-like ext_proc client (envoy)
 // and a whole EPP fed by simulated engines (fleet).
 //
