@@ -59,15 +59,33 @@ var errBudget = errors.New("request bodies in flight over the limit")
 var errExpired = errors.New("request phase expired")
 
 // budget is the bytes of request bodies ext_proc holds, over all streams.
+// Bodies still arriving in chunks may take only half of it: bodies that
+// never end cannot take the room of bodies that arrive whole and are
+// routed at once.
 type budget struct {
-	sem  *semaphore.Weighted
-	max  int64
-	held atomic.Int64
-	m    *metrics
+	sem       *semaphore.Weighted
+	max       int64
+	gathering atomic.Int64
+	m         *metrics
 }
 
 func newBudget(max int64, m *metrics) *budget {
 	return &budget{sem: semaphore.NewWeighted(max), max: max, m: m}
+}
+
+// gather moves a stream's share of the gathering half from *g to want
+// bytes: false (and *g unchanged) when that half is spent.
+func (b *budget) gather(g *int64, want int64) bool {
+	d := want - *g
+	if d > 0 && b.gathering.Add(d) > b.max/2 {
+		b.gathering.Add(-d)
+		return false
+	}
+	if d < 0 {
+		b.gathering.Add(d)
+	}
+	*g = want
+	return true
 }
 
 // charge moves a stream's charge from *held to want bytes without

@@ -74,6 +74,8 @@ type stream struct {
 	// gathered body (at its decoded size while it is routed) and its
 	// kept response.
 	held int64
+	// gathering is the part of held that is a body still arriving.
+	gathering int64
 	// phase races the body deadline for the request phase's answer.
 	phase requestPhase
 }
@@ -134,6 +136,7 @@ func (st *stream) run() error {
 	defer func() {
 		st.finish()
 		st.releaseMemory()
+		st.s.budget.gather(&st.gathering, 0)
 		st.s.budget.charge(&st.held, 0)
 		st.s.m.active.Dec()
 		st.s.m.ended(st.result)
@@ -258,11 +261,19 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 	buffered := st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 	whole := b.GetEndOfStream() || buffered
 	// Charged before the memory is taken: what gather may allocate at most.
-	if !st.s.budget.charge(&st.held, max(st.held, st.gatherNeeds(n, whole))) {
+	need := max(st.held, st.gatherNeeds(b.GetBody(), n, whole))
+	if !whole && !st.s.budget.gather(&st.gathering, need) {
+		return st.refuseBudget()
+	}
+	if !st.s.budget.charge(&st.held, need) {
+		st.s.budget.gather(&st.gathering, 0)
 		return st.refuseBudget()
 	}
 	st.gather(b.GetBody(), whole)
 	st.s.budget.charge(&st.held, int64(cap(st.body)))
+	if !whole {
+		st.s.budget.gather(&st.gathering, int64(cap(st.body)))
+	}
 	if whole {
 		// A buffered body is whole in one message even when trailers follow.
 		return st.route(b.GetEndOfStream())
@@ -278,14 +289,16 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 // taken from BufferPool, sized once from Content-Length when it is
 // believable (a body that outgrows it moves to memory of its own, and
 // the pooled buffer still goes back).
-// gatherNeeds is the most memory gather may hold once the body is n bytes.
-func (st *stream) gatherNeeds(n int, whole bool) int64 {
+// gatherNeeds is the most memory gather may hold once chunk makes the
+// body n bytes.
+func (st *stream) gatherNeeds(chunk []byte, n int, whole bool) int64 {
 	if st.body == nil {
 		if whole {
-			return int64(n)
+			return int64(cap(chunk))
 		}
 		if cl, err := strconv.Atoi(st.in.Headers["content-length"]); err == nil && cl > 0 && cl <= st.s.o.MaxBodyBytes {
-			return int64(max(n, cl))
+			// BufferPool's buffer for it.
+			return int64(max(n, 1<<max(tier(cl), minTier)))
 		}
 	}
 	if n <= cap(st.body) {
@@ -299,7 +312,7 @@ func (st *stream) gatherNeeds(n int, whole bool) int64 {
 func (st *stream) refuseBudget() (bool, error) {
 	st.s.m.refused(refusedBodyBytes)
 	return st.refuse(http.StatusServiceUnavailable, fmt.Errorf(
-		"%w: ext_proc holds its limit of %d bytes of request bodies (charged at %d× their size); retry",
+		"%w: ext_proc holds its limit of %d bytes of request bodies (charged at %d× their size; half of it for bodies still arriving); retry",
 		errBudget, st.s.budget.max, DecodedBytesPerBodyByte))
 }
 
@@ -337,6 +350,7 @@ func (st *stream) route(eos bool) (bool, error) {
 	if !st.phase.end() {
 		return true, errExpired
 	}
+	st.s.budget.gather(&st.gathering, 0)
 	st.s.m.bodyBytes.Observe(float64(len(st.body)))
 	raw := int64(max(cap(st.body), len(st.body)))
 	// Parsing makes more of the body than its bytes: charged for it
