@@ -12,7 +12,7 @@ import (
 
 // BenchmarkDecodedBytesPerBodyByte measures what the director allocates
 // routing a request, per byte of its body, for the three shapes a prompt
-// comes in: the multiple extproc.DecodedBytesPerBodyByte charges.
+// comes in: the multiple openai.DecodedBytesPerBodyByte charges.
 func BenchmarkDecodedBytesPerBodyByte(b *testing.B) {
 	d := plainDirector(b, 2)
 	words := strings.Repeat("the quick brown fox jumps over the lazy dog ", 20000)

@@ -12,6 +12,8 @@ import (
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
 
 // Defaults of the limits Options leave zero.
@@ -32,14 +34,9 @@ const (
 	DefaultBodyTimeout = 30 * time.Second
 )
 
-// DecodedBytesPerBodyByte is the memory a request body is charged per
-// raw byte while it is routed: the raw bytes themselves, plus what
-// parsing makes of them. BenchmarkDecodedBytesPerBodyByte measures the
-// director's allocations per body byte at 1.0 for a text prompt, 0.64
-// for token ids, 2.0 for one-digit token ids and 7.1 for chat messages
-// (whose every message becomes a map); 10 covers the worst of them, the
-// raw bytes, and the token ids a tokenizer adds (4 bytes a token).
-const DecodedBytesPerBodyByte = 10
+// DecodedBytesPerBodyByte is what a request body is charged per byte
+// while it is routed (openai.DecodedBytesPerBodyByte).
+const DecodedBytesPerBodyByte = openai.DecodedBytesPerBodyByte
 
 // Why ext_proc refused a stream or a request; the reason label of
 // kvroute_extproc_refused_total.

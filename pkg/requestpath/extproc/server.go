@@ -93,7 +93,8 @@ type Options struct {
 	// streams, each charged DecodedBytesPerBodyByte times its size while
 	// it is routed, and the response bodies kept to read their usage
 	// (DefaultMaxInFlightBytes when zero). A request past it is refused
-	// with 503. It must hold one body of MaxBodyBytes at its decoded size.
+	// with 503. Bodies still arriving in chunks may take half of it. It
+	// must hold one body of MaxBodyBytes at its decoded size.
 	MaxInFlightBytes int64
 	// MaxStreams bounds the streams open at once over all connections
 	// (DefaultMaxStreams when zero); one more ends at once with
