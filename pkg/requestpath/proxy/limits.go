@@ -148,4 +148,4 @@ func admitContentType(r *http.Request) error {
 	return nil
 }
 
-func truncate(s string) string { return director.Shorten(s, 128) }
+func truncate(s string) string { return director.Echo(s) }
