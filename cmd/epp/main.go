@@ -104,7 +104,11 @@ func run(args []string) error {
 	fs.DurationVar(&o.RequestPath.Proxy.WriteTimeout, "proxy-write-timeout", proxy.DefaultWriteTimeout, "proxy: bound on a non-streamed response, generation included")
 	fs.DurationVar(&o.RequestPath.Proxy.IdleTimeout, "proxy-idle-timeout", proxy.DefaultIdleTimeout, "proxy: how long a kept-alive connection may sit idle")
 	fs.IntVar(&o.RequestPath.Proxy.MaxConcurrent, "proxy-max-concurrent", proxy.DefaultMaxConcurrent, "proxy: requests in flight at once; more are refused with 429")
-	fs.Int64Var(&o.RequestPath.Proxy.MaxInFlightBytes, "proxy-max-inflight-bytes", proxy.DefaultMaxInFlightBytes, "proxy: request bodies held in memory at once; a request past it is refused with 503")
+	fs.Int64Var(&o.RequestPath.Proxy.MaxInFlightBytes, "proxy-max-inflight-bytes", 0, "proxy: request bodies held in memory at once, at ten times their size while routed; a request past it is refused with 503; 0 means an eighth of GOMEMLIMIT or the container's memory limit")
+	fs.Int64Var(&o.RequestPath.ExtProc.MaxInFlightBytes, "extproc-max-inflight-bytes", 0, "ext_proc: request bodies held in memory at once, at ten times their size while routed (half of it for bodies still arriving); a request past it is refused with 503; 0 means an eighth of GOMEMLIMIT or the container's memory limit")
+	fs.IntVar(&o.RequestPath.ExtProc.MaxStreams, "extproc-max-streams", 0, "ext_proc: streams open at once over all connections; one more ends with RESOURCE_EXHAUSTED; 0 means a sixteenth of GOMEMLIMIT or the container's memory limit at 32 KiB a stream")
+	fs.IntVar(&o.RequestPath.ExtProc.MaxStreamsPerConn, "extproc-max-streams-per-conn", extproc.DefaultMaxStreamsPerConn, "ext_proc: streams one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: Envoy opens another connection past it)")
+	fs.DurationVar(&o.RequestPath.ExtProc.BodyTimeout, "extproc-body-timeout", extproc.DefaultBodyTimeout, "ext_proc: bound from a stream's start to its request body's end; past it the request is answered 408 and the stream ended")
 	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", true, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
 	var tokenizers modelPaths
 	fs.Var(&tokenizers, "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the hftokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")

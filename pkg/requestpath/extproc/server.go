@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime"
 	"sync"
@@ -103,7 +104,7 @@ type Options struct {
 	// MaxStreamsPerConn is the streams one connection may have open, as
 	// HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (DefaultMaxStreamsPerConn
 	// when zero).
-	MaxStreamsPerConn uint32
+	MaxStreamsPerConn int
 	// BodyTimeout bounds a stream's request phase, from its start to its
 	// request body's end (DefaultBodyTimeout when zero): past it the
 	// request is answered 408 and the stream ends with DeadlineExceeded.
@@ -189,9 +190,10 @@ func New(d Director, o Options) (*Server, error) {
 	if o.MaxStreams <= 0 {
 		o.MaxStreams = DefaultMaxStreams
 	}
-	if o.MaxStreamsPerConn == 0 {
+	if o.MaxStreamsPerConn <= 0 {
 		o.MaxStreamsPerConn = DefaultMaxStreamsPerConn
 	}
+	o.MaxStreamsPerConn = min(o.MaxStreamsPerConn, math.MaxUint32)
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
 	}
@@ -213,7 +215,7 @@ func New(d Director, o Options) (*Server, error) {
 		streams: semaphore.NewWeighted(int64(o.MaxStreams))}
 	s.budget = newBudget(o.MaxInFlightBytes, s.m)
 
-	opts := append(ServerOptions(), grpc.MaxConcurrentStreams(o.MaxStreamsPerConn))
+	opts := append(ServerOptions(), grpc.MaxConcurrentStreams(uint32(o.MaxStreamsPerConn)))
 	if o.Plaintext && o.ClientCAFile != "" {
 		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
 	}
