@@ -366,6 +366,10 @@ func TestABodyIsChargedAtItsDecodedSizeWhileRouted(t *testing.T) {
 	}
 	checkError(t, resp, 503, "charged at 10× their size while routed")
 	resp.Body.Close()
+	// Routed, each holds its body alone.
+	if got := testkit.Value(t, reg, "kvroute_proxy_request_bytes_in_flight"); got != float64(3*len(body)) {
+		t.Errorf("%v bytes in flight with three requests held, want their bodies' %d", got, 3*len(body))
+	}
 	if got := testkit.Value(t, reg, "kvroute_proxy_refused_total", "reason", "body_bytes"); got != 1 {
 		t.Errorf("refused_total{body_bytes} = %v, want 1", got)
 	}

@@ -143,7 +143,8 @@ func New(d Director, o Options) (*Server, error) {
 		t.MaxIdleConnsPerHost = 64
 		o.Transport = t
 	}
-	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), lim: newLimits(o),
+	m := newMetrics(o.Registerer)
+	s := &Server{d: d, o: o, log: o.Logger, m: m, lim: newLimits(o, m.bytesInFlight),
 		upstreamLog: rate.NewLimiter(rate.Every(time.Second), 5)}
 	s.rp = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
