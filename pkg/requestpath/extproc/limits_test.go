@@ -324,3 +324,48 @@ func TestARequestPhasePastItsDeadlineIsAnswered408AndEnded(t *testing.T) {
 		t.Fatalf("the stream's end: %v", err)
 	}
 }
+
+// A body is charged ten times its size while it is parsed and routed,
+// then what its request keeps. With requests held in their response
+// phase, one after another, ext_proc admits as many 80 KiB bodies as
+// leave room for the next one's decoded charge of 800 KiB (three in 1 MiB,
+// fewer if their pooled token-id memory is large), not as many as their
+// raw bytes would allow (twelve), and refuses the next with a 503 naming
+// the limit and the multiple.
+func TestABodyIsChargedAtItsDecodedSizeWhileRouted(t *testing.T) {
+	t.Parallel()
+	const budget, size = 1 << 20, 80 << 10
+	_, c, reg := startServer(t, plainDirector(t, 2), extproc.Options{Plaintext: true, MaxBodyBytes: budget / 10, MaxInFlightBytes: budget})
+	body := []byte(`{"model":"m","prompt":[1,2,3]` + strings.Repeat(" ", size) + `}`)
+	admitted := 0
+	for {
+		ps, cancel := openStream(t, c, "")
+		defer cancel()
+		if err := ps.Send(bodyChunk(body, true)); err != nil {
+			t.Fatal(err)
+		}
+		m, err := ps.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.GetRequestHeaders() != nil {
+			admitted++
+			if admitted > 3 {
+				t.Fatalf("%d bodies of 80 KiB admitted into 1 MiB at ten times their size", admitted)
+			}
+			continue
+		}
+		checkRefusal(t, m, 503, "charged at 10× their size")
+		break
+	}
+	if admitted == 0 {
+		t.Fatal("no body admitted into an empty budget")
+	}
+	if got := testkit.Value(t, reg, "kvroute_extproc_request_bytes_in_flight"); got < float64(admitted*size) || got > budget {
+		t.Errorf("%v bytes in flight with %d requests held, want at least their bodies and at most the budget", got, admitted)
+	}
+	if _, err := extproc.New(plainDirector(t, 1), extproc.Options{Addr: "127.0.0.1:0", Plaintext: true, MaxBodyBytes: budget/10 + 1, MaxInFlightBytes: budget}); err == nil ||
+		!strings.Contains(err.Error(), "charged") {
+		t.Errorf("a body limit whose decoded charge exceeds the budget: %v, want an error", err)
+	}
+}
