@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
@@ -99,4 +100,32 @@ func TestSLOHeadersThatCannotBeATargetAreRefused(t *testing.T) {
 			}
 		}
 	}
+}
+
+// FuzzSLOHeader sends any value as an SLO header: the request is either
+// routed with an SLO from 1 ms to 1e9 ms, or refused with a 400 whose
+// body stays short.
+func FuzzSLOHeader(f *testing.F) {
+	for _, seed := range []string{"250", " 20 ", "1e-300", "NaN", "-Inf", "0x1p4", "1_000", strings.Repeat("9", 5000)} {
+		f.Add(seed)
+	}
+	d, _, _ := newDirector(f, nil)
+	f.Fuzz(func(t *testing.T, v string) {
+		p, err := d.HandleRequest(context.Background(), &director.Input{
+			Path: "/v1/completions", Headers: map[string]string{director.HeaderSLOTTFT: v}, Body: []byte(`{"model":"m","prompt":"hello"}`),
+		})
+		if err != nil {
+			if director.StatusOf(err) != http.StatusBadRequest {
+				t.Fatalf("%q: %v, want a 400", v, err)
+			}
+			if body := director.ErrorBody(http.StatusBadRequest, err); len(body) > 512 {
+				t.Fatalf("%q: an error body of %d bytes", v, len(body))
+			}
+			return
+		}
+		if slo := p.Request.SLO.TTFT; slo < time.Millisecond || slo > 1e9*time.Millisecond {
+			t.Fatalf("%q accepted as an SLO of %v", v, slo)
+		}
+		d.HandleResponse(p, director.Served{Status: 200})
+	})
 }
