@@ -383,7 +383,11 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 	}
 	// Envoy closes the stream once it has the 408; a client that does
 	// not is cut off by the status, which ends the stream's Recv.
-	if st.phase.expire(func() { _ = ps.Send(timeoutResponse(s.o.BodyTimeout)) }) {
+	if st.phase.expire(func() {
+		if !st.observing.Load() {
+			_ = ps.Send(timeoutResponse(s.o.BodyTimeout))
+		}
+	}) {
 		s.m.refused(refusedBodyTimout)
 		return bodyDeadline(s.o.BodyTimeout)
 	}

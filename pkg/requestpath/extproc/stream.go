@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -47,6 +48,8 @@ type stream struct {
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	observe           bool // observability mode: Envoy expects no answers
+	// observing is observe for the body deadline's goroutine.
+	observing atomic.Bool
 
 	in   director.Input
 	mem  *requestMemory // pooled memory in.IDBuf and in.Candidates are in
@@ -179,7 +182,10 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error
 	if pc := req.GetProtocolConfig(); pc != nil {
 		st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
-	st.observe = req.GetObservabilityMode()
+	if o := req.GetObservabilityMode(); o != st.observe {
+		st.observe = o
+		st.observing.Store(o)
+	}
 	switch r := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return st.requestHeaders(req, r.RequestHeaders)
