@@ -55,7 +55,12 @@ func DefaultOptions() Options {
 				WriteTimeout:     proxy.DefaultWriteTimeout,
 				IdleTimeout:      proxy.DefaultIdleTimeout,
 				MaxConcurrent:    proxy.DefaultMaxConcurrent,
-				MaxInFlightBytes: proxy.DefaultMaxInFlightBytes,
+				// Zero: a share of GOMEMLIMIT or the container's limit.
+				MaxInFlightBytes: 0,
+			},
+			ExtProc: extproc.Options{
+				MaxStreamsPerConn: extproc.DefaultMaxStreamsPerConn,
+				BodyTimeout:       extproc.DefaultBodyTimeout,
 			},
 			Tokenize:            true,
 			TokenizeTimeout:     200 * time.Millisecond,

@@ -16,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 )
 
 func jetStream(nc *nats.Conn) (jetstream.JetStream, error) {
@@ -127,7 +128,7 @@ func parsePrefixQuery(r *http.Request) (prefixquery.Query, error) {
 			return q, fmt.Errorf("JSON body: %w", err)
 		}
 	default:
-		return q, fmt.Errorf("method %s not allowed (GET or POST)", r.Method)
+		return q, fmt.Errorf("method %s not allowed (GET or POST)", director.Echo(r.Method))
 	}
 	if len(q.TokenIDs) == 0 {
 		return q, errors.New("token_ids is empty")

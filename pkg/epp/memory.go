@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
 
 // The memory the index may take, as sizing rules: the index gets half of
@@ -21,7 +23,28 @@ const (
 	// maxQueuedShare bounds the consumer's queued payloads at a sixteenth
 	// of memory.
 	maxQueuedShare = 16
+	// bodyMemoryShare is the request bodies' share of memory, at their
+	// decoded size (openai.DecodedBytesPerBodyByte): an eighth, for
+	// ext_proc and for the proxy each.
+	bodyMemoryShare = 8
+	// streamMemoryShare and BytesPerStream bound ext_proc's open streams:
+	// a sixteenth of memory, at 32 KiB a stream (its goroutine's stack,
+	// gRPC's stream state, the header map; TestNeverEndingBodiesAndHeader
+	// OnlyStreamsStayWithinTheBudget measures 25 to 29 KiB a stream, both
+	// ends of it counted).
+	streamMemoryShare = 16
+	BytesPerStream    = 32 << 10
 )
+
+// RequestPathBudgets are the request path's default bounds for a process
+// that may use memory bytes: the body bytes ext_proc (and the proxy) may
+// hold, at least one largest body at its decoded size, and the streams
+// ext_proc may hold open. For the chart's 2 GiB: 256 MiB and 4096 streams.
+func RequestPathBudgets(memory int64, maxBodyBytes int) (bodyBytes int64, streams int) {
+	bodyBytes = max(memory/bodyMemoryShare, int64(maxBodyBytes)*openai.DecodedBytesPerBodyByte)
+	streams = int(max(memory/streamMemoryShare/BytesPerStream, 256))
+	return bodyBytes, streams
+}
 
 // MemoryBudget is the memory the process may use and where that figure
 // comes from: GOMEMLIMIT when set, else the container's cgroup limit, else

@@ -36,10 +36,17 @@ type RequestPathOptions struct {
 	ProxyAddr string
 	// MaxBodyBytes bounds a request body (default 16 MiB).
 	MaxBodyBytes int
+	// ExtProc bounds ext_proc's clients: request body bytes in flight
+	// (MaxInFlightBytes), streams open in all and per connection
+	// (MaxStreams, MaxStreamsPerConn), and the time from a stream's start
+	// to its request body's end (BodyTimeout). Zero byte and stream
+	// bounds are sized from the memory the process may use
+	// (RequestPathBudgets); the rest of its fields are set from the above.
+	ExtProc extproc.Options
 	// Proxy bounds the standalone proxy's clients: read, write and idle
 	// timeouts, concurrent requests, body bytes in flight (zero fields
-	// mean proxy's defaults). Addr, MaxBodyBytes, Logger and Registerer
-	// are set from the above.
+	// mean proxy's defaults, the bytes in flight as ext_proc's). Addr,
+	// MaxBodyBytes, Logger and Registerer are set from the above.
 	Proxy proxy.Options
 	// PassUnknownModels routes requests for models no endpoint serves or
 	// reports as a loaded adapter; by default they are refused with 404.
@@ -155,12 +162,31 @@ func (e *EPP) configuredTokenizers() tokenize.Tokenizer {
 // addresses are known before Run.
 func (e *EPP) startRequestPath() error {
 	o := e.opts.RequestPath
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = extproc.DefaultMaxBodyBytes
+	}
+	if (o.ExtProcAddr != "" || o.ProxyAddr != "") && (o.ExtProc.MaxInFlightBytes == 0 || o.ExtProc.MaxStreams == 0 || o.Proxy.MaxInFlightBytes == 0) {
+		mem, source := MemoryBudget()
+		bytes, streams := RequestPathBudgets(mem, o.MaxBodyBytes)
+		if o.ExtProc.MaxInFlightBytes == 0 {
+			o.ExtProc.MaxInFlightBytes = bytes
+		}
+		if o.ExtProc.MaxStreams == 0 {
+			o.ExtProc.MaxStreams = streams
+		}
+		if o.Proxy.MaxInFlightBytes == 0 {
+			o.Proxy.MaxInFlightBytes = bytes
+		}
+		e.logger.Info("request path bounds", "memory", mem, "from", source,
+			"extproc_max_inflight_bytes", o.ExtProc.MaxInFlightBytes, "extproc_max_streams", o.ExtProc.MaxStreams,
+			"proxy_max_inflight_bytes", o.Proxy.MaxInFlightBytes)
+	}
 	if o.ExtProcAddr != "" {
-		s, err := extproc.New(e.director, extproc.Options{
-			Addr: o.ExtProcAddr, HealthAddr: o.HealthAddr, MaxBodyBytes: o.MaxBodyBytes,
-			Plaintext: o.Plaintext, CertFile: o.CertFile, KeyFile: o.KeyFile, ClientCAFile: o.ClientCAFile,
-			Ready: e.Ready, Logger: e.logger, Registerer: e.reg,
-		})
+		xo := o.ExtProc
+		xo.Addr, xo.HealthAddr, xo.MaxBodyBytes = o.ExtProcAddr, o.HealthAddr, o.MaxBodyBytes
+		xo.Plaintext, xo.CertFile, xo.KeyFile, xo.ClientCAFile = o.Plaintext, o.CertFile, o.KeyFile, o.ClientCAFile
+		xo.Ready, xo.Logger, xo.Registerer = e.Ready, e.logger, e.reg
+		s, err := extproc.New(e.director, xo)
 		if err != nil {
 			return fmt.Errorf("epp: ext_proc server: %w", err)
 		}

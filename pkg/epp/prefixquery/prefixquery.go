@@ -49,7 +49,8 @@ func ParseTokenList(s string) ([]uint32, error) {
 	for i, p := range parts {
 		v, err := strconv.ParseUint(strings.TrimSpace(p), 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("token id %d (%q): not a non-negative 32-bit integer", i, p)
+			// The value itself is not quoted: it may be as long as the query.
+			return nil, fmt.Errorf("token id %d (%d bytes): not a non-negative 32-bit integer", i, len(p))
 		}
 		out = append(out, uint32(v))
 	}

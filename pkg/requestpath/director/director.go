@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -296,7 +297,7 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if !known.base && !known.adapter && !d.o.PassUnknownModels {
 		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
 		return nil, &Error{Status: http.StatusNotFound, Param: "model",
-			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, Shorten(req.Model, 256))}
+			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, Echo(req.Model))}
 	}
 	if req.LoRA == "" && !known.base {
 		// A model name no endpoint serves as its base model names a LoRA
@@ -423,6 +424,10 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 	return true
 }
 
+// maxSLOHeader bounds an SLO header's length: 1e9 ms with any sensible
+// fraction fits in far less.
+const maxSLOHeader = 32
+
 // objective fills in the request's objective, priority and SLOs: headers
 // first, then the objective's defaults.
 func (d *Director) objective(req *request.Request, h map[string]string) error {
@@ -442,8 +447,10 @@ func (d *Director) objective(req *request.Request, h map[string]string) error {
 			continue
 		}
 		ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil || !(ms > 0) || ms > 1e9 {
-			return fmt.Errorf("header %s: %q is not a positive number of milliseconds", s.header, v)
+		// NaN fails every comparison; below 1 ms (1e-300 among them) an
+		// SLO is a typo or a probe, not a target.
+		if len(v) > maxSLOHeader || err != nil || !(ms >= 1) || ms > 1e9 {
+			return fmt.Errorf("header %s: %q is not a number of milliseconds from 1 to 1e9", s.header, Echo(v))
 		}
 		*s.into = time.Duration(ms * float64(time.Millisecond))
 	}
@@ -582,13 +589,22 @@ func (d *Director) modelLabel(model string) string {
 	return labelOther
 }
 
-// Shorten keeps a client's text (a model name, a path, a header) short
-// enough for an error message or a log line: its first limit bytes.
-func Shorten(s string, limit int) string {
-	if len(s) <= limit {
+// MaxEcho is the most of a client's value an error message quotes.
+const MaxEcho = 64
+
+// Echo is a client's value (a model name, a header, a path) as an error
+// body or a log line may quote it: whole when it is short, else its first
+// MaxEcho bytes, cut at a character's start, and its length. A refusal
+// then never carries back, or into logs, what a client chose to make big.
+func Echo(s string) string {
+	if len(s) <= MaxEcho {
 		return s
 	}
-	return s[:limit] + "…"
+	cut := MaxEcho
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }
 
 func subsetFilter(subset []string) func(*datalayer.Endpoint) bool {

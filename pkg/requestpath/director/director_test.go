@@ -36,7 +36,7 @@ func (r *recorder) ObserveResponse(_ context.Context, req *request.Request, resp
 }
 
 // randomScheduler picks at random.
-func randomScheduler(t *testing.T) *scheduling.Scheduler {
+func randomScheduler(t testing.TB) *scheduling.Scheduler {
 	t.Helper()
 	l, err := config.NewInTreeRegistry().Load([]byte("plugins:\n- type: random-picker\n"), nil)
 	if err != nil {
@@ -52,7 +52,7 @@ func randomScheduler(t *testing.T) *scheduling.Scheduler {
 // newDirector is a director over two endpoints with a random picker (no
 // producers: nothing here needs the index), timed by a clock the test
 // moves.
-func newDirector(t *testing.T, objs *datalayer.Objectives, obs ...plugin.ResponseObserver) (*director.Director, *datalayer.Datastore, *time.Time) {
+func newDirector(t testing.TB, objs *datalayer.Objectives, obs ...plugin.ResponseObserver) (*director.Director, *datalayer.Datastore, *time.Time) {
 	t.Helper()
 	ds := datalayer.NewDatastore(nil)
 	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})

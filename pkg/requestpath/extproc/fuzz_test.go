@@ -82,8 +82,9 @@ func FuzzProcessStream(f *testing.F) {
 	}
 	_, c, _ := startServer(f, plainDirector(f, 2), extproc.Options{Plaintext: true, MaxBodyBytes: 1024})
 	// The refusals a client can earn: a bad request, a model the pool does
-	// not serve (as vLLM answers it), a body too large, load shed.
-	allowed := map[int32]bool{400: true, 404: true, 413: true, 429: true, 500: true, 503: true}
+	// not serve (as vLLM answers it), a body too large or too late, load
+	// shed, the body budget spent.
+	allowed := map[int32]bool{400: true, 404: true, 408: true, 413: true, 429: true, 500: true, 503: true}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

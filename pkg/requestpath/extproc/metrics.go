@@ -20,6 +20,9 @@ type metrics struct {
 	bodyBytes  prometheus.Histogram
 	respBytes  prometheus.Counter
 	tlsReloads *prometheus.CounterVec
+	// bytesInFlight is the budget's charge now; refusals count by reason.
+	bytesInFlight prometheus.Gauge
+	refusals      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,13 +48,24 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvroute_extproc_tls_reloads_total",
 			Help: "Times the ext_proc TLS files (key pair, client CA) changed and were read again, by result (ok, error: the previous ones stay in use).",
 		}, []string{"result"}),
+		bytesInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_extproc_request_bytes_in_flight",
+			Help: "Bytes of the ext_proc body budget taken now: request bodies at their decoded size while routed, and response bodies kept to read their usage.",
+		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_extproc_refused_total",
+			Help: "Streams and requests ext_proc refused for a limit, by reason: streams (ResourceExhausted), body_bytes (503), body_size (413), body_timeout (408, DeadlineExceeded).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{refusedStreams, refusedBodyBytes, refusedBodySize, refusedBodyTimout} {
+		m.refusals.WithLabelValues(r)
 	}
 	m.byResult = map[string]prometheus.Counter{}
 	for _, r := range []string{resultRouted, resultRefused, resultCancelled, resultError} {
 		m.byResult[r] = m.streams.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.active, m.bodyBytes, m.respBytes, m.tlsReloads)
+		reg.MustRegister(m.streams, m.active, m.bodyBytes, m.respBytes, m.tlsReloads, m.bytesInFlight, m.refusals)
 	}
 	return m
 }
@@ -64,3 +78,6 @@ func (m *metrics) ended(result string) {
 	}
 	m.streams.WithLabelValues(result).Inc()
 }
+
+// refused counts a refusal for a limit.
+func (m *metrics) refused(reason string) { m.refusals.WithLabelValues(reason).Inc() }

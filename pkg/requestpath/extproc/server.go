@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -62,7 +64,7 @@ const (
 
 // Options configure a Server. The zero value listens on :9002 with a
 // self-signed certificate, serves health on the same port and on none other,
-// takes bodies up to 16 MiB, and is always ready.
+// takes bodies up to 16 MiB, holds the Default* limits, and is always ready.
 type Options struct {
 	// Addr is the ext_proc listen address (":9002" when empty; port 0
 	// picks a free one).
@@ -73,6 +75,27 @@ type Options struct {
 	HealthAddr string
 	// MaxBodyBytes bounds a request body; a larger one is refused with 413.
 	MaxBodyBytes int
+	// MaxInFlightBytes bounds the request bodies held at once over all
+	// streams, each charged DecodedBytesPerBodyByte times its size while
+	// it is routed, and the response bodies kept to read their usage
+	// (DefaultMaxInFlightBytes when zero). A request past it is refused
+	// with 503. Bodies still arriving in chunks may take half of it. It
+	// must hold one body of MaxBodyBytes at its decoded size.
+	MaxInFlightBytes int64
+	// MaxStreams bounds the streams open at once over all connections
+	// (DefaultMaxStreams when zero); one more ends at once with
+	// ResourceExhausted.
+	MaxStreams int
+	// MaxStreamsPerConn is the streams one connection may have open, as
+	// HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS (DefaultMaxStreamsPerConn
+	// when zero).
+	MaxStreamsPerConn int
+	// BodyTimeout bounds a stream's request phase, from its start to its
+	// request body's end (DefaultBodyTimeout when zero): past it the
+	// request is answered 408 and the stream ends with DeadlineExceeded.
+	// The response phase has no bound of the server's: responses stream
+	// for as long as generation takes.
+	BodyTimeout time.Duration
 	// DefaultMode is the body mode assumed when Envoy's first message
 	// carries no protocol_config (older Envoys).
 	DefaultMode BodyMode
@@ -129,6 +152,10 @@ type Server struct {
 
 	// dests are the answer messages naming each destination (destination).
 	dests *memo.Map[string, destination]
+
+	budget  *budget
+	streams *semaphore.Weighted
+	workers workers
 }
 
 // New binds the listeners (so Addr is known before Run) and prepares TLS.
@@ -142,6 +169,23 @@ func New(d director.Handler, o Options) (*Server, error) {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.MaxInFlightBytes <= 0 {
+		o.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = DefaultMaxStreams
+	}
+	if o.MaxStreamsPerConn <= 0 {
+		o.MaxStreamsPerConn = DefaultMaxStreamsPerConn
+	}
+	o.MaxStreamsPerConn = min(o.MaxStreamsPerConn, math.MaxUint32)
+	if o.BodyTimeout <= 0 {
+		o.BodyTimeout = DefaultBodyTimeout
+	}
+	if int64(o.MaxBodyBytes)*DecodedBytesPerBodyByte > o.MaxInFlightBytes {
+		return nil, fmt.Errorf("extproc: a body of %d bytes (the body limit) is charged %d bytes, more than the in-flight limit of %d: raise the limit or lower the body limit",
+			o.MaxBodyBytes, int64(o.MaxBodyBytes)*DecodedBytesPerBodyByte, o.MaxInFlightBytes)
+	}
 	if o.ReadyPoll <= 0 {
 		o.ReadyPoll = time.Second
 	}
@@ -152,9 +196,11 @@ func New(d director.Handler, o Options) (*Server, error) {
 		o.Logger = slog.Default()
 	}
 	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), health: health.NewServer(),
-		failLog: rate.NewLimiter(rate.Every(time.Second), 5), dests: memo.New(maxDestinations, newDestination)}
+		failLog: rate.NewLimiter(rate.Every(time.Second), 5), dests: memo.New(maxDestinations, newDestination),
+		streams: semaphore.NewWeighted(int64(o.MaxStreams))}
+	s.budget = newBudget(o.MaxInFlightBytes, s.m)
 
-	opts := ServerOptions()
+	opts := append(ServerOptions(), grpc.MaxConcurrentStreams(uint32(o.MaxStreamsPerConn)))
 	if o.Plaintext && o.ClientCAFile != "" {
 		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
 	}
@@ -230,6 +276,9 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	// Started before any stream can come; stopped once none can.
+	s.workers.start(streamWorkersPerCPU * runtime.GOMAXPROCS(0))
+	defer s.workers.stop()
 	serve(s.grpc, s.ln, "ext_proc")
 	if s.hgrpc != nil {
 		serve(s.hgrpc, s.hln, "health")
@@ -291,10 +340,43 @@ func (s *Server) pollReady(ctx context.Context) {
 	}
 }
 
-// Process serves one HTTP request's ext_proc stream.
+// Process serves one HTTP request's ext_proc stream, within the stream
+// cap and the body deadline.
+//
+// Refusals follow what Envoy does with them. A request the server cannot
+// take (its body too large: 413; over the byte budget: 503; its body late:
+// 408) is answered with an ImmediateResponse, which Envoy sends to the
+// client as it is, whatever failure_mode_allow says. A stream past the
+// stream cap ends with ResourceExhausted before any message is read: it
+// costs nothing to refuse, and Envoy then fails the request (500), or,
+// with failure_mode_allow, lets it through unrouted.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
+	if !s.streams.TryAcquire(1) {
+		s.m.refused(refusedStreams)
+		return streamsExhausted(s.o.MaxStreams)
+	}
+	defer s.streams.Release(1)
 	st := newStream(s, ps)
-	return st.run()
+	done := make(chan error, 1)
+	s.workers.do(func() { done <- st.run() })
+	t := time.NewTimer(s.o.BodyTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+	}
+	// Envoy closes the stream once it has the 408; a client that does
+	// not is cut off by the status, which ends the stream's Recv.
+	if st.phase.expire(func() {
+		if !st.observing.Load() {
+			_ = ps.Send(timeoutResponse(s.o.BodyTimeout))
+		}
+	}) {
+		s.m.refused(refusedBodyTimout)
+		return bodyDeadline(s.o.BodyTimeout)
+	}
+	return <-done
 }
 
 // streamWorkersPerCPU sizes the server's pool of stream goroutines. Envoy

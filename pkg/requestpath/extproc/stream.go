@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -46,6 +48,8 @@ type stream struct {
 
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	observe           bool // observability mode: Envoy expects no answers
+	// observing is observe for the body deadline's goroutine.
+	observing atomic.Bool
 
 	in   director.Input
 	mem  *requestMemory // pooled memory in.IDBuf and in.Candidates are in
@@ -68,6 +72,15 @@ type stream struct {
 	// ans is the request path's answer with the destination, made once
 	// per stream (mutation).
 	ans answer
+
+	// held is what the stream is charged in the server's budget: its
+	// gathered body (at its decoded size while it is routed) and its
+	// kept response.
+	held int64
+	// gathering is the part of held that is a body still arriving.
+	gathering int64
+	// phase races the body deadline for the request phase's answer.
+	phase requestPhase
 }
 
 // answer is the messages of the answer that carries the destination: a
@@ -126,6 +139,8 @@ func (st *stream) run() error {
 	defer func() {
 		st.finish()
 		st.releaseMemory()
+		st.s.budget.gather(&st.gathering, 0)
+		st.s.budget.charge(&st.held, 0)
 		st.s.m.active.Dec()
 		st.s.m.ended(st.result)
 	}()
@@ -142,6 +157,9 @@ func (st *stream) run() error {
 			return fmt.Errorf("extproc: receive: %w", err)
 		}
 		done, err := st.handle(req)
+		if errors.Is(err, errExpired) {
+			return nil // the deadline answered and ends the stream
+		}
 		if err != nil {
 			st.result = resultError
 			if st.s.failLog.Allow() {
@@ -164,7 +182,10 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) (done bool, err error
 	if pc := req.GetProtocolConfig(); pc != nil {
 		st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
-	st.observe = req.GetObservabilityMode()
+	if o := req.GetObservabilityMode(); o != st.observe {
+		st.observe = o
+		st.observing.Store(o)
+	}
 	switch r := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return st.requestHeaders(req, r.RequestHeaders)
@@ -205,6 +226,9 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 	if h.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_NONE {
 		// No body will come (or none will be shown to us): route as the
 		// upstream EPP does, to any ready endpoint of the subset.
+		if !st.phase.end() {
+			return true, errExpired
+		}
 		pick, err := st.s.d.PickAny(st.ctx, &st.in)
 		if err != nil {
 			return st.refuse(director.StatusOf(err), err)
@@ -214,6 +238,7 @@ func (st *stream) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.
 	}
 	if n, err := strconv.Atoi(st.in.Headers["content-length"]); err == nil && n > st.s.o.MaxBodyBytes {
 		// Refused before a byte of the body is read.
+		st.s.m.refused(refusedBodySize)
 		return st.refuse(http.StatusRequestEntityTooLarge,
 			fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", n, st.s.o.MaxBodyBytes))
 	}
@@ -233,13 +258,28 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 	if st.in.Headers == nil || st.answered {
 		return false, fmt.Errorf("%w: request body outside the request phase", ErrProtocol)
 	}
-	if len(st.body)+len(b.GetBody()) > st.s.o.MaxBodyBytes {
+	n := len(st.body) + len(b.GetBody())
+	if n > st.s.o.MaxBodyBytes {
+		st.s.m.refused(refusedBodySize)
 		return st.refuse(http.StatusRequestEntityTooLarge,
 			fmt.Errorf("request body exceeds the limit of %d bytes", st.s.o.MaxBodyBytes))
 	}
 	buffered := st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 	whole := b.GetEndOfStream() || buffered
+	// Charged before the memory is taken: what gather may allocate at most.
+	need := max(st.held, st.gatherNeeds(b.GetBody(), n, whole))
+	if !whole && !st.s.budget.gather(&st.gathering, need) {
+		return st.refuseBudget()
+	}
+	if !st.s.budget.charge(&st.held, need) {
+		st.s.budget.gather(&st.gathering, 0)
+		return st.refuseBudget()
+	}
 	st.gather(b.GetBody(), whole)
+	st.s.budget.charge(&st.held, int64(cap(st.body)))
+	if !whole {
+		st.s.budget.gather(&st.gathering, int64(cap(st.body)))
+	}
 	if whole {
 		// A buffered body is whole in one message even when trailers follow.
 		return st.route(b.GetEndOfStream())
@@ -255,6 +295,33 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) (bool, error) {
 // taken from BufferPool, sized once from Content-Length when it is
 // believable (a body that outgrows it moves to memory of its own, and
 // the pooled buffer still goes back).
+// gatherNeeds is the most memory gather may hold once chunk makes the
+// body n bytes.
+func (st *stream) gatherNeeds(chunk []byte, n int, whole bool) int64 {
+	if st.body == nil {
+		if whole {
+			return int64(cap(chunk))
+		}
+		if cl, err := strconv.Atoi(st.in.Headers["content-length"]); err == nil && cl > 0 && cl <= st.s.o.MaxBodyBytes {
+			// BufferPool's buffer for it.
+			return int64(max(n, 1<<max(tier(cl), minTier)))
+		}
+	}
+	if n <= cap(st.body) {
+		return int64(cap(st.body))
+	}
+	// append at most doubles what it outgrows, rounded to a size class.
+	return int64(max(n, 2*cap(st.body))) + 8<<10
+}
+
+// refuseBudget refuses a request whose body the budget cannot hold now.
+func (st *stream) refuseBudget() (bool, error) {
+	st.s.m.refused(refusedBodyBytes)
+	return st.refuse(http.StatusServiceUnavailable, fmt.Errorf(
+		"%w: ext_proc holds its limit of %d bytes of request bodies (charged at %d× their size; half of it for bodies still arriving); retry",
+		errBudget, st.s.budget.max, DecodedBytesPerBodyByte))
+}
+
 func (st *stream) gather(chunk []byte, whole bool) {
 	if st.body == nil {
 		if whole {
@@ -286,10 +353,21 @@ func (st *stream) requestTrailers() (bool, error) {
 // route runs the director on the complete body and answers Envoy. eos says
 // whether the body ended the request (no trailers follow).
 func (st *stream) route(eos bool) (bool, error) {
+	if !st.phase.end() {
+		return true, errExpired
+	}
+	st.s.budget.gather(&st.gathering, 0)
 	st.s.m.bodyBytes.Observe(float64(len(st.body)))
+	raw := int64(max(cap(st.body), len(st.body)))
+	// Parsing makes more of the body than its bytes: charged for it
+	// while it runs, and for what the request keeps after.
+	if !st.s.budget.charge(&st.held, raw+int64(len(st.body))*(DecodedBytesPerBodyByte-1)) {
+		return st.refuseBudget()
+	}
 	st.in.Body = st.body
 	st.takeMemory()
 	pick, err := st.s.d.HandleRequest(st.ctx, &st.in)
+	st.s.budget.charge(&st.held, raw+4*int64(cap(st.in.IDBuf)))
 	if err != nil {
 		return st.refuse(director.StatusOf(err), err)
 	}
@@ -338,22 +416,31 @@ func (st *stream) picked(p *director.Pick) {
 
 // refuse answers the request with an ImmediateResponse and ends the stream.
 func (st *stream) refuse(code int, err error) (bool, error) {
+	if !st.phase.end() {
+		return true, errExpired
+	}
 	st.answered = true
 	st.result = resultRefused
 	st.body = nil
 	st.s.log.LogAttrs(st.ctx, slog.LevelDebug, "request refused",
 		slog.Int("status", code), slog.String("path", st.in.Path), slog.Any("error", err))
-	resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+	return true, st.send(immediate(code, err))
+}
+
+// immediate is the ImmediateResponse refusing a request with code.
+func immediate(code int, err error) *extprocv3.ProcessingResponse {
+	hs := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
+	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
+		hs = append(hs, setHeader("retry-after", "1"))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode(code)},
-			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-				setHeader("content-type", "application/json"),
-			}},
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(code)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: hs},
 			Body:    director.ErrorBody(code, err),
 			Details: "kvroute_" + strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_"),
 		},
 	}}
-	return true, st.send(resp)
 }
 
 func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
@@ -388,10 +475,11 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) error {
 		if st.pick != nil {
 			st.s.d.HandleProgress(st.pick, st.sse.Events())
 		}
-	case b.GetEndOfStream() && st.respBuf == nil && !st.respOverflow && len(chunk) <= maxUsageBody:
+	case b.GetEndOfStream() && st.respBuf == nil && !st.respOverflow && len(chunk) <= maxUsageBody &&
+		st.s.budget.charge(&st.held, st.held+int64(len(chunk))):
 		// The whole response in one message is read where it lies.
 		st.respBuf = chunk
-	case !st.respOverflow && len(st.respBuf)+len(chunk) <= maxUsageBody:
+	case !st.respOverflow && len(st.respBuf)+len(chunk) <= maxUsageBody && st.keep(len(chunk)):
 		st.respBuf = append(st.respBuf, chunk...)
 	default:
 		st.respOverflow, st.respBuf = true, nil
@@ -486,14 +574,31 @@ func (st *stream) finish() {
 	st.s.d.HandleResponse(st.pick, st.served)
 }
 
+// keep charges n more bytes of kept response to the budget, growing
+// respBuf for them; false means the budget is spent, and the response
+// goes unaccounted.
+func (st *stream) keep(n int) bool {
+	if cap(st.respBuf)-len(st.respBuf) >= n {
+		return true
+	}
+	grow := max(n, cap(st.respBuf), 4096)
+	if !st.s.budget.charge(&st.held, st.held+int64(grow)) {
+		return false
+	}
+	st.respBuf = slices.Grow(st.respBuf, grow)
+	return true
+}
+
 func (st *stream) send(r *extprocv3.ProcessingResponse) error {
 	if st.observe {
 		return nil
 	}
-	if err := st.ps.Send(r); err != nil {
-		return fmt.Errorf("extproc: send: %w", err)
-	}
-	return nil
+	return st.phase.guard(func() error {
+		if err := st.ps.Send(r); err != nil {
+			return fmt.Errorf("extproc: send: %w", err)
+		}
+		return nil
+	})
 }
 
 // mutation sets the destination, the request id and, for a body of

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
@@ -52,10 +53,11 @@ type limits struct {
 	active        atomic.Int64
 	bytes         *semaphore.Weighted
 	maxBytes      int64
+	inFlight      prometheus.Gauge
 }
 
-func newLimits(o Options) *limits {
-	return &limits{maxConcurrent: int64(o.MaxConcurrent), bytes: semaphore.NewWeighted(o.MaxInFlightBytes), maxBytes: o.MaxInFlightBytes}
+func newLimits(o Options, inFlight prometheus.Gauge) *limits {
+	return &limits{maxConcurrent: int64(o.MaxConcurrent), bytes: semaphore.NewWeighted(o.MaxInFlightBytes), maxBytes: o.MaxInFlightBytes, inFlight: inFlight}
 }
 
 // enter admits one more request, unless MaxConcurrent are in flight.
@@ -70,11 +72,21 @@ func (l *limits) enter() bool {
 func (l *limits) leave() { l.active.Add(-1) }
 
 // hold takes n bytes of the in-flight budget, without waiting.
-func (l *limits) hold(n int64) bool { return n <= 0 || l.bytes.TryAcquire(n) }
+func (l *limits) hold(n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if !l.bytes.TryAcquire(n) {
+		return false
+	}
+	l.inFlight.Add(float64(n))
+	return true
+}
 
 func (l *limits) release(n int64) {
 	if n > 0 {
 		l.bytes.Release(n)
+		l.inFlight.Sub(float64(n))
 	}
 }
 
@@ -148,4 +160,4 @@ func admitContentType(r *http.Request) error {
 	return nil
 }
 
-func truncate(s string) string { return director.Shorten(s, 128) }
+func truncate(s string) string { return director.Echo(s) }

@@ -268,15 +268,16 @@ func heapBytes() uint64 {
 	return s[0].Value.Uint64()
 }
 
-// Eight clients send 8 MiB bodies at once and keep their requests in
-// flight: the bodies the proxy holds stay within its budget, and the rest
-// are refused with 503 before they are read.
+// Clients send 1 MiB bodies at once and keep their requests in flight:
+// each is charged ten times its size while it is parsed and routed, and
+// its size while it is forwarded. The bodies the proxy holds stay within
+// its budget, and the rest are refused with 503 naming the limit.
 func TestBodyBytesInFlightStayWithinTheirBudget(t *testing.T) {
 	f := fleet.Start(t, fleet.Options{NoTokenizer: true})
-	const budget, bodySize, clients = 20 << 20, 8 << 20, 8
-	base, reg := startProxy(t, f.Director, proxy.Options{MaxBodyBytes: 16 << 20, MaxInFlightBytes: budget})
+	const budget, bodySize, clients = 20 << 20, 1 << 20, 32
+	base, reg := startProxy(t, f.Director, proxy.Options{MaxBodyBytes: 2 << 20, MaxInFlightBytes: budget})
 	release := holdResponses(t, f)
-	// One 8 MiB body, shared by every client: a valid completion padded
+	// One 1 MiB body, shared by every client: a valid completion padded
 	// with spaces.
 	ids := completion(1, 8, true)
 	payload := []byte(ids[:len(ids)-1] + strings.Repeat(" ", bodySize-len(ids)) + "}")
@@ -307,17 +308,17 @@ func TestBodyBytesInFlightStayWithinTheirBudget(t *testing.T) {
 			admitted = append(admitted, r.resp)
 			continue
 		}
-		checkError(t, r.resp, 503, "bytes of bodies")
+		checkError(t, r.resp, 503, "limit of 20971520 bytes")
 		r.resp.Body.Close()
 		refused++
 	}
 	grown := int64(heapBytes()) - int64(before)
-	t.Logf("heap grew by %d MiB with %d bodies of 8 MiB in flight (budget %d MiB)", grown>>20, len(admitted), budget>>20)
-	if len(admitted) != budget/bodySize || refused != clients-budget/bodySize {
-		t.Errorf("%d admitted and %d refused, want %d and %d", len(admitted), refused, budget/bodySize, clients-budget/bodySize)
+	t.Logf("heap grew by %d MiB with %d bodies of 1 MiB in flight (budget %d MiB), %d refused", grown>>20, len(admitted), budget>>20, refused)
+	if len(admitted) == 0 || len(admitted) > budget/bodySize || refused+len(admitted) != clients {
+		t.Errorf("%d admitted and %d refused of %d: want some admitted, at most %d", len(admitted), refused, clients, budget/bodySize)
 	}
 	// The admitted bodies, once each, plus room for buffers and the
-	// requests in flight; eight bodies would be 64 MiB.
+	// requests in flight; every body would be 32 MiB.
 	if limit := int64(budget + 8<<20); grown > limit {
 		t.Errorf("heap grew by %d MiB with %d bodies in flight, over the budget of %d MiB plus slack", grown>>20, len(admitted), budget>>20)
 	}
@@ -328,6 +329,58 @@ func TestBodyBytesInFlightStayWithinTheirBudget(t *testing.T) {
 	for _, r := range admitted {
 		_, _ = io.Copy(io.Discard, r.Body)
 		r.Body.Close()
+	}
+}
+
+// A body is charged ten times its size while it is parsed and routed,
+// then its size while it is forwarded. With requests held in flight, one
+// after another, the proxy admits as many 80 KiB chat bodies as leave
+// room for the next one's decoded charge (800 KiB of 1 MiB: three), not
+// as many as their raw bytes would allow (thirteen).
+func TestABodyIsChargedAtItsDecodedSizeWhileRouted(t *testing.T) {
+	t.Parallel()
+	f := fleet.Start(t, fleet.Options{NoTokenizer: true})
+	const budget, size = 1 << 20, 80 << 10
+	base, reg := startProxy(t, f.Director, proxy.Options{MaxBodyBytes: budget / 10, MaxInFlightBytes: budget})
+	release := holdResponses(t, f)
+	// A short conversation padded with white space to 80 KiB, so that the
+	// simulated engines have room for its tokens.
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]` + strings.Repeat(" ", size) + `}`
+	var held []*http.Response
+	defer func() {
+		release()
+		for _, r := range held {
+			_, _ = io.Copy(io.Discard, r.Body)
+			r.Body.Close()
+		}
+	}()
+	for range 3 {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, resp)
+		if resp.StatusCode != 200 {
+			b, _ := io.ReadAll(resp.Body)
+			t.Fatalf("request %d: %d %s", len(held), resp.StatusCode, b)
+		}
+	}
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkError(t, resp, 503, "charged at 10× their size while routed")
+	resp.Body.Close()
+	// Routed, each holds its body alone.
+	if got := testkit.Value(t, reg, "kvroute_proxy_request_bytes_in_flight"); got != float64(3*len(body)) {
+		t.Errorf("%v bytes in flight with three requests held, want their bodies' %d", got, 3*len(body))
+	}
+	if got := testkit.Value(t, reg, "kvroute_proxy_refused_total", "reason", "body_bytes"); got != 1 {
+		t.Errorf("refused_total{body_bytes} = %v, want 1", got)
+	}
+	if _, err := proxy.New(f.Director, proxy.Options{Addr: "127.0.0.1:0", MaxBodyBytes: budget/10 + 1, MaxInFlightBytes: budget}); err == nil ||
+		!strings.Contains(err.Error(), "charged") {
+		t.Errorf("a body limit whose decoded charge exceeds the budget: %v, want an error", err)
 	}
 }
 

@@ -7,6 +7,8 @@ type metrics struct {
 	active    prometheus.Gauge
 	fallbacks prometheus.Counter
 	refused   *prometheus.CounterVec
+	// bytesInFlight is the body budget's charge now.
+	bytesInFlight prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -27,12 +29,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvroute_proxy_refused_total",
 			Help: "Requests the proxy refused before routing them, by reason: concurrency (429), body_bytes (503), method (405), content_type (415).",
 		}, []string{"reason"}),
+		bytesInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_proxy_request_bytes_in_flight",
+			Help: "Bytes of the proxy's body budget taken now: request bodies (at ten times their size while routed) and response bodies kept to read their usage.",
+		}),
 	}
 	for _, r := range []string{refusedConcurrency, refusedBodyBytes, refusedMethod, refusedContentType} {
 		m.refused.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.active, m.fallbacks, m.refused)
+		reg.MustRegister(m.requests, m.active, m.fallbacks, m.refused, m.bytesInFlight)
 	}
 	return m
 }

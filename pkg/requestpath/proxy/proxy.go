@@ -63,7 +63,10 @@ type Options struct {
 	MaxConcurrent int
 	// MaxInFlightBytes bounds the request bodies, and the response bodies
 	// kept to read their usage, held at once (DefaultMaxInFlightBytes when
-	// zero); a request that would pass it is refused with 503.
+	// zero); a request that would pass it is refused with 503. A body is
+	// charged openai.DecodedBytesPerBodyByte times its size while it is
+	// parsed and routed, its size after; the limit must hold one body of
+	// MaxBodyBytes at its decoded size.
 	MaxInFlightBytes int64
 	Logger           *slog.Logger
 	// Registerer takes the proxy's metrics; nil means don't register.
@@ -113,6 +116,10 @@ func New(d director.Handler, o Options) (*Server, error) {
 	if o.MaxInFlightBytes <= 0 {
 		o.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
+	if o.MaxBodyBytes*openai.DecodedBytesPerBodyByte > o.MaxInFlightBytes {
+		return nil, fmt.Errorf("proxy: a body of %d bytes (the body limit) is charged %d bytes while routed, more than the in-flight limit of %d: raise the limit or lower the body limit",
+			o.MaxBodyBytes, o.MaxBodyBytes*openai.DecodedBytesPerBodyByte, o.MaxInFlightBytes)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -122,7 +129,8 @@ func New(d director.Handler, o Options) (*Server, error) {
 		t.MaxIdleConnsPerHost = 64
 		o.Transport = t
 	}
-	s := &Server{d: d, o: o, log: o.Logger, m: newMetrics(o.Registerer), lim: newLimits(o),
+	m := newMetrics(o.Registerer)
+	s := &Server{d: d, o: o, log: o.Logger, m: m, lim: newLimits(o, m.bytesInFlight),
 		upstreamLog: rate.NewLimiter(rate.Every(time.Second), 5)}
 	s.rp = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
@@ -237,9 +245,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case errors.As(err, &tooBig):
 			s.refuse(w, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
 		case errors.Is(err, errBudget):
-			s.m.refused.WithLabelValues(refusedBodyBytes).Inc()
-			w.Header().Set("Retry-After", "1")
-			s.refuse(w, http.StatusServiceUnavailable, fmt.Errorf("%w: the proxy holds its limit of %d bytes of bodies; retry", errBudget, s.lim.maxBytes))
+			s.refuseBudget(w)
 		default:
 			s.refuse(w, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
 		}
@@ -264,7 +270,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if len(body) == 0 && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		pick, err = s.d.PickAny(r.Context(), in)
 	} else {
+		// Parsing makes more of the body than its bytes: charged for it
+		// while it runs; the body alone stays held to be forwarded.
+		decoded := int64(len(body)) * (openai.DecodedBytesPerBodyByte - 1)
+		if !ex.hold(decoded) {
+			s.refuseBudget(w)
+			return
+		}
 		pick, err = s.d.HandleRequest(r.Context(), in)
+		ex.unhold(decoded)
 	}
 	if err != nil {
 		s.refuse(w, director.StatusOf(err), err)
@@ -284,12 +298,39 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.rp.ServeHTTP(w, r)
 }
 
+// refuseBudget refuses a request whose body the budget cannot hold now.
+func (s *Server) refuseBudget(w http.ResponseWriter) {
+	s.m.refused.WithLabelValues(refusedBodyBytes).Inc()
+	w.Header().Set("Retry-After", "1")
+	s.refuse(w, http.StatusServiceUnavailable, fmt.Errorf("%w: the proxy holds its limit of %d bytes of bodies (charged at %d× their size while routed); retry",
+		errBudget, s.lim.maxBytes, openai.DecodedBytesPerBodyByte))
+}
+
 func (s *Server) refuse(w http.ResponseWriter, code int, err error) {
 	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	s.log.LogAttrs(context.Background(), slog.LevelDebug, "request refused", slog.Int("status", code), slog.Any("error", err))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_, _ = w.Write(director.ErrorBody(code, err))
+}
+
+// hold charges n more bytes to the exchange, without waiting.
+func (ex *exchange) hold(n int64) bool {
+	if !ex.lim.hold(n) {
+		return false
+	}
+	ex.mu.Lock()
+	ex.held += n
+	ex.mu.Unlock()
+	return true
+}
+
+// unhold gives back n bytes that hold charged.
+func (ex *exchange) unhold(n int64) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.lim.release(n)
+	ex.held -= n
 }
 
 // releaseHeld gives back the in-flight budget the exchange holds.
