@@ -26,11 +26,11 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
-	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 

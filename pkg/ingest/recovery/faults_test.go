@@ -6,8 +6,8 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
-	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -213,18 +213,18 @@ func TestALateJoinSettlesPartialWithNoFalseHolding(t *testing.T) {
 		if state, _ := st.ix.State(s.addr); state != datalayer.StreamPartial {
 			return fmt.Sprintf("%s is %s", s.addr, state)
 		}
-		truth, err := s.eng.TrueHoldings()
+		truth, err := simkit.TrueHoldings(s.eng)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr)); d.False != 0 || d.WrongTier != 0 {
+		if d := simkit.DiffHoldings(truth, st.ix.Holdings(s.addr)); d.False != 0 || d.WrongTier != 0 {
 			return d.String()
 		}
 		return ""
 	})
 	testkit.WaitFor(t, "nothing pending", func() bool { return st.rec.Pending() == 0 })
-	truth, _ := s.eng.TrueHoldings()
-	d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr))
+	truth, _ := simkit.TrueHoldings(s.eng)
+	d := simkit.DiffHoldings(truth, st.ix.Holdings(s.addr))
 	if d.Missing == 0 || d.Missing == d.Held {
 		t.Errorf("late joiner: %s; want some blocks known and some missing", d)
 	}
