@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
@@ -242,36 +241,5 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 				t.Errorf("error body %s is not vLLM's shape", body)
 			}
 		})
-	}
-}
-
-func TestMetricsParseAsVLLMsAndFollowTheEngine(t *testing.T) {
-	t.Parallel()
-	s := startServer(t)
-	for range 2 {
-		if code, body := post(t, s, "/v1/completions", `{"model":"m","prompt":"a b c d e f g h i j","max_tokens":2}`); code != http.StatusOK {
-			t.Fatalf("status %d: %s", code, body)
-		}
-	}
-	resp, err := http.Get("http://" + s.Addr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m, err := scrape.ParseMetrics(page, scrape.DefaultMetricNames)
-	if err != nil {
-		t.Fatalf("ParseMetrics: %v\n%s", err, page)
-	}
-	if m.BlockSize != 4 || m.NumGPUBlocks != 512 {
-		t.Errorf("cache config = %d-token blocks, %d GPU blocks; want 4 and 512", m.BlockSize, m.NumGPUBlocks)
-	}
-	if m.WaitingQueueSize != 0 || m.RunningRequests != 0 {
-		t.Errorf("idle engine reports %d waiting, %d running", m.WaitingQueueSize, m.RunningRequests)
-	}
-	for _, want := range []string{"vllm:prefix_cache_queries_total{model_name=\"m\"} 20", "vllm:prefix_cache_hits_total{model_name=\"m\"} 8", "vllm:lora_requests_info"} {
-		if !bytes.Contains(page, []byte(want)) {
-			t.Errorf("metrics page lacks %q", want)
-		}
 	}
 }

@@ -84,6 +84,9 @@ func (r *Relay) Restart(events.Stream) {}
 // Run serves snapshot requests and heartbeats until ctx ends. It returns
 // an error only if it cannot subscribe.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.pub == nil {
+		return fmt.Errorf("relay for %s: no NATS publisher", r.base.Pod)
+	}
 	nc := r.pub.Conn()
 	subj := events.SnapshotSubject(r.pub.Namespace(), r.pub.Pool(), r.base.Pod)
 	sub, err := nc.Subscribe(subj, func(m *nats.Msg) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -15,27 +16,38 @@ import (
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
-// The request path, parsing a request with its own parser and tokenizing
-// it with Tokenizer, finds the token ids an engine's /tokenize answers,
-// which the engine reads with a parser of its own.
-func TestTheRequestPathTokenizesAsTheEngineDoes(t *testing.T) {
-	t.Parallel()
+// startServer runs one fast engine behind its HTTP API on loopback, with
+// 4-token blocks and 512 GPU blocks.
+func startServer(t *testing.T) *sim.Server {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	eng := sim.NewEngine(sim.EngineConfig{Pod: "p", Address: ln.Addr().String(), Model: "m",
-		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 64, Seed: 1}}, nil)
-	srv := sim.NewServer(sim.NewCore(eng, sim.Timing{MaxSeqs: 1}), ln)
+		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 512, Seed: 1}}, nil)
+	srv := sim.NewServer(sim.NewCore(eng, sim.Timing{PrefillPerToken: time.Microsecond, DecodeStep: 100 * time.Microsecond, MaxSeqs: 4}), ln)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done := make(chan error, 2)
+	go func() { done <- srv.Core().Run(ctx) }()
 	go func() { done <- srv.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
 		}
 	})
+	return srv
+}
+
+// The request path, parsing a request with its own parser and tokenizing
+// it with Tokenizer, finds the token ids an engine's /tokenize answers,
+// which the engine reads with a parser of its own.
+func TestTheRequestPathTokenizesAsTheEngineDoes(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
 	for _, tc := range []struct{ name, path, body string }{
 		{"a completion", "/v1/completions", `{"model":"m","prompt":"the cat sat on the mat"}`},
 		{"a chat", "/v1/chat/completions", `{"model":"m","messages":[{"role":"system","content":"be brief"},` +
