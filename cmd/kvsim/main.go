@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/harness/loadgen"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
@@ -173,6 +174,9 @@ func serve(ctx context.Context, args []string) error {
 		}
 		defer nc.Close()
 		fc.Publisher = events.NewPublisher(nc, *ns, *pool)
+		// Each engine's relay answers snapshot requests and sends
+		// heartbeats, as in a pod.
+		fc.Sidecar = simkit.Relays(fc.Publisher, 0)
 		fmt.Printf("KV events on %s\n", events.PoolSubject(*ns, *pool))
 	}
 	if *out == "zmq" || *out == "both" {

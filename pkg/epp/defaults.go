@@ -51,10 +51,10 @@ func DefaultOptions() Options {
 			HealthAddr:   ":9003",
 			MaxBodyBytes: extproc.DefaultMaxBodyBytes,
 			Proxy: proxy.Options{
-				ReadTimeout:      proxy.DefaultReadTimeout,
-				WriteTimeout:     proxy.DefaultWriteTimeout,
-				IdleTimeout:      proxy.DefaultIdleTimeout,
-				MaxConcurrent:    proxy.DefaultMaxConcurrent,
+				ReadTimeout:   proxy.DefaultReadTimeout,
+				WriteTimeout:  proxy.DefaultWriteTimeout,
+				IdleTimeout:   proxy.DefaultIdleTimeout,
+				MaxConcurrent: proxy.DefaultMaxConcurrent,
 				// Zero: a share of GOMEMLIMIT or the container's limit.
 				MaxInFlightBytes: 0,
 			},

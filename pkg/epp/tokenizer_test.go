@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
@@ -61,7 +62,7 @@ func TestAGivenTokenizerGoesBeforeTheConfiguredOnes(t *testing.T) {
 	}
 	e := &EPP{reg: prometheus.NewRegistry(), opts: Options{RequestPath: RequestPathOptions{
 		Tokenizers: map[string]*hftokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
-		Tokenizer: sim.Tokenizer{Model: "sim-model"},
+		Tokenizer: simkit.Tokenizer{Model: "sim-model"},
 	}}}
 	tz := e.newTokenizer()
 	defer tz.(interface{ Close() }).Close()
@@ -76,7 +77,7 @@ func TestAGivenTokenizerGoesBeforeTheConfiguredOnes(t *testing.T) {
 		t.Errorf("a configured model: %v, %v; want the in-process tokenizer's %v", got, err, want)
 	}
 	e.opts.RequestPath.Tokenizers = nil
-	if _, ok := e.newTokenizer().(sim.Tokenizer); !ok {
+	if _, ok := e.newTokenizer().(simkit.Tokenizer); !ok {
 		t.Errorf("with nothing else configured the request path tokenizer is %T, want the given one alone", e.newTokenizer())
 	}
 }

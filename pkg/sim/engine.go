@@ -2,7 +2,8 @@
 // vLLM block pools (pkg/blockpool) and that publish real vLLM-format event
 // batches, over NATS with the kvroute headers or over ZeroMQ as vLLM itself
 // does (or both), and workloads to drive them.
-// The demo and the routing benchmarks run on it.
+// It is a model server and knows nothing of the EPP: it imports only the
+// events contract it publishes, and pkg/harness puts it beside the EPP.
 package sim
 
 import (
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
@@ -25,10 +25,14 @@ type EngineConfig struct {
 	// Encoding is how event batches are written: vLLM's array form (up to
 	// about 0.23) or its map form (0.26 and later).
 	Encoding events.Encoding
-	// Sink, when set, is handed each step's batch as it is made, as an
-	// event consumer would hand it on: a run in virtual time feeds an
-	// index this way, with no transport between.
+	// Sink, when set, is handed each step's batch once it is published
+	// (made, when the engine publishes nothing), as an event consumer
+	// would hand it on: a run in virtual time feeds an index this way,
+	// with no transport between, and a relay's mirror beside an engine
+	// publishing over NATS follows what it published.
 	Sink events.Sink
+	// Tokenizer is the model's tokenizer (nil: Words).
+	Tokenizer Tokenizer
 }
 
 // Engine is one simulated vLLM engine. Its methods are safe for concurrent
@@ -46,25 +50,24 @@ type Engine struct {
 	// last is the seq of the last batch emitted, valid once emitted.
 	last    uint64
 	emitted bool
-	// mirror follows what the engine publishes over NATS, so that it can
-	// answer snapshot requests as a relay does (ServeSnapshots).
-	mirror *relay.Mirror
 }
 
 // NewEngine returns an engine publishing through pub (nil: not over NATS;
 // StartZMQ adds vLLM's own ZeroMQ output).
 func NewEngine(cfg EngineConfig, pub *events.Publisher) *Engine {
-	e := &Engine{
+	return &Engine{
 		cfg:      cfg,
 		pub:      pub,
 		pool:     blockpool.New(cfg.Pool),
 		instance: fmt.Sprintf("%s-%d", cfg.Pod, time.Now().UnixNano()),
 	}
-	if pub != nil {
-		e.mirror = relay.NewMirror(relay.DefaultMirrorMaxBlocks)
-		e.mirror.Reset(e.instance)
+}
+
+func (e *Engine) tokenizer() Tokenizer {
+	if e.cfg.Tokenizer == nil {
+		return Words{}
 	}
-	return e
+	return e.cfg.Tokenizer
 }
 
 // Config returns the engine's configuration.
@@ -135,28 +138,27 @@ func (e *Engine) step() error {
 	}
 	e.last, e.emitted = seq, true
 	o := e.origin(seq)
-	if e.cfg.Sink != nil {
-		e.cfg.Sink.Apply(o, b)
-	}
-	if e.pub == nil && e.zmq == nil {
-		return nil
-	}
-	var err error
-	e.buf, err = events.AppendBatch(e.buf[:0], b, e.cfg.Encoding)
-	if err != nil {
-		return fmt.Errorf("engine %s: encode batch %d: %w", e.cfg.Pod, seq, err)
+	if e.pub != nil || e.zmq != nil {
+		var err error
+		e.buf, err = events.AppendBatch(e.buf[:0], b, e.cfg.Encoding)
+		if err != nil {
+			return fmt.Errorf("engine %s: encode batch %d: %w", e.cfg.Pod, seq, err)
+		}
 	}
 	if e.zmq != nil {
 		if err := e.zmq.send(seq, e.buf); err != nil {
 			return fmt.Errorf("engine %s: %w", e.cfg.Pod, err)
 		}
 	}
-	if e.pub == nil {
-		return nil
+	if e.pub != nil {
+		if err := e.pub.Publish(o, e.buf); err != nil {
+			return fmt.Errorf("engine %s: publish batch %d: %w", e.cfg.Pod, seq, err)
+		}
 	}
-	e.mirror.Apply(seq, b, e.cfg.Pool.BlockSize, e.cfg.Pool.DPRank)
-	if err := e.pub.Publish(o, e.buf); err != nil {
-		return fmt.Errorf("engine %s: publish batch %d: %w", e.cfg.Pod, seq, err)
+	// After publishing, so that whatever the sink says of the batch (a
+	// heartbeat naming it) follows it on the wire.
+	if e.cfg.Sink != nil {
+		e.cfg.Sink.Apply(o, b)
 	}
 	return nil
 }

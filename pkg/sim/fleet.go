@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"time"
 
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
@@ -30,11 +29,15 @@ type FleetConfig struct {
 	// and map forms across the fleet, as a fleet mid-upgrade would.
 	Encoding       events.Encoding
 	MixedEncodings bool
-	// Publisher carries events onto NATS; nil publishes nothing. Engines
-	// that publish answer snapshot requests and send heartbeats as relays
-	// do (Engine.ServeSnapshots), every HeartbeatInterval.
-	Publisher         *events.Publisher
-	HeartbeatInterval time.Duration
+	// Publisher carries events onto NATS; nil publishes nothing.
+	Publisher *events.Publisher
+	// Sidecar, when set, gives each engine what runs beside it (a relay's
+	// snapshot service and heartbeats, for engines publishing straight to
+	// NATS): it hears the engine's batches as its Sink and runs until the
+	// fleet stops.
+	Sidecar func(EngineConfig) Sidecar
+	// Tokenizer is the model's tokenizer (nil: Words).
+	Tokenizer Tokenizer
 	// Host is the listen host (default 127.0.0.1).
 	Host string
 	// ZMQ, when set, gives engine i's ZeroMQ output (nil: none).
@@ -65,7 +68,14 @@ func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
 	if cfg.MixedEncodings && i%2 == 1 {
 		enc = events.EncodingMap
 	}
-	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc}
+	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer}
+}
+
+// Sidecar is what runs beside one engine of a fleet.
+type Sidecar interface {
+	events.Sink
+	// Run returns when ctx ends, or with an error if it cannot run.
+	Run(ctx context.Context) error
 }
 
 // TimingOf is engine i's timing: the fleet's, scaled by its speed.
@@ -93,7 +103,13 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 			f.Close()
 			return nil, fmt.Errorf("sim: listen: %w", err)
 		}
-		eng := NewEngine(cfg.EngineConfig(i, ln.Addr().String()), cfg.Publisher)
+		ecfg := cfg.EngineConfig(i, ln.Addr().String())
+		var side Sidecar
+		if cfg.Sidecar != nil {
+			side = cfg.Sidecar(ecfg)
+			ecfg.Sink = side
+		}
+		eng := NewEngine(ecfg, cfg.Publisher)
 		if cfg.ZMQ != nil {
 			if z := cfg.ZMQ(i); z != nil {
 				if err := eng.StartZMQ(*z); err != nil {
@@ -107,9 +123,9 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		rep := NewCore(eng, cfg.TimingOf(i))
 		srv := NewServer(rep, ln)
 		f.Servers = append(f.Servers, srv)
-		if cfg.Publisher != nil {
+		if side != nil {
 			f.wg.Add(1)
-			go func() { defer f.wg.Done(); f.record(eng.ServeSnapshots(ctx, cfg.HeartbeatInterval)) }()
+			go func() { defer f.wg.Done(); f.record(side.Run(ctx)) }()
 		}
 		f.wg.Add(2)
 		go func() { defer f.wg.Done(); f.record(rep.Run(ctx)) }()
@@ -129,7 +145,7 @@ func (f *Fleet) record(err error) {
 	}
 }
 
-// Replicas are the fleet's cores, in server order.
+// Cores are the fleet's cores, in server order.
 func (f *Fleet) Cores() []*Core {
 	out := make([]*Core, len(f.Servers))
 	for i, s := range f.Servers {

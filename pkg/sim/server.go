@@ -16,8 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
@@ -122,35 +120,45 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		Messages json.RawMessage `json:"messages"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		writeError(w, http.StatusBadRequest, "tokenize: "+err.Error())
+		writeError(w, http.StatusBadRequest, "tokenize: "+jsonReason(err))
 		return
 	}
-	var text string
-	switch {
-	case in.Prompt != nil:
-		text = *in.Prompt
-	case len(in.Messages) > 0:
-		req, err := openai.ParseRequest("/v1/chat/completions", body)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "tokenize: "+err.Error())
-			return
-		}
-		text = req.Prompt
-	default:
+	if in.Prompt == nil && isNull(in.Messages) {
 		writeError(w, http.StatusBadRequest, "tokenize: either prompt or messages is required")
 		return
 	}
-	ids := Tokenize(text)
+	req, err := parseRequest(body, in.Prompt == nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "tokenize: "+err.Error())
+		return
+	}
+	ids, err := s.promptTokens(req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "tokenize: "+err.Error())
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": MaxModelLen, "tokens": ids})
 }
 
-// genOptions are the request fields the engine's generation reads.
-type genOptions struct {
-	MaxTokens           *int `json:"max_tokens"`
-	MaxCompletionTokens *int `json:"max_completion_tokens"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
+// promptTokens is what the engine prefills for req: its token ids, or its
+// text (a chat's rendered by the model's chat template) tokenized.
+func (s *Server) promptTokens(req *genRequest) ([]uint32, error) {
+	if req.TokenIDs != nil {
+		return req.TokenIDs, nil
+	}
+	tok := s.r.eng.tokenizer()
+	text := req.Prompt
+	if req.Chat {
+		var err error
+		if text, err = tok.RenderChat(req.Messages); err != nil {
+			return nil, fmt.Errorf("%w: chat template: %v", errBadRequest, err)
+		}
+	}
+	ids, err := tok.Encode(text, req.AddSpecialTokens)
+	if err != nil {
+		return nil, fmt.Errorf("%w: tokenize: %v", errBadRequest, err)
+	}
+	return ids, nil
 }
 
 func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
@@ -159,13 +167,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
 		return
 	}
-	req, err := openai.ParseRequest(r.URL.Path, body)
+	chat := r.URL.Path == "/v1/chat/completions"
+	req, err := parseRequest(body, chat)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	var g genOptions
-	if err := json.Unmarshal(body, &g); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -173,44 +177,41 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("the model `%s` does not exist", req.Model))
 		return
 	}
-	tokens := req.TokenIDs
-	if len(tokens) == 0 {
-		tokens = Tokenize(req.Prompt)
+	tokens, err := s.promptTokens(req)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
 	}
 	if len(tokens) == 0 {
 		writeError(w, http.StatusBadRequest, "the prompt is empty")
 		return
 	}
 	maxTokens := defaultMaxTokens
-	switch {
-	case g.MaxCompletionTokens != nil:
-		maxTokens = *g.MaxCompletionTokens
-	case g.MaxTokens != nil:
-		maxTokens = *g.MaxTokens
+	if req.MaxTokens > 0 {
+		maxTokens = req.MaxTokens
 	}
 	if len(tokens) >= MaxModelLen {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("this model's maximum context length is %d tokens, and the prompt alone is %d tokens; shorten the prompt",
 			MaxModelLen, len(tokens)))
 		return
 	}
-	if maxTokens < 1 || maxTokens > MaxModelLen-len(tokens) {
+	if maxTokens > MaxModelLen-len(tokens) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("max_tokens must be in [1, %d] for a %d-token prompt (max_model_len %d)",
 			MaxModelLen-len(tokens), len(tokens), MaxModelLen))
 		return
 	}
-	seq, err := s.r.Submit(blockpool.Request{Tokens: tokens, LoRA: req.LoRA, Salt: req.CacheSalt}, maxTokens)
+	seq, err := s.r.Submit(blockpool.Request{Tokens: tokens, Salt: req.CacheSalt}, maxTokens)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	chat := req.API == request.APIChatCompletions
 	id := fmt.Sprintf("cmpl-%s-%d", s.r.eng.cfg.Pod, s.next.Add(1))
 	if chat {
 		id = "chat" + id
 	}
 	e := emitter{w: w, id: id, model: req.Model, chat: chat, created: time.Now().Unix()}
 	if req.Stream {
-		e.stream(r.Context(), seq, g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
+		e.stream(r.Context(), seq, req.IncludeUsage)
 		return
 	}
 	e.whole(r.Context(), seq)

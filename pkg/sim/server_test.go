@@ -8,11 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
 
@@ -245,33 +245,83 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 	}
 }
 
-func TestMetricsParseAsVLLMsAndFollowTheEngine(t *testing.T) {
-	t.Parallel()
-	s := startServer(t)
-	for range 2 {
-		if code, body := post(t, s, "/v1/completions", `{"model":"m","prompt":"a b c d e f g h i j","max_tokens":2}`); code != http.StatusOK {
-			t.Fatalf("status %d: %s", code, body)
-		}
+// byteTokenizer is a model's tokenizer other than Words: one token per
+// byte, a BOS of 1 when asked for special tokens, and a chat template of
+// its own.
+type byteTokenizer struct{}
+
+func (byteTokenizer) Encode(text string, special bool) ([]uint32, error) {
+	var ids []uint32
+	if special {
+		ids = append(ids, 1)
 	}
-	resp, err := http.Get("http://" + s.Addr() + "/metrics")
+	for _, b := range []byte(text) {
+		ids = append(ids, uint32(b))
+	}
+	return ids, nil
+}
+
+func (byteTokenizer) RenderChat(c *Chat) (string, error) { return "chat:" + string(c.Messages), nil }
+
+// The engine tokenizes with the tokenizer it is given, special tokens and
+// chat template included, in /tokenize and in what it prefills.
+func TestTheEngineUsesTheTokenizerItIsGiven(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m, err := scrape.ParseMetrics(page, scrape.DefaultMetricNames)
-	if err != nil {
-		t.Fatalf("ParseMetrics: %v\n%s", err, page)
-	}
-	if m.BlockSize != 4 || m.NumGPUBlocks != 512 {
-		t.Errorf("cache config = %d-token blocks, %d GPU blocks; want 4 and 512", m.BlockSize, m.NumGPUBlocks)
-	}
-	if m.WaitingQueueSize != 0 || m.RunningRequests != 0 {
-		t.Errorf("idle engine reports %d waiting, %d running", m.WaitingQueueSize, m.RunningRequests)
-	}
-	for _, want := range []string{"vllm:prefix_cache_queries_total{model_name=\"m\"} 20", "vllm:prefix_cache_hits_total{model_name=\"m\"} 8", "vllm:lora_requests_info"} {
-		if !bytes.Contains(page, []byte(want)) {
-			t.Errorf("metrics page lacks %q", want)
+	eng := NewEngine(EngineConfig{Pod: "p0", Address: ln.Addr().String(), Model: "m", Tokenizer: byteTokenizer{},
+		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 64, Seed: 1}}, nil)
+	s := NewServer(NewCore(eng, Timing{MaxSeqs: 4}), ln)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- s.Core().Run(ctx) }()
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
 		}
+	})
+	for _, tc := range []struct {
+		name, tokenize, path, complete string
+		want                           []uint32
+	}{
+		{"a completion, BOS added", `{"model":"m","prompt":"ab"}`, "/v1/completions", `{"model":"m","prompt":"ab","max_tokens":1}`, []uint32{1, 'a', 'b'}},
+		{"a completion without special tokens", `{"model":"m","prompt":"ab","add_special_tokens":false}`, "/v1/completions",
+			`{"model":"m","prompt":"ab","max_tokens":1,"add_special_tokens":false}`, []uint32{'a', 'b'}},
+		{"empty messages, refused before the template", `{"model":"m","messages":[]}`, "", "", nil},
+		{"a chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, "/v1/chat/completions",
+			`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1}`, byteIDs(`chat:[{"role":"user","content":"x"}]`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := post(t, s, "/tokenize", tc.tokenize)
+			if tc.want == nil {
+				if code != http.StatusBadRequest {
+					t.Fatalf("status %d, want 400: %s", code, body)
+				}
+				return
+			}
+			var tok struct{ Tokens []uint32 }
+			if err := json.Unmarshal(body, &tok); err != nil || code != http.StatusOK || !slices.Equal(tok.Tokens, tc.want) {
+				t.Fatalf("/tokenize: status %d, %v: %s; want ids %v", code, err, body, tc.want)
+			}
+			code, body = post(t, s, tc.path, tc.complete)
+			var resp struct{ Usage usage }
+			if err := json.Unmarshal(body, &resp); err != nil || code != http.StatusOK || resp.Usage.PromptTokens != len(tc.want) {
+				t.Fatalf("%s: status %d, %v: %s; want %d prompt tokens", tc.path, code, err, body, len(tc.want))
+			}
+		})
 	}
+}
+
+func byteIDs(s string) []uint32 {
+	ids := make([]uint32, len(s))
+	for i := range len(s) {
+		ids[i] = uint32(s[i])
+	}
+	return ids
 }

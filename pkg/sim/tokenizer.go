@@ -1,22 +1,125 @@
 package sim
 
 import (
-	"context"
+	"encoding/json"
 	"hash/fnv"
 	"strings"
-
-	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 )
 
 // TokenVocab bounds the simulated tokenizer's ids.
 const TokenVocab = 50000
 
-// Tokenize is the simulated engines' tokenizer, shared with the load
-// generator: one token per whitespace-separated word, a hash of the word
-// below TokenVocab. It only has to be deterministic and prefix-preserving
-// (a text's tokens start with those of any word-aligned prefix), which is
-// what prefix caching needs from a real one.
+// Tokenizer is what an engine needs of its model's tokenizer: a prompt's
+// token ids, and a chat's messages rendered by the model's chat template
+// into the prompt those ids are taken from. Whoever builds the engine
+// chooses it (EngineConfig.Tokenizer); Words is the default.
+type Tokenizer interface {
+	Encode(text string, addSpecialTokens bool) ([]uint32, error)
+	RenderChat(c *Chat) (string, error)
+}
+
+// Chat is what a chat request gives the chat template, as the client sent
+// it: JSON values are kept raw.
+type Chat struct {
+	// Messages is the JSON array of message objects; each has a string
+	// role, checked by the engine before rendering.
+	Messages             json.RawMessage
+	Tools                json.RawMessage
+	ChatTemplate         string
+	ChatTemplateKwargs   json.RawMessage
+	AddGenerationPrompt  bool
+	ContinueFinalMessage bool
+}
+
+// Words is the simulated models' tokenizer: one token per
+// whitespace-separated word, a hash of the word below TokenVocab, and no
+// special tokens. It only has to be deterministic and prefix-preserving (a
+// text's tokens start with those of any word-aligned prefix), which is
+// what prefix caching needs from a real one. Its chat template writes each
+// message as a line naming its role, then its content.
+type Words struct{}
+
+var _ Tokenizer = Words{}
+
+// Encode implements Tokenizer.
+func (Words) Encode(text string, _ bool) ([]uint32, error) { return Tokenize(text), nil }
+
+// RenderChat implements Tokenizer. Content parts that are not text render
+// as a placeholder naming their type.
+func (Words) RenderChat(c *Chat) (string, error) {
+	var msgs []struct {
+		Role      string          `json:"role"`
+		Name      string          `json:"name"`
+		Content   json.RawMessage `json:"content"`
+		ToolCalls json.RawMessage `json:"tool_calls"`
+	}
+	if err := json.Unmarshal(c.Messages, &msgs); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if len(c.Tools) > 0 && string(c.Tools) != "null" {
+		b.WriteString("<tools> ")
+		b.Write(c.Tools)
+		b.WriteString("\n")
+	}
+	for _, m := range msgs {
+		b.WriteString("<" + m.Role)
+		if m.Name != "" {
+			b.WriteString(" " + m.Name)
+		}
+		b.WriteString(">\n")
+		text, err := contentText(m.Content)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(text)
+		if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
+			b.WriteString("\n<tool_calls> ")
+			b.Write(m.ToolCalls)
+		}
+		b.WriteString("\n")
+	}
+	if c.AddGenerationPrompt && !c.ContinueFinalMessage {
+		b.WriteString("<assistant>\n")
+	}
+	return b.String(), nil
+}
+
+// contentText is a message's content as text: a string, nothing for null,
+// or its parts' texts in order.
+func contentText(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	if raw[0] == '"' {
+		var s string
+		err := json.Unmarshal(raw, &s)
+		return s, err
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		switch {
+		case p.Type == "text" || (p.Type == "" && p.Text != nil):
+			if p.Text != nil {
+				b.WriteString(*p.Text)
+			}
+		case p.Type == "":
+			b.WriteString("<untyped>")
+		default:
+			b.WriteString("<" + p.Type + ">")
+		}
+	}
+	return b.String(), nil
+}
+
+// Tokenize is Words' encoding of s.
 func Tokenize(s string) []uint32 {
 	ids := make([]uint32, 0, len(s)/4)
 	for _, w := range strings.Fields(s) {
@@ -29,19 +132,4 @@ func wordID(w string) uint32 {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(w))
 	return h.Sum32() % TokenVocab
-}
-
-// Tokenizer is Tokenize on the EPP's request path, for the model Model: an
-// EPP given it tokenizes the simulated engines' requests in process, as a
-// deployment gives its EPP the model's tokenizer files, instead of asking
-// an engine's /tokenize. A chat's prompt is its rendered messages, as the
-// engines' chat endpoint renders them.
-type Tokenizer struct{ Model string }
-
-// Tokenize implements tokenize.Tokenizer.
-func (t Tokenizer) Tokenize(_ context.Context, req *request.Request) ([]uint32, error) {
-	if req.Model != t.Model || req.Prompt == "" {
-		return nil, tokenize.ErrUnsupported
-	}
-	return Tokenize(req.Prompt), nil
 }

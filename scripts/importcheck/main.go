@@ -64,7 +64,7 @@ var rules = []rule{
 	{Path: "pkg/requestpath", May: []string{"pkg/requestpath", "pkg/scheduling", "pkg/prepare", "pkg/datalayer", "pkg/events", "pkg/plugin", "pkg/request"}},
 	{Path: "pkg/epp/prefixquery", May: []string{"pkg/datalayer"}},
 	{Path: "pkg/epp", AnyBut: []string{"pkg/sim", "pkg/harness", "pkg/testkit", "cmd"}, NeverLinks: []string{"pkg/sim", "pkg/harness", "pkg/testkit"}},
-	{Path: "pkg/sim", AnyBut: []string{"pkg/testkit", "pkg/harness", "cmd"}, NeverLinks: []string{"pkg/testkit", "pkg/harness"}},
+	{Path: "pkg/sim", May: []string{"pkg/sim", "pkg/events"}},
 	{Path: "pkg/harness", AnyBut: []string{"pkg/testkit", "cmd"}, NeverLinks: []string{"pkg/testkit"}},
 	{Path: "pkg/testkit", AnyBut: []string{"cmd"}},
 	{

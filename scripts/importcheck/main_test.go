@@ -55,3 +55,21 @@ func TestTheModuleFollowsItsRules(t *testing.T) {
 		t.Error(p)
 	}
 }
+
+// The simulated engine is a model server: of the module it may use only
+// the events contract and itself, never a part of the EPP or what puts
+// the two together.
+func TestTheEngineMayImportNothingOfTheEPP(t *testing.T) {
+	t.Parallel()
+	for _, p := range []string{"pkg/sim", "pkg/sim/blockpool"} {
+		for _, imp := range []string{"pkg/epp", "pkg/requestpath/openai", "pkg/requestpath/tokenize", "pkg/datalayer/index",
+			"pkg/ingest/relay", "pkg/scheduling", "pkg/prepare", "pkg/predict", "pkg/request", "pkg/harness/simkit", "pkg/testkit", "cmd/kvsim"} {
+			if got := check([]pkg{{ImportPath: p, Imports: []string{imp}}}, rules); len(got) != 1 {
+				t.Errorf("%s importing %s: %q, want it refused", p, imp, got)
+			}
+		}
+		if got := check([]pkg{{ImportPath: p, Imports: []string{"pkg/events", "pkg/sim/blockpool"}}}, rules); len(got) != 0 {
+			t.Errorf("%s importing the events contract and the engine's own packages: %q", p, got)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
@@ -62,9 +63,10 @@ func TestARestartedReplicaBesideEnginesOnNATSAgreesWithItsTwin(t *testing.T) {
 	srv := testkit.StartNATS(t, testkit.NATSOptions{})
 	nc := srv.Connect(t, "fleet")
 	ctx, cancel := context.WithCancel(context.Background())
+	pub := events.NewPublisher(nc, "ns", "pool")
 	f, err := sim.StartFleet(ctx, sim.FleetConfig{Engines: 3, Model: "m",
 		Pool:      blockpool.Config{BlockSize: 4, GPUBlocks: 64, CPUBlocks: 8, Seed: 5},
-		Publisher: events.NewPublisher(nc, "ns", "pool"), HeartbeatInterval: 50 * time.Millisecond})
+		Publisher: pub, Sidecar: simkit.Relays(pub, 50*time.Millisecond)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +97,7 @@ func TestARestartedReplicaBesideEnginesOnNATSAgreesWithItsTwin(t *testing.T) {
 		for _, r := range f.Cores() {
 			eng := r.Engine()
 			addr := eng.Config().Address
-			truth, err := eng.TrueHoldings()
+			truth, err := simkit.TrueHoldings(eng)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -103,7 +105,7 @@ func TestARestartedReplicaBesideEnginesOnNATSAgreesWithItsTwin(t *testing.T) {
 				if st, _ := e.Index().State(addr); st != datalayer.StreamExact {
 					return fmt.Errorf("%s: %s is %s", name, addr, st)
 				}
-				if d := sim.DiffHoldings(truth, e.Index().Holdings(addr)); !d.Exact() {
+				if d := simkit.DiffHoldings(truth, e.Index().Holdings(addr)); !d.Exact() {
 					return fmt.Errorf("%s: %s: %s", name, addr, d)
 				}
 			}

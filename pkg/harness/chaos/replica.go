@@ -10,10 +10,10 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
 	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/sim"
 )
 
 // Replica is one EPP, built by epp.New as cmd/epp builds it, consuming the
@@ -154,7 +154,7 @@ func (w *World) ServeVia(n int, replicas []*Replica) (Picks, error) {
 type PodView struct {
 	Pod   string
 	State datalayer.StreamState
-	Diff  sim.HoldingsDiff
+	Diff  simkit.HoldingsDiff
 	// holdings are the replica's, to compare replicas.
 	holdings map[uint64]uint8
 }
@@ -164,13 +164,13 @@ type PodView struct {
 func (w *World) View(r *Replica) ([]PodView, error) {
 	out := make([]PodView, 0, len(w.Pods))
 	for _, p := range w.Pods {
-		truth, err := p.Engine.TrueHoldings()
+		truth, err := simkit.TrueHoldings(p.Engine)
 		if err != nil {
 			return nil, err
 		}
 		h := r.EPP.Index().Holdings(p.Addr)
 		st, _ := r.EPP.Index().State(p.Addr)
-		out = append(out, PodView{Pod: p.Name, State: st, Diff: sim.DiffHoldings(truth, h), holdings: h})
+		out = append(out, PodView{Pod: p.Name, State: st, Diff: simkit.DiffHoldings(truth, h), holdings: h})
 	}
 	return out, nil
 }

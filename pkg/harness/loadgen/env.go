@@ -17,7 +17,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
@@ -123,7 +125,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
 		RequestPath: epp.RequestPathOptions{
 			ProxyAddr: "127.0.0.1:0", Tokenize: true, TokenizeTimeout: 5 * time.Second,
-			Tokenizer: sim.Tokenizer{Model: fo.Model},
+			Tokenizer: simkit.Tokenizer{Model: fo.Model},
 		},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -141,6 +143,7 @@ func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) 
 			return nil, fmt.Errorf("loadgen: connect fleet to NATS: %w", err)
 		}
 		fc.Publisher = events.NewPublisher(env.nc, e.Namespace(), e.Pool())
+		fc.Sidecar = simkit.Relays(fc.Publisher, 0)
 	}
 	env.Fleet, err = sim.StartFleet(ctx, fc)
 	if err != nil {
@@ -329,4 +332,13 @@ func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	}
 	fc.Pool.Seed = seed
 	return fc
+}
+
+// engineTokens is what the engines prefill for req: its token ids, or its
+// prompt as their tokenizer renders and encodes it.
+func engineTokens(ctx context.Context, req *request.Request) ([]uint32, error) {
+	if req.TokenIDs != nil {
+		return req.TokenIDs, nil
+	}
+	return simkit.Tokenizer{Model: req.Model}.Tokenize(ctx, req)
 }

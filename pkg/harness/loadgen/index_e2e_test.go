@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
@@ -55,11 +56,12 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pub := events.NewPublisher(nc, e.Namespace(), e.Pool())
 	f, err := sim.StartFleet(ctx, sim.FleetConfig{
 		Engines: 3, Model: "m", MixedEncodings: true,
 		Pool:      blockpool.Config{BlockSize: bs, GPUBlocks: 96, CPUBlocks: 48, Seed: seed},
 		Timing:    sim.Timing{PrefillPerToken: time.Microsecond, DecodeStep: 50 * time.Microsecond, MaxSeqs: 3},
-		Publisher: events.NewPublisher(nc, e.Namespace(), e.Pool()),
+		Publisher: pub, Sidecar: simkit.Relays(pub, 0),
 	})
 	if err != nil {
 		t.Fatal(err)

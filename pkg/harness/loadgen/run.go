@@ -127,7 +127,11 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 		s.Err = fmt.Errorf("loadgen: own request refused: %w", err)
 		return s, ""
 	}
-	tokens := sim.Tokenize(parsed.Prompt)
+	tokens, err := engineTokens(ctx, parsed)
+	if err != nil {
+		s.Err = fmt.Errorf("loadgen: own request: %w", err)
+		return s, ""
+	}
 	base, endpoint := r.route(parsed.Prompt, tokens)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {

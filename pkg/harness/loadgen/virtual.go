@@ -138,7 +138,9 @@ func (v *virtualRun) pick(ctx context.Context, path string, body []byte, headers
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("loadgen: own request refused: %w", err)
 	}
-	tokens = sim.Tokenize(req.Prompt)
+	if tokens, err = engineTokens(ctx, req); err != nil {
+		return 0, nil, nil, fmt.Errorf("loadgen: own request: %w", err)
+	}
 	if v.dir == nil {
 		_, endpoint := v.router.route(req.Prompt, tokens)
 		return v.addrs[endpoint], tokens, nil, nil

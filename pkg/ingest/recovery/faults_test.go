@@ -7,8 +7,8 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
-	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -217,11 +217,11 @@ func TestALateJoinSettlesPartialWithNoFalseHolding(t *testing.T) {
 		if state, _ := st.ix.State(s.addr); state != datalayer.StreamPartial {
 			return fmt.Errorf("%s is %s", s.addr, state)
 		}
-		truth, err := s.eng.TrueHoldings()
+		truth, err := simkit.TrueHoldings(s.eng)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr)); d.False != 0 || d.WrongTier != 0 {
+		if d := simkit.DiffHoldings(truth, st.ix.Holdings(s.addr)); d.False != 0 || d.WrongTier != 0 {
 			return errors.New(d.String())
 		}
 		return nil
@@ -232,8 +232,8 @@ func TestALateJoinSettlesPartialWithNoFalseHolding(t *testing.T) {
 		}
 		return nil
 	})
-	truth, _ := s.eng.TrueHoldings()
-	d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr))
+	truth, _ := simkit.TrueHoldings(s.eng)
+	d := simkit.DiffHoldings(truth, st.ix.Holdings(s.addr))
 	if d.Missing == 0 || d.Missing == d.Held {
 		t.Errorf("late joiner: %s; want some blocks known and some missing", d)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/harness/chaos"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
 	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/ingest/relay"
@@ -458,11 +459,11 @@ func (w *world) mismatch(st *stack) string { return w.mismatchOf(st, w.slots) }
 // mismatchOf is mismatch for some of the pods.
 func (w *world) mismatchOf(st *stack, slots []*slot) string {
 	for _, s := range slots {
-		truth, err := s.eng.TrueHoldings()
+		truth, err := simkit.TrueHoldings(s.eng)
 		if err != nil {
 			w.t.Fatal(err)
 		}
-		if d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr)); !d.Exact() {
+		if d := simkit.DiffHoldings(truth, st.ix.Holdings(s.addr)); !d.Exact() {
 			return fmt.Sprintf("%s: index vs engine over all blocks: %s", s.addr, d)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/sim"
@@ -27,7 +28,7 @@ func (c *counting) Close()                               { c.closed = true }
 
 func TestChainTriesTheFirstThenTheNextForWhatTheFirstDoesNotHandle(t *testing.T) {
 	next := &counting{}
-	c := tokenize.Chain(sim.Tokenizer{Model: "sim-model"}, next)
+	c := tokenize.Chain(simkit.Tokenizer{Model: "sim-model"}, next)
 	ctx := context.Background()
 
 	ids, err := c.Tokenize(ctx, &request.Request{Model: "sim-model", Prompt: "hello kvroute hello"})

@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -213,23 +214,26 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// startServer starts stand-in i: its engine, publishing on pub, whose
-// snapshot service runs in engines until ctx ends (reporting its error to
-// fail), and its HTTP server.
+// startServer starts stand-in i: its engine, publishing on pub, the
+// relay beside it, whose snapshot service runs in engines until ctx ends
+// (reporting its error to fail), and its HTTP server.
 func startServer(ctx context.Context, i int, o Options, pub *events.Publisher, engines *sync.WaitGroup, fail func(error)) (*ModelServer, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	ms := &ModelServer{Addr: ln.Addr().String(), model: o.Model}
-	ms.Engine = sim.NewEngine(sim.EngineConfig{
+	cfg := sim.EngineConfig{
 		Pod: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Model: o.Model,
 		Pool: blockpool.Config{BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, Seed: uint64(i + 1)},
-	}, pub)
+	}
+	rel := simkit.NewRelay(pub, cfg, 0)
+	cfg.Sink = rel
+	ms.Engine = sim.NewEngine(cfg, pub)
 	engines.Add(1)
 	go func() {
 		defer engines.Done()
-		if err := ms.Engine.ServeSnapshots(ctx, 0); err != nil {
+		if err := rel.Run(ctx); err != nil {
 			fail(err)
 		}
 	}()

@@ -1,9 +1,10 @@
-package sim_test
+package simkit_test
 
 import (
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
@@ -45,11 +46,11 @@ func TestTrueHoldingsAreWhatAnExactIndexHolds(t *testing.T) {
 					}
 				}
 			}
-			truth, err := eng.TrueHoldings()
+			truth, err := simkit.TrueHoldings(eng)
 			if err != nil {
 				t.Fatal(err)
 			}
-			d := sim.DiffHoldings(truth, ix.Holdings(addr))
+			d := simkit.DiffHoldings(truth, ix.Holdings(addr))
 			if !d.Exact() || d.Held == 0 {
 				t.Fatalf("index vs truth: %s", d)
 			}
@@ -65,7 +66,7 @@ func TestTrueHoldingsAreWhatAnExactIndexHolds(t *testing.T) {
 			// An index that never saw the engine is missing everything.
 			other := index.New(index.Options{}, nil)
 			other.AddEndpoint(addr)
-			if d := sim.DiffHoldings(truth, other.Holdings(addr)); d.Missing != d.Held || d.False != 0 {
+			if d := simkit.DiffHoldings(truth, other.Holdings(addr)); d.Missing != d.Held || d.False != 0 {
 				t.Fatalf("an empty index vs truth: %s", d)
 			}
 		})

@@ -1,4 +1,4 @@
-package sim_test
+package simkit_test
 
 import (
 	"context"
@@ -9,23 +9,29 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
-// An engine publishing straight to NATS answers snapshot requests as a
-// relay does, and its heartbeats name its last batch.
-func TestAnEngineOnNATSAnswersSnapshotsAndHeartbeats(t *testing.T) {
+// The relay beside an engine publishing straight to NATS answers snapshot
+// requests from what the engine published, and its heartbeats name the
+// engine's last batch.
+func TestTheRelayBesideAnEngineAnswersSnapshotsAndHeartbeats(t *testing.T) {
 	t.Parallel()
 	srv := testkit.StartNATS(t, testkit.NATSOptions{InProcess: true})
 	nc := srv.Connect(t, "engine")
 	const bs = 4
-	eng := sim.NewEngine(sim.EngineConfig{Pod: "vllm-0", Address: "10.0.0.7:8000", Model: "m",
-		Pool: blockpool.Config{BlockSize: bs, GPUBlocks: 24, CPUBlocks: 8, Seed: 3}}, events.NewPublisher(nc, "ns", "pool"))
+	pub := events.NewPublisher(nc, "ns", "pool")
+	cfg := sim.EngineConfig{Pod: "vllm-0", Address: "10.0.0.7:8000", Model: "m",
+		Pool: blockpool.Config{BlockSize: bs, GPUBlocks: 24, CPUBlocks: 8, Seed: 3}}
+	rel := simkit.NewRelay(pub, cfg, 10*time.Millisecond)
+	cfg.Sink = rel
+	eng := sim.NewEngine(cfg, pub)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- eng.ServeSnapshots(ctx, 10*time.Millisecond) }()
+	go func() { served <- rel.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {
