@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
@@ -140,7 +141,35 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	tokenFile := func(p *corev1.Pod) string {
 		return apiserver.TokenFile(t, cs, ns, p.Spec.ServiceAccountName, flags.Audience, p)
 	}
-	vllm := []*corev1.Pod{pod("vllm-0", flags.RelayServiceAccount), pod("vllm-1", flags.RelayServiceAccount)}
+	// The model servers carry the labels the chart's vLLM pods carry; the
+	// callout admits relays of the pods its --pod-selector picks.
+	selector, err := labels.Parse(flags.PodSelector)
+	if err != nil || selector.Empty() {
+		t.Fatalf("the callout's --pod-selector %q: %v", flags.PodSelector, err)
+	}
+	vllmLabels, _, _ := unstructured.NestedStringMap(find(t, objs, "Deployment", "kv-kvroute-vllm").Object, "spec", "template", "metadata", "labels")
+	if !selector.Matches(labels.Set(vllmLabels)) {
+		t.Fatalf("the callout's --pod-selector %q does not pick the chart's vLLM pods (%v)", flags.PodSelector, vllmLabels)
+	}
+	var poolSel map[string]string
+	for _, o := range objs {
+		if o.GetKind() == "InferencePool" {
+			poolSel, _, _ = unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
+		}
+	}
+	if labels.SelectorFromSet(poolSel).String() != selector.String() {
+		t.Fatalf("the callout's --pod-selector %q is not the InferencePool's %v", flags.PodSelector, poolSel)
+	}
+	poolPod := func(name string) *corev1.Pod {
+		p := pod(name, flags.RelayServiceAccount)
+		p.Labels = vllmLabels
+		p, err := cs.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	vllm := []*corev1.Pod{poolPod("vllm-0"), poolPod("vllm-1")}
 	eppPod := pod("epp-0", flags.EPPServiceAccount)
 
 	// NATS, configured by the chart; only its listeners move to free ports.
@@ -173,6 +202,20 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	co := flags.Options
 	co.Issuer = issuer
 	co.Reviewer = &natscallout.TokenReviewer{Client: cs.AuthenticationV1(), Audience: flags.Audience}
+	// The issuer the API server's tokens name, as the callout reads it off
+	// its own token in the cluster.
+	own, err := natscallout.ParseToken(apiserver.Token(t, cs, ns, flags.EPPServiceAccount, flags.Audience, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	co.TokenIssuer = own.Issuer
+	pods := natscallout.NewPodLister(cs, ns, selector)
+	pctx, pcancel := context.WithCancel(ctx)
+	t.Cleanup(func() { pcancel(); pods.Shutdown() })
+	if err := pods.Start(pctx); err != nil {
+		t.Fatal(err)
+	}
+	co.Pods = pods
 	co.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	svc, err := natscallout.New(acnc, co)
 	if err != nil {
@@ -189,7 +232,17 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 			pool = v
 		}
 	}
-	auth := natsauth.Config{TokenFile: tokenFile(eppPod)}
+	var inbox string
+	env, _ := container(t, find(t, objs, "Deployment", "kv-kvroute-epp"), "epp")["env"].([]any)
+	for _, e := range env {
+		if m := e.(map[string]any); m["name"] == "NATS_INBOX_PREFIX" {
+			inbox, _ = m["value"].(string)
+		}
+	}
+	if inbox != events.EPPInboxPrefix {
+		t.Fatalf("the EPP's NATS_INBOX_PREFIX is %q, the callout grants %s.>", inbox, events.EPPInboxPrefix)
+	}
+	auth := natsauth.Config{TokenFile: tokenFile(eppPod), InboxPrefix: inbox}
 	natsOpts, err := auth.Options()
 	if err != nil {
 		t.Fatal(err)

@@ -207,7 +207,7 @@ var defaultKinds = []string{
 	"HTTPRoute/kv-kvroute", "InferencePool/kv-kvroute",
 	"NetworkPolicy/kv-kvroute-epp", "NetworkPolicy/kv-kvroute-nats", "NetworkPolicy/kv-kvroute-vllm",
 	"PodDisruptionBudget/kv-kvroute-epp",
-	"Role/kv-kvroute-epp", "RoleBinding/kv-kvroute-epp",
+	"Role/kv-kvroute-epp", "Role/kv-kvroute-nats-auth", "RoleBinding/kv-kvroute-epp", "RoleBinding/kv-kvroute-nats-auth",
 	"Service/kv-kvroute-epp", "Service/kv-kvroute-nats",
 	"ServiceAccount/kv-kvroute-epp", "ServiceAccount/kv-kvroute-nats-auth", "ServiceAccount/kv-kvroute-relay",
 	"StatefulSet/kv-kvroute-nats",

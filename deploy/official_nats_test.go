@@ -34,16 +34,20 @@ func TestTheOfficialNATSChartValuesCarryKvroutesSubjectRights(t *testing.T) {
 		name, _ := m["user"].(string)
 		rights[name], _ = m["permissions"].(map[string]any)
 	}
-	allow := func(user, dir string) []string {
+	list2 := func(user, dir, kind string) []string {
 		d, _ := rights[user][dir].(map[string]any)
 		var out []string
-		raw, _ := d["allow"].([]any)
+		raw, _ := d[kind].([]any)
 		for _, s := range raw {
 			out = append(out, s.(string))
 		}
 		return out
 	}
+	allow := func(user, dir string) []string { return list2(user, dir, "allow") }
 	epp := natscallout.EPPPermissions(ns, pool, true, "")
+	if got := list2("kvroute-epp", "publish", "deny"); !slices.Equal(got, epp.Pub.Deny) {
+		t.Errorf("the EPP is denied %v; the callout denies %v", got, epp.Pub.Deny)
+	}
 	if got := allow("kvroute-epp", "publish"); !slices.Equal(got, epp.Pub.Allow) {
 		t.Errorf("the EPP may publish %v; the callout gives %v", got, epp.Pub.Allow)
 	}

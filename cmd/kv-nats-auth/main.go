@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
@@ -68,7 +70,7 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	o := f.Options
-	dir, url, audience, httpAddr, logLevel := &f.Dir, &f.NATSURL, &f.Audience, &f.HTTPAddr, &f.LogLevel
+	dir, url, httpAddr, logLevel := &f.Dir, &f.NATSURL, &f.HTTPAddr, &f.LogLevel
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -88,13 +90,28 @@ func serve(args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	o.Reviewer = &natscallout.TokenReviewer{Client: cs.AuthenticationV1(), Audience: *audience}
+	o.Reviewer = &natscallout.TokenReviewer{Client: cs.AuthenticationV1(), Audience: o.Audience}
+	if o.TokenIssuer == "" {
+		o.TokenIssuer = ownIssuer()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if o.RelayServiceAccount != "" {
+		sel, err := labels.Parse(f.PodSelector)
+		if err != nil || sel.Empty() {
+			return fmt.Errorf("--pod-selector %q: the pool's pods must be named by a non-empty selector (%v)", f.PodSelector, err)
+		}
+		pods := natscallout.NewPodLister(cs, o.Namespace, sel)
+		if err := pods.Start(ctx); err != nil {
+			return err
+		}
+		defer pods.Shutdown()
+		o.Pods = pods
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	o.Registerer = reg
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	nc, err := nats.Connect(*url, nats.Name("kv-nats-auth"), nats.UserInfo(natscallout.AuthUser, password),
 		nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond), nats.Timeout(10*time.Second))
 	if err != nil {
@@ -127,6 +144,25 @@ func serve(args []string, stderr io.Writer) error {
 		_ = srv.Shutdown(sctx)
 	}()
 	log.Info("auth callout serving", "nats", *url, "namespace", o.Namespace, "pool", o.Pool,
-		"relay_service_account", o.RelayServiceAccount, "epp_service_account", o.EPPServiceAccount)
+		"relay_service_account", o.RelayServiceAccount, "epp_service_account", o.EPPServiceAccount,
+		"pod_selector", f.PodSelector, "token_issuer", o.TokenIssuer)
 	return svc.Run(ctx)
+}
+
+// inClusterToken is where the kubelet mounts the pod's own ServiceAccount
+// token.
+const inClusterToken = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+// ownIssuer is the issuer of the callout's own token: the API server signs
+// every ServiceAccount token of the cluster with the same one.
+func ownIssuer() string {
+	b, err := os.ReadFile(inClusterToken)
+	if err != nil {
+		return ""
+	}
+	c, err := natscallout.ParseToken(strings.TrimSpace(string(b)))
+	if err != nil {
+		return ""
+	}
+	return c.Issuer
 }

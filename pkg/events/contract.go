@@ -51,6 +51,12 @@ const (
 // requests on: kv.snapshot.<namespace>.<pool>.<pod>. See docs/snapshot.md.
 const SnapshotSubjectPrefix = "kv.snapshot"
 
+// EPPInboxPrefix is the prefix of the EPP's reply subjects (its snapshot
+// requests' and JetStream's), given to nats.CustomInboxPrefix. The NATS
+// auth callout lets the EPP subscribe to EPPInboxPrefix.> and to no other
+// inbox, so it reads no other client's replies.
+const EPPInboxPrefix = "_INBOX_kvroute_epp"
+
 // The headers a snapshot reply adds to the contract's headers. Each reply
 // message is one chunk; Kv-Seq on every chunk is the last batch the snapshot
 // includes, and Kv-Instance the engine instance it describes.

@@ -35,9 +35,9 @@ func TestEnsureStream(t *testing.T) {
 			wantName: "KV_EVENTS_prod_llama", wantAge: DefaultStreamMaxAge, wantBytes: DefaultStreamMaxBytes,
 		},
 		{
-			name:     "an existing stream is updated in place",
+			name:     "an existing stream is kept as it is",
 			cfg:      StreamConfig{Namespace: "prod", Pool: "llama", MaxAge: time.Minute, MaxBytes: 1 << 20},
-			wantName: "KV_EVENTS_prod_llama", wantAge: time.Minute, wantBytes: 1 << 20,
+			wantName: "KV_EVENTS_prod_llama", wantAge: DefaultStreamMaxAge, wantBytes: DefaultStreamMaxBytes,
 		},
 		{
 			name:     "a named memory stream",
@@ -73,6 +73,13 @@ func TestEnsureStream(t *testing.T) {
 			}
 			if c.Discard != jetstream.DiscardOld {
 				t.Errorf("discard policy %v, want old messages discarded first", c.Discard)
+			}
+			if c.MaxMsgsPerSubject != DefaultStreamMaxMsgsPerPod || c.MaxMsgSize != DefaultStreamMaxMsgSize {
+				t.Errorf("per pod: %d batches of at most %d bytes, want %d of %d",
+					c.MaxMsgsPerSubject, c.MaxMsgSize, DefaultStreamMaxMsgsPerPod, DefaultStreamMaxMsgSize)
+			}
+			if !c.DenyDelete || !c.DenyPurge {
+				t.Errorf("deny delete %t, deny purge %t: anyone with the API could empty it", c.DenyDelete, c.DenyPurge)
 			}
 		})
 	}

@@ -34,6 +34,10 @@ type Config struct {
 	// CertFile and KeyFile, both or neither, present the client's own.
 	CAFile            string
 	CertFile, KeyFile string
+	// InboxPrefix replaces _INBOX as the prefix of the client's reply
+	// subjects, so that a server can let it read its own replies only
+	// (the chart's auth callout gives the EPP one of its own).
+	InboxPrefix string
 }
 
 // Options returns the client options for c, or an error naming the
@@ -87,6 +91,12 @@ func (c Config) Options() ([]nats.Option, error) {
 	if (c.CertFile == "") != (c.KeyFile == "") {
 		return nil, fmt.Errorf("%w: a client certificate needs both its cert and key files", ErrConfig)
 	}
+	if c.InboxPrefix != "" {
+		if strings.ContainsAny(c.InboxPrefix, "*> \t") || strings.HasPrefix(c.InboxPrefix, ".") || strings.HasSuffix(c.InboxPrefix, ".") || strings.Contains(c.InboxPrefix, "..") {
+			return nil, fmt.Errorf("%w: inbox prefix %q is not a literal subject", ErrConfig, c.InboxPrefix)
+		}
+		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
+	}
 	if c.CAFile != "" {
 		opts = append(opts, nats.RootCAs(c.CAFile))
 	}
@@ -110,6 +120,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CAFile, "nats-ca", os.Getenv("NATS_CA_FILE"), "CA bundle to verify the NATS server (NATS_CA_FILE)")
 	fs.StringVar(&c.CertFile, "nats-cert", os.Getenv("NATS_CERT_FILE"), "client certificate for NATS TLS (NATS_CERT_FILE)")
 	fs.StringVar(&c.KeyFile, "nats-key", os.Getenv("NATS_KEY_FILE"), "client key for NATS TLS (NATS_KEY_FILE)")
+	fs.StringVar(&c.InboxPrefix, "nats-inbox-prefix", os.Getenv("NATS_INBOX_PREFIX"), "prefix of this client's reply subjects instead of _INBOX, for a server that grants each client its own (NATS_INBOX_PREFIX)")
 }
 
 // maxTokenBytes bounds a token file: a ServiceAccount token is a few KiB.

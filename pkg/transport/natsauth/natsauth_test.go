@@ -171,6 +171,8 @@ func TestOptionsRefuseMistakes(t *testing.T) {
 		{"an nkey seed file that is not there", Config{NKeySeedFile: "/nonexistent/seed"}},
 		{"a creds file that is not there", Config{CredsFile: "/nonexistent/creds"}},
 		{"a token file that is not there", Config{TokenFile: "/nonexistent/token"}},
+		{"an inbox prefix with a wildcard", Config{InboxPrefix: "_INBOX_epp.>"}},
+		{"an inbox prefix ending in a dot", Config{InboxPrefix: "_INBOX_epp."}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -207,4 +209,44 @@ func TestATokenFileIsReadAtEveryConnect(t *testing.T) {
 		t.Fatalf("the rewritten token was not sent: %v", err)
 	}
 	nc.Close()
+}
+
+// A client with an inbox prefix of its own receives its replies there, and
+// so works on a server that lets it subscribe to that prefix alone.
+func TestAnInboxPrefixIsWhereTheRepliesCome(t *testing.T) {
+	t.Parallel()
+	url := startServer(t, &server.Options{Users: []*server.User{
+		{Username: "client", Password: "p", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"svc"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_mine.>"}},
+		}},
+		{Username: "server", Password: "p"},
+	}})
+	svc, err := nats.Connect(url, nats.UserInfo("server", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	subjects := make(chan string, 1)
+	if _, err := svc.Subscribe("svc", func(m *nats.Msg) { subjects <- m.Reply; _ = m.Respond([]byte("ok")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := Config{User: "client", Password: "p", InboxPrefix: "_INBOX_mine"}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Request("svc", nil, 5*time.Second); err != nil {
+		t.Fatalf("a request through the client's own inbox: %v", err)
+	}
+	if reply := <-subjects; len(reply) < len("_INBOX_mine.") || reply[:len("_INBOX_mine.")] != "_INBOX_mine." {
+		t.Errorf("the reply went to %s", reply)
+	}
 }

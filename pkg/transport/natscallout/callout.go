@@ -1,8 +1,11 @@
 // Package natscallout is the NATS auth callout that gives each kvroute
 // client the rights of its pod and no more. The NATS server hands every
-// connection's credentials to it; it has the client's projected
-// ServiceAccount token checked by the Kubernetes API server (a
-// TokenReview), and answers with a user whose permissions name that pod's
+// connection's credentials to it; it reads the client's projected
+// ServiceAccount token locally first (shape, expiry, issuer, audience,
+// namespace, ServiceAccount, and for a relay that its pod exists and is
+// one of the pool's), has what passes checked by the Kubernetes API server
+// (a TokenReview, remembered until the token expires), and answers with a
+// user that expires with the token and whose permissions name that pod's
 // subjects only: a relay may publish its own pod's events and answer its
 // own pod's snapshot requests; the EPP may subscribe and request, and
 // publish no events. No credential is made by hand for any pod.
@@ -48,6 +51,18 @@ type Options struct {
 	Account string
 	// Reviewer verifies tokens. Required.
 	Reviewer Reviewer
+	// Audience is the audience every token must be issued for (default
+	// DefaultAudience); TokenIssuer the issuer it must name (the API
+	// server's service-account issuer; empty leaves it unchecked). Both
+	// are checked before a token is reviewed.
+	Audience, TokenIssuer string
+	// Pods checks that a token's pod exists with the token's UID and, for
+	// a relay, that the pool's selector picks it. Required with
+	// RelayServiceAccount.
+	Pods Pods
+	// CacheSize bounds the reviews remembered until their tokens expire
+	// (default 4096; negative remembers none).
+	CacheSize int
 	// Issuer signs the users and the answers: the account key the
 	// server's auth_callout block names as issuer. Required.
 	Issuer nkeys.KeyPair
@@ -61,9 +76,9 @@ type Options struct {
 	ReviewBurst      int
 	// Workers is how many requests are served at once (default 8).
 	Workers int
-	// UserTTL, when set, ends each issued user's connection after that
-	// long, so that it connects (and is reviewed) again; zero keeps a
-	// connection for as long as it lasts.
+	// Each issued user expires when its token does, and the server then
+	// closes its connection. UserTTL, when set, ends it sooner: after that
+	// long, so that it connects (and is checked) again.
 	UserTTL time.Duration
 	// QueueGroup shares the requests among replicas of the service
 	// (default "kvroute-natsauth").
@@ -92,6 +107,11 @@ const maxTokenBytes = 16 << 10
 const (
 	denyNoToken              = "no_token"
 	denyTooLarge             = "token_too_large"
+	denyMalformed            = "malformed_token"
+	denyInvalidClaims        = "invalid_claims"
+	denyPodGone              = "pod_gone"
+	denyNotInPool            = "pod_not_in_pool"
+	denyReviewMismatch       = "review_mismatch"
 	denyRateLimited          = "rate_limited"
 	denyReviewFailed         = "review_failed"
 	denyUnauthenticated      = "unauthenticated"
@@ -104,8 +124,9 @@ const (
 	roleNone            Role = "none"
 )
 
-var denyReasons = []string{denyNoToken, denyTooLarge, denyRateLimited, denyReviewFailed, denyUnauthenticated,
-	denyNotSA, denyWrongNamespace, denyUnknownAccount, denyNotPodBound, denyBadRequest, denyIssueFailed}
+var denyReasons = []string{denyNoToken, denyTooLarge, denyMalformed, denyInvalidClaims, denyRateLimited,
+	denyReviewFailed, denyUnauthenticated, denyNotSA, denyWrongNamespace, denyUnknownAccount, denyNotPodBound,
+	denyPodGone, denyNotInPool, denyReviewMismatch, denyBadRequest, denyIssueFailed}
 
 // Service answers the NATS server's authorization requests.
 type Service struct {
@@ -113,13 +134,16 @@ type Service struct {
 	o       Options
 	issuer  string
 	limiter *rate.Limiter
+	cache   *reviewCache
 	log     *slog.Logger
 	logs    *rate.Limiter
+	now     func() time.Time
 
-	allowed  *prometheus.CounterVec
-	denied   *prometheus.CounterVec
-	foreign  prometheus.Counter
-	duration prometheus.Histogram
+	allowed   *prometheus.CounterVec
+	denied    *prometheus.CounterVec
+	foreign   prometheus.Counter
+	cacheHits prometheus.Counter
+	duration  prometheus.Histogram
 }
 
 // New returns a Service answering on nc, which must be a connection of
@@ -136,6 +160,8 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 		return nil, fmt.Errorf("%w: no token reviewer", ErrOptions)
 	case o.Issuer == nil:
 		return nil, fmt.Errorf("%w: no issuer key", ErrOptions)
+	case o.RelayServiceAccount != "" && o.Pods == nil:
+		return nil, fmt.Errorf("%w: relays need a pod check (the pool's selector)", ErrOptions)
 	}
 	pub, err := o.Issuer.PublicKey()
 	if err != nil || !nkeys.IsValidPublicAccountKey(pub) {
@@ -153,6 +179,12 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 	if o.ReviewBurst <= 0 {
 		o.ReviewBurst = 100
 	}
+	if o.Audience == "" {
+		o.Audience = DefaultAudience
+	}
+	if o.CacheSize == 0 {
+		o.CacheSize = 4096
+	}
 	if o.Workers <= 0 {
 		o.Workers = 8
 	}
@@ -165,8 +197,10 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 	s := &Service{
 		nc: nc, o: o, issuer: pub,
 		limiter: rate.NewLimiter(rate.Limit(o.ReviewsPerSecond), o.ReviewBurst),
+		cache:   newReviewCache(o.CacheSize),
 		log:     o.Logger.With("component", "nats-auth-callout"),
 		logs:    rate.NewLimiter(rate.Every(time.Second), 5),
+		now:     time.Now,
 		allowed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_natsauth_allowed_total",
 			Help: "NATS connections the auth callout admitted, by role (relay, epp).",
@@ -175,6 +209,10 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 			Name: "kvroute_natsauth_denied_total",
 			Help: "NATS connections the auth callout refused, by reason.",
 		}, []string{"reason"}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_natsauth_review_cache_hits_total",
+			Help: "Connections admitted from a review remembered until its token expires, without asking the API server.",
+		}),
 		foreign: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_natsauth_foreign_requests_total",
 			Help: "Authorization requests of another cluster member, left to that member's callout (LocalServer).",
@@ -192,7 +230,7 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 		s.allowed.WithLabelValues(string(r))
 	}
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.allowed, s.denied, s.foreign, s.duration} {
+		for _, c := range []prometheus.Collector{s.allowed, s.denied, s.foreign, s.cacheHits, s.duration} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("register auth callout metrics: %w", err)
 			}
@@ -253,62 +291,137 @@ func (s *Service) serve(ctx context.Context, m *nats.Msg) {
 		s.foreign.Inc()
 		return
 	}
-	role, perms, name, reason, err := s.decide(ctx, req)
-	if reason != "" {
-		s.deny(m, req, reason, err)
+	d := s.decide(ctx, req)
+	if d.reason != "" {
+		s.deny(m, req, d.reason, d.err)
 		return
 	}
 	uc := jwt.NewUserClaims(req.UserNkey)
-	uc.Name = name
+	uc.Name = d.name
 	uc.Audience = s.o.Account
-	uc.Permissions = perms
+	uc.Permissions = d.perms
+	// The server closes the connection when the user expires: a token
+	// revoked or rotated away keeps its connection no longer than it
+	// would have been accepted.
+	expires := d.expires
 	if s.o.UserTTL > 0 {
-		uc.Expires = time.Now().Add(s.o.UserTTL).Unix()
+		if ttl := s.now().Add(s.o.UserTTL); ttl.Before(expires) {
+			expires = ttl
+		}
 	}
+	uc.Expires = expires.Unix()
 	ujwt, err := uc.Encode(s.o.Issuer)
 	if err != nil {
 		s.deny(m, req, denyIssueFailed, err)
 		return
 	}
 	s.respond(m, req, ujwt, "")
-	s.allowed.WithLabelValues(string(role)).Inc()
+	s.allowed.WithLabelValues(string(d.role)).Inc()
 }
 
-// decide reviews the request's token and says what its bearer may do; a
-// non-empty reason is a refusal.
-func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaims) (role Role, perms jwt.Permissions, name, reason string, err error) {
+// decision is what decide made of a request: a role with its rights until
+// expires, or a refusal's reason.
+type decision struct {
+	role    Role
+	perms   jwt.Permissions
+	name    string
+	expires time.Time
+	reason  string
+	err     error
+}
+
+func refuse(reason string, err error) decision {
+	return decision{role: roleNone, reason: reason, err: err}
+}
+
+// decide checks the request's token and says what its bearer may do.
+// Everything that can be checked without the API server is checked before
+// the review budget is touched, so tokens that cannot pass never spend it.
+func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaims) decision {
 	token := req.ConnectOptions.Token
 	switch {
 	case token == "":
-		return roleNone, perms, "", denyNoToken, errors.New("no token: connect with a projected ServiceAccount token (--nats-token-file)")
+		return refuse(denyNoToken, errors.New("no token: connect with a projected ServiceAccount token (--nats-token-file)"))
 	case len(token) > maxTokenBytes:
-		return roleNone, perms, "", denyTooLarge, fmt.Errorf("a token of %d bytes", len(token))
-	case !s.limiter.Allow():
-		return roleNone, perms, "", denyRateLimited, errors.New("too many connection attempts; retry")
+		return refuse(denyTooLarge, fmt.Errorf("a token of %d bytes", len(token)))
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.o.ReviewTimeout)
-	defer cancel()
-	id, err := s.o.Reviewer.Review(rctx, token)
-	switch {
-	case errors.Is(err, ErrUnauthenticated):
-		return roleNone, perms, "", denyUnauthenticated, err
-	case errors.Is(err, ErrNotServiceAccount):
-		return roleNone, perms, "", denyNotSA, err
-	case err != nil:
-		return roleNone, perms, "", denyReviewFailed, err
-	case id.Namespace != s.o.Namespace:
-		return roleNone, perms, "", denyWrongNamespace, fmt.Errorf("ServiceAccount %s/%s is outside namespace %s", id.Namespace, id.ServiceAccount, s.o.Namespace)
+	claims, err := ParseToken(token)
+	if err != nil {
+		return refuse(denyMalformed, err)
 	}
-	switch id.ServiceAccount {
-	case s.o.RelayServiceAccount:
-		if id.Pod == "" {
-			return roleNone, perms, "", denyNotPodBound, fmt.Errorf("a relay token of %s/%s bound to no pod", id.Namespace, id.ServiceAccount)
+	now := s.now()
+	if err := claims.Check(now, s.o.TokenIssuer, s.o.Audience); err != nil {
+		return refuse(denyInvalidClaims, err)
+	}
+	role, d := s.roleOf(claims.Namespace, claims.ServiceAccount, claims.Pod)
+	if d.reason != "" {
+		return d
+	}
+	if claims.Pod != "" && s.o.Pods != nil {
+		if err := s.o.Pods.Check(ctx, s.o.Namespace, claims.Pod, claims.PodUID, role == RoleRelay); err != nil {
+			s.cache.forget(token)
+			if errors.Is(err, ErrPodNotInPool) {
+				return refuse(denyNotInPool, err)
+			}
+			if errors.Is(err, ErrPodGone) {
+				return refuse(denyPodGone, err)
+			}
+			return refuse(denyReviewFailed, err)
 		}
-		return RoleRelay, RelayPermissions(s.o.Namespace, s.o.Pool, id.Pod), "relay/" + id.Pod, "", nil
-	case s.o.EPPServiceAccount:
-		return RoleEPP, EPPPermissions(s.o.Namespace, s.o.Pool, s.o.JetStream, s.o.Stream), "epp/" + id.Pod, "", nil
 	}
-	return roleNone, perms, "", denyUnknownAccount, fmt.Errorf("ServiceAccount %s/%s has no NATS rights", id.Namespace, id.ServiceAccount)
+	id, hit := s.cache.get(token, now)
+	if hit {
+		s.cacheHits.Inc()
+	} else {
+		if !s.limiter.Allow() {
+			return refuse(denyRateLimited, errors.New("too many connection attempts; retry"))
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.o.ReviewTimeout)
+		defer cancel()
+		id, err = s.o.Reviewer.Review(rctx, token)
+		switch {
+		case errors.Is(err, ErrUnauthenticated):
+			return refuse(denyUnauthenticated, err)
+		case errors.Is(err, ErrNotServiceAccount):
+			return refuse(denyNotSA, err)
+		case err != nil:
+			return refuse(denyReviewFailed, err)
+		}
+		// The API server vouches for the identity; the claims checked
+		// above must be that identity's, or the checks were of nothing.
+		if id.Namespace != claims.Namespace || id.ServiceAccount != claims.ServiceAccount || id.Pod != claims.Pod || id.PodUID != claims.PodUID {
+			return refuse(denyReviewMismatch, fmt.Errorf("the review vouches for %+v, the token claims %s/%s pod %q (%s)",
+				id, claims.Namespace, claims.ServiceAccount, claims.Pod, claims.PodUID))
+		}
+		s.cache.put(token, id, claims.Expiry, now)
+	}
+	switch role {
+	case RoleRelay:
+		return decision{role: RoleRelay, perms: RelayPermissions(s.o.Namespace, s.o.Pool, id.Pod), name: "relay/" + id.Pod, expires: claims.Expiry}
+	default:
+		return decision{role: RoleEPP, perms: EPPPermissions(s.o.Namespace, s.o.Pool, s.o.JetStream, s.o.Stream), name: "epp/" + id.Pod, expires: claims.Expiry}
+	}
+}
+
+// roleOf says what a token of namespace/serviceAccount, bound to pod, may
+// be, from its claims; a decision with a reason is a refusal.
+func (s *Service) roleOf(namespace, serviceAccount, pod string) (Role, decision) {
+	switch {
+	case namespace == "" || serviceAccount == "":
+		return roleNone, refuse(denyNotSA, errors.New("the token names no ServiceAccount"))
+	case namespace != s.o.Namespace:
+		return roleNone, refuse(denyWrongNamespace, fmt.Errorf("ServiceAccount %s/%s is outside namespace %s", namespace, serviceAccount, s.o.Namespace))
+	}
+	switch serviceAccount {
+	case s.o.RelayServiceAccount:
+		if pod == "" {
+			return roleNone, refuse(denyNotPodBound, fmt.Errorf("a relay token of %s/%s bound to no pod", namespace, serviceAccount))
+		}
+		return RoleRelay, decision{}
+	case s.o.EPPServiceAccount:
+		return RoleEPP, decision{}
+	}
+	return roleNone, refuse(denyUnknownAccount, fmt.Errorf("ServiceAccount %s/%s has no NATS rights", namespace, serviceAccount))
 }
 
 func (s *Service) deny(m *nats.Msg, req *jwt.AuthorizationRequestClaims, reason string, err error) {

@@ -2,21 +2,27 @@ package natscallout_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvroute/kvroute/pkg/events"
@@ -63,9 +69,25 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
+// poolLabels are what the pool's selector picks in these tests.
+var poolLabels = map[string]string{"app": "vllm", "kvroute.io/pool": testPool}
+
+// pod is a pod of the pool running under sa.
 func (c *cluster) pod(t *testing.T, name, sa string) *corev1.Pod {
 	t.Helper()
-	return apiserver.PodUnder(t, c.cs, c.ns, name, sa)
+	return c.podWith(t, name, sa, poolLabels)
+}
+
+// podWith is a pod with labels running under sa.
+func (c *cluster) podWith(t *testing.T, name, sa string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	p := apiserver.PodUnder(t, c.cs, c.ns, name, sa)
+	p.Labels = labels
+	p, err := c.cs.CoreV1().Pods(c.ns).Update(context.Background(), p, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func (c *cluster) token(t *testing.T, sa, audience string, pod *corev1.Pod) string {
@@ -77,8 +99,9 @@ func (c *cluster) token(t *testing.T, sa, audience string, pod *corev1.Pod) stri
 // in the accounts the chart configures: AUTH for the callout alone, KV
 // for everyone it admits.
 type rig struct {
-	nats *testkit.NATS
-	reg  *prometheus.Registry
+	nats     *testkit.NATS
+	reg      *prometheus.Registry
+	password string
 }
 
 func startRig(t *testing.T, c *cluster, o natscallout.Options) *rig {
@@ -98,7 +121,7 @@ func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func
 		t.Fatal(err)
 	}
 	pub, _ := issuer.PublicKey()
-	n := testkit.StartNATS(t, testkit.NATSOptions{Configure: func(so *server.Options) {
+	n := testkit.StartNATS(t, testkit.NATSOptions{JetStream: o.JetStream, Configure: func(so *server.Options) {
 		authAcc, kv := server.NewAccount("AUTH"), server.NewAccount(natscallout.DefaultAccount)
 		so.Accounts = []*server.Account{authAcc, kv}
 		so.Users = []*server.User{{Username: natscallout.AuthUser, Password: password, Account: authAcc}}
@@ -107,7 +130,16 @@ func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func
 			configure(so)
 		}
 	}})
-	r := &rig{nats: n, reg: prometheus.NewRegistry()}
+	if o.JetStream {
+		kv, err := n.Server.LookupAccount(natscallout.DefaultAccount)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.EnableJetStream(map[string]server.JetStreamAccountLimits{"": {MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: -1}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &rig{nats: n, reg: prometheus.NewRegistry(), password: password}
 	nc := n.Connect(t, "callout", nats.UserInfo(natscallout.AuthUser, password))
 	o.Namespace, o.Pool, o.Issuer, o.Registerer = c.ns, testPool, issuer, r.reg
 	o.Logger = slog.New(slog.DiscardHandler)
@@ -119,6 +151,18 @@ func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func
 	}
 	if o.Reviewer == nil {
 		o.Reviewer = &natscallout.TokenReviewer{Client: c.cs.AuthenticationV1(), Audience: natscallout.DefaultAudience}
+	}
+	if o.TokenIssuer == "" {
+		o.TokenIssuer = c.issuer(t)
+	}
+	if o.Pods == nil {
+		pods := natscallout.NewPodLister(c.cs, c.ns, labels.SelectorFromSet(poolLabels))
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(func() { cancel(); pods.Shutdown() })
+		if err := pods.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		o.Pods = pods
 	}
 	svc, err := natscallout.New(nc, o)
 	if err != nil {
@@ -132,7 +176,7 @@ func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func
 			nc.Close()
 			t.Fatal("a made-up token was admitted")
 		}
-		if seen := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "unauthenticated"); seen < 1 {
+		if seen := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "malformed_token"); seen < 1 {
 			return fmt.Errorf("testkit.Value(t, r.reg, \"kvroute_natsauth_denied_total\", \"reason\", \"unauthenticated\") is %v, want >= %v", seen, 1)
 		}
 		return nil
@@ -140,9 +184,19 @@ func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func
 	return r
 }
 
+// issuer is the API server's service-account issuer, as its tokens name it.
+func (c *cluster) issuer(t *testing.T) string {
+	t.Helper()
+	claims, err := natscallout.ParseToken(c.token(t, eppSA, natscallout.DefaultAudience, nil))
+	if err != nil || claims.Issuer == "" {
+		t.Fatalf("the API server's tokens: %+v, %v", claims, err)
+	}
+	return claims.Issuer
+}
+
 // connect connects with token, reporting permission errors on errs.
-func (r *rig) connect(token string, errs chan<- error) (*nats.Conn, error) {
-	opts := []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(0)}
+func (r *rig) connect(token string, errs chan<- error, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(0)}, extra...)
 	if token != "" {
 		opts = append(opts, nats.Token(token))
 	}
@@ -176,7 +230,7 @@ func TestTheCalloutGivesEachPodItsOwnSubjectsOnly(t *testing.T) {
 	eppPod := c.pod(t, "epp-0", eppSA)
 
 	eppErrs := make(chan error, 8)
-	epp, err := r.connect(c.token(t, eppSA, natscallout.DefaultAudience, eppPod), eppErrs)
+	epp, err := r.connect(c.token(t, eppSA, natscallout.DefaultAudience, eppPod), eppErrs, nats.CustomInboxPrefix(events.EPPInboxPrefix))
 	if err != nil {
 		t.Fatalf("the EPP's token: %v", err)
 	}
@@ -263,16 +317,31 @@ func TestTheCalloutRefusesEveryOtherClient(t *testing.T) {
 	}
 	other := newCluster(t)
 	otherPod := other.pod(t, "vllm-0", relaySA)
+	outside := c.podWith(t, "not-a-model-server", relaySA, map[string]string{"app": "batch-job"})
+	// A pod made again under a deleted one's name has another UID.
+	again := c.pod(t, gone.Name, relaySA)
+	if again.UID == gone.UID {
+		t.Fatal("the same UID twice")
+	}
+	valid := c.token(t, relaySA, natscallout.DefaultAudience, pod)
+	claims, err := natscallout.ParseToken(valid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, token, reason string
 	}{
 		{"no credentials at all", "", "no_token"},
-		{"a token someone made up", "eyJhbGciOiJSUzI1NiJ9.e30.c2ln", "unauthenticated"},
-		{"a token for the API server, not for NATS", c.token(t, relaySA, "https://kubernetes.default.svc", pod), "unauthenticated"},
+		{"a token someone made up", "eyJhbGciOiJSUzI1NiJ9.e30.c2ln", "malformed_token"},
+		{"a token for the API server, not for NATS", c.token(t, relaySA, "https://kubernetes.default.svc", pod), "invalid_claims"},
 		{"a relay token bound to no pod", c.token(t, relaySA, natscallout.DefaultAudience, nil), "not_pod_bound"},
-		{"a token of a pod that was deleted", goneToken, "unauthenticated"},
+		{"a token of a pod that was deleted", goneToken, "pod_gone"},
 		{"a token of a ServiceAccount without NATS rights", c.token(t, "someone-else", natscallout.DefaultAudience, nil), "unknown_service_account"},
 		{"a relay token of another namespace", other.token(t, relaySA, natscallout.DefaultAudience, otherPod), "wrong_namespace"},
+		{"a relay token of a pod the pool's selector does not pick", c.token(t, relaySA, natscallout.DefaultAudience, outside), "pod_not_in_pool"},
+		{"a valid token's claims with a forged signature", forge(t, valid, nil), "unauthenticated"},
+		{"a valid token's claims made to name another pod of the pool", forge(t, valid, map[string]any{"pod": map[string]any{"name": again.Name, "uid": string(again.UID)}}), "unauthenticated"},
+		{"a valid token's claims with the expiry pushed back", forge(t, valid, map[string]any{"exp": claims.Expiry.Add(24 * time.Hour).Unix()}), "unauthenticated"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -292,24 +361,230 @@ func TestTheCalloutRefusesEveryOtherClient(t *testing.T) {
 	}
 }
 
-// A flood of connection attempts is refused at the callout, not passed on
-// to the API server.
-func TestTheCalloutBoundsTheReviewsItAsksFor(t *testing.T) {
-	c := newCluster(t)
-	reviews := &countingReviewer{next: &natscallout.TokenReviewer{Client: c.cs.AuthenticationV1()}}
-	r := startRig(t, c, natscallout.Options{Reviewer: reviews, ReviewsPerSecond: 0.001, ReviewBurst: 3})
-	const attempts = 20
-	for range attempts {
-		if nc, err := r.connect("eyJhbGciOiJSUzI1NiJ9.e30.c2ln", nil); err == nil {
-			nc.Close()
-			t.Fatal("connected")
+// forge is token with its claims changed (kubernetes.io's pod, or a
+// top-level claim) and its signature broken: what a client that saw a
+// valid token could make of it.
+func forge(t *testing.T, token string, set map[string]any) string {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims map[string]any
+	if err := json.Unmarshal(raw, &claims); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range set {
+		if k == "pod" {
+			claims["kubernetes.io"].(map[string]any)["pod"] = v
+		} else {
+			claims[k] = v
 		}
 	}
-	if got := reviews.n.Load(); got > 3 {
-		t.Errorf("%d reviews for %d attempts, want at most the burst of 3", got, attempts)
+	if raw, err = json.Marshal(claims); err != nil {
+		t.Fatal(err)
 	}
-	if got := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "rate_limited"); got < attempts-3 {
-		t.Errorf("rate_limited denials = %v, want at least %d", got, attempts-3)
+	sig := []byte(parts[2])
+	if i := len(sig) / 2; sig[i] == 'A' {
+		sig[i] = 'B'
+	} else {
+		sig[i] = 'A'
+	}
+	return parts[0] + "." + base64.RawURLEncoding.EncodeToString(raw) + "." + string(sig)
+}
+
+// A storm of bad tokens, some of them good enough to spend the review
+// budget, while a valid relay reconnects again and again: the relay is
+// admitted every time, and the API server is asked no more than the
+// budget allows.
+func TestAValidRelayIsAdmittedThroughAStormOfBadTokens(t *testing.T) {
+	c := newCluster(t)
+	reviews := &countingReviewer{next: &natscallout.TokenReviewer{Client: c.cs.AuthenticationV1(), Audience: natscallout.DefaultAudience}}
+	const burst = 3
+	r := startRig(t, c, natscallout.Options{Reviewer: reviews, ReviewsPerSecond: 0.001, ReviewBurst: burst, Workers: 4})
+	pod := c.pod(t, "vllm-0", relaySA)
+	token := c.token(t, relaySA, natscallout.DefaultAudience, pod)
+	nc, err := r.connect(token, nil)
+	if err != nil {
+		t.Fatalf("the relay, before the storm: %v", err)
+	}
+	nc.Close()
+
+	garbage := []string{
+		"warm-up",
+		"eyJhbGciOiJSUzI1NiJ9.e30.c2ln",
+		c.token(t, relaySA, "https://kubernetes.default.svc", pod),
+		c.token(t, "someone-else", natscallout.DefaultAudience, nil),
+		// Well-formed, naming the relay's own pod: only the API server can
+		// tell these from the real one, so they do spend the budget.
+		forge(t, token, nil),
+		forge(t, token, map[string]any{"jti": "x"}),
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var storm sync.WaitGroup
+	var attempts atomic.Int64
+	for i := range 8 {
+		storm.Go(func() {
+			for j := i; ctx.Err() == nil; j++ {
+				attempts.Add(1)
+				if nc, err := r.connect(garbage[j%len(garbage)], nil); err == nil {
+					nc.Close()
+					t.Error("a bad token was admitted")
+					return
+				}
+			}
+		})
+	}
+	testkit.WaitFor(t, "the storm to spend the review budget", func() error {
+		if n := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "rate_limited"); n == 0 {
+			return fmt.Errorf("%v connections refused for the rate limit", n)
+		}
+		return nil
+	})
+	const reconnects = 25
+	admitted := 0
+	for i := range reconnects {
+		nc, err := r.connect(token, nil)
+		if err != nil {
+			t.Errorf("reconnect %d during the storm: %v", i, err)
+			continue
+		}
+		admitted++
+		nc.Close()
+	}
+	stop()
+	storm.Wait()
+	if admitted != reconnects {
+		t.Errorf("the relay was admitted %d times in %d", admitted, reconnects)
+	}
+	if got := reviews.n.Load(); got > burst {
+		t.Errorf("%d reviews during %d attempts, want at most the burst of %d", got, attempts.Load(), burst)
+	}
+	if got := testkit.Value(t, r.reg, "kvroute_natsauth_review_cache_hits_total"); got < reconnects {
+		t.Errorf("%v connections admitted from remembered reviews, want at least %d", got, reconnects)
+	}
+	for _, reason := range []string{"malformed_token", "invalid_claims", "unknown_service_account"} {
+		if testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", reason) == 0 {
+			t.Errorf("no %s denial: the storm did not reach the local checks", reason)
+		}
+	}
+}
+
+// A user expires with its token, or sooner with UserTTL: the server then
+// closes the connection, and the token of a pod deleted meanwhile does
+// not get it back, though its review is remembered.
+func TestAConnectionEndsWhenItsUserExpiresAndARevokedTokenIsNotReadmitted(t *testing.T) {
+	c := newCluster(t)
+	r := startRig(t, c, natscallout.Options{UserTTL: 2 * time.Second})
+	// The issued users, as the callout answers the server.
+	users := make(chan *jwt.UserClaims, 16)
+	watch := r.nats.Connect(t, "watch", nats.UserInfo(natscallout.AuthUser, r.password))
+	if _, err := watch.Subscribe(">", func(m *nats.Msg) {
+		rc, err := jwt.DecodeAuthorizationResponseClaims(string(m.Data))
+		if err != nil || rc.Jwt == "" {
+			return
+		}
+		if uc, err := jwt.DecodeUserClaims(rc.Jwt); err == nil {
+			users <- uc
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pod := c.pod(t, "vllm-0", relaySA)
+	token := c.token(t, relaySA, natscallout.DefaultAudience, pod)
+	claims, err := natscallout.ParseToken(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	opts := []nats.Option{nats.Token(token), nats.MaxReconnects(0), nats.Timeout(5 * time.Second),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case closed <- err:
+			default:
+			}
+		})}
+	connectedAt := time.Now()
+	nc, err := nats.Connect(r.nats.URL(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	select {
+	case uc := <-users:
+		if uc.Expires == 0 || uc.Expires > connectedAt.Add(2*time.Second).Unix()+1 || uc.Expires >= claims.Expiry.Unix() {
+			t.Errorf("the user expires at %d; want within UserTTL of %d, before the token's %d", uc.Expires, connectedAt.Unix(), claims.Expiry.Unix())
+		}
+	case <-time.After(testkit.WaitLimit):
+		t.Fatal("no user issued")
+	}
+	select {
+	case err := <-closed:
+		if !strings.Contains(strings.ToLower(err.Error()), "expired") {
+			t.Errorf("closed with %v, want an expired user", err)
+		}
+	case <-time.After(testkit.WaitLimit):
+		t.Fatal("the connection outlived its user")
+	}
+	testkit.WaitFor(t, "the server to close the connection", func() error {
+		if !nc.IsClosed() {
+			return fmt.Errorf("connection %v", nc.Status())
+		}
+		return nil
+	})
+
+	// The pod is deleted: its token's review is remembered, yet it is
+	// refused.
+	if err := c.cs.CoreV1().Pods(c.ns).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the deleted pod's token to be refused", func() error {
+		nc, err := r.connect(token, nil)
+		if err == nil {
+			nc.Close()
+			return errors.New("the deleted pod's token was admitted")
+		}
+		if n := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "pod_gone"); n < 1 {
+			return fmt.Errorf("refused (%v), but %v refusals for a pod gone", err, n)
+		}
+		return nil
+	})
+
+	// Without UserTTL, a user expires exactly when its token does.
+	r2 := startRig(t, c, natscallout.Options{})
+	p2 := c.pod(t, "vllm-1", relaySA)
+	tok2 := c.token(t, relaySA, natscallout.DefaultAudience, p2)
+	cl2, _ := natscallout.ParseToken(tok2)
+	watch2 := r2.nats.Connect(t, "watch", nats.UserInfo(natscallout.AuthUser, r2.password))
+	users2 := make(chan *jwt.UserClaims, 4)
+	if _, err := watch2.Subscribe(">", func(m *nats.Msg) {
+		if rc, err := jwt.DecodeAuthorizationResponseClaims(string(m.Data)); err == nil && rc.Jwt != "" {
+			if uc, err := jwt.DecodeUserClaims(rc.Jwt); err == nil {
+				users2 <- uc
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch2.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc2, err := r2.connect(tok2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	select {
+	case uc := <-users2:
+		if uc.Expires != cl2.Expiry.Unix() {
+			t.Errorf("the user expires at %d, its token at %d", uc.Expires, cl2.Expiry.Unix())
+		}
+	case <-time.After(testkit.WaitLimit):
+		t.Fatal("no user issued")
 	}
 }
 
@@ -373,5 +648,137 @@ func TestEveryMemberOfAClusterAdmitsThroughItsOwnCallout(t *testing.T) {
 	}
 	if foreign() == before {
 		t.Error("no callout heard another member's request: the members are not one cluster")
+	}
+}
+
+// With JetStream, the stream bounds each pod's subject by itself: one
+// relay flooding its own subject discards its own oldest batches, and
+// every other pod's are still there. The EPP's credential creates the
+// stream and reads it, but cannot update, purge or delete it, nor read
+// any inbox but its own.
+func TestOneRelaysFloodLeavesEveryOtherPodsHistoryAndTheEPPCannotRewriteIt(t *testing.T) {
+	c := newCluster(t)
+	r := startRig(t, c, natscallout.Options{JetStream: true})
+	eppPod := c.podWith(t, "epp-0", eppSA, map[string]string{"app": "epp"})
+	eppErrs := make(chan error, 64)
+	epp, err := r.connect(c.token(t, eppSA, natscallout.DefaultAudience, eppPod), eppErrs, nats.CustomInboxPrefix(events.EPPInboxPrefix))
+	if err != nil {
+		t.Fatalf("the EPP: %v", err)
+	}
+	defer epp.Close()
+	js, err := jetstream.New(epp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.WaitLimit)
+	defer cancel()
+	const perPod, quiet, flood, size = 50, 20, 2000, 1 << 10
+	// Room for four pods' share: less than the flood alone.
+	stream, err := events.EnsureStream(ctx, js, events.StreamConfig{Namespace: c.ns, Pool: testPool, MaxMsgsPerPod: perPod,
+		MaxBytes: 4 * perPod * (size + 256), Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatalf("the EPP creating the stream: %v", err)
+	}
+	relays := map[string]*nats.Conn{}
+	for _, name := range []string{"vllm-0", "vllm-1", "vllm-2"} {
+		nc, err := r.connect(c.token(t, relaySA, natscallout.DefaultAudience, c.pod(t, name, relaySA)), nil)
+		if err != nil {
+			t.Fatalf("%s's relay: %v", name, err)
+		}
+		defer nc.Close()
+		relays[name] = nc
+	}
+	payload := make([]byte, size)
+	publish := func(pod string, n int) {
+		for i := range n {
+			payload[0] = byte(i)
+			if err := relays[pod].Publish(events.Subject(c.ns, testPool, pod), payload); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := relays[pod].Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("vllm-1", quiet)
+	publish("vllm-2", quiet)
+	publish("vllm-0", flood)
+	perSubject := func() map[string]uint64 {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(events.PoolSubject(c.ns, testPool)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.LastSeq < 2*quiet+flood {
+			return nil
+		}
+		return info.State.Subjects
+	}
+	want := map[string]uint64{
+		events.Subject(c.ns, testPool, "vllm-0"): perPod,
+		events.Subject(c.ns, testPool, "vllm-1"): quiet,
+		events.Subject(c.ns, testPool, "vllm-2"): quiet,
+	}
+	testkit.Converge(t, "the stream to hold every pod's share", func() string {
+		if got := perSubject(); fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Sprintf("batches per subject %v, want %v", got, want)
+		}
+		return ""
+	})
+	// The EPP reads a quiet pod's whole history through its own inbox.
+	cons, err := js.OrderedConsumer(ctx, stream.CachedInfo().Config.Name, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.Subject(c.ns, testPool, "vllm-1")}})
+	if err != nil {
+		t.Fatalf("the EPP's ordered consumer: %v", err)
+	}
+	batch, err := cons.Fetch(quiet, jetstream.FetchMaxWait(testkit.WaitLimit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	if n != quiet {
+		t.Fatalf("the EPP read %d of vllm-1's %d batches", n, quiet)
+	}
+
+	// Nothing the EPP may do changes the stream.
+	short := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 2*time.Second)
+	}
+	cfg := stream.CachedInfo().Config
+	cfg.MaxMsgs = 1
+	for what, attempt := range map[string]func(context.Context) error{
+		"update the stream to one message": func(ctx context.Context) error { _, err := js.UpdateStream(ctx, cfg); return err },
+		"purge the stream":                 func(ctx context.Context) error { return stream.Purge(ctx) },
+		"delete the stream":                func(ctx context.Context) error { return js.DeleteStream(ctx, cfg.Name) },
+		"delete a message":                 func(ctx context.Context) error { return stream.DeleteMsg(ctx, 1) },
+	} {
+		ctx, cancel := short()
+		err := attempt(ctx)
+		cancel()
+		if err == nil {
+			t.Errorf("the EPP could %s", what)
+		}
+	}
+	if got := perSubject(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after the EPP's attempts: %v, want %v", got, want)
+	}
+	// Every other client's replies go to _INBOX: the EPP may not read them.
+	drain(eppErrs)
+	if _, err := epp.SubscribeSync("_INBOX.>"); err != nil {
+		t.Fatal(err)
+	}
+	violation(t, eppErrs, "the EPP reading every client's replies")
+}
+
+// drain empties errs of what earlier steps left there.
+func drain(errs <-chan error) {
+	for {
+		select {
+		case <-errs:
+		default:
+			return
+		}
 	}
 }

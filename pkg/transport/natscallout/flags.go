@@ -15,8 +15,10 @@ type Flags struct {
 	Dir string
 	// NATSURL is the server whose requests are answered.
 	NATSURL string
-	// Audience the tokens must be issued for (the reviewer's).
-	Audience string
+	// PodSelector is the label selector of the pool's pods (the
+	// InferencePool's selector): a relay is admitted only for a pod it
+	// picks.
+	PodSelector string
 	// HTTPAddr serves /metrics, /healthz and /readyz.
 	HTTPAddr string
 	// LogLevel is debug, info, warn or error.
@@ -29,6 +31,9 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Dir, "dir", "/etc/nats/auth", "directory `init` wrote the keys into")
 	fs.StringVar(&f.NATSURL, "nats-url", "nats://127.0.0.1:4222", "the NATS server whose requests are answered")
 	fs.StringVar(&f.Audience, "audience", DefaultAudience, "audience the clients' projected tokens are issued for")
+	fs.StringVar(&f.TokenIssuer, "token-issuer", "", "issuer the tokens must name (the API server's --service-account-issuer); empty: the issuer of the callout's own in-cluster token, if it has one")
+	fs.StringVar(&f.PodSelector, "pod-selector", "", "label selector of the pool's pods (the InferencePool's, as k=v,...): a relay is admitted only for a pod it picks")
+	fs.IntVar(&f.CacheSize, "review-cache-size", 4096, "reviewed tokens remembered until they expire (by hash), so that reconnects need no review")
 	fs.StringVar(&f.HTTPAddr, "http-addr", ":9200", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&f.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the pool and of every client's ServiceAccount (POD_NAMESPACE)")
@@ -39,5 +44,5 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Account, "account", DefaultAccount, "account the admitted clients are placed in")
 	fs.Float64Var(&f.ReviewsPerSecond, "reviews-per-second", 50, "TokenReviews sent to the API server per second, at most")
 	fs.BoolVar(&f.LocalServer, "local-server", false, "answer only the requests of the server connected to, as each member of a NATS cluster's callout must")
-	fs.DurationVar(&f.UserTTL, "user-ttl", 0, "end every admitted connection after this long, so that it is reviewed again; 0 keeps connections")
+	fs.DurationVar(&f.UserTTL, "user-ttl", 0, "end every admitted connection after this long, if its token has not expired before; 0: when its token expires")
 }

@@ -40,27 +40,36 @@ func RelayPermissions(namespace, pool, pod string) jwt.Permissions {
 }
 
 // EPPPermissions are the EPP's rights: subscribe to every event subject of
-// the pool and to its own reply inboxes, publish snapshot requests, and,
-// with jetStream, use the JetStream API of the pool's stream (create or
-// update it, and run ordered consumers on it). It publishes no event.
+// the pool and to its own inbox (events.EPPInboxPrefix), publish snapshot
+// requests, and, with jetStream, create the pool's stream (if it is
+// missing), read it and run ordered consumers on it. It publishes no
+// event, and may not update, purge or delete the stream or its messages:
+// those would rewrite every pod's history at once.
 func EPPPermissions(namespace, pool string, jetStream bool, stream string) jwt.Permissions {
 	p := jwt.Permissions{
 		Pub: jwt.Permission{Allow: jwt.StringList{events.SnapshotSubjectPrefix + "." + events.SubjectToken(namespace) + "." + events.SubjectToken(pool) + ".*"}},
-		Sub: jwt.Permission{Allow: jwt.StringList{events.PoolSubject(namespace, pool), "_INBOX.>"}},
+		Sub: jwt.Permission{Allow: jwt.StringList{events.PoolSubject(namespace, pool), events.EPPInboxPrefix + ".>"}},
 	}
 	if jetStream {
 		if stream == "" {
 			stream = events.StreamName(namespace, pool)
 		}
 		p.Pub.Allow.Add(
+			"$JS.API.INFO",
 			"$JS.API.STREAM.INFO."+stream,
 			"$JS.API.STREAM.CREATE."+stream,
-			"$JS.API.STREAM.UPDATE."+stream,
 			"$JS.API.CONSUMER.CREATE."+stream,
 			"$JS.API.CONSUMER.CREATE."+stream+".>",
 			"$JS.API.CONSUMER.INFO."+stream+".>",
 			"$JS.API.CONSUMER.DELETE."+stream+".>",
 			"$JS.API.CONSUMER.MSG.NEXT."+stream+".>",
+		)
+		// Denied outright, whatever is allowed above or added later.
+		p.Pub.Deny.Add(
+			"$JS.API.STREAM.UPDATE.*",
+			"$JS.API.STREAM.PURGE.*",
+			"$JS.API.STREAM.DELETE.*",
+			"$JS.API.STREAM.MSG.DELETE.*",
 		)
 	}
 	return p
