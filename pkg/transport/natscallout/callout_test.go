@@ -718,11 +718,11 @@ func TestOneRelaysFloodLeavesEveryOtherPodsHistoryAndTheEPPCannotRewriteIt(t *te
 		events.Subject(c.ns, testPool, "vllm-1"): quiet,
 		events.Subject(c.ns, testPool, "vllm-2"): quiet,
 	}
-	testkit.Converge(t, "the stream to hold every pod's share", func() string {
+	testkit.WaitFor(t, "the stream to hold every pod's share", func() error {
 		if got := perSubject(); fmt.Sprint(got) != fmt.Sprint(want) {
-			return fmt.Sprintf("batches per subject %v, want %v", got, want)
+			return fmt.Errorf("batches per subject %v, want %v", got, want)
 		}
-		return ""
+		return nil
 	})
 	// The EPP reads a quiet pod's whole history through its own inbox.
 	cons, err := js.OrderedConsumer(ctx, stream.CachedInfo().Config.Name, jetstream.OrderedConsumerConfig{
