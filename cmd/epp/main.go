@@ -30,8 +30,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/localtokenizer"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 	"github.com/kvroute/kvroute/pkg/transport/natsauth"
 )
 
@@ -107,8 +108,8 @@ func run(args []string) error {
 	fs.Int64Var(&o.RequestPath.Proxy.MaxInFlightBytes, "proxy-max-inflight-bytes", proxy.DefaultMaxInFlightBytes, "proxy: request bodies held in memory at once; a request past it is refused with 503")
 	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", true, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
 	var tokenizers modelPaths
-	fs.Var(&tokenizers, "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the hftokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
-	fs.IntVar(&o.RequestPath.TokenizerDriftEvery, "tokenizer-drift-every", hftokenizer.DefaultDriftEvery, "compare one in this many local tokenizations with the model server's /tokenize; negative disables")
+	fs.Var(&tokenizers, "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the tokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
+	fs.IntVar(&o.RequestPath.TokenizerDriftEvery, "tokenizer-drift-every", localtokenizer.DefaultDriftEvery, "compare one in this many local tokenizations with the model server's /tokenize; negative disables")
 	fs.DurationVar(&o.RequestPath.TokenizeTimeout, "tokenize-timeout", 200*time.Millisecond, "bound on one /tokenize round trip; past it the request is routed approximately")
 	fs.StringVar(&o.ConfigFile, "config-file", "", "EndpointPickerConfig YAML file")
 	fs.StringVar(&o.ConfigText, "config-text", "", "EndpointPickerConfig YAML text")
@@ -161,7 +162,7 @@ func run(args []string) error {
 		o.RequestPath.KeyFile = filepath.Join(*certPath, "tls.key")
 	}
 	if len(tokenizers) > 0 {
-		if o.RequestPath.Tokenizers, err = hftokenizer.LoadModels(tokenizers, hftokenizer.Options{}); err != nil {
+		if o.RequestPath.Tokenizers, err = tokenizer.LoadModels(tokenizers, tokenizer.Options{}); err != nil {
 			return fmt.Errorf("--tokenizer: %w", err)
 		}
 	}

@@ -9,8 +9,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/localtokenizer"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/remotetokenizer"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
 // RequestPathOptions configure how requests reach the EPP: Envoy's ext_proc
@@ -51,7 +52,7 @@ type RequestPathOptions struct {
 	// the /tokenize above as the fallback and the reference of a sampled
 	// drift check (one request in TokenizerDriftEvery; 0 means the
 	// default, negative disables it).
-	Tokenizers          map[string]*hftokenizer.Tokenizer
+	Tokenizers          map[string]*tokenizer.Tokenizer
 	TokenizerDriftEvery int
 	// Tokenizer, when set, tokenizes in process before all of the above,
 	// which remain its fallback for the requests it does not handle
@@ -116,7 +117,7 @@ func (e *EPP) configuredTokenizers() tokenize.Tokenizer {
 	if len(e.opts.RequestPath.Tokenizers) == 0 {
 		return remote
 	}
-	return hftokenizer.NewLocal(hftokenizer.LocalOptions{
+	return localtokenizer.New(localtokenizer.Options{
 		Tokenizers: e.opts.RequestPath.Tokenizers,
 		Fallback:   remote,
 		DriftEvery: e.opts.RequestPath.TokenizerDriftEvery,

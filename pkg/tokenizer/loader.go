@@ -1,4 +1,4 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"bytes"
@@ -289,6 +289,30 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 			return nil, fmt.Errorf("%w: merge %d %q is not a pair", ErrBadFile, i, s)
 		}
 		out[i] = [2]string{a, b}
+	}
+	return out, nil
+}
+
+// LoadModels loads one tokenizer per model from specs of the form
+// MODEL=PATH, PATH being a tokenizer directory or tokenizer.json. Each
+// tokenizer's metrics carry its model name.
+func LoadModels(specs []string, opts Options) (map[string]*Tokenizer, error) {
+	out := make(map[string]*Tokenizer, len(specs))
+	for _, spec := range specs {
+		model, path, ok := strings.Cut(spec, "=")
+		if !ok || model == "" || path == "" {
+			return nil, fmt.Errorf("tokenizer %q: want MODEL=PATH", spec)
+		}
+		if _, dup := out[model]; dup {
+			return nil, fmt.Errorf("tokenizer for model %q given twice", model)
+		}
+		o := opts
+		o.Name = model
+		t, err := Load(path, o)
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer for model %q: %w", model, err)
+		}
+		out[model] = t
 	}
 	return out, nil
 }

@@ -1,5 +1,5 @@
-// Package hftokenizer turns prompts into the exact token ids a model server
-// computes, inside the EPP: it loads a Hugging Face tokenizer.json (byte-level
+// Package tokenizer turns prompts into the exact token ids a model server
+// computes, in process: it loads a Hugging Face tokenizer.json (byte-level
 // BPE as Llama 3, Qwen 2/3 and GPT-style models use it), renders chat
 // templates from tokenizer_config.json, and caches the ids of text between
 // special tokens so that repeated system prompts and earlier turns cost a hash
@@ -12,7 +12,8 @@
 // backtracking regexp for any other), mapped byte-level and merged by BPE
 // rank; the post-processor adds BOS-style tokens when asked to.
 //
-// Local adapts per-model tokenizers to tokenize.Tokenizer, falling back to a
-// model server's /tokenize for models without a local tokenizer and comparing
-// a sample of answers against it to count drift.
-package hftokenizer
+// It is a library of its own: it reads its files and chat JSON itself and
+// knows no more of kvroute than the parsed request's chat (pkg/request).
+// The request path adapts it (pkg/requestpath/tokenize/localtokenizer), and
+// kvctl uses it as it is.
+package tokenizer
