@@ -4,7 +4,7 @@ import (
 	"container/list"
 	"sync"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
 )
 
 // segmentCache holds the ids of recently seen segments (text between added
@@ -22,18 +22,17 @@ const (
 	entryOverhead = 128
 )
 
-// segKey identifies a segment by two independent 64-bit hashes and its
-// length, so that a collision (which would silently give wrong ids) needs
-// all three to agree.
+// segKey identifies a segment by a 128-bit hash and its length, so that a
+// collision (which would silently give wrong ids) needs both to agree. One
+// 128-bit pass over a long system prompt costs less than two 64-bit ones.
 type segKey struct {
 	h1, h2 uint64
 	n      int
 }
 
 func segmentKey(s string) segKey {
-	d := xxhash.NewWithSeed(0x6b76726f757465)
-	_, _ = d.WriteString(s)
-	return segKey{h1: xxhash.Sum64String(s), h2: d.Sum64(), n: len(s)}
+	h := xxh3.HashString128(s)
+	return segKey{h1: h.Lo, h2: h.Hi, n: len(s)}
 }
 
 type segmentShard struct {
