@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"container/list"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -18,7 +17,7 @@ type segmentCache struct {
 const (
 	segmentShards = 16
 	// entryOverhead approximates the bytes an entry costs besides its ids:
-	// the list element, the map slot and the slice header.
+	// its slot in the entries and in the index.
 	entryOverhead = 128
 )
 
@@ -35,23 +34,32 @@ func segmentKey(s string) segKey {
 	return segKey{h1: h.Lo, h2: h.Hi, n: len(s)}
 }
 
+// segmentShard is an LRU list threaded through a slice by index, found by
+// a map whose keys and values hold no pointers: the collector scans one
+// slice header per cached segment, not a list element, a map slot and an
+// entry.
 type segmentShard struct {
-	mu       sync.Mutex
-	entries  map[segKey]*list.Element
-	order    list.List // front is most recent
-	bytes    int64
-	maxBytes int64
+	mu      sync.Mutex
+	index   map[segKey]int32
+	entries []segmentEntry
+	free    []int32 // entries whose ids are nil, for reuse
+	// head is the most recently used entry, tail the least; -1 when empty.
+	head, tail int32
+	bytes      int64
+	maxBytes   int64
 }
 
 type segmentEntry struct {
-	key segKey
-	ids []uint32
+	key        segKey
+	ids        []uint32
+	prev, next int32
 }
 
 func newSegmentCache(maxBytes int64, name string) *segmentCache {
 	c := &segmentCache{name: name}
 	for i := range c.shards {
-		c.shards[i].entries = make(map[segKey]*list.Element)
+		c.shards[i].index = make(map[segKey]int32)
+		c.shards[i].head, c.shards[i].tail = -1, -1
 		c.shards[i].maxBytes = max(maxBytes/segmentShards, 1)
 	}
 	return c
@@ -59,18 +67,47 @@ func newSegmentCache(maxBytes int64, name string) *segmentCache {
 
 func entryBytes(ids []uint32) int64 { return int64(4*cap(ids)) + entryOverhead }
 
+func (s *segmentShard) unlink(e int32) {
+	en := &s.entries[e]
+	if en.prev >= 0 {
+		s.entries[en.prev].next = en.next
+	} else {
+		s.head = en.next
+	}
+	if en.next >= 0 {
+		s.entries[en.next].prev = en.prev
+	} else {
+		s.tail = en.prev
+	}
+}
+
+func (s *segmentShard) pushFront(e int32) {
+	en := &s.entries[e]
+	en.prev, en.next = -1, s.head
+	if s.head >= 0 {
+		s.entries[s.head].prev = e
+	}
+	s.head = e
+	if s.tail < 0 {
+		s.tail = e
+	}
+}
+
 func (c *segmentCache) get(k segKey) ([]uint32, bool) {
 	s := &c.shards[k.h1%segmentShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.entries[k]
+	e, ok := s.index[k]
 	if !ok {
 		return nil, false
 	}
-	s.order.MoveToFront(e)
+	if s.head != e {
+		s.unlink(e)
+		s.pushFront(e)
+	}
 	// The ids are never changed after insertion, so the caller may read
 	// them after the lock is released.
-	return e.Value.(*segmentEntry).ids, true
+	return s.entries[e].ids, true
 }
 
 func (c *segmentCache) put(k segKey, ids []uint32, m *modelMetrics) {
@@ -82,19 +119,30 @@ func (c *segmentCache) put(k segKey, ids []uint32, m *modelMetrics) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.entries[k]; ok {
+	if _, ok := s.index[k]; ok {
 		return
 	}
-	s.entries[k] = s.order.PushFront(&segmentEntry{key: k, ids: own})
+	var e int32
+	if n := len(s.free); n > 0 {
+		e, s.free = s.free[n-1], s.free[:n-1]
+	} else {
+		s.entries = append(s.entries, segmentEntry{})
+		e = int32(len(s.entries) - 1)
+	}
+	s.entries[e] = segmentEntry{key: k, ids: own}
+	s.pushFront(e)
+	s.index[k] = e
 	s.bytes += size
 	added, evicted := int64(1), 0
 	for s.bytes > s.maxBytes {
-		back := s.order.Back()
-		e := back.Value.(*segmentEntry)
-		s.order.Remove(back)
-		delete(s.entries, e.key)
-		s.bytes -= entryBytes(e.ids)
-		size -= entryBytes(e.ids)
+		old := s.tail
+		s.unlink(old)
+		en := &s.entries[old]
+		delete(s.index, en.key)
+		s.bytes -= entryBytes(en.ids)
+		size -= entryBytes(en.ids)
+		en.ids = nil
+		s.free = append(s.free, old)
 		evicted++
 	}
 	m.segmentBytes.WithLabelValues(c.name).Add(float64(size))
