@@ -108,7 +108,7 @@ func parse(args []string) (epp.Options, error) {
 	fs.IntVar(&o.RequestPath.ExtProc.MaxStreamsPerConn, "extproc-max-streams-per-conn", o.RequestPath.ExtProc.MaxStreamsPerConn, "ext_proc: streams one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: Envoy opens another connection past it)")
 	fs.DurationVar(&o.RequestPath.ExtProc.BodyTimeout, "extproc-body-timeout", o.RequestPath.ExtProc.BodyTimeout, "ext_proc: bound from a stream's start to its request body's end; past it the request is answered 408 and the stream ended")
 	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", o.RequestPath.Tokenize, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
-	fs.Var((*modelPaths)(&o.RequestPath.TokenizerFiles), "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the hftokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
+	fs.Var((*modelPaths)(&o.RequestPath.TokenizerFiles), "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the tokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
 	fs.IntVar(&o.RequestPath.TokenizerDriftEvery, "tokenizer-drift-every", o.RequestPath.TokenizerDriftEvery, "compare one in this many local tokenizations with the model server's /tokenize; negative disables")
 	fs.DurationVar(&o.RequestPath.TokenizeTimeout, "tokenize-timeout", o.RequestPath.TokenizeTimeout, "bound on one /tokenize round trip; past it the request is routed approximately")
 	fs.StringVar(&o.ConfigFile, "config-file", o.ConfigFile, "EndpointPickerConfig YAML file")

@@ -10,7 +10,7 @@ import (
 	"os"
 
 	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
 func init() {
@@ -41,7 +41,7 @@ type chatInput struct {
 func tokenizeCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("tokenizer", "", "tokenizer `directory` (hftokenizer.json, tokenizer_config.json) or hftokenizer.json file")
+	dir := fs.String("tokenizer", "", "tokenizer `directory` (tokenizer.json, tokenizer_config.json) or tokenizer.json file")
 	prompt := fs.String("prompt", "", "the `text` to tokenize; without it, stdin")
 	chat := fs.Bool("chat", false, "the input is chat messages as JSON (a messages array or a chat request body), rendered with the chat template")
 	special := fs.Bool("add-special-tokens", false, "add the post-processor's special tokens (BOS) to a prompt, as completions do by default")
@@ -60,7 +60,7 @@ func tokenizeCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	tok, err := hftokenizer.Load(*dir, hftokenizer.Options{})
+	tok, err := tokenizer.Load(*dir, tokenizer.Options{})
 	if err != nil {
 		return err
 	}

@@ -9,14 +9,14 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
-const tinyTokenizer = "../../pkg/requestpath/tokenize/hftokenizer/testdata/tiny"
+const tinyTokenizer = "../../pkg/tokenizer/testdata/tiny"
 
 func TestTokenizePrintsTheIDsOfPromptsAndChats(t *testing.T) {
 	t.Parallel()
-	tok, err := hftokenizer.Load(tinyTokenizer, hftokenizer.Options{})
+	tok, err := tokenizer.Load(tinyTokenizer, tokenizer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/selfcheck"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/localtokenizer"
 )
 
 // DefaultOptions are the options of a deployed EPP, which cmd/epp's flags
@@ -64,7 +64,7 @@ func DefaultOptions() Options {
 			},
 			Tokenize:            true,
 			TokenizeTimeout:     200 * time.Millisecond,
-			TokenizerDriftEvery: hftokenizer.DefaultDriftEvery,
+			TokenizerDriftEvery: localtokenizer.DefaultDriftEvery,
 		},
 	}
 }

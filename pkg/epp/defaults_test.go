@@ -4,18 +4,18 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
-const tinyTokenizer = "../requestpath/tokenize/hftokenizer/testdata/tiny"
+const tinyTokenizer = "../tokenizer/testdata/tiny"
 
 func TestTokenizerFilesAddToTheGivenTokenizers(t *testing.T) {
 	t.Parallel()
-	tok, err := hftokenizer.Load(tinyTokenizer, hftokenizer.Options{})
+	tok, err := tokenizer.Load(tinyTokenizer, tokenizer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	given := map[string]*hftokenizer.Tokenizer{"x": tok}
+	given := map[string]*tokenizer.Tokenizer{"x": tok}
 	o := RequestPathOptions{Tokenizers: given, TokenizerFiles: []string{"m=" + tinyTokenizer}}
 	if err := loadTokenizerFiles(&o); err != nil {
 		t.Fatal(err)
@@ -30,7 +30,7 @@ func TestTokenizerFilesAddToTheGivenTokenizers(t *testing.T) {
 		name string
 		o    RequestPathOptions
 	}{
-		{"a model given a tokenizer twice", RequestPathOptions{Tokenizers: map[string]*hftokenizer.Tokenizer{"m": tok}, TokenizerFiles: []string{"m=" + tinyTokenizer}}},
+		{"a model given a tokenizer twice", RequestPathOptions{Tokenizers: map[string]*tokenizer.Tokenizer{"m": tok}, TokenizerFiles: []string{"m=" + tinyTokenizer}}},
 		{"a file named without its model", RequestPathOptions{TokenizerFiles: []string{tinyTokenizer}}},
 		{"a file that is not there", RequestPathOptions{TokenizerFiles: []string{"m=" + tinyTokenizer + "/nothing-here"}}},
 	} {

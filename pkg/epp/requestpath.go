@@ -10,8 +10,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/localtokenizer"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/remotetokenizer"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
 // RequestPathOptions configure how requests reach the EPP: Envoy's ext_proc
@@ -59,7 +60,7 @@ type RequestPathOptions struct {
 	// the /tokenize above as the fallback and the reference of a sampled
 	// drift check (one request in TokenizerDriftEvery; 0 means the
 	// default, negative disables it).
-	Tokenizers          map[string]*hftokenizer.Tokenizer
+	Tokenizers          map[string]*tokenizer.Tokenizer
 	TokenizerDriftEvery int
 	// TokenizerFiles add to Tokenizers, one for each MODEL=PATH, PATH
 	// being a Hugging Face tokenizer.json or the directory holding it;
@@ -78,11 +79,11 @@ func loadTokenizerFiles(o *RequestPathOptions) error {
 	if len(o.TokenizerFiles) == 0 {
 		return nil
 	}
-	loaded, err := hftokenizer.LoadModels(o.TokenizerFiles, hftokenizer.Options{})
+	loaded, err := tokenizer.LoadModels(o.TokenizerFiles, tokenizer.Options{})
 	if err != nil {
 		return fmt.Errorf("epp: tokenizer files: %w", err)
 	}
-	all := make(map[string]*hftokenizer.Tokenizer, len(o.Tokenizers)+len(loaded))
+	all := make(map[string]*tokenizer.Tokenizer, len(o.Tokenizers)+len(loaded))
 	maps.Copy(all, o.Tokenizers)
 	for model, t := range loaded {
 		if _, dup := all[model]; dup {
@@ -150,7 +151,7 @@ func (e *EPP) configuredTokenizers() tokenize.Tokenizer {
 	if len(e.opts.RequestPath.Tokenizers) == 0 {
 		return remote
 	}
-	return hftokenizer.NewLocal(hftokenizer.LocalOptions{
+	return localtokenizer.New(localtokenizer.Options{
 		Tokenizers: e.opts.RequestPath.Tokenizers,
 		Fallback:   remote,
 		DriftEvery: e.opts.RequestPath.TokenizerDriftEvery,

@@ -11,13 +11,15 @@ import (
 	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/localtokenizer"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
+
 	"github.com/kvroute/kvroute/pkg/sim"
 )
 
 func TestRequestPathTokenizesConfiguredModelsInProcess(t *testing.T) {
 	t.Parallel()
-	tok, err := hftokenizer.Load("../requestpath/tokenize/hftokenizer/testdata/tiny", hftokenizer.Options{})
+	tok, err := tokenizer.Load("../tokenizer/testdata/tiny", tokenizer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,11 +33,11 @@ func TestRequestPathTokenizesConfiguredModelsInProcess(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := &EPP{reg: prometheus.NewRegistry(), opts: Options{RequestPath: RequestPathOptions{
-				Tokenize: tc.remote, Tokenizers: map[string]*hftokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
+				Tokenize: tc.remote, Tokenizers: map[string]*tokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
 			}}}
-			local, ok := e.newTokenizer().(*hftokenizer.Local)
+			local, ok := e.newTokenizer().(*localtokenizer.Local)
 			if !ok {
-				t.Fatalf("request path tokenizer is %T, want *hftokenizer.Local", e.newTokenizer())
+				t.Fatalf("request path tokenizer is %T, want *localtokenizer.Local", e.newTokenizer())
 			}
 			defer local.Close()
 			req := &request.Request{API: request.APICompletions, Model: "m", Prompt: "hello world!", AddSpecialTokens: true}
@@ -56,12 +58,12 @@ func TestRequestPathTokenizesConfiguredModelsInProcess(t *testing.T) {
 
 func TestAGivenTokenizerGoesBeforeTheConfiguredOnes(t *testing.T) {
 	t.Parallel()
-	tok, err := hftokenizer.Load("../requestpath/tokenize/hftokenizer/testdata/tiny", hftokenizer.Options{})
+	tok, err := tokenizer.Load("../tokenizer/testdata/tiny", tokenizer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &EPP{reg: prometheus.NewRegistry(), opts: Options{RequestPath: RequestPathOptions{
-		Tokenizers: map[string]*hftokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
+		Tokenizers: map[string]*tokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1,
 		Tokenizer: simkit.Tokenizer{Model: "sim-model"},
 	}}}
 	tz := e.newTokenizer()

@@ -1,10 +1,10 @@
-// Generates the golden vectors that pkg/requestpath/tokenize/hftokenizer must reproduce exactly:
+// Generates the golden vectors that pkg/tokenizer must reproduce exactly:
 // token ids computed by the reference tokenizer library for varied texts and
 // for chat conversations rendered with each model's chat template.
 //
 //   cd scripts/tokenizer-golden && npm ci && node generate.mjs
 //
-// Output: pkg/requestpath/tokenize/hftokenizer/testdata/golden-<model>.json.gz. The inputs are made
+// Output: pkg/tokenizer/testdata/golden-<model>.json.gz. The inputs are made
 // by a seeded generator, so a re-run reproduces the same files.
 import { createRequire } from "node:module";
 import { readFileSync, writeFileSync } from "node:fs";
@@ -51,7 +51,7 @@ function patchStringStrip() {
 }
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const outDir = path.join(here, "..", "..", "pkg", "requestpath", "tokenize", "hftokenizer", "testdata");
+const outDir = path.join(here, "..", "..", "pkg", "tokenizer", "testdata");
 
 function rng(seed) {
   let a = seed >>> 0;

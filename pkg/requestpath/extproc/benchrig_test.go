@@ -55,7 +55,7 @@ func TestTheBenchmarkRigMeasuresEachServerInItsOwnProcess(t *testing.T) {
 }
 
 // The benchmarks' EPP with a tokenizer loaded (here a tiny one, a copy of
-// hftokenizer's test tokenizer, with a chat template) tokenizes a chat
+// the tokenizer's test tokenizer, with a chat template) tokenizes a chat
 // prompt in its own process as its request path does: the ids it gives
 // back, once an engine holds them, route that chat prompt there.
 func TestTheBenchmarkEPPTokenizesChatPromptsInItsProcess(t *testing.T) {

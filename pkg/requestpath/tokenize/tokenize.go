@@ -1,8 +1,8 @@
 // Package tokenize says what a tokenizer is on the request path: something
 // that finds a request's prompt token ids as the model server computes them,
 // so that its block keys match the keys built from the server's KV events.
-// The implementations are its subpackages: hftokenizer (in process) and
-// remotetokenizer (the model server's /tokenize).
+// The implementations are its subpackages: localtokenizer (in process, with
+// pkg/tokenizer) and remotetokenizer (the model server's /tokenize).
 package tokenize
 
 import (

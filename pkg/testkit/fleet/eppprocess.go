@@ -16,7 +16,8 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
+
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -27,7 +28,7 @@ const eppEnv = "KVROUTE_EPP_PROCESS"
 // EPPProcessOptions shape one EPP in a process of its own.
 type EPPProcessOptions struct {
 	// Tokenizer is a tokenizer's directory or tokenizer.json, which the
-	// EPP loads (hftokenizer.Load) for the fleet's model and tokenizes
+	// EPP loads (tokenizer.Load) for the fleet's model and tokenizes
 	// chat prompts with in process; empty, it has none.
 	Tokenizer string
 }
@@ -163,13 +164,13 @@ func runEPP(spec string, in io.Reader, out io.Writer) error {
 	if es.NATSURL != "" {
 		eo.NATSURL, eo.EmbeddedNATSAddr = es.NATSURL, ""
 	}
-	var tok *hftokenizer.Tokenizer
+	var tok *tokenizer.Tokenizer
 	if es.Tokenizer != "" {
 		var err error
-		if tok, err = hftokenizer.Load(es.Tokenizer, hftokenizer.Options{Name: es.Model}); err != nil {
+		if tok, err = tokenizer.Load(es.Tokenizer, tokenizer.Options{Name: es.Model}); err != nil {
 			return err
 		}
-		eo.RequestPath.Tokenizers = map[string]*hftokenizer.Tokenizer{es.Model: tok}
+		eo.RequestPath.Tokenizers = map[string]*tokenizer.Tokenizer{es.Model: tok}
 	}
 	e, err := epp.New(eo)
 	if err != nil {

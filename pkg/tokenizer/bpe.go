@@ -1,32 +1,61 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"container/heap"
+	"hash/maphash"
 	"sync"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // bpe is a byte-level BPE model. Its vocabulary is keyed by the bytes a
 // token stands for rather than by their byte-level spelling, so that a
-// pre-token never needs to be re-spelled.
+// pre-token never needs to be re-spelled. Its tables hold no pointers
+// (tables.go).
 type bpe struct {
 	// vocab maps a token's bytes to its id.
-	vocab map[string]uint32
-	// tokenBytes is the inverse, for decoding; nil entries are ids the
-	// vocabulary does not use.
-	tokenBytes [][]byte
+	vocab *strTable
+	// tokens is the inverse, for decoding; known marks the ids the
+	// vocabulary uses (a bit per id).
+	tokens byteStrings
+	known  []uint64
+	// pending holds each id's bytes while the tokenizer is loaded; freeze
+	// turns it into tokens and known.
+	pending [][]byte
 	// byteID is the id of each single byte; hasByte says whether the
 	// vocabulary has it (a missing byte is dropped, as the reference does
 	// without an unknown token).
 	byteID  [256]uint32
 	hasByte [256]bool
 	// merges maps a pair of ids to the merge's rank and result.
-	merges map[uint64]merge
+	merges *pairTable
 	// ignoreMerges emits a pre-token found whole in the vocabulary without
 	// merging (Llama 3).
 	ignoreMerges bool
 	words        *wordCache
+}
+
+// token returns the bytes of id, and whether the vocabulary has it.
+func (m *bpe) token(id uint32) ([]byte, bool) {
+	if int(id) >= m.tokens.len() || m.known[id/64]&(1<<(id%64)) == 0 {
+		return nil, false
+	}
+	return m.tokens.at(id), true
+}
+
+// freeze lays the loaded tokens out flat.
+func (m *bpe) freeze() {
+	total := 0
+	for _, b := range m.pending {
+		total += len(b)
+	}
+	m.tokens = newByteStrings(len(m.pending), total)
+	m.known = make([]uint64, (len(m.pending)+63)/64)
+	for id, b := range m.pending {
+		m.tokens.add(b)
+		if b != nil {
+			m.known[id/64] |= 1 << (id % 64)
+		}
+	}
+	m.pending = nil
 }
 
 type merge struct {
@@ -57,11 +86,11 @@ var scratchPool = sync.Pool{New: func() any { return new(bpeScratch) }}
 
 // encodeWord appends the ids of one pre-token.
 func (m *bpe) encodeWord(dst []uint32, word string) []uint32 {
-	if id, ok := m.vocab[word]; ok && (m.ignoreMerges || len(word) == 1) {
+	if id, ok := m.vocab.get(word); ok && (m.ignoreMerges || len(word) == 1) {
 		return append(dst, id)
 	}
-	if ids, ok := m.words.get(word); ok {
-		return append(dst, ids...)
+	if out, ok := m.words.appendIDs(dst, word); ok {
+		return out
 	}
 	start := len(dst)
 	sc := scratchPool.Get().(*bpeScratch)
@@ -99,7 +128,7 @@ func (m *bpe) mergeSimple(syms []symbol) []symbol {
 	for n > 1 {
 		best, bestRank, bestID := -1, ^uint32(0), uint32(0)
 		for i := 0; i+1 < n; i++ {
-			if mg, ok := m.merges[pairKey(syms[i].id, syms[i+1].id)]; ok && mg.rank < bestRank {
+			if mg, ok := m.merges.get(pairKey(syms[i].id, syms[i+1].id)); ok && mg.rank < bestRank {
 				best, bestRank, bestID = i, mg.rank, mg.id
 			}
 		}
@@ -154,7 +183,7 @@ func (m *bpe) mergeHeap(syms []symbol, h *pairHeap) []symbol {
 		if l < 0 || r < 0 {
 			return
 		}
-		if mg, ok := m.merges[pairKey(syms[l].id, syms[r].id)]; ok {
+		if mg, ok := m.merges.get(pairKey(syms[l].id, syms[r].id)); ok {
 			heap.Push(h, pairCand{rank: mg.rank, id: mg.id, left: l, right: r, leftID: syms[l].id, rghID: syms[r].id})
 		}
 	}
@@ -195,8 +224,11 @@ func (m *bpe) mergeHeap(syms []symbol, h *pairHeap) []symbol {
 // wordCache remembers the ids of short pre-tokens, which repeat constantly
 // in natural text. It is sharded to keep lock contention low, and a full
 // shard is cleared rather than tracked for recency: clearing is cheap and
-// the common words come back at once.
+// the common words come back at once. A shard is an open-addressing table
+// over two arenas, of word bytes and of ids, with no pointers for the
+// collector to scan however full it is.
 type wordCache struct {
+	seed   maphash.Seed
 	shards [wordShards]wordShard
 	limit  int
 }
@@ -209,7 +241,19 @@ const (
 
 type wordShard struct {
 	mu sync.RWMutex
-	m  map[string][]uint32
+	// slots hold the top 32 bits of a word's hash and its entry's index
+	// plus one (0 is empty).
+	slots   []uint64
+	entries []wordEntry
+	words   []byte
+	ids     []uint32
+}
+
+// wordEntry places a word and its ids in the shard's arenas; a word has at
+// most maxCachedWord bytes and so at most as many ids.
+type wordEntry struct {
+	wordOff, idsOff uint32
+	wordLen, idsLen uint8
 }
 
 // newWordCache returns a cache of about entries words; nil (no cache) when
@@ -218,38 +262,73 @@ func newWordCache(entries int) *wordCache {
 	if entries <= 0 {
 		return nil
 	}
-	c := &wordCache{limit: max(1, entries/wordShards)}
+	c := &wordCache{seed: maphash.MakeSeed(), limit: max(1, entries/wordShards)}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32)
+		c.shards[i].slots = make([]uint64, tableSize(c.limit))
 	}
 	return c
 }
 
-func (c *wordCache) shard(w string) *wordShard {
-	return &c.shards[xxhash.Sum64String(w)%wordShards]
+// find returns the index of w's entry in s, or -1; s is locked.
+func (s *wordShard) find(h uint64, w string) int {
+	mask := uint64(len(s.slots) - 1)
+	for i := (h / wordShards) & mask; ; i = (i + 1) & mask {
+		v := s.slots[i]
+		if v == 0 {
+			return -1
+		}
+		if v>>32 == h>>32 {
+			e := &s.entries[uint32(v)-1]
+			if string(s.words[e.wordOff:e.wordOff+uint32(e.wordLen)]) == w {
+				return int(uint32(v) - 1)
+			}
+		}
+	}
 }
 
-func (c *wordCache) get(w string) ([]uint32, bool) {
+// appendIDs appends the cached ids of w to dst; ok is false when w is not
+// cached. The ids are copied under the shard's lock, since a full shard's
+// arenas are reused.
+func (c *wordCache) appendIDs(dst []uint32, w string) (out []uint32, ok bool) {
 	if c == nil || len(w) > maxCachedWord {
-		return nil, false
+		return dst, false
 	}
-	s := c.shard(w)
+	h := maphash.String(c.seed, w)
+	s := &c.shards[h%wordShards]
 	s.mu.RLock()
-	ids, ok := s.m[w]
+	if e := s.find(h, w); e >= 0 {
+		en := s.entries[e]
+		dst, ok = append(dst, s.ids[en.idsOff:en.idsOff+uint32(en.idsLen)]...), true
+	}
 	s.mu.RUnlock()
-	return ids, ok
+	return dst, ok
 }
 
 func (c *wordCache) put(w string, ids []uint32) {
-	if c == nil || len(w) > maxCachedWord {
+	if c == nil || len(w) > maxCachedWord || len(ids) > maxCachedWord {
 		return
 	}
-	s := c.shard(w)
+	h := maphash.String(c.seed, w)
+	s := &c.shards[h%wordShards]
 	s.mu.Lock()
-	if len(s.m) >= c.limit {
-		clear(s.m)
+	defer s.mu.Unlock()
+	if s.find(h, w) >= 0 {
+		return
 	}
-	// The key is cloned so the cache never pins the caller's whole text.
-	s.m[string([]byte(w))] = append([]uint32(nil), ids...)
-	s.mu.Unlock()
+	if len(s.entries) >= c.limit {
+		clear(s.slots)
+		s.entries, s.words, s.ids = s.entries[:0], s.words[:0], s.ids[:0]
+	}
+	s.entries = append(s.entries, wordEntry{
+		wordOff: uint32(len(s.words)), idsOff: uint32(len(s.ids)),
+		wordLen: uint8(len(w)), idsLen: uint8(len(ids)),
+	})
+	s.words = append(s.words, w...)
+	s.ids = append(s.ids, ids...)
+	mask := uint64(len(s.slots) - 1)
+	i := (h / wordShards) & mask
+	for s.slots[i] != 0 {
+		i = (i + 1) & mask
+	}
+	s.slots[i] = h>>32<<32 | uint64(len(s.entries))
 }

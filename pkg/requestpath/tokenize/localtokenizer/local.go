@@ -1,4 +1,8 @@
-package hftokenizer
+// Package localtokenizer tokenizes requests in process with each model's
+// own tokenizer (pkg/tokenizer), falling back to a model server's /tokenize
+// for models without one and for requests the tokenizer cannot render, and
+// comparing a sample of its answers with the server's to count drift.
+package localtokenizer
 
 import (
 	"context"
@@ -7,7 +11,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,9 +20,10 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
-// Defaults of LocalOptions.
+// Defaults of Options.
 const (
 	DefaultDriftEvery   = 100
 	DefaultDriftTimeout = 2 * time.Second
@@ -28,11 +32,11 @@ const (
 	maxDriftChecks = 4
 )
 
-// LocalOptions configure a Local. The zero value of each field means its
+// Options configure a Local. The zero value of each field means its
 // default.
-type LocalOptions struct {
+type Options struct {
 	// Tokenizers by model name, as the request names the model.
-	Tokenizers map[string]*Tokenizer
+	Tokenizers map[string]*tokenizer.Tokenizer
 	// Fallback tokenizes requests for other models and those the local
 	// tokenizer cannot handle (a request's own chat template, a feature it
 	// lacks); it is also the reference of drift checks. Nil means none.
@@ -50,7 +54,7 @@ type LocalOptions struct {
 // implements tokenize.Tokenizer and is safe for concurrent use; Close stops
 // the drift checks in flight.
 type Local struct {
-	o      LocalOptions
+	o      Options
 	m      localMetrics
 	n      atomic.Uint64
 	sem    chan struct{}
@@ -80,9 +84,9 @@ type localMetrics struct {
 	checks   *prometheus.CounterVec
 }
 
-// NewLocal returns a local tokenizer; its metrics, and those of its
+// New returns a local tokenizer; its metrics, and those of its
 // tokenizers, are registered with reg unless reg is nil.
-func NewLocal(opts LocalOptions, reg prometheus.Registerer) *Local {
+func New(opts Options, reg prometheus.Registerer) *Local {
 	if opts.DriftEvery == 0 {
 		opts.DriftEvery = DefaultDriftEvery
 	}
@@ -110,9 +114,8 @@ func NewLocal(opts LocalOptions, reg prometheus.Registerer) *Local {
 	if reg != nil {
 		// The tokenizers were loaded before the registry was known (the
 		// EPP makes its own); their series move to it now.
-		shared := metricsFor(reg)
 		for _, t := range opts.Tokenizers {
-			t.setMetrics(shared)
+			t.Register(reg)
 		}
 	}
 	l.base, l.cancel = context.WithCancel(context.Background())
@@ -144,7 +147,7 @@ func (l *Local) Tokenize(ctx context.Context, req *request.Request) ([]uint32, e
 	}
 	ids, err := encodeRequest(tok, req)
 	if err != nil {
-		if errors.Is(err, ErrUnsupported) || errors.Is(err, ErrTemplate) || errors.Is(err, ErrInputTooLarge) {
+		if errors.Is(err, tokenizer.ErrUnsupported) || errors.Is(err, tokenizer.ErrTemplate) || errors.Is(err, tokenizer.ErrInputTooLarge) {
 			return l.fallback(ctx, req, req.Model)
 		}
 		l.m.requests.WithLabelValues(req.Model, "local", "error").Inc()
@@ -157,14 +160,14 @@ func (l *Local) Tokenize(ctx context.Context, req *request.Request) ([]uint32, e
 	return ids, nil
 }
 
-func encodeRequest(tok *Tokenizer, req *request.Request) ([]uint32, error) {
+func encodeRequest(tok *tokenizer.Tokenizer, req *request.Request) ([]uint32, error) {
 	switch req.API {
 	case request.APICompletions:
 		return tok.Encode(req.Prompt, req.AddSpecialTokens)
 	case request.APIChatCompletions:
 		return tok.EncodeChat(req.Chat)
 	}
-	return nil, fmt.Errorf("%w: API %s", ErrUnsupported, req.API)
+	return nil, fmt.Errorf("%w: API %s", tokenizer.ErrUnsupported, req.API)
 }
 
 func (l *Local) fallback(ctx context.Context, req *request.Request, label string) ([]uint32, error) {
@@ -235,26 +238,19 @@ func firstDifference(a, b []uint32) int {
 	return min(len(a), len(b))
 }
 
-// LoadModels loads one tokenizer per model from specs of the form
-// MODEL=PATH, PATH being a tokenizer directory or tokenizer.json. Each
-// tokenizer's metrics carry its model name.
-func LoadModels(specs []string, opts Options) (map[string]*Tokenizer, error) {
-	out := make(map[string]*Tokenizer, len(specs))
-	for _, spec := range specs {
-		model, path, ok := strings.Cut(spec, "=")
-		if !ok || model == "" || path == "" {
-			return nil, fmt.Errorf("tokenizer %q: want MODEL=PATH", spec)
-		}
-		if _, dup := out[model]; dup {
-			return nil, fmt.Errorf("tokenizer for model %q given twice", model)
-		}
-		o := opts
-		o.Name = model
-		t, err := Load(path, o)
-		if err != nil {
-			return nil, fmt.Errorf("tokenizer for model %q: %w", model, err)
-		}
-		out[model] = t
+// registerOrReuse registers c, or returns the collector of the same name
+// registered before (by another Local on the same registry).
+func registerOrReuse[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if reg == nil {
+		return c
 	}
-	return out, nil
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
 }

@@ -1,4 +1,4 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"errors"
@@ -80,7 +80,7 @@ type Tokenizer struct {
 }
 
 // VocabSize is the number of ids the tokenizer can produce.
-func (t *Tokenizer) VocabSize() int { return len(t.model.tokenBytes) }
+func (t *Tokenizer) VocabSize() int { return t.model.tokens.len() }
 
 // Encode returns the ids of text. With addSpecialTokens the post-processor's
 // tokens (a BOS, for Llama-style templates) surround them, as the model
@@ -184,10 +184,11 @@ func (t *Tokenizer) encodeNormalized(dst []uint32, seg string) []uint32 {
 func (t *Tokenizer) Decode(ids []uint32) ([]byte, error) {
 	var out []byte
 	for _, id := range ids {
-		if int(id) >= len(t.model.tokenBytes) || t.model.tokenBytes[id] == nil {
+		b, ok := t.model.token(id)
+		if !ok {
 			return out, fmt.Errorf("decode id %d: %w", id, ErrUnknownID)
 		}
-		out = append(out, t.model.tokenBytes[id]...)
+		out = append(out, b...)
 	}
 	return out, nil
 }
@@ -208,8 +209,9 @@ func replaceInvalid(s string) string {
 	return string(out)
 }
 
-// setMetrics points the tokenizer's series at m; what was counted before
-// stays with the previous collectors.
-func (t *Tokenizer) setMetrics(m *modelMetrics) { t.m.Store(m) }
+// Register moves the tokenizer's series to reg, for a tokenizer loaded
+// before its registry was known; what was counted before stays with the
+// previous collectors. Tokenizers of several models may share reg.
+func (t *Tokenizer) Register(reg prometheus.Registerer) { t.m.Store(metricsFor(reg)) }
 
 func (t *Tokenizer) metrics() *modelMetrics { return t.m.Load() }

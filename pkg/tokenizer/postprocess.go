@@ -1,4 +1,4 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"encoding/json"

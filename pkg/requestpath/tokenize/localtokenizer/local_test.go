@@ -1,4 +1,4 @@
-package hftokenizer
+package localtokenizer
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/remotetokenizer"
 	"github.com/kvroute/kvroute/pkg/testkit"
+	"github.com/kvroute/kvroute/pkg/tokenizer"
 )
 
 // modelServer is a loopback /tokenize endpoint that answers every prompt
@@ -67,12 +68,24 @@ func newLocalWith(t *testing.T, server *modelServer, driftEvery int, reg prometh
 		t.Cleanup(remote.Close)
 		fallback = remote
 	}
-	l := NewLocal(LocalOptions{
-		Tokenizers: map[string]*Tokenizer{"tiny": loadTiny(t, Options{Name: "tiny"})},
+	l := New(Options{
+		Tokenizers: map[string]*tokenizer.Tokenizer{"tiny": loadTiny(t, tokenizer.Options{Name: "tiny"})},
 		Fallback:   fallback, DriftEvery: driftEvery,
 	}, reg)
 	t.Cleanup(l.Close)
 	return l
+}
+
+// tinyDir is the tokenizer package's own test tokenizer.
+const tinyDir = "../../../tokenizer/testdata/tiny"
+
+func loadTiny(t testing.TB, opts tokenizer.Options) *tokenizer.Tokenizer {
+	t.Helper()
+	tok, err := tokenizer.Load(tinyDir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 func completion(model, prompt string) *request.Request {
@@ -134,7 +147,7 @@ func TestLocalWithoutFallbackRefusesUnknownModels(t *testing.T) {
 
 func TestDriftCheckCountsMismatchesWithTheModelServer(t *testing.T) {
 	t.Parallel()
-	tiny := loadTiny(t, Options{})
+	tiny := loadTiny(t, tokenizer.Options{})
 	for _, tc := range []struct {
 		name      string
 		perturb   bool
@@ -223,19 +236,6 @@ func TestCloseStopsDriftChecksInFlight(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(l.m.checks.WithLabelValues("tiny", "error")); got != 1 {
 		t.Errorf("errored checks %v, want 1", got)
-	}
-}
-
-func TestLoadModelsRejectsBadSpecs(t *testing.T) {
-	t.Parallel()
-	for _, specs := range [][]string{{"noequals"}, {"=dir"}, {"m="}, {"m=" + tinyDir, "m=" + tinyDir}, {"m=/does/not/exist"}} {
-		if _, err := LoadModels(specs, Options{}); err == nil {
-			t.Errorf("LoadModels(%q) succeeded", specs)
-		}
-	}
-	got, err := LoadModels([]string{"a=" + tinyDir, "b=" + tinyDir + "/" + TokenizerFile}, Options{})
-	if err != nil || len(got) != 2 || !got["b"].HasChatTemplate() {
-		t.Fatalf("LoadModels = %v, %v", got, err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"encoding/json"
@@ -334,5 +334,18 @@ func TestRenderChatUsesTheDefaultNamedTemplateAndSpecialTokens(t *testing.T) {
 	}
 	if !utf8.ValidString(got) {
 		t.Error("invalid UTF-8")
+	}
+}
+
+func TestLoadModelsRejectsBadSpecs(t *testing.T) {
+	t.Parallel()
+	for _, specs := range [][]string{{"noequals"}, {"=dir"}, {"m="}, {"m=" + tinyDir, "m=" + tinyDir}, {"m=/does/not/exist"}} {
+		if _, err := LoadModels(specs, Options{}); err == nil {
+			t.Errorf("LoadModels(%q) succeeded", specs)
+		}
+	}
+	got, err := LoadModels([]string{"a=" + tinyDir, "b=" + tinyDir + "/" + TokenizerFile}, Options{})
+	if err != nil || len(got) != 2 || !got["b"].HasChatTemplate() {
+		t.Fatalf("LoadModels = %v, %v", got, err)
 	}
 }

@@ -1,4 +1,4 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"bytes"
@@ -13,7 +13,6 @@ import (
 	"github.com/ardanlabs/jinja"
 
 	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
 
 // chatTemplate renders chat messages into the prompt text a model server
@@ -287,8 +286,8 @@ func isPySpace(r rune) bool {
 // their order, because tojson prints them in that order and the ids depend
 // on it.
 func decodeJSONValue(data []byte) (jinja.Value, error) {
-	if openai.ValidJSON(data) {
-		v, _, err := decodeValid(data, openai.SkipSpace(data, 0), 0)
+	if validJSON(data) {
+		v, _, err := decodeValid(data, skipSpace(data, 0), 0)
 		return v, err
 	}
 	// Invalid: encoding/json says what is wrong.
@@ -304,16 +303,16 @@ func decodeValid(b []byte, i, depth int) (jinja.Value, int, error) {
 		return jinja.Undefined(), i, errors.New("JSON nested too deeply")
 	}
 	next := func(j int) int {
-		j = openai.SkipSpace(b, j)
+		j = skipSpace(b, j)
 		if b[j] == ',' {
-			j = openai.SkipSpace(b, j+1)
+			j = skipSpace(b, j+1)
 		}
 		return j
 	}
-	end := openai.SkipValue(b, i)
+	end := skipValue(b, i)
 	switch b[i] {
 	case '"':
-		s, err := openai.DecodeString(b[i:end])
+		s, err := decodeString(b[i:end])
 		return jinja.NewString(s), end, err
 	case 't', 'f':
 		return jinja.NewBool(b[i] == 't'), end, nil
@@ -321,7 +320,7 @@ func decodeValid(b []byte, i, depth int) (jinja.Value, int, error) {
 		return jinja.None(), end, nil
 	case '[':
 		var items []jinja.Value
-		j := openai.SkipSpace(b, i+1)
+		j := skipSpace(b, i+1)
 		for b[j] != ']' {
 			item, after, err := decodeValid(b, j, depth+1)
 			if err != nil {
@@ -333,14 +332,14 @@ func decodeValid(b []byte, i, depth int) (jinja.Value, int, error) {
 		return jinja.NewList(items), j + 1, nil
 	case '{':
 		d := jinja.NewDict()
-		j := openai.SkipSpace(b, i+1)
+		j := skipSpace(b, i+1)
 		for b[j] != '}' {
-			keyEnd := openai.SkipValue(b, j)
-			key, err := openai.DecodeString(b[j:keyEnd])
+			keyEnd := skipValue(b, j)
+			key, err := decodeString(b[j:keyEnd])
 			if err != nil {
 				return jinja.Undefined(), j, err
 			}
-			val, after, err := decodeValid(b, openai.SkipSpace(b, openai.SkipSpace(b, keyEnd)+1), depth+1)
+			val, after, err := decodeValid(b, skipSpace(b, skipSpace(b, keyEnd)+1), depth+1)
 			if err != nil {
 				return jinja.Undefined(), j, err
 			}

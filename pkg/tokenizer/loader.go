@@ -1,13 +1,15 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/dlclark/regexp2/v2"
@@ -115,6 +117,7 @@ func Parse(tokenizerJSON, configJSON []byte, opts Options) (*Tokenizer, error) {
 			t.addedIDs = append(t.addedIDs, a.ID)
 		}
 	}
+	t.model.freeze()
 	t.added, t.normAdded = newAddedMatcher(raw), newAddedMatcher(normalized)
 	if len(configJSON) > 0 {
 		if t.chat, err = parseChatConfig(configJSON); err != nil {
@@ -220,8 +223,19 @@ func newBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges boo
 	if len(vocab) == 0 {
 		return nil, fmt.Errorf("%w: empty vocabulary", ErrBadFile)
 	}
-	m := &bpe{vocab: make(map[string]uint32, len(vocab)), ignoreMerges: ignoreMerges, words: newWordCache(wordEntries)}
-	for tok, id := range vocab {
+	keyBytes := 0
+	for tok := range vocab {
+		keyBytes += len(tok)
+	}
+	m := &bpe{vocab: newStrTable(len(vocab), keyBytes), ignoreMerges: ignoreMerges, words: newWordCache(wordEntries)}
+	// In id order, so that the tables come out the same for the same file.
+	byID := make([]string, 0, len(vocab))
+	for tok := range vocab {
+		byID = append(byID, tok)
+	}
+	slices.SortFunc(byID, func(a, b string) int { return cmp.Or(cmp.Compare(vocab[a], vocab[b]), strings.Compare(a, b)) })
+	for _, tok := range byID {
+		id := vocab[tok]
 		b, err := byteLevelDecode(tok)
 		if err != nil {
 			// Not a byte-level token (a stray added token in the
@@ -230,7 +244,7 @@ func newBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges boo
 			continue
 		}
 		m.setToken(id, b)
-		m.vocab[string(b)] = id
+		m.vocab.put(b, id)
 		if len(b) == 1 {
 			m.byteID[b[0]], m.hasByte[b[0]] = id, true
 		}
@@ -239,7 +253,7 @@ func newBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges boo
 	if err != nil {
 		return nil, err
 	}
-	m.merges = make(map[uint64]merge, len(pairs))
+	m.merges = newPairTable(len(pairs))
 	for rank, p := range pairs {
 		a, okA := vocab[p[0]]
 		b, okB := vocab[p[1]]
@@ -247,23 +261,24 @@ func newBPE(vocab map[string]uint32, mergesRaw json.RawMessage, ignoreMerges boo
 		if !okA || !okB || !okC {
 			return nil, fmt.Errorf("%w: merge %d (%q %q) names a token outside the vocabulary", ErrBadFile, rank, p[0], p[1])
 		}
-		k := pairKey(a, b)
-		if _, dup := m.merges[k]; !dup {
-			m.merges[k] = merge{rank: uint32(rank), id: c}
-		}
+		m.merges.put(pairKey(a, b), merge{rank: uint32(rank), id: c})
 	}
 	return m, nil
 }
 
+// setToken records id's bytes while loading; freeze lays them out.
 func (m *bpe) setToken(id uint32, b []byte) {
 	const maxID = 1 << 22 // far beyond any vocabulary; bounds memory on bad files
 	if id >= maxID {
 		return
 	}
-	for int(id) >= len(m.tokenBytes) {
-		m.tokenBytes = append(m.tokenBytes, nil)
+	for int(id) >= len(m.pending) {
+		m.pending = append(m.pending, nil)
 	}
-	m.tokenBytes[id] = b
+	if b == nil {
+		b = []byte{}
+	}
+	m.pending[id] = b
 }
 
 // parseMerges reads merges in either spelling tokenizer.json uses:
@@ -289,6 +304,30 @@ func parseMerges(raw json.RawMessage) ([][2]string, error) {
 			return nil, fmt.Errorf("%w: merge %d %q is not a pair", ErrBadFile, i, s)
 		}
 		out[i] = [2]string{a, b}
+	}
+	return out, nil
+}
+
+// LoadModels loads one tokenizer per model from specs of the form
+// MODEL=PATH, PATH being a tokenizer directory or tokenizer.json. Each
+// tokenizer's metrics carry its model name.
+func LoadModels(specs []string, opts Options) (map[string]*Tokenizer, error) {
+	out := make(map[string]*Tokenizer, len(specs))
+	for _, spec := range specs {
+		model, path, ok := strings.Cut(spec, "=")
+		if !ok || model == "" || path == "" {
+			return nil, fmt.Errorf("tokenizer %q: want MODEL=PATH", spec)
+		}
+		if _, dup := out[model]; dup {
+			return nil, fmt.Errorf("tokenizer for model %q given twice", model)
+		}
+		o := opts
+		o.Name = model
+		t, err := Load(path, o)
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer for model %q: %w", model, err)
+		}
+		out[model] = t
 	}
 	return out, nil
 }

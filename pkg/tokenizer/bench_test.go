@@ -1,8 +1,12 @@
-package hftokenizer
+package tokenizer
 
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
 	"strings"
 	"testing"
 
@@ -114,4 +118,68 @@ func BenchmarkSystemPrompt8k(b *testing.B) {
 			b.ReportMetric(cpuPerOp*1e9, "cpu-ns/op")
 		})
 	}
+}
+
+// BenchmarkLoadedHeap measures what a loaded tokenizer, its word cache
+// warmed on text, costs the garbage collector: the scannable and live heap
+// it adds, and the CPU of a forced collection without and with it. Each
+// iteration is one forced collection with the tokenizer loaded.
+func BenchmarkLoadedHeap(b *testing.B) {
+	for _, model := range goldenModels {
+		b.Run(model, func(b *testing.B) {
+			dir := modelDir(model)
+			if _, err := os.Stat(filepath.Join(dir, TokenizerFile)); err != nil {
+				b.Fatalf("%s tokenizer files missing (run: npm ci --prefix scripts/tokenizer-golden): %v", model, err)
+			}
+			text := benchText(b, model, false, 256<<10) + benchText(b, model, true, 256<<10)
+			const gcs = 40
+			scan0, live0 := heapNow()
+			cpu0, est0 := gcCPUPerCollection(gcs)
+			tok, err := Load(dir, Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := tok.Encode(text, false); err != nil {
+				b.Fatal(err)
+			}
+			scan1, live1 := heapNow()
+			cpu1, est1 := gcCPUPerCollection(gcs)
+			b.ResetTimer()
+			for b.Loop() {
+				runtime.GC()
+			}
+			b.StopTimer()
+			runtime.KeepAlive(tok)
+			b.ReportMetric(float64(scan1-scan0)/(1<<20), "scan-MiB")
+			b.ReportMetric(float64(live1-live0)/(1<<20), "live-MiB")
+			b.ReportMetric(cpu0*1e6, "cpu-µs/GC-unloaded")
+			b.ReportMetric(cpu1*1e6, "cpu-µs/GC-loaded")
+			b.ReportMetric(est0*1e6, "gc-est-µs/GC-unloaded")
+			b.ReportMetric(est1*1e6, "gc-est-µs/GC-loaded")
+		})
+	}
+}
+
+// heapNow collects and returns the scannable and the live heap.
+func heapNow() (scan, live uint64) {
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/scan/heap:bytes"}, {Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64(), s[1].Value.Uint64()
+}
+
+// gcCPUPerCollection forces n collections and returns what each cost on
+// average: the process's CPU time, and the runtime's own estimate of GC
+// CPU (/cpu/classes/gc/total, which counts idle Ps lent to marking at
+// their whole time).
+func gcCPUPerCollection(n int) (cpu, estimate float64) {
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	est0, cpu0 := s[0].Value.Float64(), testkit.CPUTime()
+	for range n {
+		runtime.GC()
+	}
+	metrics.Read(s)
+	return (testkit.CPUTime() - cpu0).Seconds() / float64(n), (s[0].Value.Float64() - est0) / float64(n)
 }
