@@ -116,6 +116,8 @@ type Pick struct {
 	target   [1]string
 	// resp is what the plugin observers are told of the response.
 	resp request.Response
+	// status is the response's status once its headers came (HandleHeaders).
+	status int
 	// held: a PrepareData producer ran on a goroutine of its own, and may
 	// still use the request after the response is handled.
 	held bool
@@ -408,11 +410,32 @@ type Served struct {
 	// FirstByte is when the response's first body bytes arrived (zero if never).
 	FirstByte time.Time
 	End       time.Time
+	// ConnFailed: no whole answer came from the endpoint: the connection
+	// was refused, or reset or broken before the response ended (Status
+	// is then what the client was answered, if anything).
+	ConnFailed bool
+}
+
+// HandleHeaders notes the response's status, once its headers came: the
+// body of an error answer says nothing of the endpoint's pace, so its
+// bytes are not taken as tokens (HandleFirstByte, HandleProgress).
+func (d *Director) HandleHeaders(p *Pick, status int) {
+	p.status = status
+}
+
+// HandleUnreachable notes that addr, one of the pick's targets, refused
+// the connection before the request could reach it, and the next target
+// was tried: a failure of addr's, as outlier detection counts them.
+func (d *Director) HandleUnreachable(p *Pick, addr string) {
+	d.o.Datastore.ReportOutcome(addr, datalayer.OutcomeConnect)
 }
 
 // HandleFirstByte notes that the pick's response has begun: its endpoint
 // has finished the request's prefill.
 func (d *Director) HandleFirstByte(p *Pick) {
+	if p.status >= 400 {
+		return
+	}
 	p.dispatch.FirstToken(d.o.Now())
 }
 
@@ -421,18 +444,31 @@ func (d *Director) HandleFirstByte(p *Pick) {
 // end, and free its seat. Call it from the goroutine that calls
 // HandleFirstByte and HandleResponse.
 func (d *Director) HandleProgress(p *Pick, tokens int) {
+	if p.status >= 400 {
+		return
+	}
 	p.dispatch.Progress(d.o.Now(), tokens)
 }
 
-// HandleResponse accounts for a finished response, and tells the
-// observers. It is called once per pick, however the response ended.
+// HandleResponse accounts for a finished response, reports its outcome to
+// outlier detection, and tells the observers; a failed response teaches
+// the plugin observers (the latency predictor) nothing. It is called once
+// per pick, however the response ended.
 func (d *Director) HandleResponse(p *Pick, s Served) {
-	p.dispatch.DoneAt(s.End)
+	outcome := d.Outcome(p, s)
+	if outcome.Failure() {
+		p.dispatch.Fail()
+	} else {
+		p.dispatch.DoneAt(s.End)
+	}
 	d.o.Metrics.observeResponse(p, s)
+	if outcome != datalayer.OutcomeNone {
+		d.o.Datastore.ReportOutcome(servedBy(p, s), outcome)
+	}
 	for _, o := range d.o.Observers {
 		o.ObserveResponse(p, s)
 	}
-	if p.Result == nil || len(d.o.PluginObservers) == 0 {
+	if p.Result == nil || len(d.o.PluginObservers) == 0 || outcome.Failure() {
 		return
 	}
 	resp := &p.resp

@@ -65,6 +65,8 @@ type Director interface {
 	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
 	// PickAny routes a request without a body.
 	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
+	// HandleHeaders notes the response's status.
+	HandleHeaders(p *director.Pick, status int)
 	// HandleFirstByte notes the response's first body bytes.
 	HandleFirstByte(p *director.Pick)
 	// HandleProgress notes how many output tokens a streamed response
