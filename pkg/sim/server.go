@@ -94,6 +94,8 @@ func (s *Server) SetFault(f Fault) error {
 	defer s.mu.Unlock()
 	was := Fault(s.fault.Swap(int32(f)))
 	switch {
+	case s.ln == nil:
+		// Only a Handler: there is no socket to close.
 	case f == FaultRefuse && was != FaultRefuse:
 		s.listening = make(chan struct{})
 		s.srv.SetKeepAlivesEnabled(false)
