@@ -431,40 +431,41 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 	} else {
 		slab = make([]Candidate, 0, len(s.sorted))
 	}
-	skipped := 0
-again:
-	for _, e := range s.sorted {
-		if filter != nil && !filter(e.ep) {
-			continue
-		}
-		if outlier != nil && !ds.admit(outlier, e.health, now) {
-			skipped++
-			continue
-		}
-		// Each candidate is written whole, so that nothing of an earlier
-		// request's candidate in this memory (what producers published on
-		// it) is seen again; in place, since appending a composite literal
-		// builds the large struct twice and copies it whole. Clearing the
-		// slab first, then filling it, wrote every line twice.
-		slab = slab[:len(slab)+1]
-		c := &slab[len(slab)-1]
-		*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set}
-		if streams != nil {
-			var info StreamInfo
-			if info, c.described = e.streamInfo(streams); c.described {
-				c.blockSize, c.bigram, c.describedBy = int32(info.BlockSize), info.Bigram, streams.s
+	for {
+		skipped := 0
+		for _, e := range s.sorted {
+			if filter != nil && !filter(e.ep) {
+				continue
 			}
-			c.Stream = info.State
+			if outlier != nil && !ds.admit(outlier, e.health, now) {
+				skipped++
+				continue
+			}
+			// Each candidate is written whole, so that nothing of an earlier
+			// request's candidate in this memory (what producers published on
+			// it) is seen again; in place, since appending a composite literal
+			// builds the large struct twice and copies it whole. Clearing the
+			// slab first, then filling it, wrote every line twice.
+			slab = slab[:len(slab)+1]
+			c := &slab[len(slab)-1]
+			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set}
+			if streams != nil {
+				var info StreamInfo
+				if info, c.described = e.streamInfo(streams); c.described {
+					c.blockSize, c.bigram, c.describedBy = int32(info.BlockSize), info.Bigram, streams.s
+				}
+				c.Stream = info.State
+			}
+			e.load.loadInto(&c.InFlight)
+			if m := e.metrics.Load(); m != nil {
+				c.Metrics = m
+			}
 		}
-		e.load.loadInto(&c.InFlight)
-		if m := e.metrics.Load(); m != nil {
-			c.Metrics = m
+		if len(slab) > 0 || skipped == 0 {
+			break
 		}
-	}
-	if len(slab) == 0 && skipped > 0 && outlier != nil {
-		// Ejection never empties a request's candidates.
+		// Ejection never empties a request's candidates: all again.
 		outlier = nil
-		goto again
 	}
 	if reused && len(slab) < len(set.slab) {
 		// Candidates the filter left out this time: what an earlier
