@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -209,7 +210,12 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	for i, p := range vllm {
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: p.Name, Address: addrs[i], Pod: p.Name, Namespace: ns, Model: "m"})
 	}
-	testkit.WaitFor(t, "the EPP to consume through the callout", e.Ready)
+	testkit.WaitFor(t, "the EPP to consume through the callout", func() error {
+		if !e.Ready() {
+			return errors.New("e.Ready() is false")
+		}
+		return nil
+	})
 
 	// Each relay publishes its pod's events with its pod's token.
 	relayErrs := make([]chan error, len(vllm))
@@ -258,11 +264,11 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 		return b.String()
 	}
 	want := "prompt 0 on vllm-0: 8/8 blocks, exact; prompt 0 on vllm-1: 0/8 blocks, exact; prompt 1 on vllm-0: 0/8 blocks, exact; prompt 1 on vllm-1: 8/8 blocks, exact; "
-	testkit.Converge(t, "both relays' events indexed", func() string {
+	testkit.WaitFor(t, "both relays' events indexed", func() error {
 		if got := answers(); got != want {
-			return got
+			return errors.New(got)
 		}
-		return ""
+		return nil
 	})
 
 	cleared, err := events.AppendBatch(nil, &events.Batch{Events: []events.Event{{Kind: events.KindAllBlocksCleared}}}, events.EncodingArray)
@@ -288,8 +294,11 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	if err := relayConns[0].PublishMsg(&nats.Msg{Subject: events.Subject(ns, pool, "vllm-0"), Header: forged.Header(), Data: cleared}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the EPP to reject vllm-0 speaking for vllm-1", func() bool {
-		return testkit.Value(t, e.Registry(), "kvroute_events_rejected_total", "reason", "endpoint_of_other_pod") == 1
+	testkit.WaitFor(t, "the EPP to reject vllm-0 speaking for vllm-1", func() error {
+		if seen := testkit.Value(t, e.Registry(), "kvroute_events_rejected_total", "reason", "endpoint_of_other_pod"); seen != 1 {
+			return fmt.Errorf("testkit.Value(t, e.Registry(), \"kvroute_events_rejected_total\", \"reason\", \"endpoint_of_other_pod\") is %v, want %v", seen, 1)
+		}
+		return nil
 	})
 	// Nobody without a token of the pool's ServiceAccounts gets in.
 	if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {

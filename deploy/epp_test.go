@@ -2,6 +2,8 @@ package deploy
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 
@@ -71,8 +73,11 @@ func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
 	}
 	// Once discovery has seen the pod, and with no pool to put it in, the
 	// EPP must still not be ready.
-	testkit.WaitFor(t, "discovery to reconcile the pod", func() bool {
-		return testkit.Value(t, e.Registry(), "kvroute_k8s_reconciles_total", "kind", "pod", "result", "ok") >= 1
+	testkit.WaitFor(t, "discovery to reconcile the pod", func() error {
+		if seen := testkit.Value(t, e.Registry(), "kvroute_k8s_reconciles_total", "kind", "pod", "result", "ok"); seen < 1 {
+			return fmt.Errorf("testkit.Value(t, e.Registry(), \"kvroute_k8s_reconciles_total\", \"kind\", \"pod\", \"result\", \"ok\") is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	if e.Ready() {
 		t.Fatal("ready before the InferencePool exists")
@@ -88,7 +93,12 @@ func TestEPPOnKubernetesIsReadyAfterDiscoverySyncs(t *testing.T) {
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the EPP to be ready once the pool appeared", e.Ready)
+	testkit.WaitFor(t, "the EPP to be ready once the pool appeared", func() error {
+		if !e.Ready() {
+			return errors.New("e.Ready() is false")
+		}
+		return nil
+	})
 	ep, ok := e.Datastore().Get("vllm-0")
 	if !ok || ep.Address != "10.9.0.1:8000" || ep.Model != "m" {
 		t.Errorf("endpoint vllm-0 = %+v, %t; want 10.9.0.1:8000 serving m", ep, ok)

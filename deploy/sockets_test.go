@@ -131,7 +131,12 @@ func TestTheChartKeepsTheEngineSocketsOnThePodsLoopback(t *testing.T) {
 			t.Fatal(err)
 		}
 		testkit.Go(t, "the relay", r.Run)
-		testkit.WaitFor(t, "the relay's socket to be up", r.Ready)
+		testkit.WaitFor(t, "the relay's socket to be up", func() error {
+			if !r.Ready() {
+				return errors.New("r.Ready() is false")
+			}
+			return nil
+		})
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)
 		if err != nil {
 			t.Fatalf("the relay is not reachable on loopback either, so this test proves nothing: %v", err)

@@ -107,7 +107,12 @@ func TestTailPrintsEventsGapsAndRestarts(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- tailCmd(ctx, args, &stdout, &stderr) }()
-			testkit.WaitFor(t, "tail to listen", func() bool { return strings.Contains(stderr.String(), "listening on kv.events.prod.llama.>") })
+			testkit.WaitFor(t, "tail to listen", func() error {
+				if !(strings.Contains(stderr.String(), "listening on kv.events.prod.llama.>")) {
+					return errors.New("strings.Contains(stderr.String(), \"listening on kv.events.prod.llama.>\") is false")
+				}
+				return nil
+			})
 
 			pub := events.NewPublisher(nc, "prod", "llama")
 			o := events.Origin{Stream: events.Stream{Endpoint: "10.0.0.1:8000"}, Pod: "vllm-0", Model: "llama", Instance: "a", BlockSize: 4}
@@ -121,7 +126,12 @@ func TestTailPrintsEventsGapsAndRestarts(t *testing.T) {
 				}
 			}
 			// 4 batches of 2 events, one gap, one restart.
-			testkit.WaitFor(t, "every line", func() bool { return strings.Count(stdout.String(), "\n") >= 10 })
+			testkit.WaitFor(t, "every line", func() error {
+				if seen := strings.Count(stdout.String(), "\n"); seen < 10 {
+					return fmt.Errorf("strings.Count(stdout.String(), \"\\n\") is %v, want >= %v", seen, 10)
+				}
+				return nil
+			})
 			cancel()
 			select {
 			case err := <-done:

@@ -12,11 +12,11 @@ import (
 	"github.com/kvroute/kvroute/pkg/harness/chaos"
 )
 
-// chaosCmd runs the fault matrix and writes its table into the report
-// (docs/reliability.md, between its markers), or prints it with --out "".
+// chaosCmd runs the fault matrix and writes its table to
+// docs/results/chaos.md, or prints it with --out "".
 func chaosCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("kvsim chaos", flag.ContinueOnError)
-	out := fs.String("out", "docs/reliability.md", "page to write the table into, between its chaos markers; empty prints it")
+	out := fs.String("out", "docs/results/chaos.md", "page to write; empty prints the table")
 	limit := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	verbose := fs.Bool("v", false, "log the components' warnings to stderr")
 	if err := fs.Parse(args); err != nil {
@@ -43,7 +43,7 @@ func chaosCmd(ctx context.Context, args []string) error {
 	tableErr := chaos.WriteTable(&table, results, time.Since(start))
 	if *out == "" {
 		_, _ = os.Stdout.Write(table.Bytes())
-	} else if err := chaos.Splice(*out, table.Bytes()); err != nil {
+	} else if err := chaos.WritePage(*out, table.Bytes()); err != nil {
 		return err
 	}
 	if runErr != nil {

@@ -24,9 +24,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/loadgen"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
-	"github.com/kvroute/kvroute/pkg/harness/loadgen"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
@@ -42,9 +42,9 @@ func main() {
 const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
-  bench   the routing benchmark; writes docs/routing-benchmark.md and its plots
-  chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/reliability.md
-  scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/scale.md
+  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/)
+  chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
+  scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
   predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time`
 
 func run(ctx context.Context, args []string) error {
@@ -211,7 +211,7 @@ func bench(ctx context.Context, args []string) error {
 	dur := fs.Duration("duration", 8*time.Second, "arrivals per run")
 	minReq := fs.Int("min-requests", 240, "lengthen the arrivals of runs at low rates until about this many requests arrive (0: never)")
 	drain := fs.Duration("drain", 5*time.Second, "time allowed after arrivals before requests in flight are cut")
-	outDir := fs.String("out", "", "directory for routing-benchmark.md and its SVG plots (default docs, or docs/virtual-time with --virtual)")
+	outDir := fs.String("out", "", "directory for routing-benchmark.md, its JSON and its SVG plots (default docs/results/routing, or docs/results/routing-virtual with --virtual)")
 	virtual := fs.Bool("virtual", false, "run in virtual time: no HTTP, NATS or sleeping, kvroute's scheduler in process; seconds instead of minutes")
 	quick := fs.Bool("quick", false, "one rate per workload and short runs, to try the machinery")
 	only := fs.String("workloads", "", "comma-separated workloads to run (default all)")
@@ -235,9 +235,9 @@ func bench(ctx context.Context, args []string) error {
 		return err
 	}
 	if *outDir == "" {
-		*outDir = "docs"
+		*outDir = filepath.Join("docs", "results", "routing")
 		if *virtual {
-			*outDir = filepath.Join("docs", "virtual-time")
+			*outDir = filepath.Join("docs", "results", "routing-virtual")
 		}
 	}
 	o := loadgen.BenchOptions{

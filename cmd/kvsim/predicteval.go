@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/harness/loadgen"
+	"github.com/kvroute/kvroute/pkg/predict"
 )
 
 // predictEval compares the latency predictor's learning methods: for each

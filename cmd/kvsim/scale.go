@@ -6,16 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/harness/scale"
 )
 
-// scaleCmd runs the fleet-scale sizes and writes docs/scale.md, or prints
+// scaleCmd runs the fleet-scale sizes and writes docs/results/scale.md, or prints
 // it with --out "".
 func scaleCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("kvsim scale", flag.ContinueOnError)
-	out := fs.String("out", "docs/scale.md", "page to write; empty prints it")
+	out := fs.String("out", "docs/results/scale.md", "page to write; empty prints it")
 	engines := fs.Int("engines", 0, "run one size of this many engines instead of 1k and 10k")
 	pools := fs.Int("pools", 4, "pools of the one size --engines gives")
 	limit := fs.Duration("timeout", 15*time.Minute, "bound on the whole run")
@@ -47,6 +48,9 @@ func scaleCmd(ctx context.Context, args []string) error {
 	}
 	if *out == "" {
 		_, err := os.Stdout.Write(page.Bytes())
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(*out, page.Bytes(), 0o644)

@@ -114,6 +114,8 @@ type dsSnapshot struct {
 	// byAddr finds an endpoint by the address its events name; of two
 	// endpoints at one address, the first by name.
 	byAddr map[string]*dsEntry
+	// eps are sorted's endpoints, shared by every reader (Endpoints).
+	eps []*Endpoint
 }
 
 type changeHook struct {
@@ -233,7 +235,11 @@ func (ds *Datastore) publish(byName map[string]*dsEntry) {
 			byAddr[e.ep.Address] = e
 		}
 	}
-	ds.snap.Store(&dsSnapshot{byName: byName, sorted: sorted, byAddr: byAddr})
+	eps := make([]*Endpoint, len(sorted))
+	for i, e := range sorted {
+		eps[i] = e.ep
+	}
+	ds.snap.Store(&dsSnapshot{byName: byName, sorted: sorted, byAddr: byAddr, eps: eps})
 	ds.endpoints.Set(float64(len(sorted)))
 }
 
@@ -272,6 +278,12 @@ func (ds *Datastore) List() []*Endpoint {
 	}
 	return out
 }
+
+// Endpoints returns the endpoints ordered by name, as List does, without
+// copying: the slice is shared by every caller until the membership
+// changes, and must not be modified. It is for readers behind an interface
+// (the director's), where All's iterator would be allocated per call.
+func (ds *Datastore) Endpoints() []*Endpoint { return ds.snap.Load().eps }
 
 // All yields the endpoints in name order. Unlike List it copies nothing,
 // so the request path can search the pool without allocating.

@@ -409,3 +409,26 @@ func TestDatastoreAllYieldsWhatListReturnsAndStopsWhenTold(t *testing.T) {
 		t.Errorf("stopping after two yielded %v, want [a b]", first)
 	}
 }
+
+func TestDatastoreEndpointsAreListsEndpointsAndOutliveAChangeUnchanged(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	if got := ds.Endpoints(); len(got) != 0 {
+		t.Fatalf("an empty datastore has endpoints %v", names(got))
+	}
+	for _, n := range []string{"c", "a", "b"} {
+		ds.Upsert(ep(n, "10.0.0."+n+":8000"))
+	}
+	before := ds.Endpoints()
+	if !slices.Equal(before, ds.List()) {
+		t.Errorf("Endpoints returned %v, List returns %v", names(before), names(ds.List()))
+	}
+	ds.Remove("a")
+	ds.Upsert(ep("d", "10.0.0.d:8000"))
+	if got := names(before); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Errorf("a slice had before the change reads %v now, want [a b c]", got)
+	}
+	if got := names(ds.Endpoints()); !slices.Equal(got, []string{"b", "c", "d"}) {
+		t.Errorf("after the change Endpoints returned %v, want [b c d]", got)
+	}
+}

@@ -9,6 +9,7 @@ package epp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,7 +56,12 @@ func startVictims(t *testing.T, edit func(*epp.Options)) *victims {
 			edit(o)
 		}
 	}})
-	testkit.WaitFor(t, "the EPP to consume", v.f.EPP.Ready)
+	testkit.WaitFor(t, "the EPP to consume", func() error {
+		if !v.f.EPP.Ready() {
+			return errors.New("v.f.EPP.Ready() is false")
+		}
+		return nil
+	})
 	v.prompts = v.f.FillPrefixes(t, 64)
 	for i, s := range v.f.Servers {
 		v.f.WaitHeld(t, s.Addr, v.prompts[i])
@@ -127,7 +133,12 @@ func (v *victims) flood(t *testing.T, n int, msg func(i int) *nats.Msg, done fun
 		if err := v.nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		testkit.WaitFor(t, fmt.Sprintf("%d forged messages handled", end), func() bool { return done()-base >= float64(end) })
+		testkit.WaitFor(t, fmt.Sprintf("%d forged messages handled", end), func() error {
+			if seen := done() - base; seen < float64(end) {
+				return fmt.Errorf("done()-base is %v, want >= %v", seen, float64(end))
+			}
+			return nil
+		})
 	}
 }
 
@@ -159,7 +170,12 @@ func TestAttackAMessageOnAnotherSubjectCannotSpeakForAPod(t *testing.T) {
 		if err := v.nc.PublishMsg(&nats.Msg{Subject: events.Subject(v.f.EPP.Namespace(), v.f.EPP.Pool(), tc.subjectPod), Header: o.Header(), Data: cleared}); err != nil {
 			t.Fatal(err)
 		}
-		testkit.WaitFor(t, tc.name+" rejected", func() bool { return v.rejected(t, tc.reason) > before })
+		testkit.WaitFor(t, tc.name+" rejected", func() error {
+			if seen := v.rejected(t, tc.reason); seen <= before {
+				return fmt.Errorf("v.rejected(t, tc.reason) is %v, want > %v", seen, before)
+			}
+			return nil
+		})
 	}
 	v.unchanged(t)
 	if n := testkit.Value(t, v.f.Metrics, "kvroute_index_events_applied_total", "kind", "AllBlocksCleared"); n != 0 {
@@ -309,8 +325,11 @@ func TestAttackClientModelNamesNeverBecomeLabelValues(t *testing.T) {
 				}
 			}
 			accounted := func(n float64) {
-				testkit.WaitFor(t, "the requests to be accounted", func() bool {
-					return testkit.Value(t, v.f.Metrics, "kvroute_proxy_requests_total") >= n
+				testkit.WaitFor(t, "the requests to be accounted", func() error {
+					if seen := testkit.Value(t, v.f.Metrics, "kvroute_proxy_requests_total"); seen < n {
+						return fmt.Errorf("testkit.Value(t, v.f.Metrics, \"kvroute_proxy_requests_total\") is %v, want >= %v", seen, n)
+					}
+					return nil
 				})
 			}
 			// The first unknown model makes the series of the one value

@@ -3,6 +3,7 @@ package epp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -94,7 +95,12 @@ schedulingProfiles:
 				e.Datastore().Upsert(&datalayer.Endpoint{Name: name, Address: addr, Pod: name, Model: "m"})
 			}
 			// Core NATS keeps nothing for a subscriber that is not there yet.
-			testkit.WaitFor(t, "the EPP to consume", e.Ready)
+			testkit.WaitFor(t, "the EPP to consume", func() error {
+				if !e.Ready() {
+					return errors.New("e.Ready() is false")
+				}
+				return nil
+			})
 			prompt := make([]uint32, 128)
 			for i := range prompt {
 				prompt[i] = uint32(1000 + i)
@@ -102,9 +108,15 @@ schedulingProfiles:
 			if _, err := engine.Serve(blockpool.Request{Tokens: prompt[:96]}); err != nil {
 				t.Fatal(err)
 			}
-			testkit.WaitFor(t, "the index to hold pod-0's blocks", func() bool {
+			testkit.WaitFor(t, "the index to hold pod-0's blocks", func() error {
 				ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: "m", TokenIDs: prompt})
-				return err == nil && ans.Endpoints[0].Prefix.MatchBlocks == 24
+				if err != nil {
+					return err
+				}
+				if seen := ans.Endpoints[0].Prefix.MatchBlocks; seen != 24 {
+					return fmt.Errorf("ans.Endpoints[0].Prefix.MatchBlocks is %v, want %v", seen, 24)
+				}
+				return nil
 			})
 
 			// Asked before the pick: the default configuration's recorder makes

@@ -45,7 +45,8 @@ import (
 )
 
 // Options configure an EPP. The zero value, with Pool set, runs on an
-// embedded NATS server with no discovery source.
+// embedded NATS server with no discovery source and no request path;
+// DefaultOptions are a deployed EPP's.
 type Options struct {
 	// NATSURL is the NATS server to consume events from; empty starts an
 	// embedded server listening on EmbeddedNATSAddr.
@@ -86,8 +87,11 @@ type Options struct {
 	ScrapeOptions scrape.Options
 
 	// ConfigFile or ConfigText is the scheduler's EndpointPickerConfig;
-	// neither means config.DefaultConfigText.
+	// neither means config.DefaultConfigText. ConfigName, which excludes
+	// both, names one of kvroute's own (config.NamedText:
+	// predicted-latency, upstream-weights, prefill-cost, precise-prefix).
 	ConfigFile, ConfigText string
+	ConfigName             string
 	// MetricsStaleness is how old scraped metrics may be before an
 	// endpoint's load counts as unknown (default 2s).
 	MetricsStaleness time.Duration
@@ -230,6 +234,19 @@ func New(opts Options) (*EPP, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.ConfigName != "" {
+		if opts.ConfigFile != "" || opts.ConfigText != "" {
+			return nil, errors.New("epp: ConfigName excludes ConfigFile and ConfigText")
+		}
+		text, err := config.NamedText(opts.ConfigName)
+		if err != nil {
+			return nil, fmt.Errorf("epp: %w", err)
+		}
+		opts.ConfigText = text
+	}
+	if err := loadTokenizerFiles(&opts.RequestPath); err != nil {
+		return nil, err
 	}
 	e := &EPP{opts: opts, logger: opts.Logger, reg: prometheus.NewRegistry()}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -514,13 +531,15 @@ func (e *EPP) buildScheduling() error {
 		observers = append(observers, e.selfcheck)
 	}
 	e.director, err = director.New(director.Options{
+		Outliers:           e.ds,
 		Objectives:         e.objectives,
 		Observers:          observers,
 		PluginObservers:    learners,
 		Now:                e.opts.Now,
 		Datastore:          e.ds,
-		Graph:              e.graph,
+		PrepareData:        e.graph,
 		Scheduler:          e.sched,
+		InFlight:           e.ds,
 		PrepareDataTimeout: e.prepareDataTimeout(),
 		Tokenizer:          e.tokenizer,
 		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,

@@ -97,7 +97,7 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 	want := map[string]int{"127.0.0.1:8000": 4, "127.0.0.1:8001": 3, "127.0.0.1:8002": 0}
 	q := url.Values{"model": {"m"}, "token_ids": {joinTokens(promptA.Tokens)}}
 	var ans prefixquery.Answer
-	testkit.WaitFor(t, "the index to reflect the published events", func() bool {
+	testkit.WaitFor(t, "the index to reflect the published events", func() error {
 		code, body := get(t, "http://"+e.DebugAddr()+"/debug/prefix?"+q.Encode())
 		if code != http.StatusOK {
 			t.Fatalf("/debug/prefix = %d %s", code, body)
@@ -108,10 +108,13 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 		}
 		for _, a := range ans.Endpoints {
 			if a.Prefix.MatchBlocks != want[a.Address] {
-				return false
+				return fmt.Errorf("%s matches %d blocks, want %d", a.Address, a.Prefix.MatchBlocks, want[a.Address])
 			}
 		}
-		return len(ans.Endpoints) == 3
+		if seen := len(ans.Endpoints); seen != 3 {
+			return fmt.Errorf("len(ans.Endpoints) is %v, want %v", seen, 3)
+		}
+		return nil
 	})
 	for _, a := range ans.Endpoints {
 		truth := byAddr(engines, a.Address).Held(promptA)
@@ -136,9 +139,12 @@ func TestDebugPrefixAnswersWhatTheEnginesHold(t *testing.T) {
 
 	// Ready once it has caught up: a resync the events started may still
 	// be in flight when the index already answers.
-	testkit.WaitFor(t, "/readyz to answer 200 with endpoints and a connected consumer", func() bool {
+	testkit.WaitFor(t, "/readyz to answer 200 with endpoints and a connected consumer", func() error {
 		code, _ := get(t, base+"/readyz")
-		return code == http.StatusOK
+		if code != http.StatusOK {
+			return fmt.Errorf("code is %v, want %v", code, http.StatusOK)
+		}
+		return nil
 	})
 	_, metrics := get(t, base+"/metrics")
 	for _, name := range []string{"kvroute_events_batches_total", "kvroute_index_", "kvroute_datastore_endpoints"} {

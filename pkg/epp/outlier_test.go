@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -166,7 +168,12 @@ func startOutlierRig(t *testing.T, viaProxy bool) *outlierRig {
 		c := s.Core().Engine().Config()
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
 	}
-	testkit.WaitFor(t, "the EPP to be ready", e.Ready)
+	testkit.WaitFor(t, "the EPP to be ready", func() error {
+		if !e.Ready() {
+			return errors.New("e.Ready() is false")
+		}
+		return nil
+	})
 
 	// 16 clients, each sending 64-token prompts that share 48 tokens with
 	// one of eight system prompts, until the test ends.
@@ -196,6 +203,16 @@ func startOutlierRig(t *testing.T, viaProxy bool) *outlierRig {
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return r
+}
+
+// atLeast is a wait for n requests counted in all.
+func (r *outlierRig) atLeast(n int) func() error {
+	return func() error {
+		if got := r.tally.snapshot().total; got < n {
+			return fmt.Errorf("%d requests, want %d", got, n)
+		}
+		return nil
+	}
 }
 
 func (r *outlierRig) sendProxy(addr string, tr *http.Transport) func(context.Context, []byte) {
@@ -244,17 +261,17 @@ func TestAFailingPodLosesItsTrafficAndGetsItBackWhenItRecovers(t *testing.T) {
 			t.Run(path+": a pod that "+tc.name, func(t *testing.T) {
 				r := startOutlierRig(t, path == "proxy")
 				bad := r.servers[0]
-				testkit.WaitFor(t, "traffic on every pod", func() bool {
+				testkit.WaitFor(t, "traffic on every pod", func() error {
 					c := r.tally.snapshot()
 					for _, s := range r.servers {
 						if c.good[s.Addr()] == 0 {
-							return false
+							return fmt.Errorf("%s has served nothing yet (%v)", s.Addr(), c.good)
 						}
 					}
-					return true
+					return nil
 				})
 				before := r.tally.snapshot()
-				testkit.WaitFor(t, "400 requests before the fault", func() bool { return r.tally.snapshot().total >= before.total+400 })
+				testkit.WaitFor(t, "400 requests before the fault", r.atLeast(before.total+400))
 				healthy := r.tally.snapshot()
 				if err := bad.SetFault(tc.fault); err != nil {
 					t.Fatal(err)
@@ -262,9 +279,9 @@ func TestAFailingPodLosesItsTrafficAndGetsItBackWhenItRecovers(t *testing.T) {
 				// The first 100 requests after the fault are the
 				// detection's; the next 400 are measured.
 				start := r.tally.snapshot().total
-				testkit.WaitFor(t, "100 requests after the fault", func() bool { return r.tally.snapshot().total >= start+100 })
+				testkit.WaitFor(t, "100 requests after the fault", r.atLeast(start+100))
 				from := r.tally.snapshot()
-				testkit.WaitFor(t, "400 more requests", func() bool { return r.tally.snapshot().total >= from.total+400 })
+				testkit.WaitFor(t, "400 more requests", r.atLeast(from.total+400))
 				to := r.tally.snapshot()
 				n := to.total - from.total
 				share := float64(to.sent[bad.Addr()]-from.sent[bad.Addr()]) / float64(n)
@@ -293,10 +310,15 @@ func TestAFailingPodLosesItsTrafficAndGetsItBackWhenItRecovers(t *testing.T) {
 					t.Fatal(err)
 				}
 				back := r.tally.snapshot()
-				testkit.WaitFor(t, "the recovered pod to serve again, out of probation", func() bool {
+				testkit.WaitFor(t, "the recovered pod to serve again, out of probation", func() error {
 					c := r.tally.snapshot()
-					return c.good[bad.Addr()]-back.good[bad.Addr()] >= 20 && !r.e.Datastore().Ejected(bad.Addr()) &&
-						testkit.Value(t, g, "kvroute_outlier_endpoints", "state", "probation") == 0
+					served := c.good[bad.Addr()] - back.good[bad.Addr()]
+					ejected := r.e.Datastore().Ejected(bad.Addr())
+					probation := testkit.Value(t, g, "kvroute_outlier_endpoints", "state", "probation")
+					if served < 20 || ejected || probation != 0 {
+						return fmt.Errorf("it served %d requests since it recovered, want 20; ejected %v, on probation %v", served, ejected, probation)
+					}
+					return nil
 				})
 				c := r.tally.snapshot()
 				t.Logf("after recovery the pod served %d of %d requests", c.good[bad.Addr()]-back.good[bad.Addr()], c.total-back.total)

@@ -67,10 +67,10 @@ func waitExact(t *testing.T, e *EPP, engines []*sim.Engine, prompts []blockpool.
 		addrs[i] = g.Config().Address
 	}
 	out := make([]index.Match, len(addrs))
-	testkit.Converge(t, "the index matching the engines", func() string {
+	testkit.WaitFor(t, "the index matching the engines", func() error {
 		for _, a := range addrs {
 			if s, _ := e.Index().State(a); s != datalayer.StreamExact {
-				return fmt.Sprintf("%s is %s", a, s)
+				return fmt.Errorf("%s is %s", a, s)
 			}
 		}
 		for _, p := range prompts {
@@ -78,11 +78,11 @@ func waitExact(t *testing.T, e *EPP, engines []*sim.Engine, prompts []blockpool.
 			for i, g := range engines {
 				want := g.Held(p)
 				if got := (blockpool.Held{Blocks: out[i].Blocks, ByTier: out[i].ByTier}); got != want {
-					return fmt.Sprintf("%s: index %+v, engine %+v", addrs[i], got, want)
+					return fmt.Errorf("%s: index %+v, engine %+v", addrs[i], got, want)
 				}
 			}
 		}
-		return ""
+		return nil
 	})
 }
 
@@ -263,8 +263,11 @@ func TestEPPCatchesUpFromARelaySnapshot(t *testing.T) {
 	waitExact(t, e, []*sim.Engine{eng}, ps)
 	// The stream is marked exact inside the resync, which is counted as it
 	// ends, a moment later.
-	testkit.WaitFor(t, "the resync counted", func() bool {
-		return testkit.Value(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok") >= 1
+	testkit.WaitFor(t, "the resync counted", func() error {
+		if seen := testkit.Value(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); seen < 1 {
+			return fmt.Errorf("testkit.Value(t, e.Registry(), \"kvroute_recovery_resyncs_total\", \"result\", \"ok\") is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	if got := testkit.Value(t, e.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
 		t.Errorf("resyncs ok = %v, want 1", got)

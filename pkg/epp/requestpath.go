@@ -3,6 +3,7 @@ package epp
 import (
 	"context"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
@@ -53,11 +54,37 @@ type RequestPathOptions struct {
 	// default, negative disables it).
 	Tokenizers          map[string]*hftokenizer.Tokenizer
 	TokenizerDriftEvery int
+	// TokenizerFiles add to Tokenizers, one for each MODEL=PATH, PATH
+	// being a Hugging Face tokenizer.json or the directory holding it;
+	// New loads them.
+	TokenizerFiles []string
 	// Tokenizer, when set, tokenizes in process before all of the above,
 	// which remain its fallback for the requests it does not handle
 	// (tokenize.ErrUnsupported): for models whose tokenizer is not a
 	// Hugging Face one, such as the simulator's.
 	Tokenizer tokenize.Tokenizer
+}
+
+// loadTokenizerFiles loads o.TokenizerFiles into o.Tokenizers, in a map
+// of its own: the caller's is not written to.
+func loadTokenizerFiles(o *RequestPathOptions) error {
+	if len(o.TokenizerFiles) == 0 {
+		return nil
+	}
+	loaded, err := hftokenizer.LoadModels(o.TokenizerFiles, hftokenizer.Options{})
+	if err != nil {
+		return fmt.Errorf("epp: tokenizer files: %w", err)
+	}
+	all := make(map[string]*hftokenizer.Tokenizer, len(o.Tokenizers)+len(loaded))
+	maps.Copy(all, o.Tokenizers)
+	for model, t := range loaded {
+		if _, dup := all[model]; dup {
+			return fmt.Errorf("epp: tokenizer files: model %q has a tokenizer already", model)
+		}
+		all[model] = t
+	}
+	o.Tokenizers = all
+	return nil
 }
 
 // tokenizeEndpoint chooses the model server that tokenizes for model: the

@@ -3,6 +3,7 @@ package epp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -77,7 +78,12 @@ func TestTheEPPRoutesByCacheOverExtProcAndTheProxy(t *testing.T) {
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: cfg.Pod, Address: addr, Pod: cfg.Pod, Model: "m"})
 	}
 	// Core NATS keeps nothing for a subscriber that is not there yet.
-	testkit.WaitFor(t, "the EPP to consume", e.Ready)
+	testkit.WaitFor(t, "the EPP to consume", func() error {
+		if !e.Ready() {
+			return errors.New("e.Ready() is false")
+		}
+		return nil
+	})
 
 	prompt := make([]uint32, 64)
 	for i := range prompt {
@@ -86,9 +92,15 @@ func TestTheEPPRoutesByCacheOverExtProcAndTheProxy(t *testing.T) {
 	if _, err := engines[2].Serve(blockpool.Request{Tokens: prompt}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the index to learn pod-2's blocks", func() bool {
+	testkit.WaitFor(t, "the index to learn pod-2's blocks", func() error {
 		ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: "m", TokenIDs: prompt})
-		return err == nil && ans.Endpoints[2].Prefix.MatchBlocks == 4
+		if err != nil {
+			return err
+		}
+		if seen := ans.Endpoints[2].Prefix.MatchBlocks; seen != 4 {
+			return fmt.Errorf("ans.Endpoints[2].Prefix.MatchBlocks is %v, want %v", seen, 4)
+		}
+		return nil
 	})
 	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1})
 

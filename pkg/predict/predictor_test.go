@@ -263,7 +263,12 @@ func TestObservationsAreLearnedOffThePathByRun(t *testing.T) {
 		ttft, _ := w.truth(in)
 		p.Observe(Sample{Endpoint: "a", Input: in, TTFTMs: ttft, HasTTFT: true})
 		sent++
-		testkit.WaitFor(t, "the observation to be learned", func() bool { return p.Observations("a") == sent })
+		testkit.WaitFor(t, "the observation to be learned", func() error {
+			if seen := p.Observations("a"); seen != sent {
+				return fmt.Errorf("p.Observations(\"a\") is %v, want %v", seen, sent)
+			}
+			return nil
+		})
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -350,8 +350,8 @@ func typeName(t reflect.Type) string {
 
 // AllInline reports whether every producer runs on Run's goroutine, so
 // that nothing Run started still uses the request or its candidates once
-// it has returned.
-func (g *Graph) AllInline() bool { return len(g.nodes) == 0 || g.allInline }
+// it has returned. A nil Graph has no producers.
+func (g *Graph) AllInline() bool { return g == nil || len(g.nodes) == 0 || g.allInline }
 
 // Produces reports whether one of the graph's producers publishes key.
 func (g *Graph) Produces(key string) bool {
@@ -382,9 +382,10 @@ func (g *Graph) Order() []plugin.TypedName {
 // producer's name and does not stop the others (its dependents run without
 // its data). Run returns when every producer has finished or the deadline
 // has passed, with the producers' errors joined. An InlineProducer runs on
-// the caller's goroutine, so Run returns no sooner than it does.
+// the caller's goroutine, so Run returns no sooner than it does. A nil
+// Graph runs nothing.
 func (g *Graph) Run(ctx context.Context, timeout time.Duration, req *request.Request, cands []*datalayer.Candidate) error {
-	if len(g.nodes) == 0 {
+	if g == nil || len(g.nodes) == 0 {
 		return nil
 	}
 	if g.allInline {

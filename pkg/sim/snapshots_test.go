@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -50,13 +51,22 @@ func TestAnEngineOnNATSAnswersSnapshotsAndHeartbeats(t *testing.T) {
 		}
 	}
 	last, _ := eng.LastSeq()
-	testkit.WaitFor(t, "a heartbeat naming the last batch", func() bool {
+	testkit.WaitFor(t, "a heartbeat naming the last batch", func() error {
 		m, err := beats.NextMsg(time.Second)
-		if err != nil || !events.IsHeartbeat(m.Header) {
-			return false
+		if err != nil {
+			return err
+		}
+		if !events.IsHeartbeat(m.Header) {
+			return fmt.Errorf("a message on %s that is no heartbeat", m.Subject)
 		}
 		o, err := events.ParseOrigin(m.Header)
-		return err == nil && o.Seq == last
+		if err != nil {
+			return err
+		}
+		if o.Seq != last {
+			return fmt.Errorf("o.Seq is %v, want %v", o.Seq, last)
+		}
+		return nil
 	})
 
 	inbox := client.NewRespInbox()

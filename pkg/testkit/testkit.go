@@ -1,7 +1,8 @@
 // Package testkit is what the tests of every package share: waiting for an
 // observable condition instead of sleeping, loopback addresses, the
-// process's CPU time, metric values read from a registry, and an embedded
-// NATS server that can be restarted on its port and store. Its
+// process's CPU time and collector totals, the test binary run again as a
+// server of its own (Child), metric values read from a registry, and an
+// embedded NATS server that can be restarted on its port and store. Its
 // subpackages are the larger rigs: an Envoy-like ext_proc client (envoy)
 // and a whole EPP fed by simulated engines (fleet).
 //
@@ -24,13 +25,26 @@ import (
 // assertion: on a loaded machine things take long, never this long.
 const WaitLimit = 20 * time.Second
 
-// WaitFor polls cond until it holds, failing the test after WaitLimit.
-func WaitFor(t testing.TB, what string, cond func() bool) {
+// WaitFor polls cond until it returns nil, failing the test after
+// WaitLimit with what it waited for and cond's last error. The error says
+// what cond saw ("applied 4 of 6 batches"), so a wait that times out
+// explains itself instead of only saying that it did.
+func WaitFor(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(WaitLimit)
-	for !cond() {
+	waitFor(t, what, WaitLimit, cond)
+}
+
+func waitFor(t testing.TB, what string, limit time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", WaitLimit, what)
+			t.Fatalf("timed out after %v waiting for %s; last saw: %v", limit, what, err)
+			return // a Fatalf that does not stop the goroutine must not loop on
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -85,23 +99,6 @@ func SettledGoroutines(target int) int {
 		n = m
 	}
 	return n
-}
-
-// Converge polls diff until it returns "", failing the test after
-// WaitLimit with the last difference it reported.
-func Converge(t testing.TB, what string, diff func() string) {
-	t.Helper()
-	deadline := time.Now().Add(WaitLimit)
-	for {
-		d := diff()
-		if d == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never happened within %v: %s", what, WaitLimit, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // Go runs run with a context that ends when the test does, and waits for

@@ -23,6 +23,8 @@ type pkg struct {
 	ImportPath string
 	Imports    []string
 	Deps       []string
+	// Outside are its direct imports from outside the module, whole.
+	Outside []string
 }
 
 // rule says what the packages under Path may import from the module
@@ -39,6 +41,8 @@ type rule struct {
 	NeverLinks []string
 	// Except are paths NeverLinks and AnyBut do not cover.
 	Except []string
+	// StdOnly: outside the module, only the standard library.
+	StdOnly bool
 }
 
 // rules are the import rules; docs/architecture.md explains them.
@@ -63,7 +67,10 @@ var rules = []rule{
 	{Path: "pkg/sim", AnyBut: []string{"pkg/testkit", "pkg/harness", "cmd"}, NeverLinks: []string{"pkg/testkit", "pkg/harness"}},
 	{Path: "pkg/harness", AnyBut: []string{"pkg/testkit", "cmd"}, NeverLinks: []string{"pkg/testkit"}},
 	{Path: "pkg/testkit", AnyBut: []string{"cmd"}},
-	{Path: "cmd/epp", AnyBut: []string{"pkg/sim", "pkg/harness", "pkg/testkit"}, NeverLinks: []string{"pkg/sim", "pkg/harness", "pkg/testkit"}},
+	{
+		Path: "cmd/epp", May: []string{"pkg/epp", "pkg/discovery/k8s", "pkg/transport/natsauth"}, StdOnly: true,
+		NeverLinks: []string{"pkg/sim", "pkg/harness", "pkg/testkit"},
+	},
 	{Path: "cmd/kv-relay", May: []string{"pkg/ingest/relay", "pkg/events", "pkg/transport"}},
 	{Path: "cmd/kv-nats-auth", May: []string{"pkg/transport"}},
 	{
@@ -74,6 +81,7 @@ var rules = []rule{
 	{Path: "cmd/kvsim", AnyBut: []string{"pkg/testkit"}, NeverLinks: []string{"pkg/testkit"}},
 	{Path: "deploy", May: []string{}},
 	{Path: "scripts", May: []string{}},
+	{Path: "scripts/treecheck", May: []string{}},
 	{Path: "scripts/plugin-table", May: []string{"pkg/scheduling/config"}},
 }
 
@@ -110,6 +118,11 @@ func list() ([]pkg, error) {
 			return nil, fmt.Errorf("go list output: %w", err)
 		}
 		p.ImportPath = local(p.ImportPath)
+		for _, imp := range p.Imports {
+			if !strings.HasPrefix(imp, module) {
+				p.Outside = append(p.Outside, imp)
+			}
+		}
 		p.Imports = locals(p.Imports)
 		p.Deps = locals(p.Deps)
 		pkgs = append(pkgs, p)
@@ -126,6 +139,14 @@ func locals(paths []string) []string {
 		}
 	}
 	return out
+}
+
+// standard reports whether an import path outside the module is the
+// standard library's: as the go command decides, by whether its first
+// element lacks a dot.
+func standard(p string) bool {
+	first, _, _ := strings.Cut(p, "/")
+	return !strings.Contains(first, ".")
 }
 
 func local(p string) string { return strings.TrimPrefix(p, module) }
@@ -170,6 +191,11 @@ func check(pkgs []pkg, rs []rule) []string {
 			}
 			if !allowed {
 				problems = append(problems, fmt.Sprintf("%s imports %s, which its group may not", p.ImportPath, imp))
+			}
+		}
+		for _, imp := range p.Outside {
+			if r.StdOnly && !standard(imp) {
+				problems = append(problems, fmt.Sprintf("%s imports %s, which is neither the module nor the standard library", p.ImportPath, imp))
 			}
 		}
 		for _, dep := range p.Deps {

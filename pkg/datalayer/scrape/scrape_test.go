@@ -301,8 +301,14 @@ func TestScraper(t *testing.T) {
 		m, _ := ds.Metrics(name)
 		return m
 	}
-	testkit.WaitFor(t, "both endpoints scraped", func() bool {
-		return metricsOf("a").WaitingQueueSize == 5 && metricsOf("b").WaitingQueueSize == 1
+	testkit.WaitFor(t, "both endpoints scraped", func() error {
+		if seen := metricsOf("a").WaitingQueueSize; seen != 5 {
+			return fmt.Errorf("metricsOf(\"a\").WaitingQueueSize is %v, want %v", seen, 5)
+		}
+		if seen := metricsOf("b").WaitingQueueSize; seen != 1 {
+			return fmt.Errorf("metricsOf(\"b\").WaitingQueueSize is %v, want %v", seen, 1)
+		}
+		return nil
 	})
 	if m := metricsOf("a"); m.NumGPUBlocks != 27153 || m.UpdateTime.IsZero() {
 		t.Fatalf("a's metrics = %+v", m)
@@ -323,13 +329,23 @@ func TestScraper(t *testing.T) {
 		// scrape at a time: once the second is issued, the first's failure
 		// has been handled, and nothing can refresh a's metrics.
 		n := issued.to(a.addr())
-		testkit.WaitFor(t, "a scraped twice in mode "+tc.mode, func() bool { return issued.to(a.addr()) >= n+2 })
+		testkit.WaitFor(t, "a scraped twice in mode "+tc.mode, func() error {
+			if seen := issued.to(a.addr()); seen < n+2 {
+				return fmt.Errorf("issued.to(a.addr()) is %v, want >= %v", seen, n+2)
+			}
+			return nil
+		})
 		if got := testutil.ToFloat64(errs); got < before+1 {
 			t.Fatalf("%s: errors with reason %s = %v, want at least %v", tc.mode, tc.reason, got, before+1)
 		}
 		// The last good metrics stay, and stop being refreshed.
 		last := metricsOf("a").UpdateTime
-		testkit.WaitFor(t, "two more failures", func() bool { return issued.to(a.addr()) >= n+4 })
+		testkit.WaitFor(t, "two more failures", func() error {
+			if seen := issued.to(a.addr()); seen < n+4 {
+				return fmt.Errorf("issued.to(a.addr()) is %v, want >= %v", seen, n+4)
+			}
+			return nil
+		})
 		if m := metricsOf("a"); !m.UpdateTime.Equal(last) || m.WaitingQueueSize != 5 {
 			t.Fatalf("%s: metrics changed while failing: %+v", tc.mode, m)
 		}
@@ -337,7 +353,12 @@ func TestScraper(t *testing.T) {
 			t.Fatalf("%s: metrics a second old still fresh", tc.mode)
 		}
 		a.mode.Store("ok")
-		testkit.WaitFor(t, "recovery from "+tc.mode, func() bool { return metricsOf("a").UpdateTime.After(last) })
+		testkit.WaitFor(t, "recovery from "+tc.mode, func() error {
+			if !(metricsOf("a").UpdateTime.After(last)) {
+				return errors.New("metricsOf(\"a\").UpdateTime.After(last) is false")
+			}
+			return nil
+		})
 	}
 	// Each of a's failure streaks is logged once, not once per scrape. (b
 	// is left out: on a loaded machine its scrapes may time out too.)
@@ -350,17 +371,32 @@ func TestScraper(t *testing.T) {
 
 	// A changed page is seen.
 	b.page.Store(strings.Replace(minimalPage, "waiting 1", "waiting 9", 1))
-	testkit.WaitFor(t, "b's new queue", func() bool { return metricsOf("b").WaitingQueueSize == 9 })
+	testkit.WaitFor(t, "b's new queue", func() error {
+		if seen := metricsOf("b").WaitingQueueSize; seen != 9 {
+			return fmt.Errorf("metricsOf(\"b\").WaitingQueueSize is %v, want %v", seen, 9)
+		}
+		return nil
+	})
 
 	// An endpoint that leaves is no longer scraped: once the target count
 	// drops, its goroutine has returned, so every request it will ever have
 	// issued has been issued. (b's server may still read one of them later:
 	// a scrape cancelled on the wire is still a request that was sent.)
 	ds.Remove("b")
-	testkit.WaitFor(t, "b's scraper to stop", func() bool { return testutil.ToFloat64(s.targets) == 1 })
+	testkit.WaitFor(t, "b's scraper to stop", func() error {
+		if seen := testutil.ToFloat64(s.targets); seen != 1 {
+			return fmt.Errorf("testutil.ToFloat64(s.targets) is %v, want %v", seen, 1)
+		}
+		return nil
+	})
 	bIssued := issued.to(b.addr())
 	aIssued := issued.to(a.addr())
-	testkit.WaitFor(t, "more scrapes of a", func() bool { return issued.to(a.addr()) >= aIssued+3 })
+	testkit.WaitFor(t, "more scrapes of a", func() error {
+		if seen := issued.to(a.addr()); seen < aIssued+3 {
+			return fmt.Errorf("issued.to(a.addr()) is %v, want >= %v", seen, aIssued+3)
+		}
+		return nil
+	})
 	if got := issued.to(b.addr()); got != bIssued {
 		t.Fatalf("b scraped %d more times after removal", got-bIssued)
 	}
@@ -368,7 +404,12 @@ func TestScraper(t *testing.T) {
 	// An endpoint that joins is scraped.
 	c := newMetricsServer(t, minimalPage)
 	ds.Upsert(ep("c", c.addr()))
-	testkit.WaitFor(t, "c scraped", func() bool { return metricsOf("c").RunningRequests == 2 })
+	testkit.WaitFor(t, "c scraped", func() error {
+		if seen := metricsOf("c").RunningRequests; seen != 2 {
+			return fmt.Errorf("metricsOf(\"c\").RunningRequests is %v, want %v", seen, 2)
+		}
+		return nil
+	})
 
 	cancel()
 	<-stopped
@@ -399,20 +440,20 @@ func TestScrapersOfEndpointsThatJoinTogetherKeepPhasesApart(t *testing.T) {
 	}()
 	defer func() { cancel(); <-stopped }()
 	var seconds []time.Duration
-	testkit.WaitFor(t, "every endpoint scraped twice", func() bool {
+	testkit.WaitFor(t, "every endpoint scraped twice", func() error {
 		times.mu.Lock()
 		defer times.mu.Unlock()
 		if len(times.at) < endpoints {
-			return false
+			return fmt.Errorf("%d of %d endpoints scraped", len(times.at), endpoints)
 		}
 		seconds = seconds[:0]
 		for _, at := range times.at {
 			if len(at) < 2 {
-				return false
+				return fmt.Errorf("an endpoint scraped %d times", len(at))
 			}
 			seconds = append(seconds, at[1].Sub(at[0]))
 		}
-		return true
+		return nil
 	})
 	lo, hi := slices.Min(seconds), slices.Max(seconds)
 	// Sixteen phases drawn uniformly from the interval all fall within a
@@ -436,8 +477,11 @@ func TestScraperRefusesAnOversizedPage(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go s.Run(ctx)
-	testkit.WaitFor(t, "the oversized page to be refused", func() bool {
-		return testutil.ToFloat64(s.errors.WithLabelValues("too_large")) >= 1
+	testkit.WaitFor(t, "the oversized page to be refused", func() error {
+		if seen := testutil.ToFloat64(s.errors.WithLabelValues("too_large")); seen < 1 {
+			return fmt.Errorf("testutil.ToFloat64(s.errors.WithLabelValues(\"too_large\")) is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	if m, _ := ds.Metrics("a"); !m.UpdateTime.IsZero() {
 		t.Fatalf("metrics stored from an oversized page: %+v", m)

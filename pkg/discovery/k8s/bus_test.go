@@ -2,6 +2,8 @@ package k8s
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -58,7 +60,12 @@ func startBus(t *testing.T, namespace, pool string, e *epp) *bus {
 			t.Errorf("consumer Run: %v", err)
 		}
 	})
-	testkit.WaitFor(t, "the consumer to subscribe", c.Connected)
+	testkit.WaitFor(t, "the consumer to subscribe", func() error {
+		if !c.Connected() {
+			return errors.New("c.Connected() is false")
+		}
+		return nil
+	})
 	return b
 }
 
@@ -89,7 +96,10 @@ func (b *bus) drain(n int) {
 	if err := b.nc.Flush(); err != nil {
 		b.t.Fatalf("flush: %v", err)
 	}
-	testkit.WaitFor(b.t, "the consumer to take every batch", func() bool {
-		return testkit.Value(b.t, b.reg, "kvroute_events_batches_total") >= float64(n)
+	testkit.WaitFor(b.t, "the consumer to take every batch", func() error {
+		if seen := testkit.Value(b.t, b.reg, "kvroute_events_batches_total"); seen < float64(n) {
+			return fmt.Errorf("testkit.Value(b.t, b.reg, \"kvroute_events_batches_total\") is %v, want >= %v", seen, float64(n))
+		}
+		return nil
 	})
 }

@@ -88,9 +88,12 @@ func (e *epp) endpoints() map[string]string {
 func (e *epp) waitEndpoints(want map[string]string) {
 	e.t.Helper()
 	var got map[string]string
-	testkit.WaitFor(e.t, fmt.Sprintf("endpoints %v", want), func() bool {
+	testkit.WaitFor(e.t, fmt.Sprintf("endpoints %v", want), func() error {
 		got = e.endpoints()
-		return maps.Equal(got, want)
+		if !(maps.Equal(got, want)) {
+			return errors.New("maps.Equal(got, want) is false")
+		}
+		return nil
 	})
 }
 
@@ -140,8 +143,11 @@ func TestPoolCreatedMakesOneEndpointPerReadyPodAndPort(t *testing.T) {
 
 	// No pool yet: once discovery has seen every pod, there is still
 	// nothing to route to, and it is not ready.
-	testkit.WaitFor(t, "every pod reconciled", func() bool {
-		return testkit.Value(t, e.reg, "kvroute_k8s_reconciles_total", "kind", "pod", "result", "ok") >= 4
+	testkit.WaitFor(t, "every pod reconciled", func() error {
+		if seen := testkit.Value(t, e.reg, "kvroute_k8s_reconciles_total", "kind", "pod", "result", "ok"); seen < 4 {
+			return fmt.Errorf("testkit.Value(t, e.reg, \"kvroute_k8s_reconciles_total\", \"kind\", \"pod\", \"result\", \"ok\") is %v, want >= %v", seen, 4)
+		}
+		return nil
 	})
 	if e.disc.Synced() || e.ds.Len() != 0 {
 		t.Fatalf("before the pool exists: synced=%t endpoints=%v", e.disc.Synced(), e.endpoints())
@@ -151,7 +157,12 @@ func TestPoolCreatedMakesOneEndpointPerReadyPodAndPort(t *testing.T) {
 		"ready-a-rank-0": "10.0.0.1:8000", "ready-a-rank-1": "10.0.0.1:8001",
 		"ready-b-rank-0": "10.0.0.2:8000", "ready-b-rank-1": "10.0.0.2:8001",
 	})
-	testkit.WaitFor(t, "synced", e.disc.Synced)
+	testkit.WaitFor(t, "synced", func() error {
+		if !e.disc.Synced() {
+			return errors.New("e.disc.Synced() is false")
+		}
+		return nil
+	})
 	ep, _ := e.ds.Get("ready-a-rank-1")
 	if ep.Pod != "ready-a" || ep.Namespace != cl.ns || ep.Model != "org/model-a" || ep.Labels["app"] != "vllm" {
 		t.Errorf("endpoint = %+v, want pod ready-a in %s serving org/model-a with its labels", ep, cl.ns)
@@ -234,7 +245,12 @@ func TestDeletedPodWithEventsInFlightIsNotReAdded(t *testing.T) {
 	for range 20 {
 		publish("doomed", "10.0.2.1:8000")
 	}
-	testkit.WaitFor(t, "the doomed pod's first batches applied", func() bool { return e.holdings() > 0 })
+	testkit.WaitFor(t, "the doomed pod's first batches applied", func() error {
+		if seen := e.holdings(); seen <= 0 {
+			return fmt.Errorf("e.holdings() is %v, want > %v", seen, 0)
+		}
+		return nil
+	})
 
 	// Delete while a publisher keeps the pod's batches flowing.
 	stop := make(chan struct{})
@@ -257,7 +273,12 @@ func TestDeletedPodWithEventsInFlightIsNotReAdded(t *testing.T) {
 	e.waitEndpoints(map[string]string{"stays": "10.0.2.2:8000"})
 	// Twenty more batches after the endpoint left, all of them late.
 	after := sent.Load()
-	testkit.WaitFor(t, "late batches to be published", func() bool { return sent.Load() >= after+20 })
+	testkit.WaitFor(t, "late batches to be published", func() error {
+		if seen := sent.Load(); seen < after+20 {
+			return fmt.Errorf("sent.Load() is %v, want >= %v", seen, after+20)
+		}
+		return nil
+	})
 	close(stop)
 	late := <-flowing
 	bus.drain(published + late)
@@ -337,7 +358,12 @@ func TestRestartRebuildsStateFromTheAPIServer(t *testing.T) {
 	cl.pod("c", "10.0.5.3", true, vllm)
 	second := startEPP(t, cl, Options{PoolName: "pool"})
 	second.waitEndpoints(map[string]string{"a": "10.0.5.1:8000", "c": "10.0.5.3:8000"})
-	testkit.WaitFor(t, "the restarted EPP synced", second.disc.Synced)
+	testkit.WaitFor(t, "the restarted EPP synced", func() error {
+		if !second.disc.Synced() {
+			return errors.New("second.disc.Synced() is false")
+		}
+		return nil
+	})
 }
 
 func TestStandaloneModeSelectsPodsWithoutTheCRD(t *testing.T) {
@@ -352,7 +378,12 @@ func TestStandaloneModeSelectsPodsWithoutTheCRD(t *testing.T) {
 	}
 	e := startEPP(t, cl, Options{Selector: sel, TargetPorts: []int32{8000}})
 	e.waitEndpoints(map[string]string{"a": "10.0.6.1:8000", "b": "[fd00::6:2]:8000"})
-	testkit.WaitFor(t, "synced", e.disc.Synced)
+	testkit.WaitFor(t, "synced", func() error {
+		if !e.disc.Synced() {
+			return errors.New("e.disc.Synced() is false")
+		}
+		return nil
+	})
 	cl.pod("d", "10.0.6.4", true, vllm)
 	e.waitEndpoints(map[string]string{"a": "10.0.6.1:8000", "b": "[fd00::6:2]:8000", "d": "10.0.6.4:8000"})
 }
@@ -379,7 +410,12 @@ func TestLeaderElectionElectsOneReplicaAndAllServe(t *testing.T) {
 	want := map[string]string{"a": "10.0.7.1:8000"}
 	r1.waitEndpoints(want)
 	r2.waitEndpoints(want)
-	testkit.WaitFor(t, "a leader", func() bool { return r1.disc.Leader() || r2.disc.Leader() })
+	testkit.WaitFor(t, "a leader", func() error {
+		if !(r1.disc.Leader() || r2.disc.Leader()) {
+			return errors.New("r1.disc.Leader() || r2.disc.Leader() is false")
+		}
+		return nil
+	})
 	if r1.disc.Leader() && r2.disc.Leader() {
 		t.Fatal("both replicas lead")
 	}
@@ -395,7 +431,12 @@ func TestLeaderElectionElectsOneReplicaAndAllServe(t *testing.T) {
 	// The leader steps down on shutdown; the other takes over and keeps
 	// serving throughout.
 	leader.stop()
-	testkit.WaitFor(t, "the follower to take over", follower.disc.Leader)
+	testkit.WaitFor(t, "the follower to take over", func() error {
+		if !follower.disc.Leader() {
+			return errors.New("follower.disc.Leader() is false")
+		}
+		return nil
+	})
 	if got := follower.endpoints(); !maps.Equal(got, want) {
 		t.Errorf("follower endpoints %v, want %v", got, want)
 	}

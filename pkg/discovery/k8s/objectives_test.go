@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -54,17 +55,17 @@ func TestThePoolsInferenceObjectivesAreReconciled(t *testing.T) {
 	e := startEPP(t, cl, Options{PoolName: "pool", Objectives: objs})
 	want := func(what string, expect map[string]datalayer.Objective) {
 		t.Helper()
-		testkit.WaitFor(t, what, func() bool {
+		testkit.WaitFor(t, what, func() error {
 			got := objs.List()
 			if len(got) != len(expect) {
-				return false
+				return fmt.Errorf("objectives %+v", got)
 			}
 			for _, o := range got {
 				if expect[o.Name] != o {
-					return false
+					return fmt.Errorf("objective %+v, want %+v", o, expect[o.Name])
 				}
 			}
-			return true
+			return nil
 		})
 	}
 	want("the pool's three objectives", map[string]datalayer.Objective{

@@ -3,6 +3,7 @@ package static
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -109,14 +110,26 @@ func TestTheObjectivesFileIsFollowed(t *testing.T) {
 	done := make(chan struct{})
 	go func() { o.run(ctx, 10*time.Millisecond); close(done) }()
 	writeFile(t, path, "objectives:\n- {name: batch, priority: -5}\n")
-	testkit.WaitFor(t, "the reload", func() bool {
+	testkit.WaitFor(t, "the reload", func() error {
 		got, ok := store.Get("batch")
 		_, chat := store.Get("chat")
-		return ok && got.Priority == -5 && !chat
+		if !(ok) {
+			return errors.New("ok is false")
+		}
+		if got.Priority != -5 {
+			return fmt.Errorf("got.Priority is %v, want %v", got.Priority, -5)
+		}
+		if chat {
+			return errors.New("chat is still true")
+		}
+		return nil
 	})
 	writeFile(t, path, "objectives:\n- {name: batch, priority: x}\n")
-	testkit.WaitFor(t, "the bad version to be refused", func() bool {
-		return testkit.Value(t, reg, "kvroute_static_objectives_reloads_total", "result", "error") == 1
+	testkit.WaitFor(t, "the bad version to be refused", func() error {
+		if seen := testkit.Value(t, reg, "kvroute_static_objectives_reloads_total", "result", "error"); seen != 1 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_static_objectives_reloads_total\", \"result\", \"error\") is %v, want %v", seen, 1)
+		}
+		return nil
 	})
 	if got, _ := store.Get("batch"); got.Priority != -5 {
 		t.Errorf("a bad file changed the objectives: %+v", got)

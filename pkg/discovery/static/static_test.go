@@ -3,6 +3,7 @@ package static
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -192,19 +193,34 @@ func TestStaticFileFollowsItsFile(t *testing.T) {
 	go func() { f.run(ctx, 10*time.Millisecond); close(done) }()
 
 	writeFile(t, path, "endpoints:\n- {name: vllm-1, address: '10.0.0.8:8000', model: m}\n- {name: vllm-2, address: '10.0.0.9:8000', model: m}\n")
-	testkit.WaitFor(t, "the reload", members("k8s-pod", "vllm-1", "vllm-2"))
+	testkit.WaitFor(t, "the reload", func() error {
+		if !members("k8s-pod", "vllm-1", "vllm-2")() {
+			return errors.New("members(\"k8s-pod\", \"vllm-1\", \"vllm-2\")() is false")
+		}
+		return nil
+	})
 	if e, _ := ds.Get("vllm-1"); e.Address != "10.0.0.8:8000" {
 		t.Fatalf("vllm-1 address = %s after reload", e.Address)
 	}
 
 	writeFile(t, path, "endpoints:\n- {name: vllm-3, address: 'nope', model: m}\n")
-	testkit.WaitFor(t, "the bad file to be logged", func() bool { return strings.Contains(logs.String(), "rejected") })
+	testkit.WaitFor(t, "the bad file to be logged", func() error {
+		if !(strings.Contains(logs.String(), "rejected")) {
+			return errors.New("strings.Contains(logs.String(), \"rejected\") is false")
+		}
+		return nil
+	})
 	if got := names(ds.List()); !slices.Equal(got, []string{"k8s-pod", "vllm-1", "vllm-2"}) {
 		t.Fatalf("a bad file changed the endpoints: %v", got)
 	}
 	// The same bad content is reported once, not at every check.
 	checked := f.w.checks.Load()
-	testkit.WaitFor(t, "three more checks of the file", func() bool { return f.w.checks.Load() >= checked+3 })
+	testkit.WaitFor(t, "three more checks of the file", func() error {
+		if seen := f.w.checks.Load(); seen < checked+3 {
+			return fmt.Errorf("f.w.checks.Load() is %v, want >= %v", seen, checked+3)
+		}
+		return nil
+	})
 	if n := strings.Count(logs.String(), "rejected"); n != 1 {
 		t.Fatalf("bad file logged %d times, want 1", n)
 	}
@@ -215,9 +231,19 @@ func TestStaticFileFollowsItsFile(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the missing file to be logged", func() bool { return strings.Count(logs.String(), "rejected") == 2 })
+	testkit.WaitFor(t, "the missing file to be logged", func() error {
+		if seen := strings.Count(logs.String(), "rejected"); seen != 2 {
+			return fmt.Errorf("strings.Count(logs.String(), \"rejected\") is %v, want %v", seen, 2)
+		}
+		return nil
+	})
 	writeFile(t, path, "endpoints: []\n")
-	testkit.WaitFor(t, "recovery to an empty file", members("k8s-pod"))
+	testkit.WaitFor(t, "recovery to an empty file", func() error {
+		if !members("k8s-pod")() {
+			return errors.New("members(\"k8s-pod\")() is false")
+		}
+		return nil
+	})
 
 	cancel()
 	<-done

@@ -2,6 +2,7 @@ package chaos_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -44,7 +45,12 @@ func startEPP(t *testing.T, natsURL string, f *sim.Fleet) (*epp.EPP, func()) {
 			stop()
 		}
 	})
-	testkit.WaitFor(t, "the EPP to be ready", e.Ready)
+	testkit.WaitFor(t, "the EPP to be ready", func() error {
+		if !e.Ready() {
+			return errors.New("e.Ready() is false")
+		}
+		return nil
+	})
 	return e, stop
 }
 
@@ -85,7 +91,7 @@ func TestARestartedReplicaBesideEnginesOnNATSAgreesWithItsTwin(t *testing.T) {
 	stopB()
 	serve(60, 1) // b misses these
 	b, _ = startEPP(t, srv.URL(), f)
-	testkit.Converge(t, "both replicas equal to the engines' caches", func() string {
+	testkit.WaitFor(t, "both replicas equal to the engines' caches", func() error {
 		for _, r := range f.Cores() {
 			eng := r.Engine()
 			addr := eng.Config().Address
@@ -95,21 +101,24 @@ func TestARestartedReplicaBesideEnginesOnNATSAgreesWithItsTwin(t *testing.T) {
 			}
 			for name, e := range map[string]*epp.EPP{"twin": a, "restarted": b} {
 				if st, _ := e.Index().State(addr); st != datalayer.StreamExact {
-					return fmt.Sprintf("%s: %s is %s", name, addr, st)
+					return fmt.Errorf("%s: %s is %s", name, addr, st)
 				}
 				if d := sim.DiffHoldings(truth, e.Index().Holdings(addr)); !d.Exact() {
-					return fmt.Sprintf("%s: %s: %s", name, addr, d)
+					return fmt.Errorf("%s: %s: %s", name, addr, d)
 				}
 			}
 			if !maps.Equal(a.Index().Holdings(addr), b.Index().Holdings(addr)) {
-				return "the replicas differ at " + addr
+				return errors.New("the replicas differ at " + addr)
 			}
 		}
-		return ""
+		return nil
 	})
 	// Each stream is marked exact inside its resync, which is counted as
 	// it ends, a moment later.
-	testkit.WaitFor(t, "the restarted replica's resyncs, one per engine, counted", func() bool {
-		return testkit.Value(t, b.Registry(), "kvroute_recovery_resyncs_total", "result", "ok") >= 3
+	testkit.WaitFor(t, "the restarted replica's resyncs, one per engine, counted", func() error {
+		if seen := testkit.Value(t, b.Registry(), "kvroute_recovery_resyncs_total", "result", "ok"); seen < 3 {
+			return fmt.Errorf("testkit.Value(t, b.Registry(), \"kvroute_recovery_resyncs_total\", \"result\", \"ok\") is %v, want >= %v", seen, 3)
+		}
+		return nil
 	})
 }

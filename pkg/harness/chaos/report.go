@@ -1,22 +1,14 @@
 package chaos
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-)
-
-// Markers delimit the generated part of docs/reliability.md; the rest of
-// the page is prose kept as it is.
-const (
-	BeginMarker = "<!-- chaos:begin (make chaos writes between these lines) -->"
-	EndMarker   = "<!-- chaos:end -->"
 )
 
 // WriteTable writes the results as a Markdown table with a heading line
@@ -76,26 +68,14 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// ErrNoMarkers: the page has no place for the table.
-var ErrNoMarkers = errors.New("chaos: the page lacks the chaos markers")
+// PageTitle heads the page `make chaos` writes (docs/results/chaos.md);
+// the scenarios and the columns are explained on docs/reliability.md.
+const PageTitle = "# Fault matrix: the latest run\n\nWritten by `make chaos`; do not edit by hand. The scenarios, the columns and how to read them: [docs/reliability.md](../reliability.md#the-fault-matrix).\n\n"
 
-// Splice replaces what lies between the markers in the file at path with
-// table, keeping the rest of the page.
-func Splice(path string, table []byte) error {
-	page, err := os.ReadFile(path)
-	if err != nil {
+// WritePage writes the page at path: PageTitle, then table.
+func WritePage(path string, table []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	i := bytes.Index(page, []byte(BeginMarker))
-	j := bytes.Index(page, []byte(EndMarker))
-	if i < 0 || j < i {
-		return fmt.Errorf("%w: %s", ErrNoMarkers, path)
-	}
-	var out bytes.Buffer
-	out.Write(page[:i+len(BeginMarker)])
-	out.WriteString("\n")
-	out.Write(table)
-	out.WriteString("\n")
-	out.Write(page[j:])
-	return os.WriteFile(path, out.Bytes(), 0o644)
+	return os.WriteFile(path, append([]byte(PageTitle), table...), 0o644)
 }

@@ -125,7 +125,12 @@ func TestAClientRoutedPolicyPaysTheSameHopAndKeepsItsPick(t *testing.T) {
 	// just after the client has read the whole answer; no request is
 	// active once all are counted.
 	reg := env.EPP.Registry()
-	testkit.WaitFor(t, "every request to end", func() bool { return testkit.Value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	testkit.WaitFor(t, "every request to end", func() error {
+		if seen := testkit.Value(t, reg, "kvroute_proxy_active_requests"); seen != 0 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_proxy_active_requests\") is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	if got := testkit.Value(t, reg, "kvroute_proxy_requests_total"); int(got) != served {
 		t.Errorf("the EPP's proxy answered %v requests of the %d served", got, served)
 	}

@@ -2,6 +2,7 @@ package loadgen_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -77,7 +78,12 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 		c := s.Core().Engine().Config()
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
 	}
-	testkit.WaitFor(t, "the EPP to be ready", e.Ready)
+	testkit.WaitFor(t, "the EPP to be ready", func() error {
+		if !e.Ready() {
+			return errors.New("e.Ready() is false")
+		}
+		return nil
+	})
 
 	rng := rand.New(rand.NewPCG(seed, 99))
 	var prefixes [][]uint32
@@ -110,15 +116,15 @@ func checkIndexAgainstEngines(t *testing.T, seed uint64) {
 		}
 	}
 	// The engines are idle now; give their last events time to land.
-	testkit.Converge(t, "every answer to be exact", func() string {
+	testkit.WaitFor(t, "every answer to be exact", func() error {
 		agree, total, miss := compare(t, e, f, prompts)
 		if agree != total {
-			return fmt.Sprintf("%d/%d answers exact; first difference: %s", agree, total, miss)
+			return fmt.Errorf("%d/%d answers exact; first difference: %s", agree, total, miss)
 		}
 		if total != len(prompts)*len(f.Servers) {
 			t.Fatalf("%d answers for %d prompts on %d engines", total, len(prompts), len(f.Servers))
 		}
-		return ""
+		return nil
 	})
 }
 

@@ -57,7 +57,7 @@ type virtualRun struct {
 	// Exactly one of these picks.
 	router router
 	eppSrv *epp.EPP
-	dir    *director.Director
+	dir    director.Handler
 }
 
 // virtualClock is the run's time: a fixed origin plus the simulated time

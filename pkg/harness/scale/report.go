@@ -20,7 +20,8 @@ func Sizes(seed uint64) []Options {
 // (the EPP sizes the index to half of what the process may use).
 const indexShare = 2
 
-// WriteReport writes docs/scale.md from the runs' reports.
+// WriteReport writes the page `make scale` leaves at docs/results/scale.md
+// from the runs' reports.
 func WriteReport(w io.Writer, reps []Report, command string) error {
 	var b strings.Builder
 	b.WriteString("# kvroute at fleet scale\n\n")

@@ -13,8 +13,8 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
-	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/harness/chaos"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 

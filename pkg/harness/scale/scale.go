@@ -6,7 +6,7 @@
 // measures event ingest per core, index memory per replica, lookup cost at
 // the pool's size, the hit rate with 1, 2 and 8 replicas routing the same
 // pool, and whether the replicas answer alike at the end. `make scale` runs
-// it at 1k and 10k engines and writes docs/scale.md.
+// it at 1k and 10k engines and writes docs/results/scale.md.
 package scale
 
 import (
@@ -26,11 +26,11 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
-	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 

@@ -84,7 +84,12 @@ func TestConsumerBindsEveryBatchToThePodItsSubjectNames(t *testing.T) {
 			next.Seq = 1
 			send("vllm-1", next)
 
-			testkit.WaitFor(t, "the victim's second batch", func() bool { return len(applied(rec.of(victim.Stream))) == 2 })
+			testkit.WaitFor(t, "the victim's second batch", func() error {
+				if seen := len(applied(rec.of(victim.Stream))); seen != 2 {
+					return fmt.Errorf("len(applied(rec.of(victim.Stream))) is %v, want %v", seen, 2)
+				}
+				return nil
+			})
 			var got []string
 			for _, call := range rec.snapshot() {
 				got = append(got, call.String())
@@ -136,9 +141,17 @@ func TestConsumerCapsTheDataParallelStreamsOfAnEndpoint(t *testing.T) {
 	if err := pub.Publish(other, encodeBatch(t, testBatch(2, 0, 1, 4))); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "vllm-2's batch", func() bool { return len(applied(rec.of(other.Stream))) == 1 })
-	testkit.WaitFor(t, "every rejection counted", func() bool {
-		return testutil.ToFloat64(c.admit.vec.WithLabelValues("rank_limit")) == forged-maxRanks
+	testkit.WaitFor(t, "vllm-2's batch", func() error {
+		if seen := len(applied(rec.of(other.Stream))); seen != 1 {
+			return fmt.Errorf("len(applied(rec.of(other.Stream))) is %v, want %v", seen, 1)
+		}
+		return nil
+	})
+	testkit.WaitFor(t, "every rejection counted", func() error {
+		if seen := testutil.ToFloat64(c.admit.vec.WithLabelValues("rank_limit")); seen != forged-maxRanks {
+			return fmt.Errorf("testutil.ToFloat64(c.admit.vec.WithLabelValues(\"rank_limit\")) is %v, want %v", seen, forged-maxRanks)
+		}
+		return nil
 	})
 	streams := map[events.Stream]bool{}
 	for _, call := range rec.snapshot() {
@@ -264,14 +277,22 @@ func TestQueuedPayloadsStayWithinTheirByteBound(t *testing.T) {
 	}
 	// The sink holds the first batch; the rest wait in the queue up to the
 	// bound, then in the client.
-	testkit.WaitFor(t, "the client to hold what the queue may not", func() bool {
+	testkit.WaitFor(t, "the client to hold what the queue may not", func() error {
 		n, _, _ := c.sub.Load().Pending()
-		return n > 20
+		if n <= 20 {
+			return fmt.Errorf("n is %v, want > %v", n, 20)
+		}
+		return nil
 	})
 	if n := len(c.queues[0]); n*size > bound+size {
 		t.Errorf("%d batches of %d KiB queued, over the bound of %d KiB", n, size>>10, bound>>10)
 	}
 	close(rec.block)
 	s := testOrigin(1, 0, "").Stream
-	testkit.WaitFor(t, "every batch applied", func() bool { return len(applied(rec.of(s))) == 40 })
+	testkit.WaitFor(t, "every batch applied", func() error {
+		if seen := len(applied(rec.of(s))); seen != 40 {
+			return fmt.Errorf("len(applied(rec.of(s))) is %v, want %v", seen, 40)
+		}
+		return nil
+	})
 }

@@ -89,8 +89,11 @@ func TestConsumerKeepsEachStreamInOrderUnderConcurrentPublishers(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			testkit.WaitFor(t, "every batch applied", func() bool {
-				return rec.count(func(c call) bool { return c.op == "apply" }) == streams*perStream
+			testkit.WaitFor(t, "every batch applied", func() error {
+				if seen := rec.count(func(c call) bool { return c.op == "apply" }); seen != streams*perStream {
+					return fmt.Errorf("rec.count(func(c call) bool { return c.op == \"apply\" }) is %v, want %v", seen, streams*perStream)
+				}
+				return nil
 			})
 
 			for id := range streams {
@@ -227,14 +230,17 @@ func TestConsumerSequenceTracking(t *testing.T) {
 					wantLast++
 				}
 			}
-			testkit.WaitFor(t, last, func() bool {
+			testkit.WaitFor(t, last, func() error {
 				n := 0
 				for _, g := range describe() {
 					if g == last {
 						n++
 					}
 				}
-				return n >= wantLast
+				if n < wantLast {
+					return fmt.Errorf("n is %v, want >= %v", n, wantLast)
+				}
+				return nil
 			})
 			if got := describe(); !slices.Equal(got, tt.want) {
 				t.Errorf("sink saw\n  %q\nwant\n  %q", got, tt.want)
@@ -340,9 +346,18 @@ func TestConsumerRejectsBadMessagesAndAppliesTheRest(t *testing.T) {
 
 			s := testOrigin(1, 0, "").Stream
 			// The worker counts a batch just after the sink has it.
-			testkit.WaitFor(t, "last good batch, counted", func() bool {
+			testkit.WaitFor(t, "last good batch, counted", func() error {
 				a := applied(rec.of(s))
-				return len(a) > 0 && a[len(a)-1] == 7 && testutil.ToFloat64(c.m.applied) == 5
+				if seen := len(a); seen <= 0 {
+					return fmt.Errorf("len(a) is %v, want > %v", seen, 0)
+				}
+				if seen := a[len(a)-1]; seen != 7 {
+					return fmt.Errorf("a[len(a)-1] is %v, want %v", seen, 7)
+				}
+				if seen := testutil.ToFloat64(c.m.applied); seen != 5 {
+					return fmt.Errorf("testutil.ToFloat64(c.m.applied) is %v, want %v", seen, 5)
+				}
+				return nil
 			})
 			var got []string
 			for _, c := range rec.of(s) {
@@ -428,15 +443,33 @@ func TestConsumerReportsReconnectForEveryStreamAndResumes(t *testing.T) {
 			applies := func() int { return rec.count(func(c call) bool { return c.op == "apply" }) }
 
 			publish(0, 3)
-			testkit.WaitFor(t, "batches before the outage", func() bool { return applies() == streams*3 })
+			testkit.WaitFor(t, "batches before the outage", func() error {
+				if seen := applies(); seen != streams*3 {
+					return fmt.Errorf("applies() is %v, want %v", seen, streams*3)
+				}
+				return nil
+			})
 
 			env.Stop()
-			testkit.WaitFor(t, "consumer to see the outage", func() bool { return !c.Connected() })
-			env.Start(t)
-			testkit.WaitFor(t, "reconnect reported for every stream", func() bool {
-				return rec.count(func(c call) bool { return c.op == "uncertain" && c.reason == events.ReasonReconnect }) >= streams
+			testkit.WaitFor(t, "consumer to see the outage", func() error {
+				if c.Connected() {
+					return errors.New("c.Connected() is still true")
+				}
+				return nil
 			})
-			testkit.WaitFor(t, "consumer connected again", c.Connected)
+			env.Start(t)
+			testkit.WaitFor(t, "reconnect reported for every stream", func() error {
+				if seen := rec.count(func(c call) bool { return c.op == "uncertain" && c.reason == events.ReasonReconnect }); seen < streams {
+					return fmt.Errorf("rec.count(func(c call) bool { return c.op == \"uncertain\" && c.reason == events.ReasonReconnect }) is %v, want >= %v", seen, streams)
+				}
+				return nil
+			})
+			testkit.WaitFor(t, "consumer connected again", func() error {
+				if !c.Connected() {
+					return errors.New("c.Connected() is false")
+				}
+				return nil
+			})
 			// The consumer's interest must be at the server before anyone
 			// publishes, or core NATS would rightly deliver nothing.
 			if err := nc.Flush(); err != nil {
@@ -444,7 +477,12 @@ func TestConsumerReportsReconnectForEveryStreamAndResumes(t *testing.T) {
 			}
 
 			publish(3, 6)
-			testkit.WaitFor(t, "batches after the outage", func() bool { return applies() == streams*6 })
+			testkit.WaitFor(t, "batches after the outage", func() error {
+				if seen := applies(); seen != streams*6 {
+					return fmt.Errorf("applies() is %v, want %v", seen, streams*6)
+				}
+				return nil
+			})
 			for id := range streams {
 				s := testOrigin(id, 0, "").Stream
 				var got []string
@@ -499,26 +537,44 @@ func TestConsumerReportsSlowConsumerAsUncertainty(t *testing.T) {
 	if err := pc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the client to drop messages", func() bool {
+	testkit.WaitFor(t, "the client to drop messages", func() error {
 		n, _ := c.sub.Load().Dropped()
-		return n > 0
+		if n <= 0 {
+			return fmt.Errorf("n is %v, want > %v", n, 0)
+		}
+		return nil
 	})
 	close(rec.block)
 	s := testOrigin(1, 0, "").Stream
-	testkit.WaitFor(t, "slow consumer reported", func() bool {
-		return rec.count(func(c call) bool {
+	testkit.WaitFor(t, "slow consumer reported", func() error {
+		if n := rec.count(func(c call) bool {
 			return c.op == "uncertain" && c.reason == events.ReasonSlowConsumer && c.stream == s
-		}) > 0
+		}); n <= 0 {
+			return fmt.Errorf("%d slow-consumer reports for the stream, want > 0", n)
+		}
+		return nil
 	})
 	// Every message is either applied or dropped by the client; once all
 	// are accounted for, nothing is in flight and nothing more is dropped.
 	sub := c.sub.Load()
-	testkit.WaitFor(t, "every message accounted for", func() bool {
+	testkit.WaitFor(t, "every message accounted for", func() error {
 		d, _ := sub.Dropped()
-		return d+len(applied(rec.of(s))) == 200
+		if seen := d + len(applied(rec.of(s))); seen != 200 {
+			return fmt.Errorf("d+len(applied(rec.of(s))) is %v, want %v", seen, 200)
+		}
+		return nil
 	})
 	send(1000)
-	testkit.WaitFor(t, "a batch after the drop", func() bool { a := applied(rec.of(s)); return len(a) > 0 && a[len(a)-1] == 1000 })
+	testkit.WaitFor(t, "a batch after the drop", func() error {
+		a := applied(rec.of(s))
+		if seen := len(a); seen <= 0 {
+			return fmt.Errorf("len(a) is %v, want > %v", seen, 0)
+		}
+		if seen := a[len(a)-1]; seen != 1000 {
+			return fmt.Errorf("a[len(a)-1] is %v, want %v", seen, 1000)
+		}
+		return nil
+	})
 
 	seqs := applied(rec.of(s))
 	if !slices.IsSorted(seqs) || len(seqs) >= 201 {
@@ -555,21 +611,35 @@ func TestConsumerReportsDropsTheClientKeepsQuietAbout(t *testing.T) {
 	// The sink holds the first batch: the queue and the client's buffer
 	// fill, and the episode of drops begins, reported once by the client.
 	burst(0)
-	testkit.WaitFor(t, "the first drops counted", counted)
+	testkit.WaitFor(t, "the first drops counted", func() error {
+		if !counted() {
+			return errors.New("counted() is false")
+		}
+		return nil
+	})
 	first, _ := sub.Dropped()
 	// The sink still holds: the same episode goes on, and the client says
 	// nothing more.
 	burst(100)
-	testkit.WaitFor(t, "more drops, counted", func() bool {
+	testkit.WaitFor(t, "more drops, counted", func() error {
 		n, _ := sub.Dropped()
-		return n > first && counted()
+		if n <= first {
+			return fmt.Errorf("n is %v, want > %v", n, first)
+		}
+		if !(counted()) {
+			return errors.New("counted() is false")
+		}
+		return nil
 	})
 	close(rec.block)
 	s := testOrigin(1, 0, "").Stream
-	testkit.WaitFor(t, "two slow-consumer reports", func() bool {
-		return rec.count(func(c call) bool {
+	testkit.WaitFor(t, "two slow-consumer reports", func() error {
+		if n := rec.count(func(c call) bool {
 			return c.op == "uncertain" && c.reason == events.ReasonSlowConsumer && c.stream == s
-		}) >= 2
+		}); n < 2 {
+			return fmt.Errorf("%d slow-consumer reports for the stream, want >= 2", n)
+		}
+		return nil
 	})
 }
 
@@ -590,7 +660,12 @@ func TestConsumerShutsDownCleanly(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- c.Run(ctx) }()
-			testkit.WaitFor(t, "connected", c.Connected)
+			testkit.WaitFor(t, "connected", func() error {
+				if !c.Connected() {
+					return errors.New("c.Connected() is false")
+				}
+				return nil
+			})
 			for seq := range uint64(10) {
 				for id := range 3 {
 					if err := pub.Publish(testOrigin(id, seq, "i"), encodeBatch(t, testBatch(id, seq, 2, 4))); err != nil {
@@ -598,7 +673,12 @@ func TestConsumerShutsDownCleanly(t *testing.T) {
 					}
 				}
 			}
-			testkit.WaitFor(t, "batches applied", func() bool { return rec.count(func(c call) bool { return c.op == "apply" }) > 0 })
+			testkit.WaitFor(t, "batches applied", func() error {
+				if seen := rec.count(func(c call) bool { return c.op == "apply" }); seen <= 0 {
+					return fmt.Errorf("rec.count(func(c call) bool { return c.op == \"apply\" }) is %v, want > %v", seen, 0)
+				}
+				return nil
+			})
 			cancel()
 			select {
 			case err := <-done:
@@ -693,7 +773,12 @@ func TestConsumerExportsItsMetrics(t *testing.T) {
 	if err := pub.Publish(testOrigin(1, 0, "i"), encodeBatch(t, testBatch(1, 0, 32, 16))); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "applied", func() bool { return rec.count(func(c call) bool { return c.op == "apply" }) == 1 })
+	testkit.WaitFor(t, "applied", func() error {
+		if seen := rec.count(func(c call) bool { return c.op == "apply" }); seen != 1 {
+			return fmt.Errorf("rec.count(func(c call) bool { return c.op == \"apply\" }) is %v, want %v", seen, 1)
+		}
+		return nil
+	})
 
 	want := map[string]float64{
 		"kvroute_events_batches_total":          1,
@@ -791,7 +876,12 @@ func TestConsumerTreatsRanksOfOneEndpointAsSeparateStreams(t *testing.T) {
 			}
 		}
 	}
-	testkit.WaitFor(t, "all applied", func() bool { return rec.count(func(c call) bool { return c.op == "apply" }) == 10 })
+	testkit.WaitFor(t, "all applied", func() error {
+		if seen := rec.count(func(c call) bool { return c.op == "apply" }); seen != 10 {
+			return fmt.Errorf("rec.count(func(c call) bool { return c.op == \"apply\" }) is %v, want %v", seen, 10)
+		}
+		return nil
+	})
 	for rank := range 2 {
 		s := testOrigin(1, 0, "").Stream
 		s.DPRank = rank

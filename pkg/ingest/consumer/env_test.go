@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -70,7 +71,12 @@ func runConsumer(t testing.TB, c *Consumer) (stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	testkit.WaitFor(t, "consumer connected", c.Connected)
+	testkit.WaitFor(t, "consumer connected", func() error {
+		if !c.Connected() {
+			return errors.New("c.Connected() is false")
+		}
+		return nil
+	})
 	return stop
 }
 

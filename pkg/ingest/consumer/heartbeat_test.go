@@ -106,7 +106,12 @@ func TestHeartbeatsRevealLostTails(t *testing.T) {
 					}
 					return out
 				}
-				testkit.WaitFor(t, "the last batch", func() bool { return len(describe()) >= len(want) })
+				testkit.WaitFor(t, "the last batch", func() error {
+					if seen := len(describe()); seen < len(want) {
+						return fmt.Errorf("len(describe()) is %v, want >= %v", seen, len(want))
+					}
+					return nil
+				})
 				if got := describe(); !slices.Equal(got, want) {
 					t.Errorf("sink saw\n  %q\nwant\n  %q", got, want)
 				}

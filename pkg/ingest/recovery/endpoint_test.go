@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,8 +64,11 @@ func TestAnEndpointsStreamsShareOneResyncAtATimeAndOneBackoff(t *testing.T) {
 		u.rec.Uncertain(o.Stream, events.ReasonReconnect)
 	}
 	u.run(t)
-	testkit.WaitFor(t, "the first refusal", func() bool {
-		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "refused") >= 1
+	testkit.WaitFor(t, "the first refusal", func() error {
+		if seen := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "refused"); seen < 1 {
+			return fmt.Errorf("testkit.Value(t, u.reg, \"kvroute_recovery_resyncs_total\", \"result\", \"refused\") is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	// Another endpoint's resync runs past the gated streams: once it has
 	// succeeded, Run has passed over them after the refusal.
@@ -72,8 +76,11 @@ func TestAnEndpointsStreamsShareOneResyncAtATimeAndOneBackoff(t *testing.T) {
 	o.Endpoint, o.Pod = otherAddr, otherPod
 	u.rec.Apply(o, tape.batches[0])
 	u.rec.Uncertain(o.Stream, events.ReasonReconnect)
-	testkit.WaitFor(t, "the other endpoint's resync", func() bool {
-		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok") >= 1
+	testkit.WaitFor(t, "the other endpoint's resync", func() error {
+		if seen := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); seen < 1 {
+			return fmt.Errorf("testkit.Value(t, u.reg, \"kvroute_recovery_resyncs_total\", \"result\", \"ok\") is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "refused"); got != 1 {
 		t.Errorf("%v refused resyncs for %d streams of one endpoint, want 1: one at a time, then the endpoint's backoff", got, ranks)

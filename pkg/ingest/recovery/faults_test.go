@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -123,8 +124,11 @@ func TestIndexConvergesAfterFaults(t *testing.T) {
 				for _, s := range w.slots {
 					st.rec.Resync(events.Stream{Endpoint: s.addr})
 				}
-				testkit.WaitFor(t, "the resyncs to be under way", func() bool {
-					return testkit.Value(t, st.reg, "kvroute_recovery_in_flight") == float64(len(w.slots))
+				testkit.WaitFor(t, "the resyncs to be under way", func() error {
+					if seen := testkit.Value(t, st.reg, "kvroute_recovery_in_flight"); seen != float64(len(w.slots)) {
+						return fmt.Errorf("testkit.Value(t, st.reg, \"kvroute_recovery_in_flight\") is %v, want %v", seen, float64(len(w.slots)))
+					}
+					return nil
 				})
 				st.stop()
 				again := w.newStack(stackOptions{})
@@ -209,20 +213,25 @@ func TestALateJoinSettlesPartialWithNoFalseHolding(t *testing.T) {
 	w.startRelay(s)
 	st := w.newStack(stackOptions{})
 	w.serve(80)
-	testkit.Converge(t, "the late joiner to settle partial with no false holding", func() string {
+	testkit.WaitFor(t, "the late joiner to settle partial with no false holding", func() error {
 		if state, _ := st.ix.State(s.addr); state != datalayer.StreamPartial {
-			return fmt.Sprintf("%s is %s", s.addr, state)
+			return fmt.Errorf("%s is %s", s.addr, state)
 		}
 		truth, err := s.eng.TrueHoldings()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr)); d.False != 0 || d.WrongTier != 0 {
-			return d.String()
+			return errors.New(d.String())
 		}
-		return ""
+		return nil
 	})
-	testkit.WaitFor(t, "nothing pending", func() bool { return st.rec.Pending() == 0 })
+	testkit.WaitFor(t, "nothing pending", func() error {
+		if seen := st.rec.Pending(); seen != 0 {
+			return fmt.Errorf("st.rec.Pending() is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	truth, _ := s.eng.TrueHoldings()
 	d := sim.DiffHoldings(truth, st.ix.Holdings(s.addr))
 	if d.Missing == 0 || d.Missing == d.Held {
@@ -299,13 +308,19 @@ func TestEndpointWithoutRelayStaysUncertainAndIsRetried(t *testing.T) {
 	w.converge(st)
 	// Joining asks once; a stream found uncertain is retried until it heals.
 	st.rec.Uncertain(events.Stream{Endpoint: orphan}, events.ReasonReconnect)
-	testkit.WaitFor(t, "the endpoint without a relay to be retried", func() bool {
-		return testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "no_responders") >= 3
+	testkit.WaitFor(t, "the endpoint without a relay to be retried", func() error {
+		if seen := testkit.Value(t, st.reg, "kvroute_recovery_resyncs_total", "result", "no_responders"); seen < 3 {
+			return fmt.Errorf("testkit.Value(t, st.reg, \"kvroute_recovery_resyncs_total\", \"result\", \"no_responders\") is %v, want >= %v", seen, 3)
+		}
+		return nil
 	})
 	// A failure is counted just before the state it leaves is set.
-	testkit.WaitFor(t, "the endpoint without a relay uncertain", func() bool {
+	testkit.WaitFor(t, "the endpoint without a relay uncertain", func() error {
 		state, _ := st.ix.State(orphan)
-		return state.String() == "uncertain"
+		if seen := state.String(); seen != "uncertain" {
+			return fmt.Errorf("state.String() is %v, want %v", seen, "uncertain")
+		}
+		return nil
 	})
 }
 
@@ -323,8 +338,11 @@ func TestJetStreamReplaysToARestartedEPPAndSurvivesAServerRestart(t *testing.T) 
 	// A new EPP replays what the stream retained; its join snapshots may
 	// make it exact first, and the replayed batches are then duplicates.
 	again := w.newStack(stackOptions{})
-	testkit.WaitFor(t, "the restarted EPP to replay the stream", func() bool {
-		return testkit.Value(t, again.reg, "kvroute_events_batches_total", "result", "applied") > 0
+	testkit.WaitFor(t, "the restarted EPP to replay the stream", func() error {
+		if seen := testkit.Value(t, again.reg, "kvroute_events_batches_total", "result", "applied"); seen <= 0 {
+			return fmt.Errorf("testkit.Value(t, again.reg, \"kvroute_events_batches_total\", \"result\", \"applied\") is %v, want > %v", seen, 0)
+		}
+		return nil
 	})
 	w.converge(again)
 }

@@ -242,7 +242,13 @@ func TestHeldBatchesFollowTheSnapshotInOrder(t *testing.T) {
 		t.Errorf("state while awaiting = %s, want recovering", s)
 	}
 	close(release)
-	testkit.WaitFor(t, "the stream to be exact", func() bool { s, _ := u.ix.State(unitAddr); return s == datalayer.StreamExact })
+	testkit.WaitFor(t, "the stream to be exact", func() error {
+		s, _ := u.ix.State(unitAddr)
+		if s != datalayer.StreamExact {
+			return fmt.Errorf("s is %v, want %v", s, datalayer.StreamExact)
+		}
+		return nil
+	})
 	if d := tape.diff(u.ix, tape.reference(39)); d != "" {
 		t.Fatal(d)
 	}
@@ -251,8 +257,11 @@ func TestHeldBatchesFollowTheSnapshotInOrder(t *testing.T) {
 	}
 	// The stream is marked exact inside the resync, and the resync counted
 	// as it ends, a moment later.
-	testkit.WaitFor(t, "the resync counted", func() bool {
-		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok") >= 1
+	testkit.WaitFor(t, "the resync counted", func() error {
+		if seen := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); seen < 1 {
+			return fmt.Errorf("testkit.Value(t, u.reg, \"kvroute_recovery_resyncs_total\", \"result\", \"ok\") is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got != 1 {
 		t.Errorf("resyncs ok = %v, want 1", got)
@@ -319,16 +328,22 @@ func TestFailedResyncsLeaveTheStreamUncertain(t *testing.T) {
 			u.rec.Uncertain(unitStream, events.ReasonReconnect)
 			// A few failures in a row leave the stream uncertain whatever
 			// their cause; most leave it so at once.
-			testkit.WaitFor(t, tt.result+" three times", func() bool {
-				return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", tt.result) >= 3
+			testkit.WaitFor(t, tt.result+" three times", func() error {
+				if seen := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", tt.result); seen < 3 {
+					return fmt.Errorf("testkit.Value(t, u.reg, \"kvroute_recovery_resyncs_total\", \"result\", tt.result) is %v, want >= %v", seen, 3)
+				}
+				return nil
 			})
 			// Waited for rather than read once: a failure is counted just
 			// before the state it leaves is set, and the next attempt may
 			// already be under way (an inexact snapshot is installed each
 			// time, and an install reads recovering while it runs).
-			testkit.WaitFor(t, "the stream uncertain", func() bool {
+			testkit.WaitFor(t, "the stream uncertain", func() error {
 				s, _ := u.ix.State(unitAddr)
-				return s == datalayer.StreamUncertain
+				if s != datalayer.StreamUncertain {
+					return fmt.Errorf("s is %v, want %v", s, datalayer.StreamUncertain)
+				}
+				return nil
 			})
 			if got := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "ok"); got != 0 {
 				t.Errorf("resyncs ok = %v, want 0", got)
@@ -373,7 +388,13 @@ func heldPastTheBound(t *testing.T, opts recovery.Options) {
 		t.Errorf("overflow = %v, want 1", got)
 	}
 	close(release)
-	testkit.WaitFor(t, "the stream to be exact", func() bool { s, _ := u.ix.State(unitAddr); return s == datalayer.StreamExact })
+	testkit.WaitFor(t, "the stream to be exact", func() error {
+		s, _ := u.ix.State(unitAddr)
+		if s != datalayer.StreamExact {
+			return fmt.Errorf("s is %v, want %v", s, datalayer.StreamExact)
+		}
+		return nil
+	})
 	if d := tape.diff(u.ix, tape.reference(19)); d != "" {
 		t.Fatal(d)
 	}
@@ -395,8 +416,11 @@ func TestARestartDuringAResyncAbandonsIt(t *testing.T) {
 	u.rec.Restart(unitStream)
 	u.rec.Apply(tape.origin("inst-b", 0), tape.batches[0])
 	close(release)
-	testkit.WaitFor(t, "the abandoned resync", func() bool {
-		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "aborted") == 1
+	testkit.WaitFor(t, "the abandoned resync", func() error {
+		if seen := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "aborted"); seen != 1 {
+			return fmt.Errorf("testkit.Value(t, u.reg, \"kvroute_recovery_resyncs_total\", \"result\", \"aborted\") is %v, want %v", seen, 1)
+		}
+		return nil
 	})
 	if d := tape.diff(u.ix, tape.reference(0)); d != "" {
 		t.Fatal(d)
@@ -416,7 +440,12 @@ func joinedAtSnapshot(t *testing.T) (*engineTape, *unit) {
 	})
 	u.run(t)
 	u.rec.AddEndpoint(unitAddr)
-	testkit.WaitFor(t, "the install", func() bool { return stateOf(u) == datalayer.StreamExact })
+	testkit.WaitFor(t, "the install", func() error {
+		if seen := stateOf(u); seen != datalayer.StreamExact {
+			return fmt.Errorf("stateOf(u) is %v, want %v", seen, datalayer.StreamExact)
+		}
+		return nil
+	})
 	return tape, u
 }
 
@@ -497,7 +526,13 @@ func TestAJoinRefusedByARelayWithNothingYetIsAskedAgain(t *testing.T) {
 	})
 	u.rec.AddEndpoint(unitAddr)
 	u.run(t)
-	testkit.WaitFor(t, "the stream to be exact", func() bool { s, _ := u.ix.State(unitAddr); return s == datalayer.StreamExact })
+	testkit.WaitFor(t, "the stream to be exact", func() error {
+		s, _ := u.ix.State(unitAddr)
+		if s != datalayer.StreamExact {
+			return fmt.Errorf("s is %v, want %v", s, datalayer.StreamExact)
+		}
+		return nil
+	})
 	if d := tape.diff(u.ix, tape.reference(11)); d != "" {
 		t.Fatal(d)
 	}

@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -119,8 +120,11 @@ func TestAuthorizationConfinesEachRelayToItsPodAndTheEPPStillWorks(t *testing.T)
 	if err := pub.Publish(events.Origin{Stream: events.Stream{Endpoint: stranger}, Pod: "vllm-0", Model: testModel, Seq: 0}, stored); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the non-member's batch to reach the index", func() bool {
-		return testkit.Value(t, st.reg, "kvroute_index_events_dropped_total", "reason", "unknown_endpoint") > 0
+	testkit.WaitFor(t, "the non-member's batch to reach the index", func() error {
+		if seen := testkit.Value(t, st.reg, "kvroute_index_events_dropped_total", "reason", "unknown_endpoint"); seen <= 0 {
+			return fmt.Errorf("testkit.Value(t, st.reg, \"kvroute_index_events_dropped_total\", \"reason\", \"unknown_endpoint\") is %v, want > %v", seen, 0)
+		}
+		return nil
 	})
 	if got := testkit.Value(t, st.reg, "kvroute_index_events_applied_total", "kind", "AllBlocksCleared"); got != 0 {
 		t.Fatalf("the refused AllBlocksCleared was applied %v times", got)

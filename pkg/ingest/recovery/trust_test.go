@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -29,10 +30,18 @@ func TestAPartialSnapshotSettlesTheStreamPartial(t *testing.T) {
 	u.rec.Apply(tape.origin("inst-a", 0), tape.batches[0])
 	u.run(t)
 	u.rec.Uncertain(unitStream, events.ReasonReconnect)
-	testkit.WaitFor(t, "the partial install", func() bool {
-		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "partial") == 1
+	testkit.WaitFor(t, "the partial install", func() error {
+		if seen := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "partial"); seen != 1 {
+			return fmt.Errorf("testkit.Value(t, u.reg, \"kvroute_recovery_resyncs_total\", \"result\", \"partial\") is %v, want %v", seen, 1)
+		}
+		return nil
 	})
-	testkit.WaitFor(t, "the resync to end", func() bool { return u.rec.Pending() == 0 })
+	testkit.WaitFor(t, "the resync to end", func() error {
+		if seen := u.rec.Pending(); seen != 0 {
+			return fmt.Errorf("u.rec.Pending() is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	if s := stateOf(u); s != datalayer.StreamPartial {
 		t.Fatalf("state = %s, want partial", s)
 	}
@@ -51,10 +60,18 @@ func TestALateJoinNobodyCanFillSettlesPartial(t *testing.T) {
 	if s := stateOf(u); s != datalayer.StreamPartial {
 		t.Fatalf("state after a late join = %s, want partial", s)
 	}
-	testkit.WaitFor(t, "the one attempt", func() bool {
-		return testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "no_responders") == 1
+	testkit.WaitFor(t, "the one attempt", func() error {
+		if seen := testkit.Value(t, u.reg, "kvroute_recovery_resyncs_total", "result", "no_responders"); seen != 1 {
+			return fmt.Errorf("testkit.Value(t, u.reg, \"kvroute_recovery_resyncs_total\", \"result\", \"no_responders\") is %v, want %v", seen, 1)
+		}
+		return nil
 	})
-	testkit.WaitFor(t, "nothing pending", func() bool { return u.rec.Pending() == 0 })
+	testkit.WaitFor(t, "nothing pending", func() error {
+		if seen := u.rec.Pending(); seen != 0 {
+			return fmt.Errorf("u.rec.Pending() is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	// A heartbeat of the stream asks again no more.
 	u.rec.Tail(tape.origin("inst-a", 5))
 	if n := u.rec.Pending(); n != 0 {
@@ -81,7 +98,12 @@ func TestAHeartbeatPastTheStreamHealsItsLostTail(t *testing.T) {
 	if s := stateOf(u); s != datalayer.StreamRecovering {
 		t.Fatalf("state after the heartbeat = %s, want recovering", s)
 	}
-	testkit.WaitFor(t, "the stream to be exact", func() bool { return stateOf(u) == datalayer.StreamExact })
+	testkit.WaitFor(t, "the stream to be exact", func() error {
+		if seen := stateOf(u); seen != datalayer.StreamExact {
+			return fmt.Errorf("stateOf(u) is %v, want %v", seen, datalayer.StreamExact)
+		}
+		return nil
+	})
 	if d := tape.diff(u.ix, tape.reference(11)); d != "" {
 		t.Fatal(d)
 	}
@@ -119,7 +141,12 @@ func TestDistrustMarksTheEndpointUncertainAndResyncsIt(t *testing.T) {
 	}
 	<-resp.requests
 	close(release)
-	testkit.WaitFor(t, "the stream to be exact again", func() bool { return stateOf(u) == datalayer.StreamExact })
+	testkit.WaitFor(t, "the stream to be exact again", func() error {
+		if seen := stateOf(u); seen != datalayer.StreamExact {
+			return fmt.Errorf("stateOf(u) is %v, want %v", seen, datalayer.StreamExact)
+		}
+		return nil
+	})
 	if got := testkit.Value(t, u.reg, "kvroute_recovery_distrusted_total"); got != 1 {
 		t.Errorf("distrusted = %v, want 1", got)
 	}

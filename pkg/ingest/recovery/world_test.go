@@ -2,6 +2,7 @@ package recovery_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -19,12 +20,12 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/ingest/consumer"
 	"github.com/kvroute/kvroute/pkg/ingest/recovery"
 	"github.com/kvroute/kvroute/pkg/ingest/relay"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
-	"github.com/kvroute/kvroute/pkg/harness/chaos"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
@@ -154,7 +155,12 @@ func newWorld(t testing.TB, o worldOptions) *world {
 		// The engine's PUB drops what it publishes before the relay's
 		// subscription reaches it: a relay that missed the first batches
 		// would start partial without a replay ring, on a busy machine.
-		testkit.WaitFor(t, "the engine to see its relay's subscription", s.eng.ZMQSubscribed)
+		testkit.WaitFor(t, "the engine to see its relay's subscription", func() error {
+			if !s.eng.ZMQSubscribed() {
+				return errors.New("s.eng.ZMQSubscribed() is false")
+			}
+			return nil
+		})
 		t.Cleanup(func() {
 			w.stopRelay(s)
 			_ = s.eng.Close()
@@ -251,7 +257,12 @@ func (w *world) startRelay(s *slot) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.relayCancel, s.relayNC, s.relayDone = cancel, nc, make(chan error, 1)
 	go func() { s.relayDone <- r.Run(ctx) }()
-	testkit.WaitFor(w.t, "the relay to be ready", r.Ready)
+	testkit.WaitFor(w.t, "the relay to be ready", func() error {
+		if !r.Ready() {
+			return errors.New("r.Ready() is false")
+		}
+		return nil
+	})
 }
 
 func (w *world) stopRelay(s *slot) {
@@ -272,9 +283,19 @@ func (w *world) restartRelay(s *slot) {
 	// has subscribed, as vLLM's does: a test that serves right after the
 	// restart would lose its first batches on a busy machine, unless it
 	// waits for the old subscription to go and the new one to arrive.
-	testkit.WaitFor(w.t, "the engine to drop the stopped relay's subscription", func() bool { return !s.eng.ZMQSubscribed() })
+	testkit.WaitFor(w.t, "the engine to drop the stopped relay's subscription", func() error {
+		if s.eng.ZMQSubscribed() {
+			return errors.New("s.eng.ZMQSubscribed() is still true")
+		}
+		return nil
+	})
 	w.startRelay(s)
-	testkit.WaitFor(w.t, "the engine to see the new relay's subscription", s.eng.ZMQSubscribed)
+	testkit.WaitFor(w.t, "the engine to see the new relay's subscription", func() error {
+		if !s.eng.ZMQSubscribed() {
+			return errors.New("s.eng.ZMQSubscribed() is false")
+		}
+		return nil
+	})
 }
 
 // serve runs n requests, each a random prompt on a random engine, with a
@@ -404,7 +425,12 @@ func (w *world) newStack(o stackOptions) *stack {
 		defer st.done.Done()
 		_ = st.rec.Run(ctx)
 	}()
-	testkit.WaitFor(w.t, "the consumer to connect", st.consumer.Connected)
+	testkit.WaitFor(w.t, "the consumer to connect", func() error {
+		if !st.consumer.Connected() {
+			return errors.New("st.consumer.Connected() is false")
+		}
+		return nil
+	})
 	w.t.Cleanup(st.stop)
 	return st
 }

@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -146,8 +148,11 @@ func newEngine(t testing.TB, ctx context.Context) *engine {
 // publisher, before which a PUB drops everything.
 func (e *engine) waitSubscribed(t testing.TB) {
 	t.Helper()
-	testkit.WaitFor(t, "a subscriber to reach the engine's publisher", func() bool {
-		return len(e.pub.(zmq4.Topics).Topics()) > 0
+	testkit.WaitFor(t, "a subscriber to reach the engine's publisher", func() error {
+		if seen := len(e.pub.(zmq4.Topics).Topics()); seen <= 0 {
+			return fmt.Errorf("len(e.pub.(zmq4.Topics).Topics()) is %v, want > %v", seen, 0)
+		}
+		return nil
 	})
 }
 
@@ -328,7 +333,12 @@ func startRelay(t testing.TB, cfg Config, natsURL string) *testRelay {
 	t.Cleanup(stop)
 	tr := &testRelay{Relay: r, reg: reg, stop: stop}
 	if !cfg.Connect {
-		testkit.WaitFor(t, "the ZeroMQ socket to bind", func() bool { return r.ZMQAddr() != nil })
+		testkit.WaitFor(t, "the ZeroMQ socket to bind", func() error {
+			if r.ZMQAddr() == nil {
+				return errors.New("no ZeroMQ address yet")
+			}
+			return nil
+		})
 	}
 	return tr
 }

@@ -117,5 +117,10 @@ func TestRelaySurvivesAPeerAnnouncingAHugeFrame(t *testing.T) {
 			break // the relay hung up, and is still running
 		}
 	}
-	testkit.WaitFor(t, "the relay to stay ready", r.Ready)
+	testkit.WaitFor(t, "the relay to stay ready", func() error {
+		if !r.Ready() {
+			return errors.New("r.Ready() is false")
+		}
+		return nil
+	})
 }

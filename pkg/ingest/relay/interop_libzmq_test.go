@@ -5,6 +5,7 @@ package relay
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -65,7 +66,12 @@ func TestRelayTakesBatchesFromLibzmq(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			testkit.WaitFor(t, "the relay's socket", r.Ready)
+			testkit.WaitFor(t, "the relay's socket", func() error {
+				if !r.Ready() {
+					return errors.New("r.Ready() is false")
+				}
+				return nil
+			})
 			if err := pub.SetRcvtimeo(testkit.WaitLimit); err != nil {
 				t.Fatal(err)
 			}

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -57,7 +59,12 @@ func TestRelayCarriesBatchesUnchangedInOrder(t *testing.T) {
 				eng.send(t, seq, payloads[seq], true)
 			}
 			checkRelayed(t, col.wait(t, 50), payloads, seqRange(0, 50))
-			testkit.WaitFor(t, "the readiness", r.Ready)
+			testkit.WaitFor(t, "the readiness", func() error {
+				if !r.Ready() {
+					return errors.New("r.Ready() is false")
+				}
+				return nil
+			})
 			if got := value(r.m.batchesOut); got != 50 {
 				t.Fatalf("batches_out_total %v, want 50", got)
 			}
@@ -200,7 +207,12 @@ func relayWhoseEngineLeft(t *testing.T, ctx context.Context, replay bool, bm *ba
 	}
 	l.col.wait(t, 5)
 	l.eng.pub.Close()
-	testkit.WaitFor(t, "the relay to notice the engine left", func() bool { return !l.r.Ready() })
+	testkit.WaitFor(t, "the relay to notice the engine left", func() error {
+		if l.r.Ready() {
+			return errors.New("l.r.Ready() is still true")
+		}
+		return nil
+	})
 	return l
 }
 
@@ -444,7 +456,12 @@ func TestRelayBuffersWhileNATSIsDownAndFlushesInOrder(t *testing.T) {
 	}
 
 	ns.Shutdown()
-	testkit.WaitFor(t, "the relay to see NATS go", func() bool { return value(r.m.natsConnected) == 0 })
+	testkit.WaitFor(t, "the relay to see NATS go", func() error {
+		if seen := value(r.m.natsConnected); seen != 0 {
+			return fmt.Errorf("value(r.m.natsConnected) is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	if code := get(t, health.URL+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz %d while NATS is down", code)
 	}
@@ -452,11 +469,24 @@ func TestRelayBuffersWhileNATSIsDownAndFlushesInOrder(t *testing.T) {
 		payloads[seq] = bm.payload(t)
 		eng.send(t, seq, payloads[seq], true)
 	}
-	testkit.WaitFor(t, "20 batches in the buffer", func() bool { return value(r.m.bufferBatches) == 20 })
+	testkit.WaitFor(t, "20 batches in the buffer", func() error {
+		if seen := value(r.m.bufferBatches); seen != 20 {
+			return fmt.Errorf("value(r.m.bufferBatches) is %v, want %v", seen, 20)
+		}
+		return nil
+	})
 
 	ns = jetStreamNATS(t, port, dir)
 	defer ns.Shutdown()
-	testkit.WaitFor(t, "the buffer to drain", func() bool { return value(r.m.bufferBatches) == 0 && value(r.m.batchesOut) == 30 })
+	testkit.WaitFor(t, "the buffer to drain", func() error {
+		if seen := value(r.m.bufferBatches); seen != 0 {
+			return fmt.Errorf("value(r.m.bufferBatches) is %v, want %v", seen, 0)
+		}
+		if seen := value(r.m.batchesOut); seen != 30 {
+			return fmt.Errorf("value(r.m.batchesOut) is %v, want %v", seen, 30)
+		}
+		return nil
+	})
 	checkRelayed(t, streamed(t, ns.ClientURL(), 30), payloads, seqRange(0, 30))
 	if got := value(r.m.dropped.WithLabelValues(dropBufferFull)); got != 0 {
 		t.Fatalf("dropped %v batches with room to spare", got)
@@ -489,11 +519,22 @@ func TestRelayDropsTheOldestBatchesWhenTheBufferIsFull(t *testing.T) {
 		payloads[seq] = bm.payload(t)
 		eng.send(t, seq, payloads[seq], true)
 	}
-	testkit.WaitFor(t, "20 batches in", func() bool { return value(r.m.batchesIn) == 20 })
+	testkit.WaitFor(t, "20 batches in", func() error {
+		if seen := value(r.m.batchesIn); seen != 20 {
+			return fmt.Errorf("value(r.m.batchesIn) is %v, want %v", seen, 20)
+		}
+		return nil
+	})
 	// The sender takes the oldest batch out to try it and puts it back when
 	// NATS is away, so the depth is read once that settles.
-	testkit.WaitFor(t, "5 batches buffered, 15 dropped", func() bool {
-		return value(r.m.bufferBatches) == 5 && value(r.m.dropped.WithLabelValues(dropBufferFull)) == 15
+	testkit.WaitFor(t, "5 batches buffered, 15 dropped", func() error {
+		if seen := value(r.m.bufferBatches); seen != 5 {
+			return fmt.Errorf("value(r.m.bufferBatches) is %v, want %v", seen, 5)
+		}
+		if seen := value(r.m.dropped.WithLabelValues(dropBufferFull)); seen != 15 {
+			return fmt.Errorf("value(r.m.dropped.WithLabelValues(dropBufferFull)) is %v, want %v", seen, 15)
+		}
+		return nil
 	})
 	ns := jetStreamNATS(t, port, dir)
 	defer ns.Shutdown()
@@ -524,7 +565,12 @@ func TestRelayAnswersSnapshotRequestsWithTheMirror(t *testing.T) {
 		ref.apply(b, 16)
 		eng.send(t, seq, data, true)
 	}
-	testkit.WaitFor(t, "40 batches in", func() bool { return value(r.m.batchesIn) == 40 })
+	testkit.WaitFor(t, "40 batches in", func() error {
+		if seen := value(r.m.batchesIn); seen != 40 {
+			return fmt.Errorf("value(r.m.batchesIn) is %v, want %v", seen, 40)
+		}
+		return nil
+	})
 
 	chunks := requestSnapshot(t, ns.ClientURL())
 	if len(chunks) < 2 {
@@ -591,7 +637,12 @@ func TestRelayCountsWhatItCannotDecodeAndForwardsIt(t *testing.T) {
 	if err := eng.pub.SendMulti(zmqMsg([]byte(testTopic), []byte{1, 2, 3}, []byte("x"))); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the malformed message", func() bool { return value(r.m.dropped.WithLabelValues(dropMalformedFrame)) == 1 })
+	testkit.WaitFor(t, "the malformed message", func() error {
+		if seen := value(r.m.dropped.WithLabelValues(dropMalformedFrame)); seen != 1 {
+			return fmt.Errorf("value(r.m.dropped.WithLabelValues(dropMalformedFrame)) is %v, want %v", seen, 1)
+		}
+		return nil
+	})
 	checkRelayed(t, col.wait(t, 3), payloads, seqRange(0, 3))
 	if got := value(r.m.decodeErrors); got != 1 {
 		t.Fatalf("decode_errors_total %v, want 1", got)
@@ -620,7 +671,12 @@ func TestRelayStopsEveryGoroutineItStarted(t *testing.T) {
 	for _, seq := range []uint64{0, 1, 5, 6} {
 		eng.send(t, seq, bm.payload(t), true)
 	}
-	testkit.WaitFor(t, "the gap to be handled", func() bool { return value(r.m.batchesOut) >= 4 })
+	testkit.WaitFor(t, "the gap to be handled", func() error {
+		if seen := value(r.m.batchesOut); seen < 4 {
+			return fmt.Errorf("value(r.m.batchesOut) is %v, want >= %v", seen, 4)
+		}
+		return nil
+	})
 	requestSnapshot(t, ns.ClientURL())
 	r.stop()
 	cancel()

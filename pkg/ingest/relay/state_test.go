@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -36,7 +38,13 @@ func newTestStore(t testing.TB, dir string, m *metrics) *stateStore {
 // waitWritten waits for the store's background checkpoint.
 func waitWritten(t testing.TB, s *stateStore) {
 	t.Helper()
-	testkit.WaitFor(t, "the checkpoint to be written", func() bool { s.poll(); return s.writing == nil })
+	testkit.WaitFor(t, "the checkpoint to be written", func() error {
+		s.poll()
+		if s.writing != nil {
+			return errors.New("still writing")
+		}
+		return nil
+	})
 }
 
 func TestSavedStateRebuildsTheMirrorAsItStood(t *testing.T) {
@@ -303,9 +311,18 @@ func TestARestartedRelayKeepsItsEngine(t *testing.T) {
 				ref.apply(b, 16)
 				eng.send(t, seq, data, true)
 			}
-			testkit.WaitFor(t, "the new batches to be relayed", func() bool {
+			testkit.WaitFor(t, "the new batches to be relayed", func() error {
 				p := second.Mirror().Position()
-				return p.Valid && p.Seq == tt.next+2 && value(second.m.batchesOut) > 0
+				if !(p.Valid) {
+					return errors.New("p.Valid is false")
+				}
+				if p.Seq != tt.next+2 {
+					return fmt.Errorf("p.Seq is %v, want %v", p.Seq, tt.next+2)
+				}
+				if seen := value(second.m.batchesOut); seen <= 0 {
+					return fmt.Errorf("value(second.m.batchesOut) is %v, want > %v", seen, 0)
+				}
+				return nil
 			})
 			msgs := col.wait(t, 11)
 			last, _ := events.ParseOrigin(msgs[len(msgs)-1].Header)
@@ -339,16 +356,16 @@ func TestRelayHeartbeatsItsLastBatch(t *testing.T) {
 		eng.send(t, seq, bm.payload(t), true)
 	}
 	col.wait(t, 5)
-	testkit.WaitFor(t, "a heartbeat naming seq 4", func() bool {
+	testkit.WaitFor(t, "a heartbeat naming seq 4", func() error {
 		col.mu.Lock()
 		defer col.mu.Unlock()
 		for _, m := range col.beats {
 			if o, err := events.ParseOrigin(m.Header); err == nil && o.Seq == 4 && len(m.Data) == 0 &&
 				m.Subject == events.Subject(testNamespace, testPool, testPod) {
-				return true
+				return nil
 			}
 		}
-		return false
+		return fmt.Errorf("%d heartbeats, none naming seq 4 on the pod's subject", len(col.beats))
 	})
 }
 
@@ -363,7 +380,12 @@ func TestARelayThatJoinsARunningEngineServesPartialSnapshots(t *testing.T) {
 	for seq := uint64(1); seq < 6; seq++ {
 		eng.send(t, seq, bm.payload(t), true)
 	}
-	testkit.WaitFor(t, "5 batches in", func() bool { return value(r.m.batchesIn) == 5 })
+	testkit.WaitFor(t, "5 batches in", func() error {
+		if seen := value(r.m.batchesIn); seen != 5 {
+			return fmt.Errorf("value(r.m.batchesIn) is %v, want %v", seen, 5)
+		}
+		return nil
+	})
 	chunks := requestSnapshot(t, ns.ClientURL())
 	if got := chunks[0].Header.Get(events.HeaderSnapshotState); got != events.SnapshotPartial {
 		t.Fatalf("snapshot state %q, want partial", got)

@@ -182,10 +182,13 @@ func TestTrainingSamplesAreBatchedToTheSidecar(t *testing.T) {
 		observe(i)
 	}
 	// The third filled a batch: it is sent without waiting for the tick.
-	testkit.WaitFor(t, "a full batch to reach the sidecar", func() bool {
+	testkit.WaitFor(t, "a full batch to reach the sidecar", func() error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		return len(f.entries) == 3
+		if seen := len(f.entries); seen != 3 {
+			return fmt.Errorf("len(f.entries) is %v, want %v", seen, 3)
+		}
+		return nil
 	})
 	observe(3)
 	cancel() // the fourth goes with the last flush

@@ -21,7 +21,7 @@ func (d *Director) PickAny(_ context.Context, in *Input) (*Pick, error) {
 	if req.ID == "" {
 		req.ID = uuid.NewString()
 	}
-	cands := d.o.Datastore.Candidates(subsetFilter(in.Subset))
+	cands := d.o.Datastore.CandidatesInto(nil, subsetFilter(in.Subset))
 	if len(cands) == 0 {
 		d.o.Metrics.errors.WithLabelValues("", "", "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("no ready endpoint%s", subsetNote(in.Subset))}

@@ -133,12 +133,72 @@ func (p *Pick) HeldAfterResponse() bool { return p.held }
 // upstream's 400ms.
 const DefaultPrepareDataTimeout = 400 * time.Millisecond
 
-// Options wire a Director.
+// Datastore is where the director finds a request's candidates and the
+// models the pool serves; *datalayer.Datastore is one.
+type Datastore interface {
+	// CandidatesInto snapshots the endpoints filter accepts (all of them
+	// when filter is nil) as a request's candidates, made in set's memory
+	// (new memory when set is nil).
+	CandidatesInto(set *datalayer.CandidateSet, filter func(*datalayer.Endpoint) bool) []*datalayer.Candidate
+	// Endpoints are the endpoints in name order, read only: the director
+	// searches them for a request's model on every request, so the slice
+	// is shared, not copied.
+	Endpoints() []*datalayer.Endpoint
+	// Metrics are the last scraped metrics of the endpoint named name.
+	Metrics(name string) (datalayer.Metrics, bool)
+}
+
+// PrepareData runs the PrepareData producers over a request's candidates,
+// within a timeout; *prepare.Graph is one.
+type PrepareData interface {
+	Run(ctx context.Context, timeout time.Duration, req *request.Request, cands []*datalayer.Candidate) error
+	// AllInline reports whether every producer runs on Run's goroutine:
+	// if one does not, it may use the request after its response.
+	AllInline() bool
+}
+
+// Scheduler picks a request's endpoints from its candidates;
+// *scheduling.Scheduler is one. Its errors wrap scheduling.ErrNoCandidates
+// (503) or scheduling.ErrShed (429) where those apply.
+type Scheduler interface {
+	Schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, error)
+}
+
+// InFlight is the in-flight accounting every pick enters on its primary
+// endpoint and leaves with its response; *datalayer.Datastore keeps it.
+type InFlight interface {
+	// DispatchInto accounts a request in d (new, its zero value) as sent
+	// at at to the endpoint named name; false, d unused, when that
+	// endpoint has left.
+	DispatchInto(d *datalayer.Dispatch, name string, at time.Time, prefillTokens, promptTokens, outputs int) bool
+}
+
+// Outliers is outlier detection, told each response's outcome;
+// *datalayer.Datastore is one.
+type Outliers interface {
+	ReportOutcome(addr string, o datalayer.Outcome)
+	// OutlierDetection is the configuration in force; false when off.
+	OutlierDetection() (datalayer.OutlierDetection, bool)
+}
+
+var (
+	_ Outliers    = (*datalayer.Datastore)(nil)
+	_ Datastore   = (*datalayer.Datastore)(nil)
+	_ InFlight    = (*datalayer.Datastore)(nil)
+	_ PrepareData = (*prepare.Graph)(nil)
+	_ Scheduler   = (*scheduling.Scheduler)(nil)
+)
+
+// Options wire a Director. Datastore, Scheduler and InFlight are required.
 type Options struct {
-	Datastore *datalayer.Datastore
-	// Graph runs the PrepareData producers; nil runs none.
-	Graph     *prepare.Graph
-	Scheduler *scheduling.Scheduler
+	Datastore Datastore
+	// PrepareData runs the PrepareData producers; nil runs none.
+	PrepareData PrepareData
+	Scheduler   Scheduler
+	// InFlight accounts each pick until its response ends, for the
+	// scorers and the latency predictor, which read it back through the
+	// candidates.
+	InFlight InFlight
 	// Tokenizer finds token ids for requests that carry none; nil means
 	// such requests are matched approximately.
 	Tokenizer tokenize.Tokenizer
@@ -161,6 +221,9 @@ type Options struct {
 	// PluginObservers are the scheduling plugins that learn from every
 	// routed request's response once it ended (the latency predictor).
 	PluginObservers []plugin.ResponseObserver
+	// Outliers hears each response's outcome and ejects the endpoints
+	// that keep failing; nil tells no one.
+	Outliers Outliers
 	// Now is the clock requests are timed by; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -173,6 +236,34 @@ type ResponseObserver interface {
 	ObserveResponse(p *Pick, s Served)
 }
 
+// Handler is the request path as its front ends drive it: the ext_proc
+// server and the standalone proxy with a request's body (HandleRequest,
+// PickAny), the load generator's virtual time with a request already parsed
+// (Route); then each through the response's first byte, its progress and
+// its end. *Director is one; a front end depends on this, not on it.
+type Handler interface {
+	// HandleRequest decides where a request goes; its errors are *Error.
+	HandleRequest(ctx context.Context, in *Input) (*Pick, error)
+	// Route schedules a request that is already parsed.
+	Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error)
+	// PickAny routes a request without a body.
+	PickAny(ctx context.Context, in *Input) (*Pick, error)
+	// HandleHeaders notes the response's status.
+	HandleHeaders(p *Pick, status int)
+	// HandleUnreachable notes that a picked endpoint refused the
+	// connection, and the next target was tried.
+	HandleUnreachable(p *Pick, addr string)
+	// HandleFirstByte notes the response's first body bytes.
+	HandleFirstByte(p *Pick)
+	// HandleProgress notes how many output tokens a streamed response has
+	// carried so far.
+	HandleProgress(p *Pick, tokens int)
+	// HandleResponse accounts for the response's end, once per pick.
+	HandleResponse(p *Pick, s Served)
+}
+
+var _ Handler = (*Director)(nil)
+
 // Director runs the request path. It is safe for concurrent use.
 type Director struct {
 	o Options
@@ -180,8 +271,8 @@ type Director struct {
 
 // New returns a director.
 func New(o Options) (*Director, error) {
-	if o.Datastore == nil || o.Scheduler == nil {
-		return nil, errors.New("director needs a datastore and a scheduler")
+	if o.Datastore == nil || o.Scheduler == nil || o.InFlight == nil {
+		return nil, errors.New("director needs a datastore, a scheduler and in-flight accounting")
 	}
 	if o.PrepareDataTimeout <= 0 {
 		o.PrepareDataTimeout = DefaultPrepareDataTimeout
@@ -267,8 +358,8 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("no ready endpoint%s", subsetNote(subset))}
 	}
-	if d.o.Graph != nil {
-		if err := d.o.Graph.Run(ctx, d.o.PrepareDataTimeout, req, cands); err != nil {
+	if d.o.PrepareData != nil {
+		if err := d.o.PrepareData.Run(ctx, d.o.PrepareDataTimeout, req, cands); err != nil {
 			// Producers' failures are logged by the graph; the request is
 			// still scheduled on whatever data did arrive.
 			d.o.Metrics.prepareFailures.Inc()
@@ -287,7 +378,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
 	}
 	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels,
-		held: d.o.Graph != nil && !d.o.Graph.AllInline()}
+		held: d.o.PrepareData != nil && !d.o.PrepareData.AllInline()}
 	if t := res.Targets(); len(t) == 1 {
 		p.target[0] = t[0].Address
 		p.Targets = p.target[:]
@@ -334,7 +425,7 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
-	if !d.o.Datastore.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt, req.MaxTokens) {
+	if !d.o.InFlight.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt, req.MaxTokens) {
 		return false
 	}
 	if lat, ok := datalayer.LatencyPredictionOf(c); ok {
@@ -427,7 +518,9 @@ func (d *Director) HandleHeaders(p *Pick, status int) {
 // the connection before the request could reach it, and the next target
 // was tried: a failure of addr's, as outlier detection counts them.
 func (d *Director) HandleUnreachable(p *Pick, addr string) {
-	d.o.Datastore.ReportOutcome(addr, datalayer.OutcomeConnect)
+	if d.o.Outliers != nil {
+		d.o.Outliers.ReportOutcome(addr, datalayer.OutcomeConnect)
+	}
 }
 
 // HandleFirstByte notes that the pick's response has begun: its endpoint
@@ -462,8 +555,8 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 		p.dispatch.DoneAt(s.End)
 	}
 	d.o.Metrics.observeResponse(p, s)
-	if outcome != datalayer.OutcomeNone {
-		d.o.Datastore.ReportOutcome(servedBy(p, s), outcome)
+	if outcome != datalayer.OutcomeNone && d.o.Outliers != nil {
+		d.o.Outliers.ReportOutcome(servedBy(p, s), outcome)
 	}
 	for _, o := range d.o.Observers {
 		o.ObserveResponse(p, s)
@@ -503,17 +596,16 @@ type knownModel struct {
 
 // known looks model up among the endpoints and their scraped metrics.
 func (d *Director) known(model string) knownModel {
-	empty := true
-	for ep := range d.o.Datastore.All() {
+	eps := d.o.Datastore.Endpoints()
+	if len(eps) == 0 {
+		return knownModel{base: true}
+	}
+	for _, ep := range eps {
 		if ep.Model == model || ep.Model == "" {
 			return knownModel{base: true}
 		}
-		empty = false
 	}
-	if empty {
-		return knownModel{base: true}
-	}
-	for ep := range d.o.Datastore.All() {
+	for _, ep := range eps {
 		if m, ok := d.o.Datastore.Metrics(ep.Name); ok && (slices.Contains(m.ActiveLoRAs, model) || slices.Contains(m.WaitingLoRAs, model)) {
 			return knownModel{adapter: true}
 		}
@@ -529,7 +621,7 @@ const labelOther = "other"
 // serves it or reports it as an adapter, else labelOther. A label value
 // is a series for good, and a model name is the client's text.
 func (d *Director) modelLabel(model string) string {
-	for ep := range d.o.Datastore.All() {
+	for _, ep := range d.o.Datastore.Endpoints() {
 		if ep.Model == model {
 			return model
 		}

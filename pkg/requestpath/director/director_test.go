@@ -3,6 +3,7 @@ package director_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
 // recorder is a ResponseObserver that keeps what it heard.
@@ -62,7 +64,7 @@ func newDirector(t *testing.T, objs *datalayer.Objectives, obs ...plugin.Respons
 	}
 	sched := randomScheduler(t)
 	now := time.Unix(1000, 0)
-	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, Objectives: objs, PluginObservers: obs,
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, InFlight: ds, Outliers: ds, Objectives: objs, PluginObservers: obs,
 		Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +247,7 @@ func TestAPickSaysWhetherItsRequestCanOutliveItsResponse(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), Graph: g})
+			d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds, PrepareData: g})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -271,5 +273,92 @@ func TestAPickSaysWhetherItsRequestCanOutliveItsResponse(t *testing.T) {
 				d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200})
 			}
 		})
+	}
+}
+
+// lastPicker is a scheduler of the test's own: it picks the last
+// candidate, or fails with err.
+type lastPicker struct{ err error }
+
+func (s lastPicker) Schedule(_ context.Context, _ *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	var picked []*datalayer.Candidate
+	if len(cands) > 0 && cands[0].Endpoint.Model != "nobody" {
+		picked = cands[len(cands)-1:]
+	}
+	return &framework.Result{PrimaryProfile: "p", Profiles: map[string]*framework.ProfileResult{"p": {Picked: picked}}}, nil
+}
+
+func TestADirectorAssembledFromOtherPartsAnswersAsItsSchedulerSays(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		sched  lastPicker
+		model  string
+		status int
+	}{
+		{"its pick is the request's target", lastPicker{}, "m", 0},
+		{"a shed request is refused with 429", lastPicker{fmt.Errorf("admitter: %w", scheduling.ErrShed)}, "m", http.StatusTooManyRequests},
+		{"no candidate left is 503", lastPicker{fmt.Errorf("filters: %w", scheduling.ErrNoCandidates)}, "m", http.StatusServiceUnavailable},
+		{"another failure is 500", lastPicker{errors.New("broken")}, "m", http.StatusInternalServerError},
+		{"a result that picks nobody is 503", lastPicker{}, "nobody", http.StatusServiceUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ds := datalayer.NewDatastore(nil)
+			ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: tt.model})
+			ds.Upsert(&datalayer.Endpoint{Name: "b", Address: "10.0.0.2:8000", Model: tt.model})
+			d, err := director.New(director.Options{Datastore: ds, Scheduler: tt.sched, InFlight: ds})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := d.HandleRequest(context.Background(), &director.Input{
+				Path: "/v1/completions", Body: []byte(`{"model":"` + tt.model + `","prompt":[1,2,3,4]}`),
+			})
+			if tt.status != 0 {
+				if got := director.StatusOf(err); got != tt.status {
+					t.Fatalf("err = %v (status %d), want status %d", err, got, tt.status)
+				}
+				for _, n := range []string{"a", "b"} {
+					if got := inFlightNow(ds.InFlight(n)); got != (datalayer.InFlight{}) {
+						t.Errorf("%s: %+v in flight after a refusal", n, got)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p.Targets) != 1 || p.Targets[0] != "10.0.0.2:8000" {
+				t.Errorf("targets %v, want the scheduler's pick, 10.0.0.2:8000", p.Targets)
+			}
+			if got := inFlightNow(ds.InFlight("b")); got.Prefilling != 1 || got.PrefillTokens != 4 {
+				t.Errorf("b's in-flight work %+v, want the request's 4 tokens prefilling", got)
+			}
+			d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200})
+			if got := inFlightNow(ds.InFlight("b")); got != (datalayer.InFlight{}) {
+				t.Errorf("after the response: %+v in flight", got)
+			}
+		})
+	}
+}
+
+func TestADirectorNeedsEachOfItsRequiredParts(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	for _, tt := range []struct {
+		name string
+		o    director.Options
+	}{
+		{"no datastore", director.Options{Scheduler: lastPicker{}, InFlight: ds}},
+		{"no scheduler", director.Options{Datastore: ds, InFlight: ds}},
+		{"no in-flight accounting", director.Options{Datastore: ds, Scheduler: lastPicker{}}},
+	} {
+		if _, err := director.New(tt.o); err == nil {
+			t.Errorf("%s: New succeeded", tt.name)
+		}
 	}
 }

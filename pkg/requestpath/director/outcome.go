@@ -41,7 +41,10 @@ func (d *Director) Outcome(p *Pick, s Served) datalayer.Outcome {
 
 // tooFast is Outcome's implausibility test.
 func (d *Director) tooFast(p *Pick, s Served) bool {
-	od, ok := d.o.Datastore.OutlierDetection()
+	if d.o.Outliers == nil {
+		return false
+	}
+	od, ok := d.o.Outliers.OutlierDetection()
 	if !ok || p.Request == nil || p.Start.IsZero() {
 		return false
 	}

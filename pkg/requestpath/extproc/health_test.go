@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -39,7 +40,7 @@ func plainDirector(t testing.TB, n int) *director.Director {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched})
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, InFlight: ds})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,13 +77,21 @@ func TestHealthFollowsReadiness(t *testing.T) {
 		}
 	}
 	ready.Store(true)
-	testkit.WaitFor(t, "readiness to be noticed", func() bool {
-		return check(hconn, extproc.HealthReadiness) == healthpb.HealthCheckResponse_SERVING &&
-			check(c.Conn(), extproc.HealthExtProc) == healthpb.HealthCheckResponse_SERVING
+	testkit.WaitFor(t, "readiness to be noticed", func() error {
+		if seen := check(hconn, extproc.HealthReadiness); seen != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("check(hconn, extproc.HealthReadiness) is %v, want %v", seen, healthpb.HealthCheckResponse_SERVING)
+		}
+		if seen := check(c.Conn(), extproc.HealthExtProc); seen != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("check(c.Conn(), extproc.HealthExtProc) is %v, want %v", seen, healthpb.HealthCheckResponse_SERVING)
+		}
+		return nil
 	})
 	ready.Store(false)
-	testkit.WaitFor(t, "unreadiness to be noticed", func() bool {
-		return check(hconn, extproc.HealthExtProc) == healthpb.HealthCheckResponse_NOT_SERVING
+	testkit.WaitFor(t, "unreadiness to be noticed", func() error {
+		if seen := check(hconn, extproc.HealthExtProc); seen != healthpb.HealthCheckResponse_NOT_SERVING {
+			return fmt.Errorf("check(hconn, extproc.HealthExtProc) is %v, want %v", seen, healthpb.HealthCheckResponse_NOT_SERVING)
+		}
+		return nil
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -91,9 +92,15 @@ func TestMutualTLSAdmitsOnlyTheGatewaysTheClientCASigned(t *testing.T) {
 	// The CA rotates: the rogue CA's clients are now the gateways, and the
 	// old ones are refused.
 	writeAtomically(t, caFile, rogueCA.PEM)
-	testkit.WaitFor(t, "the new client CA to be in use", func() bool {
+	testkit.WaitFor(t, "the new client CA to be in use", func() error {
 		res, err := ask(&tls.Config{Certificates: []tls.Certificate{rogueCA.Pair(t, "gateway-2", x509.ExtKeyUsageClientAuth)}})
-		return err == nil && res.Destination != ""
+		if err != nil {
+			return err
+		}
+		if res.Destination == "" {
+			return fmt.Errorf("res.Destination is %v, want != %v", res.Destination, "")
+		}
+		return nil
 	})
 	res, err = ask(&tls.Config{Certificates: []tls.Certificate{gatewayCA.Pair(t, "gateway", x509.ExtKeyUsageClientAuth)}})
 	refused(t, "a gateway of the rotated-out CA", res, err)
@@ -106,19 +113,28 @@ func TestMutualTLSAdmitsOnlyTheGatewaysTheClientCASigned(t *testing.T) {
 	writeAtomically(t, certFile, c)
 	roots = x509.NewCertPool()
 	roots.AppendCertsFromPEM(newServerCA.PEM)
-	testkit.WaitFor(t, "the new key pair to be in use", func() bool {
+	testkit.WaitFor(t, "the new key pair to be in use", func() error {
 		res, err := ask(&tls.Config{Certificates: []tls.Certificate{rogueCA.Pair(t, "gateway-2", x509.ExtKeyUsageClientAuth)}})
-		return err == nil && res.Destination != ""
+		if err != nil {
+			return err
+		}
+		if res.Destination == "" {
+			return fmt.Errorf("res.Destination is %v, want != %v", res.Destination, "")
+		}
+		return nil
 	})
 	// A half-written rotation (a key that does not match) keeps the last
 	// good pair.
 	writeAtomically(t, keyFile, []byte("not a key"))
-	testkit.WaitFor(t, "the broken files to be noticed", func() bool {
+	testkit.WaitFor(t, "the broken files to be noticed", func() error {
 		res, err := ask(&tls.Config{Certificates: []tls.Certificate{rogueCA.Pair(t, "gateway-2", x509.ExtKeyUsageClientAuth)}})
 		if err != nil || res.Destination == "" {
 			t.Fatalf("a broken key file took the server down: %v", err)
 		}
-		return testkit.Value(t, reg, "kvroute_extproc_tls_reloads_total", "result", "error") >= 1
+		if seen := testkit.Value(t, reg, "kvroute_extproc_tls_reloads_total", "result", "error"); seen < 1 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_extproc_tls_reloads_total\", \"result\", \"error\") is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	if _, err := extproc.New(f.Director, extproc.Options{Addr: "127.0.0.1:0", Plaintext: true, ClientCAFile: caFile}); err == nil {
 		t.Error("plaintext with a client CA was accepted")

@@ -60,23 +60,6 @@ const (
 	Buffered
 )
 
-// Director is the request path the server drives; *director.Director is one.
-type Director interface {
-	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
-	// PickAny routes a request without a body.
-	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
-	// HandleHeaders notes the response's status.
-	HandleHeaders(p *director.Pick, status int)
-	// HandleFirstByte notes the response's first body bytes.
-	HandleFirstByte(p *director.Pick)
-	// HandleProgress notes how many output tokens a streamed response
-	// has carried so far.
-	HandleProgress(p *director.Pick, tokens int)
-	HandleResponse(p *director.Pick, s director.Served)
-}
-
-var _ Director = (*director.Director)(nil)
-
 // Options configure a Server. The zero value listens on :9002 with a
 // self-signed certificate, serves health on the same port and on none other,
 // takes bodies up to 16 MiB, and is always ready.
@@ -130,7 +113,7 @@ func ServerOptions() []grpc.ServerOption {
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	d       Director
+	d       director.Handler
 	o       Options
 	log     *slog.Logger
 	m       *metrics
@@ -149,7 +132,7 @@ type Server struct {
 }
 
 // New binds the listeners (so Addr is known before Run) and prepares TLS.
-func New(d Director, o Options) (*Server, error) {
+func New(d director.Handler, o Options) (*Server, error) {
 	if d == nil {
 		return nil, errors.New("extproc: a director is required")
 	}

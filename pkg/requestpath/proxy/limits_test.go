@@ -249,7 +249,12 @@ func TestConcurrentRequestsPastTheLimitAreRefusedWith429(t *testing.T) {
 		_, _ = io.Copy(io.Discard, s.Body)
 		s.Body.Close()
 	}
-	testkit.WaitFor(t, "the admitted requests to end", func() bool { return testkit.Value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	testkit.WaitFor(t, "the admitted requests to end", func() error {
+		if seen := testkit.Value(t, reg, "kvroute_proxy_active_requests"); seen != 0 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_proxy_active_requests\") is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	resp, body := post(t, base+"/v1/completions", completion(9999, 8, false))
 	if resp.StatusCode != 200 {
 		t.Fatalf("after the others ended: %d %s", resp.StatusCode, body)

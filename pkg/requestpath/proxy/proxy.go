@@ -41,25 +41,6 @@ const maxUsageBody = 8 << 20
 // picked endpoints accepted a connection.
 var ErrAllTargetsDown = errors.New("no picked endpoint accepted a connection")
 
-// Director is the request path the proxy drives; *director.Director is one.
-type Director interface {
-	HandleRequest(ctx context.Context, in *director.Input) (*director.Pick, error)
-	PickAny(ctx context.Context, in *director.Input) (*director.Pick, error)
-	// HandleHeaders notes the response's status.
-	HandleHeaders(p *director.Pick, status int)
-	// HandleFirstByte notes the response's first body bytes.
-	HandleFirstByte(p *director.Pick)
-	// HandleUnreachable notes that a picked endpoint refused the
-	// connection, and the next pick was tried.
-	HandleUnreachable(p *director.Pick, addr string)
-	// HandleProgress notes how many output tokens a streamed response
-	// has carried so far.
-	HandleProgress(p *director.Pick, tokens int)
-	HandleResponse(p *director.Pick, s director.Served)
-}
-
-var _ Director = (*director.Director)(nil)
-
 // Options configure a Server. The zero value listens on :8080, takes
 // bodies up to 16 MiB and forwards over plain HTTP.
 type Options struct {
@@ -91,7 +72,7 @@ type Options struct {
 
 // Server is the proxy.
 type Server struct {
-	d   Director
+	d   director.Handler
 	o   Options
 	log *slog.Logger
 	m   *metrics
@@ -104,7 +85,7 @@ type Server struct {
 }
 
 // New binds the listener, so that Addr is known before Run.
-func New(d Director, o Options) (*Server, error) {
+func New(d director.Handler, o Options) (*Server, error) {
 	if d == nil {
 		return nil, errors.New("proxy: a director is required")
 	}
@@ -393,7 +374,7 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 type observedBody struct {
 	rc io.ReadCloser
 	ex *exchange
-	d  Director
+	d  director.Handler
 }
 
 func (b *observedBody) Read(p []byte) (int, error) {
@@ -450,7 +431,7 @@ func (ex *exchange) keep(n int) bool {
 type fallbackTransport struct {
 	next http.RoundTripper
 	m    *metrics
-	d    Director
+	d    director.Handler
 }
 
 func (t *fallbackTransport) RoundTrip(req *http.Request) (*http.Response, error) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/fleet"
@@ -34,7 +36,7 @@ schedulingProfiles:
   - pluginRef: max-score-picker
 `
 
-func startProxy(t testing.TB, d proxy.Director, o proxy.Options) (string, *prometheus.Registry) {
+func startProxy(t testing.TB, d director.Handler, o proxy.Options) (string, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	o.Addr, o.Registerer = "127.0.0.1:0", reg
@@ -112,8 +114,11 @@ func TestCompletionsAreForwardedAndFollowTheCache(t *testing.T) {
 	}
 	// Usage is accounted once the response is copied through, which may be
 	// after the client has read its last byte.
-	testkit.WaitFor(t, "6 responses accounted with usage", func() bool {
-		return testkit.HistCount(t, f.Metrics, "inference_objective_input_tokens") == 6
+	testkit.WaitFor(t, "6 responses accounted with usage", func() error {
+		if seen := testkit.HistCount(t, f.Metrics, "inference_objective_input_tokens"); seen != 6 {
+			return fmt.Errorf("testkit.HistCount(t, f.Metrics, \"inference_objective_input_tokens\") is %v, want %v", seen, 6)
+		}
+		return nil
 	})
 }
 
@@ -148,8 +153,11 @@ func TestSSEStreamsThroughEventByEvent(t *testing.T) {
 	if !strings.Contains(string(rest), `"text":"three"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("rest of the stream %q", rest)
 	}
-	testkit.WaitFor(t, "the stream's usage to be accounted", func() bool {
-		return testkit.HistSum(t, f.Metrics, "inference_objective_input_tokens") == 16
+	testkit.WaitFor(t, "the stream's usage to be accounted", func() error {
+		if seen := testkit.HistSum(t, f.Metrics, "inference_objective_input_tokens"); seen != 16 {
+			return fmt.Errorf("testkit.HistSum(t, f.Metrics, \"inference_objective_input_tokens\") is %v, want %v", seen, 16)
+		}
+		return nil
 	})
 }
 
@@ -202,7 +210,12 @@ func TestModelServerErrorsPassThrough(t *testing.T) {
 	}
 	// A request is accounted after its response is written; the handler
 	// has done so once it is no longer active.
-	testkit.WaitFor(t, "every request to end", func() bool { return testkit.Value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	testkit.WaitFor(t, "every request to end", func() error {
+		if seen := testkit.Value(t, reg, "kvroute_proxy_active_requests"); seen != 0 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_proxy_active_requests\") is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	if got := testkit.Value(t, reg, "kvroute_proxy_requests_total"); got != 3 {
 		t.Errorf("requests counted = %v, want 3", got)
 	}
@@ -280,7 +293,12 @@ func TestAClientThatLeavesMidStreamLeaksNothing(t *testing.T) {
 		cancel()
 		resp.Body.Close()
 	}
-	testkit.WaitFor(t, "every request to end", func() bool { return testkit.Value(t, reg, "kvroute_proxy_active_requests") == 0 })
+	testkit.WaitFor(t, "every request to end", func() error {
+		if seen := testkit.Value(t, reg, "kvroute_proxy_active_requests"); seen != 0 {
+			return fmt.Errorf("testkit.Value(t, reg, \"kvroute_proxy_active_requests\") is %v, want %v", seen, 0)
+		}
+		return nil
+	})
 	if got := testkit.HistCount(t, f.Metrics, "inference_objective_request_duration_seconds") - accounted; got != n {
 		t.Errorf("responses accounted = %d, want %d", got, n)
 	}

@@ -2,6 +2,7 @@ package selfcheck_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -45,7 +46,12 @@ func run(t *testing.T, o fleet.Options, prompts []string, n int) (*fleet.Fleet, 
 		}
 	}
 	f := fleet.Start(t, o)
-	testkit.WaitFor(t, "the EPP to be ready", f.EPP.Ready)
+	testkit.WaitFor(t, "the EPP to be ready", func() error {
+		if !f.EPP.Ready() {
+			return errors.New("f.EPP.Ready() is false")
+		}
+		return nil
+	})
 	url := "http://" + f.EPP.ProxyAddr() + "/v1/completions"
 	for i := range n {
 		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompts[i%len(prompts)], "max_tokens": 1})
@@ -124,13 +130,13 @@ func TestATokenizerThatDisagreesWithTheEnginesRaisesTheAlarmAndResyncs(t *testin
 		t.Fatal("recovery distrusted no stream")
 	}
 	// The streams were never at fault: resynchronised, they are exact again.
-	testkit.WaitFor(t, "the distrusted streams to be resynchronised", func() bool {
+	testkit.WaitFor(t, "the distrusted streams to be resynchronised", func() error {
 		for _, s := range f.Servers {
 			if st, _ := f.EPP.Index().State(s.Addr); st.String() != "exact" {
-				return false
+				return fmt.Errorf("%s is %s", s.Addr, st)
 			}
 		}
-		return true
+		return nil
 	})
 }
 

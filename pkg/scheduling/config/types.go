@@ -82,8 +82,8 @@ type PluginRef struct {
 // predicted to meet it when one is, and a sheddable one none is predicted
 // to meet is refused. The speculative recorder lets a burst of one prefix
 // follow the first pick before its KV events arrive. It was the best
-// policy measured: docs/routing-benchmark.md, docs/virtual-time/ and the
-// seed studies in docs/benchmarks.md.
+// policy measured, in real and virtual time and in the seed studies
+// (docs/routing-benchmark.md, docs/results/).
 const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:

@@ -49,17 +49,12 @@ func StartFloor(tb testing.TB, dest string) *Floor { return StartWorkingFloor(tb
 // spinsPerMicrosecond.
 func StartWorkingFloor(tb testing.TB, dest string, work time.Duration) *Floor {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	f, err := listenFloor(dest, work)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	f := &Floor{dest: dest, srv: grpc.NewServer(extproc.ServerOptions()...), ln: ln}
-	if work > 0 {
-		f.spins = int(spinsPerMicrosecond() * float64(work) / float64(time.Microsecond))
-	}
-	extprocv3.RegisterExternalProcessorServer(f.srv, f)
 	done := make(chan error, 1)
-	go func() { done <- f.srv.Serve(ln) }()
+	go func() { done <- f.srv.Serve(f.ln) }()
 	tb.Cleanup(func() {
 		f.srv.Stop()
 		select {
@@ -72,6 +67,21 @@ func StartWorkingFloor(tb testing.TB, dest string, work time.Duration) *Floor {
 		}
 	})
 	return f
+}
+
+// listenFloor makes a floor listening on a free loopback port, not yet
+// serving.
+func listenFloor(dest string, work time.Duration) (*Floor, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	f := &Floor{dest: dest, srv: grpc.NewServer(extproc.ServerOptions()...), ln: ln}
+	if work > 0 {
+		f.spins = int(spinsPerMicrosecond() * float64(work) / float64(time.Microsecond))
+	}
+	extprocv3.RegisterExternalProcessorServer(f.srv, f)
+	return f, nil
 }
 
 // Addr is the floor's listen address.

@@ -3,6 +3,8 @@
 // consumer, exact index, scraping, the default scheduling configuration), fed
 // by simulated vLLM engines that publish real KV events, each behind an HTTP
 // server that answers /metrics, /tokenize and /v1/* as vLLM does. The
-// engines can run in a process of their own (Options.Process), so that a
-// benchmark of the EPP measures the EPP's memory and CPU alone.
+// engines can run in a process of their own (Options.Process), and so can
+// the EPP, or several fed by the same engines (Options.EPPProcesses), so
+// that a benchmark of the EPP measures each EPP's memory, CPU and
+// collector alone.
 package fleet

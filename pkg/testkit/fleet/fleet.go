@@ -62,6 +62,14 @@ type Options struct {
 	// and SetGate reach nothing there. A package whose tests use it calls
 	// Main from TestMain.
 	Process bool
+	// EPPProcesses, when not empty, runs the EPP in processes of their
+	// own instead of this one, one for each entry, all fed by the same
+	// stand-ins (in a process of their own: Process is implied) through
+	// the first one's embedded NATS server. Each serves ext_proc in
+	// plaintext on loopback. The fleet's EPP, Director and Metrics are
+	// then nil, and Options.EPP cannot cross. A package whose tests use it
+	// calls Main from TestMain.
+	EPPProcesses []EPPProcessOptions
 }
 
 // Fleet is a complete request path on loopback: an EPP (embedded NATS,
@@ -69,7 +77,12 @@ type Options struct {
 // simulated vLLM engines that publish real KV events, each behind an HTTP
 // server that answers /metrics, /tokenize and /v1/* as vLLM does.
 type Fleet struct {
+	// EPP is the fleet's EPP in this process (nil when the EPPs run in
+	// processes of their own: see Processes).
 	EPP *epp.EPP
+	// Processes are the EPPs in processes of their own
+	// (Options.EPPProcesses), in the order asked for.
+	Processes []*EPPProcess
 	// Director is the EPP's own: what its ext_proc server and proxy run.
 	Director *director.Director
 	Servers  []*ModelServer
@@ -103,18 +116,13 @@ type ModelServer struct {
 func Start(t testing.TB, o Options) *Fleet {
 	t.Helper()
 	o = o.withDefaults()
-	if o.Process && o.Tokenize != nil {
+	if (o.Process || len(o.EPPProcesses) > 0) && o.Tokenize != nil {
 		t.Fatal("fleet: Options.Tokenize cannot cross to a fleet in a process of its own")
 	}
-	eo := epp.Options{
-		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Scrape: true, ScrapeOptions: scrape.Options{Interval: o.ScrapeInterval},
-		Prefix:     prefixmatch.Params{DefaultBlockSizeTokens: o.BlockSize},
-		ConfigText: o.Config,
-		RequestPath: epp.RequestPathOptions{
-			Tokenize: !o.NoTokenizer, TokenizeTimeout: 2 * time.Second,
-		},
+	if len(o.EPPProcesses) > 0 {
+		return startEPPProcesses(t, o)
 	}
+	eo := eppOptions(o)
 	if o.EPP != nil {
 		o.EPP(&eo)
 	}
@@ -141,7 +149,7 @@ func Start(t testing.TB, o Options) *Fleet {
 
 	f := &Fleet{EPP: e, Director: e.Director(), Metrics: e.Registry(), model: o.Model}
 	if o.Process {
-		for _, addr := range startProcess(t, o, e) {
+		for _, addr := range startProcess(t, o, e.NATSURL(), e.Namespace(), e.Pool()) {
 			f.Servers = append(f.Servers, &ModelServer{Addr: addr, model: o.Model})
 		}
 	} else {
@@ -161,11 +169,29 @@ func Start(t testing.TB, o Options) *Fleet {
 		}
 	}
 	for i, ms := range f.Servers {
-		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: ms.Addr, Pod: fmt.Sprintf("pod-%d", i), Model: o.Model})
+		e.Datastore().Upsert(endpoint(i, ms.Addr, o.Model))
 	}
 	// The EPP stops before the stand-ins, so that it does not scrape them gone.
 	t.Cleanup(stop)
 	return f
+}
+
+// eppOptions are the options of a fleet's EPP, before Options.EPP.
+func eppOptions(o Options) epp.Options {
+	return epp.Options{
+		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		Scrape: true, ScrapeOptions: scrape.Options{Interval: o.ScrapeInterval},
+		Prefix:     prefixmatch.Params{DefaultBlockSizeTokens: o.BlockSize},
+		ConfigText: o.Config,
+		RequestPath: epp.RequestPathOptions{
+			Tokenize: !o.NoTokenizer, TokenizeTimeout: 2 * time.Second,
+		},
+	}
+}
+
+// endpoint is stand-in i at addr, as the EPP's datastore knows it.
+func endpoint(i int, addr, model string) *datalayer.Endpoint {
+	return &datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: addr, Pod: fmt.Sprintf("pod-%d", i), Model: model}
 }
 
 func (o Options) withDefaults() Options {
@@ -224,21 +250,42 @@ func (f *Fleet) Server(addr string) *ModelServer {
 }
 
 // WaitHeld waits until the index says addr holds every full block of
-// tokens, which is when a pick can follow the cache there.
+// tokens, which is when a pick can follow the cache there; with EPPs in
+// processes of their own, until every one's index says so.
 func (f *Fleet) WaitHeld(t testing.TB, addr string, tokens []uint32) {
 	t.Helper()
-	testkit.WaitFor(t, "the index to show "+addr+" holding the prompt", func() bool {
-		ans, err := f.EPP.Lookup(context.Background(), prefixquery.Query{Model: f.model, TokenIDs: tokens})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range ans.Endpoints {
-			if a.Address == addr && a.Prefix.MatchBlocks > 0 && a.Prefix.MatchBlocks == a.Prefix.TotalBlocks {
-				return true
+	if f.EPP != nil {
+		testkit.WaitFor(t, "the index to show "+addr+" holding the prompt", func() error {
+			return holds(f.EPP, f.model, addr, tokens)
+		})
+	}
+	for i, p := range f.Processes {
+		testkit.WaitFor(t, fmt.Sprintf("EPP process %d's index to show %s holding the prompt", i, addr), func() error {
+			var held bool
+			if err := p.child.Call(opHeld, heldArg{Addr: addr, Tokens: tokens}, &held); err != nil {
+				t.Fatal(err)
 			}
+			if !held {
+				return fmt.Errorf("EPP process %d's index does not show %s holding it", i, addr)
+			}
+			return nil
+		})
+	}
+}
+
+// holds is nil when e's index shows addr holding every full block of
+// tokens, else an error saying what the index answered.
+func holds(e *epp.EPP, model, addr string, tokens []uint32) error {
+	ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: model, TokenIDs: tokens})
+	if err != nil {
+		return err
+	}
+	for _, a := range ans.Endpoints {
+		if a.Address == addr && a.Prefix.MatchBlocks > 0 && a.Prefix.MatchBlocks == a.Prefix.TotalBlocks {
+			return nil
 		}
-		return false
-	})
+	}
+	return fmt.Errorf("answer %+v", ans.Endpoints)
 }
 
 // TokenizeText is the stand-ins' tokenizer: one token per

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
@@ -30,10 +29,12 @@ type childSpec struct {
 	NATSURL, Namespace, Pool        string
 }
 
-// Main runs this process as a fleet's stand-ins when it was started as one
-// (Options.Process), and returns at once otherwise. A package whose tests
+// Main runs this process as a fleet's stand-ins or one of its EPPs when it
+// was started as one (Options.Process, Options.EPPProcesses), and returns
+// at once otherwise. A package whose tests
 // use Options.Process calls it first in its TestMain.
 func Main() {
+	mainEPP()
 	spec := os.Getenv(childEnv)
 	if spec == "" {
 		return
@@ -98,12 +99,13 @@ func runChild(spec string, in io.Reader, out io.Writer) error {
 }
 
 // startProcess starts o's stand-ins in a process of their own, publishing
-// to e's NATS, and returns their addresses; the process ends with the test.
-func startProcess(t testing.TB, o Options, e *epp.EPP) []string {
+// to the NATS server at natsURL for namespace and pool, and returns their
+// addresses; the process ends with the test.
+func startProcess(t testing.TB, o Options, natsURL, namespace, pool string) []string {
 	t.Helper()
 	spec, err := json.Marshal(childSpec{
 		Endpoints: o.Endpoints, BlockSize: o.BlockSize, GPUBlocks: o.GPUBlocks, Model: o.Model,
-		NATSURL: e.NATSURL(), Namespace: e.Namespace(), Pool: e.Pool(),
+		NATSURL: natsURL, Namespace: namespace, Pool: pool,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -126,13 +126,16 @@ func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func
 	}
 	testkit.Go(t, "the auth callout", svc.Run)
 	// Run has subscribed once a client is answered: wait for a refusal.
-	testkit.WaitFor(t, "the callout to answer", func() bool {
+	testkit.WaitFor(t, "the callout to answer", func() error {
 		nc, err := nats.Connect(n.URL(), nats.Token("warm-up"), nats.Timeout(time.Second))
 		if err == nil {
 			nc.Close()
 			t.Fatal("a made-up token was admitted")
 		}
-		return testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "unauthenticated") >= 1
+		if seen := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "unauthenticated"); seen < 1 {
+			return fmt.Errorf("testkit.Value(t, r.reg, \"kvroute_natsauth_denied_total\", \"reason\", \"unauthenticated\") is %v, want >= %v", seen, 1)
+		}
+		return nil
 	})
 	return r
 }
@@ -342,7 +345,12 @@ func TestEveryMemberOfAClusterAdmitsThroughItsOwnCallout(t *testing.T) {
 		routes = append(routes, u)
 	}
 	for _, m := range members {
-		testkit.WaitFor(t, "the cluster to form", func() bool { return m.nats.Server.NumRemotes() == 2 })
+		testkit.WaitFor(t, "the cluster to form", func() error {
+			if seen := m.nats.Server.NumRemotes(); seen != 2 {
+				return fmt.Errorf("m.nats.Server.NumRemotes() is %v, want %v", seen, 2)
+			}
+			return nil
+		})
 	}
 	foreign := func() (n float64) {
 		for _, m := range members {

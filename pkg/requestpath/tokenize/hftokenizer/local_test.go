@@ -208,7 +208,12 @@ func TestCloseStopsDriftChecksInFlight(t *testing.T) {
 	if _, err := l.Tokenize(context.Background(), completion("tiny", "hello")); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, "the drift check to reach the server", func() bool { return server.calls.Load() > 0 })
+	testkit.WaitFor(t, "the drift check to reach the server", func() error {
+		if seen := server.calls.Load(); seen <= 0 {
+			return fmt.Errorf("server.calls.Load() is %v, want > %v", seen, 0)
+		}
+		return nil
+	})
 	done := make(chan struct{})
 	go func() { l.Close(); close(done) }()
 	select {
@@ -238,11 +243,14 @@ func TestLoadModelsRejectsBadSpecs(t *testing.T) {
 // result.
 func waitForChecks(t *testing.T, l *Local, n float64) {
 	t.Helper()
-	testkit.WaitFor(t, fmt.Sprintf("%v drift checks to finish", n), func() bool {
+	testkit.WaitFor(t, fmt.Sprintf("%v drift checks to finish", n), func() error {
 		var sum float64
 		for _, result := range []string{"match", "mismatch", "error"} {
 			sum += testutil.ToFloat64(l.m.checks.WithLabelValues("tiny", result))
 		}
-		return sum >= n
+		if sum < n {
+			return fmt.Errorf("sum is %v, want >= %v", sum, n)
+		}
+		return nil
 	})
 }

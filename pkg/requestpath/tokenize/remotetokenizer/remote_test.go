@@ -355,7 +355,12 @@ func TestRemoteSharesOneRoundTripAmongConcurrentCallers(t *testing.T) {
 			results[i], errs[i] = r.Tokenize(context.Background(), completion("m", "one two three", true))
 		})
 	}
-	testkit.WaitFor(t, "every caller to wait on the round trip", func() bool { return r.waiting.Load() >= callers })
+	testkit.WaitFor(t, "every caller to wait on the round trip", func() error {
+		if seen := r.waiting.Load(); seen < callers {
+			return fmt.Errorf("r.waiting.Load() is %v, want >= %v", seen, callers)
+		}
+		return nil
+	})
 	close(release)
 	wg.Wait()
 	if got := srv.calls.Load(); got != 1 {
@@ -544,14 +549,25 @@ func TestRemoteStopsWaitingWhenTheCallerGivesUp(t *testing.T) {
 		_, err := r.Tokenize(ctx, completion("m", "late answer", true))
 		done <- err
 	}()
-	testkit.WaitFor(t, "the caller to wait on the round trip", func() bool { return r.waiting.Load() >= 1 })
+	testkit.WaitFor(t, "the caller to wait on the round trip", func() error {
+		if seen := r.waiting.Load(); seen < 1 {
+			return fmt.Errorf("r.waiting.Load() is %v, want >= %v", seen, 1)
+		}
+		return nil
+	})
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Tokenize = %v, want context.Canceled", err)
 	}
 	// The round trip went on without the caller and its answer is kept.
 	close(release)
-	testkit.WaitFor(t, "the late answer to be cached", func() bool { n, _ := r.cache.len(); return n == 1 })
+	testkit.WaitFor(t, "the late answer to be cached", func() error {
+		n, _ := r.cache.len()
+		if n != 1 {
+			return fmt.Errorf("n is %v, want %v", n, 1)
+		}
+		return nil
+	})
 	if _, err := r.Tokenize(context.Background(), completion("m", "late answer", true)); err != nil || srv.calls.Load() != 1 {
 		t.Errorf("after the late answer: err %v, server calls %d; want a cache hit", err, srv.calls.Load())
 	}
@@ -653,7 +669,12 @@ func TestRemoteCloseCancelsRoundTripsInFlight(t *testing.T) {
 		_, err := r.Tokenize(context.Background(), completion("m", "never answered", true))
 		done <- err
 	}()
-	testkit.WaitFor(t, "the caller to wait on the round trip", func() bool { return r.waiting.Load() >= 1 })
+	testkit.WaitFor(t, "the caller to wait on the round trip", func() error {
+		if seen := r.waiting.Load(); seen < 1 {
+			return fmt.Errorf("r.waiting.Load() is %v, want >= %v", seen, 1)
+		}
+		return nil
+	})
 	r.Close()
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Errorf("in-flight Tokenize = %v, want ErrClosed", err)
