@@ -36,6 +36,15 @@ func TestEachFlagSetsItsOption(t *testing.T) {
 			func(o epp.Options) bool { return o.NoRecovery && !o.NoSelfCheck }},
 		{"--self-check=false turns the self-check off", []string{"--self-check=false"}, nil,
 			func(o epp.Options) bool { return o.NoSelfCheck && !o.NoRecovery }},
+		{"--outlier-detection=false turns outlier detection off", []string{"--outlier-detection=false"}, nil,
+			func(o epp.Options) bool { return o.OutlierDetection.Disabled && !o.NoSelfCheck }},
+		{"--outlier-* set outlier detection's parameters", []string{"--outlier-consecutive-5xx", "3", "--outlier-base-ejection-time", "5s",
+			"--outlier-max-ejection-percent", "20", "--outlier-peak-prefill-rate", "50000"}, nil,
+			func(o epp.Options) bool {
+				od := o.OutlierDetection
+				return !od.Disabled && od.Consecutive5xx == 3 && od.BaseEjectionTime == 5*time.Second &&
+					od.MaxEjectionPercent == 20 && od.PeakPrefillRate == 50000 && od.ProbationSuccesses == 5
+			}},
 		{"--secure-serving=false serves ext_proc in plaintext", []string{"--secure-serving=false"}, nil,
 			func(o epp.Options) bool { return o.RequestPath.Plaintext }},
 		{"--cert-path names the key pair's directory", []string{"--cert-path", "/certs"}, nil,

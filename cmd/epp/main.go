@@ -58,6 +58,7 @@ func parse(args []string) (epp.Options, error) {
 		auth        natsauth.Config
 		recoveryOn  bool
 		selfCheckOn bool
+		outlierOn   bool
 	)
 	fs.StringVar(&o.NATSURL, "nats-url", envOr("NATS_URL", o.NATSURL), "NATS server to consume KV events from, or a cluster's members separated by commas (the client learns the others from any one); empty starts an embedded server")
 	fs.StringVar(&o.EmbeddedNATSAddr, "embedded-nats-addr", o.EmbeddedNATSAddr, "client address of the embedded NATS server")
@@ -78,6 +79,16 @@ func parse(args []string) (epp.Options, error) {
 	fs.BoolVar(&selfCheckOn, "self-check", !o.NoSelfCheck, "compare every response's cached-token count with the index's prediction: per-endpoint agreement metrics, resync of endpoints that disagree, a fleet-wide alarm (docs/reliability.md)")
 	fs.IntVar(&o.SelfCheck.Window, "self-check-window", o.SelfCheck.Window, "an endpoint's last checked responses judged together; more than half disagreeing resyncs it")
 	fs.Float64Var(&o.SelfCheck.ToleranceShare, "self-check-tolerance", o.SelfCheck.ToleranceShare, "share of a prediction (at least one block) by which the engine's cached tokens may differ and still agree")
+	od := &o.OutlierDetection
+	fs.BoolVar(&outlierOn, "outlier-detection", !od.Disabled, "eject from picking the endpoints whose responses keep failing or cannot be, as Envoy's outlier detection does (docs/reliability.md)")
+	fs.IntVar(&od.Consecutive5xx, "outlier-consecutive-5xx", od.Consecutive5xx, "failures in a row (5xx, refused or reset connections, answers too fast for their prompt) that eject an endpoint from picking")
+	fs.DurationVar(&od.BaseEjectionTime, "outlier-base-ejection-time", od.BaseEjectionTime, "an ejection's length, times the endpoint's ejection count")
+	fs.DurationVar(&od.MaxEjectionTime, "outlier-max-ejection-time", od.MaxEjectionTime, "longest ejection")
+	fs.IntVar(&od.MaxEjectionPercent, "outlier-max-ejection-percent", od.MaxEjectionPercent, "most of the pool, in percent, ejected at once (a pool of two or more may always lose one)")
+	fs.DurationVar(&od.Interval, "outlier-interval", od.Interval, "time healthy that forgives one past ejection")
+	fs.Float64Var(&od.ProbationShare, "outlier-probation-share", od.ProbationShare, "share of requests an endpoint back from ejection is a candidate for, until its probation ends")
+	fs.IntVar(&od.ProbationSuccesses, "outlier-probation-successes", od.ProbationSuccesses, "successes in a row that end probation")
+	fs.Float64Var(&od.PeakPrefillRate, "outlier-peak-prefill-rate", od.PeakPrefillRate, "uncached prompt tokens a second no engine of the pool reaches: a first token sooner than the prompt takes at this rate is implausible")
 	fs.StringVar(&o.EndpointsFile, "endpoints-file", o.EndpointsFile, "static endpoints YAML, reloaded when it changes")
 	fs.StringVar(&o.ObjectivesFile, "objectives-file", o.ObjectivesFile, "static InferenceObjectives YAML (priority, default SLOs), reloaded when it changes; with --kubernetes the pool's InferenceObjective objects are read instead")
 	fs.BoolVar(&kubeOn, "kubernetes", false, "discover endpoints from the Kubernetes API: the InferencePool --pool-name, or the pods --endpoint-selector picks")
@@ -136,6 +147,7 @@ func parse(args []string) (epp.Options, error) {
 	}
 	o.NoRecovery = !recoveryOn
 	o.NoSelfCheck = !selfCheckOn
+	o.OutlierDetection.Disabled = !outlierOn
 	natsOpts, err := auth.Options()
 	if err != nil {
 		return o, err

@@ -73,6 +73,15 @@ type Datastore struct {
 	// unknown), that each endpoint's replay runs with.
 	limits atomic.Pointer[enginesched.Limits]
 
+	// outlier is outlier detection (nil: off); unhealthy counts the
+	// endpoints ejected or on probation, so that making candidates reads
+	// no clock while there are none; ejectMu serialises ejections, which
+	// count the ejected share of the pool.
+	outlier   atomic.Pointer[outlierState]
+	unhealthy atomic.Int32
+	ejectMu   sync.Mutex
+	om        *outlierMetrics
+
 	endpoints prometheus.Gauge
 }
 
@@ -82,6 +91,8 @@ type dsEntry struct {
 	// load is the EPP's own in-flight accounting, kept across a
 	// replacement at the same address as the metrics are.
 	load *inflight
+	// health is the endpoint's outlier state, kept likewise.
+	health *health
 	// stream is the endpoint's handle from a StreamHandles, nil until one
 	// was had.
 	stream atomic.Pointer[streamRef]
@@ -121,10 +132,12 @@ func NewDatastore(reg prometheus.Registerer) *Datastore {
 			Name: "kvroute_datastore_endpoints",
 			Help: "Endpoints currently in the datastore.",
 		}),
+		om: newOutlierMetrics(),
 	}
 	ds.snap.Store(&dsSnapshot{byName: map[string]*dsEntry{}, byAddr: map[string]*dsEntry{}})
 	if reg != nil {
 		reg.MustRegister(ds.endpoints)
+		reg.MustRegister(ds.om.collectors()...)
 	}
 	return ds
 }
@@ -179,14 +192,15 @@ func (ds *Datastore) Upsert(ep *Endpoint) {
 	if had && prev.ep.Equal(ep) {
 		return
 	}
-	e := &dsEntry{ep: ep, load: &inflight{limits: &ds.limits}}
+	e := &dsEntry{ep: ep, load: &inflight{limits: &ds.limits}, health: &health{}}
 	var removed []*Endpoint
 	if had {
 		if prev.ep.Address == ep.Address {
 			e.metrics.Store(prev.metrics.Load())
-			e.load = prev.load
+			e.load, e.health = prev.load, prev.health
 		} else {
 			removed = []*Endpoint{prev.ep}
+			ds.forgetHealth(prev)
 		}
 	}
 	byName := maps.Clone(old.byName)
@@ -207,6 +221,7 @@ func (ds *Datastore) Remove(name string) {
 	byName := maps.Clone(old.byName)
 	delete(byName, name)
 	ds.publish(byName)
+	ds.forgetHealth(prev)
 	ds.notify(nil, []*Endpoint{prev.ep})
 }
 
@@ -323,7 +338,9 @@ func (e *dsEntry) loadMetrics() Metrics {
 
 // Candidates snapshots, for one request, every endpoint that filter accepts
 // (all of them when filter is nil), with its current metrics, stream state
-// and in-flight work.
+// and in-flight work. An endpoint outlier detection has ejected is left
+// out, and one on probation is in only for its share of requests; but
+// when that would leave no candidate at all, they are all in.
 func (ds *Datastore) Candidates(filter func(*Endpoint) bool) []*Candidate {
 	return ds.CandidatesInto(nil, filter)
 }
@@ -408,6 +425,15 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 	if streams != nil && streams.s == nil {
 		streams = nil
 	}
+	var (
+		outlier *outlierState
+		now     int64
+	)
+	if ds.unhealthy.Load() > 0 {
+		if outlier = ds.outlier.Load(); outlier != nil {
+			now = outlier.o.Now().UnixNano()
+		}
+	}
 	// The candidates live in one slab: this runs for every request, and one
 	// allocation per endpoint was most of its cost.
 	var slab []Candidate
@@ -417,29 +443,41 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 	} else {
 		slab = make([]Candidate, 0, len(s.sorted))
 	}
-	for _, e := range s.sorted {
-		if filter != nil && !filter(e.ep) {
-			continue
-		}
-		// Each candidate is written whole, so that nothing of an earlier
-		// request's candidate in this memory (what producers published on
-		// it) is seen again; in place, since appending a composite literal
-		// builds the large struct twice and copies it whole. Clearing the
-		// slab first, then filling it, wrote every line twice.
-		slab = slab[:len(slab)+1]
-		c := &slab[len(slab)-1]
-		*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set}
-		if streams != nil {
-			var info StreamInfo
-			if info, c.described = e.streamInfo(streams); c.described {
-				c.blockSize, c.bigram, c.describedBy = int32(info.BlockSize), info.Bigram, streams.s
+	for {
+		skipped := 0
+		for _, e := range s.sorted {
+			if filter != nil && !filter(e.ep) {
+				continue
 			}
-			c.Stream = info.State
+			if outlier != nil && !ds.admit(outlier, e.health, now) {
+				skipped++
+				continue
+			}
+			// Each candidate is written whole, so that nothing of an earlier
+			// request's candidate in this memory (what producers published on
+			// it) is seen again; in place, since appending a composite literal
+			// builds the large struct twice and copies it whole. Clearing the
+			// slab first, then filling it, wrote every line twice.
+			slab = slab[:len(slab)+1]
+			c := &slab[len(slab)-1]
+			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set}
+			if streams != nil {
+				var info StreamInfo
+				if info, c.described = e.streamInfo(streams); c.described {
+					c.blockSize, c.bigram, c.describedBy = int32(info.BlockSize), info.Bigram, streams.s
+				}
+				c.Stream = info.State
+			}
+			e.load.loadInto(&c.InFlight)
+			if m := e.metrics.Load(); m != nil {
+				c.Metrics = m
+			}
 		}
-		e.load.loadInto(&c.InFlight)
-		if m := e.metrics.Load(); m != nil {
-			c.Metrics = m
+		if len(slab) > 0 || skipped == 0 {
+			break
 		}
+		// Ejection never empties a request's candidates: all again.
+		outlier = nil
 	}
 	if reused && len(slab) < len(set.slab) {
 		// Candidates the filter left out this time: what an earlier

@@ -652,10 +652,19 @@ func (d *Dispatch) Progress(at time.Time, tokens int) {
 // Done removes the request, from whichever stage it had reached.
 func (d *Dispatch) Done() { d.DoneAt(time.Time{}) }
 
+// Fail removes a request whose response failed (an error, an answer
+// outlier detection found implausible): unlike DoneAt it does not count
+// as a request that ended, since a failure says nothing of when the
+// endpoint's real work ends.
+func (d *Dispatch) Fail() { d.finish(time.Time{}, false) }
+
 // DoneAt is Done for a response that ended at at: one that had begun
 // decoding counts in the endpoint's RecentEnds from then (the zero at:
 // from the last change told).
-func (d *Dispatch) DoneAt(at time.Time) {
+func (d *Dispatch) DoneAt(at time.Time) { d.finish(at, true) }
+
+// finish is DoneAt; an end counts (RecentEnds) only when ended says so.
+func (d *Dispatch) finish(at time.Time, ended bool) {
 	if d == nil {
 		return
 	}
@@ -678,7 +687,7 @@ func (d *Dispatch) DoneAt(at time.Time) {
 	if !at.IsZero() {
 		end = at.UnixNano()
 	}
-	d.c.drop(d, state == 1, end)
+	d.c.drop(d, ended && state == 1, end)
 }
 
 // InFlight returns the endpoint named name's in-flight work.

@@ -23,7 +23,7 @@ import (
 // health on :9090, an embedded NATS server on 127.0.0.1:4222 unless
 // NATSURL is set, the pool "demo" in the namespace "default", metrics
 // scraped every 50ms, text prompts tokenized by the engines' /tokenize,
-// recovery and the self-check on. Where the zero Options differ (no
+// recovery, the self-check and outlier detection on. Where the zero Options differ (no
 // scraping, no ext_proc, no tokenization, loopback HTTP), it is because a
 // test or an embedding program asks for what it runs.
 func DefaultOptions() Options {
@@ -42,6 +42,7 @@ func DefaultOptions() Options {
 			MaxBackoff:     30 * time.Second,
 		},
 		SelfCheck:        selfcheck.Options{Window: 32, ToleranceShare: 0.25},
+		OutlierDetection: datalayer.DefaultOutlierDetection,
 		Scrape:           true,
 		ScrapeOptions:    scrape.Options{Interval: 50 * time.Millisecond},
 		MetricsStaleness: 2 * time.Second,

@@ -119,6 +119,14 @@ type Options struct {
 	SelfCheck   selfcheck.Options
 	NoSelfCheck bool
 
+	// OutlierDetection ejects from picking the endpoints whose responses
+	// keep failing (5xx, refused or reset connections, answers too fast
+	// for their prompt) or whose usage cannot be (the self-check's liars),
+	// as Envoy's outlier detection does (docs/reliability.md). It is on
+	// with its defaults; Disabled turns it off. Now and Logger default to
+	// the EPP's.
+	OutlierDetection datalayer.OutlierDetection
+
 	// Index tunes the exact index. MaxHoldings zero sizes it from the
 	// memory the process may use (see MemoryBudget, DefaultMaxHoldings);
 	// negative means no bound.
@@ -250,6 +258,14 @@ func New(opts Options) (*EPP, error) {
 
 	e.ds = datalayer.NewDatastore(e.reg)
 	e.ds.SetEngineLimits(opts.Engine)
+	od := opts.OutlierDetection
+	if od.Now == nil {
+		od.Now = opts.Now
+	}
+	if od.Logger == nil {
+		od.Logger = e.logger
+	}
+	e.ds.SetOutlierDetection(od)
 	e.objectives = datalayer.NewObjectives(e.reg)
 	idxOpts := opts.Index
 	if idxOpts.MaxHoldings == 0 || opts.Consumer.MaxQueuedBytes == 0 {
@@ -297,6 +313,7 @@ func New(opts Options) (*EPP, error) {
 	if !opts.NoSelfCheck {
 		so := opts.SelfCheck
 		so.Distrust = e.distrust
+		so.Eject = func(addr string) { e.ds.ReportOutcome(addr, datalayer.OutcomeLiar) }
 		if so.Logger == nil {
 			so.Logger = e.logger
 		}
@@ -514,6 +531,7 @@ func (e *EPP) buildScheduling() error {
 		observers = append(observers, e.selfcheck)
 	}
 	e.director, err = director.New(director.Options{
+		Outliers:           e.ds,
 		Objectives:         e.objectives,
 		Observers:          observers,
 		PluginObservers:    learners,

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,22 +35,111 @@ const defaultMaxTokens = 16
 // vLLM's metric names.
 type Server struct {
 	r    *Core
-	ln   net.Listener
+	addr string
 	srv  *http.Server
 	reg  *prometheus.Registry
 	next atomic.Uint64
+
+	fault atomic.Int32
+	// mu guards ln and listening: while the server refuses connections
+	// (FaultRefuse) ln is closed and listening is the channel closed when
+	// it listens again.
+	mu        sync.Mutex
+	ln        net.Listener
+	listening chan struct{}
+	stopped   chan struct{}
 }
 
-// NewServer serves r's API on ln once Run is called.
+// Fault is how a server fails its generation requests (/v1/completions
+// and /v1/chat/completions), so that tests can make an engine fail and
+// recover while it runs: SetFault.
+type Fault int32
+
+const (
+	// FaultNone: the engine serves.
+	FaultNone Fault = iota
+	// FaultError answers every generation request at once with a 500.
+	FaultError
+	// FaultRefuse closes the listening socket, so that connections are
+	// refused, and stops keeping connections alive, so that one already
+	// open serves at most the request under way; the server listens at
+	// the same address again when the fault is cleared.
+	FaultRefuse
+	// FaultFabricate answers every generation request at once with a 200
+	// whose usage is made up: no output tokens, every prompt token cached.
+	FaultFabricate
+)
+
+// NewServer serves r's API on ln once Run is called; with a nil ln only
+// its Handler serves.
 func NewServer(r *Core, ln net.Listener) *Server {
-	s := &Server{r: r, ln: ln, reg: prometheus.NewRegistry()}
+	s := &Server{r: r, ln: ln, reg: prometheus.NewRegistry(), stopped: make(chan struct{})}
+	if ln != nil {
+		s.addr = ln.Addr().String()
+	}
 	s.reg.MustRegister(&vllmCollector{r: r})
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	return s
 }
 
 // Addr is the address the server listens on.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+func (s *Server) Addr() string { return s.addr }
+
+// SetFault switches the server's fault; FaultNone ends it. Leaving
+// FaultRefuse fails when the address cannot be listened on again.
+func (s *Server) SetFault(f Fault) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was := Fault(s.fault.Swap(int32(f)))
+	switch {
+	case s.ln == nil:
+		// Only a Handler: there is no socket to close.
+	case f == FaultRefuse && was != FaultRefuse:
+		s.listening = make(chan struct{})
+		s.srv.SetKeepAlivesEnabled(false)
+		if err := s.ln.Close(); err != nil {
+			return fmt.Errorf("sim server %s: refuse: %w", s.addr, err)
+		}
+	case f != FaultRefuse && was == FaultRefuse:
+		ln, err := net.Listen("tcp", s.addr)
+		if err != nil {
+			s.fault.Store(int32(FaultRefuse))
+			return fmt.Errorf("sim server %s: listen again: %w", s.addr, err)
+		}
+		s.ln = ln
+		s.srv.SetKeepAlivesEnabled(true)
+		close(s.listening)
+		s.listening = nil
+	}
+	return nil
+}
+
+// serve serves on the listener, and again on each new one after a
+// FaultRefuse ends, until the server is shut down.
+func (s *Server) serve() error {
+	for {
+		s.mu.Lock()
+		ln := s.ln
+		s.mu.Unlock()
+		err := s.srv.Serve(ln)
+		s.mu.Lock()
+		wait, same := s.listening, s.ln == ln
+		s.mu.Unlock()
+		switch {
+		case errors.Is(err, http.ErrServerClosed):
+			return err
+		case wait != nil:
+			select {
+			case <-wait:
+			case <-s.stopped:
+				return http.ErrServerClosed
+			}
+		case same:
+			return err // the listener failed of itself
+		}
+		// Else a refusal began and ended meanwhile: serve the new listener.
+	}
+}
 
 // Core is the engine behind the server.
 func (s *Server) Core() *Core { return s.r }
@@ -57,12 +147,13 @@ func (s *Server) Core() *Core { return s.r }
 // Run serves until ctx is done, then shuts the server down.
 func (s *Server) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
+	go func() { errc <- s.serve() }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("sim server %s: %w", s.Addr(), err)
 	case <-ctx.Done():
 	}
+	close(s.stopped)
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := s.srv.Shutdown(sctx); err != nil {
@@ -182,6 +273,14 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	switch Fault(s.fault.Load()) {
+	case FaultError:
+		writeError(w, http.StatusInternalServerError, "the engine failed")
+		return
+	case FaultFabricate:
+		s.fabricate(w, req, len(tokens), g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
+		return
+	}
 	if len(tokens) == 0 {
 		writeError(w, http.StatusBadRequest, "the prompt is empty")
 		return
@@ -215,6 +314,38 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e.whole(r.Context(), seq)
+}
+
+// fabricate answers at once with a made-up success: no output, and usage
+// that claims every prompt token was cached and none generated.
+func (s *Server) fabricate(w http.ResponseWriter, req *request.Request, prompt int, includeUsage bool) {
+	usage := map[string]any{
+		"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
+		"prompt_tokens_details": map[string]any{"cached_tokens": prompt},
+	}
+	chat := req.API == request.APIChatCompletions
+	choice := map[string]any{"index": 0, "finish_reason": "stop", "logprobs": nil, "text": ""}
+	obj := "text_completion"
+	if chat {
+		obj = "chat.completion"
+		delete(choice, "text")
+		choice["message"] = map[string]any{"role": "assistant", "content": ""}
+	}
+	if !req.Stream {
+		writeJSON(w, http.StatusOK, map[string]any{"id": "cmpl-fabricated", "object": obj, "model": req.Model,
+			"choices": []any{choice}, "usage": usage})
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	chunk := func(v any) {
+		b, _ := json.Marshal(v)
+		_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
+	}
+	chunk(map[string]any{"id": "cmpl-fabricated", "object": obj, "model": req.Model, "choices": []any{choice}, "usage": nil})
+	if includeUsage {
+		chunk(map[string]any{"id": "cmpl-fabricated", "object": obj, "model": req.Model, "choices": []any{}, "usage": usage})
+	}
+	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
 // outputWord is the text of output token i: deterministic, so that a

@@ -117,6 +117,8 @@ type Pick struct {
 	target   [1]string
 	// resp is what the plugin observers are told of the response.
 	resp request.Response
+	// status is the response's status once its headers came (HandleHeaders).
+	status int
 	// held: a PrepareData producer ran on a goroutine of its own, and may
 	// still use the request after the response is handled.
 	held bool
@@ -172,7 +174,16 @@ type InFlight interface {
 	DispatchInto(d *datalayer.Dispatch, name string, at time.Time, prefillTokens, promptTokens, outputs int) bool
 }
 
+// Outliers is outlier detection, told each response's outcome;
+// *datalayer.Datastore is one.
+type Outliers interface {
+	ReportOutcome(addr string, o datalayer.Outcome)
+	// OutlierDetection is the configuration in force; false when off.
+	OutlierDetection() (datalayer.OutlierDetection, bool)
+}
+
 var (
+	_ Outliers    = (*datalayer.Datastore)(nil)
 	_ Datastore   = (*datalayer.Datastore)(nil)
 	_ InFlight    = (*datalayer.Datastore)(nil)
 	_ PrepareData = (*prepare.Graph)(nil)
@@ -211,6 +222,9 @@ type Options struct {
 	// PluginObservers are the scheduling plugins that learn from every
 	// routed request's response once it ended (the latency predictor).
 	PluginObservers []plugin.ResponseObserver
+	// Outliers hears each response's outcome and ejects the endpoints
+	// that keep failing; nil tells no one.
+	Outliers Outliers
 	// Now is the clock requests are timed by; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -235,6 +249,11 @@ type Handler interface {
 	Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error)
 	// PickAny routes a request without a body.
 	PickAny(ctx context.Context, in *Input) (*Pick, error)
+	// HandleHeaders notes the response's status.
+	HandleHeaders(p *Pick, status int)
+	// HandleUnreachable notes that a picked endpoint refused the
+	// connection, and the next target was tried.
+	HandleUnreachable(p *Pick, addr string)
 	// HandleFirstByte notes the response's first body bytes.
 	HandleFirstByte(p *Pick)
 	// HandleProgress notes how many output tokens a streamed response has
@@ -489,11 +508,34 @@ type Served struct {
 	// FirstByte is when the response's first body bytes arrived (zero if never).
 	FirstByte time.Time
 	End       time.Time
+	// ConnFailed: no whole answer came from the endpoint: the connection
+	// was refused, or reset or broken before the response ended (Status
+	// is then what the client was answered, if anything).
+	ConnFailed bool
+}
+
+// HandleHeaders notes the response's status, once its headers came: the
+// body of an error answer says nothing of the endpoint's pace, so its
+// bytes are not taken as tokens (HandleFirstByte, HandleProgress).
+func (d *Director) HandleHeaders(p *Pick, status int) {
+	p.status = status
+}
+
+// HandleUnreachable notes that addr, one of the pick's targets, refused
+// the connection before the request could reach it, and the next target
+// was tried: a failure of addr's, as outlier detection counts them.
+func (d *Director) HandleUnreachable(p *Pick, addr string) {
+	if d.o.Outliers != nil {
+		d.o.Outliers.ReportOutcome(addr, datalayer.OutcomeConnect)
+	}
 }
 
 // HandleFirstByte notes that the pick's response has begun: its endpoint
 // has finished the request's prefill.
 func (d *Director) HandleFirstByte(p *Pick) {
+	if p.status >= 400 {
+		return
+	}
 	p.dispatch.FirstToken(d.o.Now())
 }
 
@@ -502,18 +544,31 @@ func (d *Director) HandleFirstByte(p *Pick) {
 // end, and free its seat. Call it from the goroutine that calls
 // HandleFirstByte and HandleResponse.
 func (d *Director) HandleProgress(p *Pick, tokens int) {
+	if p.status >= 400 {
+		return
+	}
 	p.dispatch.Progress(d.o.Now(), tokens)
 }
 
-// HandleResponse accounts for a finished response, and tells the
-// observers. It is called once per pick, however the response ended.
+// HandleResponse accounts for a finished response, reports its outcome to
+// outlier detection, and tells the observers; a failed response teaches
+// the plugin observers (the latency predictor) nothing. It is called once
+// per pick, however the response ended.
 func (d *Director) HandleResponse(p *Pick, s Served) {
-	p.dispatch.DoneAt(s.End)
+	outcome := d.Outcome(p, s)
+	if outcome.Failure() {
+		p.dispatch.Fail()
+	} else {
+		p.dispatch.DoneAt(s.End)
+	}
 	d.o.Metrics.observeResponse(p, s)
+	if outcome != datalayer.OutcomeNone && d.o.Outliers != nil {
+		d.o.Outliers.ReportOutcome(servedBy(p, s), outcome)
+	}
 	for _, o := range d.o.Observers {
 		o.ObserveResponse(p, s)
 	}
-	if p.Result == nil || len(d.o.PluginObservers) == 0 {
+	if p.Result == nil || len(d.o.PluginObservers) == 0 || outcome.Failure() {
 		return
 	}
 	resp := &p.resp

@@ -64,7 +64,7 @@ func newDirector(t testing.TB, objs *datalayer.Objectives, obs ...plugin.Respons
 	}
 	sched := randomScheduler(t)
 	now := time.Unix(1000, 0)
-	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, InFlight: ds, Objectives: objs, PluginObservers: obs,
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, InFlight: ds, Outliers: ds, Objectives: objs, PluginObservers: obs,
 		Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)

@@ -190,7 +190,7 @@ func (m *Metrics) observeResponse(p *Pick, s Served) {
 		end = time.Now()
 	}
 	series.duration.Observe(end.Sub(p.Start).Seconds())
-	if !s.FirstByte.IsZero() {
+	if !s.FirstByte.IsZero() && s.Status < 400 {
 		series.ttft.Observe(s.FirstByte.Sub(p.Start).Seconds())
 	}
 	if s.Streamed && !s.FirstByte.IsZero() && s.Usage.CompletionTokens > 1 && !end.Before(s.FirstByte) {

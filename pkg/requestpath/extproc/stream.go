@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -447,6 +448,9 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	hs := headerMap(h.GetHeaders())
 	if code, err := strconv.Atoi(hs[":status"]); err == nil {
 		st.served.Status = code
+		if st.pick != nil {
+			st.s.d.HandleHeaders(st.pick, code)
+		}
 	}
 	st.respStreaming = strings.HasPrefix(strings.ToLower(hs["content-type"]), "text/event-stream")
 	st.served.Streamed = st.respStreaming
@@ -556,6 +560,13 @@ func (st *stream) releaseMemory() {
 	memPool.Put(m)
 }
 
+// envoyUpstreamFailure begins the body of Envoy's local reply (503) when
+// the upstream connection failed or was reset before the response headers
+// ("upstream connect error or disconnect/reset before headers. reset
+// reason: connection failure"); such a reply passes through ext_proc's
+// response phases as the endpoint's own answer would.
+var envoyUpstreamFailure = []byte("upstream connect error or disconnect/reset before headers")
+
 // finish accounts for the response once, however the stream ends.
 func (st *stream) finish() {
 	if st.finished || st.pick == nil {
@@ -565,6 +576,10 @@ func (st *stream) finish() {
 	st.served.End = time.Now()
 	if st.respStreaming {
 		st.served.Usage, _ = st.sse.Usage()
+	} else if st.served.Status == http.StatusServiceUnavailable && bytes.HasPrefix(st.respBuf, envoyUpstreamFailure) {
+		// Envoy's own answer when it could not reach the endpoint, or the
+		// endpoint reset the stream before its headers.
+		st.served.ConnFailed = true
 	} else if len(st.respBuf) > 0 {
 		if u, ok, err := openai.ParseUsage(st.respBuf); err == nil && ok {
 			st.served.Usage = u

@@ -134,7 +134,7 @@ func New(d director.Handler, o Options) (*Server, error) {
 		upstreamLog: rate.NewLimiter(rate.Every(time.Second), 5)}
 	s.rp = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
-		Transport:      &fallbackTransport{next: o.Transport, m: s.m},
+		Transport:      &fallbackTransport{next: o.Transport, m: s.m, d: d},
 		FlushInterval:  -1, // SSE events reach the client as the model server writes them
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler:   s.upstreamError,
@@ -186,6 +186,8 @@ func (s *Server) Close() { _ = s.ln.Close() }
 // exchange is one request's state, shared by the handler, the transport
 // and the response hooks through the request context.
 type exchange struct {
+	// ctx is the client's request's.
+	ctx    context.Context
 	pick   *director.Pick
 	body   []byte
 	served director.Served
@@ -235,7 +237,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.lim.leave()
-	ex := &exchange{lim: s.lim}
+	ex := &exchange{lim: s.lim, ctx: r.Context()}
 	defer ex.releaseHeld()
 	body, held, err := s.lim.readBody(w, r, s.o.MaxBodyBytes)
 	ex.held = held
@@ -375,6 +377,7 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeOf(resp.Request.Context())
 	ex.mu.Lock()
 	ex.served.Status = resp.StatusCode
+	s.d.HandleHeaders(ex.pick, resp.StatusCode)
 	if strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream") {
 		ex.sse = &openai.SSEUsageScanner{}
 		ex.served.Streamed = true
@@ -396,6 +399,7 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 		if ex.served.Status == 0 {
 			ex.served.Status = code
 		}
+		ex.served.ConnFailed = true
 		ex.mu.Unlock()
 	}
 	if s.upstreamLog.Allow() {
@@ -416,6 +420,12 @@ type observedBody struct {
 
 func (b *observedBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) && b.ex.ctx.Err() == nil {
+		// The endpoint broke the response off; the client is still there.
+		b.ex.mu.Lock()
+		b.ex.served.ConnFailed = true
+		b.ex.mu.Unlock()
+	}
 	if n > 0 {
 		ex := b.ex
 		ex.mu.Lock()
@@ -462,6 +472,7 @@ func (ex *exchange) keep(n int) bool {
 type fallbackTransport struct {
 	next http.RoundTripper
 	m    *metrics
+	d    director.Handler
 }
 
 func (t *fallbackTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -485,8 +496,15 @@ func (t *fallbackTransport) RoundTrip(req *http.Request) (*http.Response, error)
 			return resp, nil
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", target, err))
+		ex.mu.Lock()
+		ex.served.Endpoint = target
+		ex.mu.Unlock()
 		if !notSent(err) || req.Context().Err() != nil {
 			return nil, fmt.Errorf("forward to %s: %w", target, err)
+		}
+		if i < len(ex.pick.Targets)-1 {
+			// The last target's failure is the response's own (finish).
+			t.d.HandleUnreachable(ex.pick, target)
 		}
 	}
 	return nil, fmt.Errorf("%w: %w", ErrAllTargetsDown, errors.Join(errs...))

@@ -21,6 +21,8 @@ type metrics struct {
 	distrusts prometheus.Counter
 	// alarm{kind}: 1 while a fleet-wide alarm is raised.
 	alarm *prometheus.GaugeVec
+	// impossible_total{endpoint,reason}: responses whose usage cannot be.
+	impossible *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,13 +45,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		alarm: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvroute_selfcheck_alarm",
-			Help: "1 while a fleet-wide self-check alarm is raised: overclaim (engines find far fewer cached tokens than predicted) or blind (far more than predicted, on exact streams).",
+			Help: "1 while a self-check alarm is raised: overclaim (engines find far fewer cached tokens than predicted), blind (far more than predicted, on exact streams), or liar (an engine answered with usage that cannot be, lately).",
 		}, []string{"kind"}),
+		impossible: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_selfcheck_impossible_total",
+			Help: "Responses whose usage cannot be (cached-above-prompt, no-output), by endpoint; each ejects its endpoint from picking.",
+		}, []string{"endpoint", "reason"}),
 	}
 	m.alarm.WithLabelValues(AlarmOverclaim)
 	m.alarm.WithLabelValues(AlarmBlind)
+	m.alarm.WithLabelValues(AlarmLiar)
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.responses, m.predicted, m.cached, m.distrusts, m.alarm} {
+		for _, c := range []prometheus.Collector{m.responses, m.predicted, m.cached, m.distrusts, m.alarm, m.impossible} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register self-check metrics: %w", err)
 			}

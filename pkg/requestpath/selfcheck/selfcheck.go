@@ -6,7 +6,9 @@
 // sustainedly, and raises a fleet-wide alarm, with a log line saying what
 // to check, when the engines' reports and the index part ways across the
 // pool: the signature of a tokenizer, chat-template or model-name mismatch
-// between the EPP and the engines, which no resync can mend.
+// between the EPP and the engines, which no resync can mend. A response
+// whose usage cannot be (Impossible) marks its endpoint a liar: it is
+// counted, raises the liar alarm, and is ejected from picking.
 package selfcheck
 
 import (
@@ -18,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 )
 
@@ -57,6 +60,10 @@ type Options struct {
 	// Distrust is told of an endpoint that disagrees sustainedly; the EPP
 	// marks its streams uncertain and resynchronises them. Nil: only counted.
 	Distrust func(addr string)
+	// Eject is told of an endpoint whose response's usage cannot be; the
+	// EPP ejects it from picking (datalayer.OutcomeLiar). Nil: only
+	// counted and alarmed.
+	Eject func(addr string)
 	// Now is the clock (default time.Now); Logger defaults to slog.Default().
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -120,12 +127,29 @@ const (
 	// reported, token ids unknown, an error status, or a stream the index
 	// does not claim to know: none, recovering or uncertain).
 	ResultUnchecked = "unchecked"
+	// ResultImpossible: the response's usage cannot be (Impossible); its
+	// endpoint is a liar.
+	ResultImpossible = "impossible"
+)
+
+// Reasons a response's usage cannot be, the values of
+// kvroute_selfcheck_impossible_total{reason}.
+const (
+	// ImpossibleCachedAbovePrompt: more cached prompt tokens than the
+	// prompt has.
+	ImpossibleCachedAbovePrompt = "cached-above-prompt"
+	// ImpossibleNoOutput: a successful generation of no tokens, though
+	// the request asked for some.
+	ImpossibleNoOutput = "no-output"
 )
 
 // Alarm kinds, the values of kvroute_selfcheck_alarm{kind}.
 const (
 	AlarmOverclaim = "overclaim"
 	AlarmBlind     = "blind"
+	// AlarmLiar is raised while an endpoint answered with usage that
+	// cannot be within the last Cooldown.
+	AlarmLiar = "liar"
 )
 
 // Checker compares engines' cached-token reports with the index's
@@ -139,6 +163,10 @@ type Checker struct {
 	fleet     []sample
 	fleetNext int
 	alarms    map[string]*alarm
+	// lie is when an endpoint last answered with usage that cannot be, and
+	// liar which one.
+	lie  time.Time
+	liar string
 }
 
 var _ director.ResponseObserver = (*Checker)(nil)
@@ -177,7 +205,7 @@ func New(o Options, reg prometheus.Registerer) (*Checker, error) {
 		o: o, m: m,
 		endpoints: make(map[string]*endpoint),
 		fleet:     make([]sample, o.FleetWindow),
-		alarms:    map[string]*alarm{AlarmOverclaim: {}, AlarmBlind: {}},
+		alarms:    map[string]*alarm{AlarmOverclaim: {}, AlarmBlind: {}, AlarmLiar: {}},
 	}, nil
 }
 
@@ -246,15 +274,45 @@ func served(p *director.Pick, addr string) *datalayer.Candidate {
 	return nil
 }
 
+// Impossible is why the response's usage cannot be, for an engine that
+// served the request as asked (vLLM's rules), or "" when it can: a
+// successful answer to a completion or chat request whose usage reports
+// more cached prompt tokens than prompt tokens, or no output tokens though
+// the request set max_tokens (an engine generates at least one). More
+// output than max_tokens is not judged: with n > 1 choices it is
+// legitimate. A response without usage is not judged.
+func Impossible(p *director.Pick, s director.Served) string {
+	u := s.Usage
+	if p == nil || p.Request == nil || s.Status < 200 || s.Status >= 300 || (u.PromptTokens <= 0 && u.CompletionTokens <= 0) {
+		return ""
+	}
+	if api := p.Request.API; api != request.APICompletions && api != request.APIChatCompletions {
+		return ""
+	}
+	limit := p.Request.MaxTokens
+	switch {
+	case u.CachedTokens > u.PromptTokens:
+		return ImpossibleCachedAbovePrompt
+	case u.CompletionTokens <= 0 && limit > 0:
+		return ImpossibleNoOutput
+	}
+	return ""
+}
+
 // ObserveResponse implements director.ResponseObserver.
 func (c *Checker) ObserveResponse(p *director.Pick, s director.Served) {
-	v := c.Judge(p, s)
 	addr := s.Endpoint
 	if addr == "" && len(p.Targets) > 0 {
 		addr = p.Targets[0]
 	}
+	if why := Impossible(p, s); why != "" {
+		c.lied(addr, why)
+		return
+	}
+	v := c.Judge(p, s)
 	c.m.responses.WithLabelValues(addr, v.Result).Inc()
 	if v.Result == ResultUnchecked {
+		c.clearLiar()
 		return
 	}
 	c.m.predicted.WithLabelValues(addr).Add(float64(v.Predicted))
@@ -306,6 +364,37 @@ func (c *Checker) ObserveResponse(p *director.Pick, s director.Served) {
 			c.o.Distrust(addr)
 		}
 	}
+	for _, l := range logs {
+		l()
+	}
+}
+
+// lied counts an endpoint's impossible answer, raises the liar alarm and
+// has the endpoint ejected.
+func (c *Checker) lied(addr, why string) {
+	c.m.responses.WithLabelValues(addr, ResultImpossible).Inc()
+	c.m.impossible.WithLabelValues(addr, why).Inc()
+	c.mu.Lock()
+	c.lie, c.liar = c.o.Now(), addr
+	logs := c.alarmsLocked(c.lie)
+	c.mu.Unlock()
+	for _, l := range logs {
+		l()
+	}
+	if c.o.Eject != nil {
+		c.o.Eject(addr)
+	}
+}
+
+// clearLiar lowers the liar alarm once its cooldown has passed with no
+// lie, on a response the checks below do not weigh.
+func (c *Checker) clearLiar() {
+	c.mu.Lock()
+	var logs []func()
+	if c.alarms[AlarmLiar].on {
+		logs = c.alarmsLocked(c.o.Now())
+	}
+	c.mu.Unlock()
 	for _, l := range logs {
 		l()
 	}
@@ -369,6 +458,10 @@ func (c *Checker) alarmsLocked(now time.Time) []func() {
 			"(the same tokenizer and chat template, the model name the engines serve, LoRA adapters named alike), and that every engine's events reach the EPP",
 		"alarm", AlarmBlind, "cached_tokens", cachedExact, "unpredicted_tokens", unseen,
 		"share", fmt.Sprintf("%.2f", ratio(unseen, cachedExact)), "endpoints", len(blind), "responses", n)
+	set(AlarmLiar, !c.lie.IsZero() && now.Sub(c.lie) < c.o.Cooldown,
+		"an engine answered with usage that cannot be (more cached tokens than the prompt has, or no output): it is ejected from picking; "+
+			"check what answers on that endpoint's port, and its engine's version (kvroute_selfcheck_impossible_total says which endpoint and why)",
+		"alarm", AlarmLiar, "endpoint", c.liar)
 	return logs
 }
 
@@ -397,8 +490,11 @@ func (c *Checker) Forget(addr string) {
 		}
 	}
 	c.mu.Unlock()
-	for _, r := range []string{ResultAgree, ResultOver, ResultUnder, ResultUnchecked} {
+	for _, r := range []string{ResultAgree, ResultOver, ResultUnder, ResultUnchecked, ResultImpossible} {
 		c.m.responses.DeleteLabelValues(addr, r)
+	}
+	for _, r := range []string{ImpossibleCachedAbovePrompt, ImpossibleNoOutput} {
+		c.m.impossible.DeleteLabelValues(addr, r)
 	}
 	c.m.predicted.DeleteLabelValues(addr)
 	c.m.cached.DeleteLabelValues(addr)

@@ -2,7 +2,8 @@
 // way Envoy's ext_proc filter does in FULL_DUPLEX_STREAMED or BUFFERED body
 // mode: request headers, the body cut into chunks at chosen byte
 // boundaries, optional trailers; then, when given an upstream, the
-// response headers, body and trailers. It checks the server's answers
+// response headers, body and trailers (or, when the upstream cannot be
+// reached, Envoy's own 503 local reply). It checks the server's answers
 // against what Envoy accepts and hands back what Envoy would have done
 // with them: the destination, the mutated body, the immediate response.
 // Beside it stands Floor, an ext_proc server that does the least the
@@ -99,7 +100,16 @@ type Result struct {
 	ResponseBody []byte
 	// ResponseChunks counts response body chunks passed back.
 	ResponseChunks int
+	// Status is the response status the client got: the upstream's, or
+	// 503 when Envoy answered itself because the upstream failed
+	// (UpstreamErr then says how).
+	Status      int
+	UpstreamErr error
 }
+
+// UpstreamFailureBody is the body of Envoy's local reply when the
+// upstream connection fails or is reset before the response headers.
+const UpstreamFailureBody = "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
 
 // Client is a connection to an ext_proc server.
 type Client struct {
@@ -164,8 +174,16 @@ func (c *Client) Do(ctx context.Context, req Request, up Upstream) (*Result, err
 		target, _, _ := strings.Cut(ex.res.Destination, ",")
 		resp, err := up(ctx, target, req.Path, headers, ex.res.Body)
 		if err != nil {
-			return ex.res, fmt.Errorf("extproctest: upstream %s: %w", target, err)
+			if ctx.Err() != nil {
+				return ex.res, fmt.Errorf("extproctest: upstream %s: %w", target, err)
+			}
+			// Envoy's router answers with a local reply, which passes
+			// through the ext_proc filter's response phases.
+			ex.res.UpstreamErr = err
+			resp = &Response{Status: http.StatusServiceUnavailable, ContentType: "text/plain",
+				Parts: [][]byte{[]byte(UpstreamFailureBody)}}
 		}
+		ex.res.Status = resp.Status
 		if err := ex.responsePhase(resp); err != nil {
 			return ex.res, err
 		}
