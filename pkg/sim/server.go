@@ -278,7 +278,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "the engine failed")
 		return
 	case FaultFabricate:
-		s.fabricate(w, req, len(tokens), g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
+		s.fabricate(w, req, len(tokens))
 		return
 	}
 	if len(tokens) == 0 {
@@ -318,12 +318,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 
 // fabricate answers at once with a made-up success: no output, and usage
 // that claims every prompt token was cached and none generated.
-func (s *Server) fabricate(w http.ResponseWriter, req *request.Request, prompt int, includeUsage bool) {
+func (s *Server) fabricate(w http.ResponseWriter, req *genRequest, prompt int) {
 	usage := map[string]any{
 		"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
 		"prompt_tokens_details": map[string]any{"cached_tokens": prompt},
 	}
-	chat := req.API == request.APIChatCompletions
+	chat := req.Chat
 	choice := map[string]any{"index": 0, "finish_reason": "stop", "logprobs": nil, "text": ""}
 	obj := "text_completion"
 	if chat {
@@ -342,7 +342,7 @@ func (s *Server) fabricate(w http.ResponseWriter, req *request.Request, prompt i
 		_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
 	}
 	chunk(map[string]any{"id": "cmpl-fabricated", "object": obj, "model": req.Model, "choices": []any{choice}, "usage": nil})
-	if includeUsage {
+	if req.IncludeUsage {
 		chunk(map[string]any{"id": "cmpl-fabricated", "object": obj, "model": req.Model, "choices": []any{}, "usage": usage})
 	}
 	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
