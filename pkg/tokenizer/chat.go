@@ -12,6 +12,7 @@ import (
 
 	"github.com/ardanlabs/jinja"
 
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 	"github.com/kvroute/kvroute/pkg/request"
 )
 
@@ -286,8 +287,8 @@ func isPySpace(r rune) bool {
 // their order, because tojson prints them in that order and the ids depend
 // on it.
 func decodeJSONValue(data []byte) (jinja.Value, error) {
-	if validJSON(data) {
-		v, _, err := decodeValid(data, skipSpace(data, 0), 0)
+	if jsonscan.Valid(data) {
+		v, _, err := decodeValid(data, jsonscan.SkipSpace(data, 0), 0)
 		return v, err
 	}
 	// Invalid: encoding/json says what is wrong.
@@ -303,16 +304,16 @@ func decodeValid(b []byte, i, depth int) (jinja.Value, int, error) {
 		return jinja.Undefined(), i, errors.New("JSON nested too deeply")
 	}
 	next := func(j int) int {
-		j = skipSpace(b, j)
+		j = jsonscan.SkipSpace(b, j)
 		if b[j] == ',' {
-			j = skipSpace(b, j+1)
+			j = jsonscan.SkipSpace(b, j+1)
 		}
 		return j
 	}
-	end := skipValue(b, i)
+	end := jsonscan.SkipValue(b, i)
 	switch b[i] {
 	case '"':
-		s, err := decodeString(b[i:end])
+		s, err := jsonscan.DecodeString(b[i:end])
 		return jinja.NewString(s), end, err
 	case 't', 'f':
 		return jinja.NewBool(b[i] == 't'), end, nil
@@ -320,7 +321,7 @@ func decodeValid(b []byte, i, depth int) (jinja.Value, int, error) {
 		return jinja.None(), end, nil
 	case '[':
 		var items []jinja.Value
-		j := skipSpace(b, i+1)
+		j := jsonscan.SkipSpace(b, i+1)
 		for b[j] != ']' {
 			item, after, err := decodeValid(b, j, depth+1)
 			if err != nil {
@@ -332,14 +333,14 @@ func decodeValid(b []byte, i, depth int) (jinja.Value, int, error) {
 		return jinja.NewList(items), j + 1, nil
 	case '{':
 		d := jinja.NewDict()
-		j := skipSpace(b, i+1)
+		j := jsonscan.SkipSpace(b, i+1)
 		for b[j] != '}' {
-			keyEnd := skipValue(b, j)
-			key, err := decodeString(b[j:keyEnd])
+			keyEnd := jsonscan.SkipValue(b, j)
+			key, err := jsonscan.DecodeString(b[j:keyEnd])
 			if err != nil {
 				return jinja.Undefined(), j, err
 			}
-			val, after, err := decodeValid(b, skipSpace(b, skipSpace(b, keyEnd)+1), depth+1)
+			val, after, err := decodeValid(b, jsonscan.SkipSpace(b, jsonscan.SkipSpace(b, keyEnd)+1), depth+1)
 			if err != nil {
 				return jinja.Undefined(), j, err
 			}

@@ -12,8 +12,9 @@
 // backtracking regexp for any other), mapped byte-level and merged by BPE
 // rank; the post-processor adds BOS-style tokens when asked to.
 //
-// It is a library of its own: it reads its files and chat JSON itself and
-// knows no more of kvroute than the parsed request's chat (pkg/request).
+// It is a library of its own: it reads its files and chat JSON itself (the
+// chat's with pkg/jsonscan) and knows no more of kvroute than the parsed
+// request's chat (pkg/request).
 // The request path adapts it (pkg/requestpath/tokenize/localtokenizer), and
 // kvctl uses it as it is.
 //

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 )
 
 // TestScanIDsAVX2KeepsWithinItsSlices runs the vector reader on arrays that
@@ -86,7 +88,7 @@ func TestScanIDsAVX2KeepsWithinItsSlices(t *testing.T) {
 			}
 		}
 		want, at := committedIDs(b, s)
-		if k > len(want) || !slices.Equal(out[:k], want[:k]) || skipSpace(b, next) != at[k] {
+		if k > len(want) || !slices.Equal(out[:k], want[:k]) || jsonscan.SkipSpace(b, next) != at[k] {
 			t.Fatalf("case %d: read %v and stopped at %d; the ids each followed by a comma are %v, starting at %v\n%s",
 				c, out[:k], next, want, at, src)
 		}
@@ -101,7 +103,7 @@ func TestScanIDsAVX2KeepsWithinItsSlices(t *testing.T) {
 // comma, a byte at a time, and where each starts; at[len(ids)] is where the
 // first id not so followed starts, or whatever is there instead.
 func committedIDs(b []byte, s int) (ids []uint32, at []int) {
-	i := skipSpace(b, s)
+	i := jsonscan.SkipSpace(b, s)
 	for {
 		at = append(at, i)
 		start := i
@@ -114,12 +116,12 @@ func committedIDs(b []byte, s int) (ids []uint32, at []int) {
 		if n == 0 || n > 10 || v > 1<<32-1 || (n > 1 && b[start] == '0') {
 			return ids, at
 		}
-		j := skipSpace(b, i)
+		j := jsonscan.SkipSpace(b, i)
 		if j >= len(b) || b[j] != ',' {
 			return ids, at
 		}
 		ids = append(ids, uint32(v))
-		i = skipSpace(b, j+1)
+		i = jsonscan.SkipSpace(b, j+1)
 	}
 }
 
@@ -151,7 +153,7 @@ func FuzzScanIDsAVX2(f *testing.F) {
 			}
 		}
 		want, at := committedIDs(b, s)
-		if k > len(want) || !slices.Equal(out[:k], want[:k]) || skipSpace(b, next) != at[k] {
+		if k > len(want) || !slices.Equal(out[:k], want[:k]) || jsonscan.SkipSpace(b, next) != at[k] {
 			t.Fatalf("read %v and stopped at %d; the ids each followed by a comma are %v, starting at %v", out[:k], next, want, at)
 		}
 	})

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 	"github.com/kvroute/kvroute/pkg/request"
 )
 
@@ -106,7 +107,7 @@ func parseOther(req *request.Request, body []byte) {
 // encoding/json's struct decoding would also accept "Model" for "model" and
 // so disagree with the server about which field counts.
 func objectFields(b []byte, idBuf []uint32) (body, error) {
-	trimmed := b[skipSpace(b, 0):]
+	trimmed := b[jsonscan.SkipSpace(b, 0):]
 	if len(trimmed) == 0 {
 		return body{}, fmt.Errorf("%w: the body is empty; expected a JSON object", ErrBadRequest)
 	}
@@ -156,7 +157,7 @@ func parseCompletions(req *request.Request, obj *body) error {
 		// A batch of prompts: the model server runs each as its own request
 		// on the chosen endpoint, and the first is the one routed by. The
 		// rest are still checked, so that a 400 here matches the server's.
-		prompts := splitArray(prompt)
+		prompts := jsonscan.SplitArray(prompt)
 		for i, p := range prompts {
 			if kindOf(p) != '"' {
 				return fmt.Errorf("%w: prompt[%d] is %s; expected a string like the first element", ErrBadRequest, i, describe(p))
@@ -164,7 +165,7 @@ func parseCompletions(req *request.Request, obj *body) error {
 		}
 		return unmarshalString(prompts[0], "prompt[0]", &req.Prompt)
 	case first[0] == '[':
-		for i, l := range splitArray(prompt) {
+		for i, l := range jsonscan.SplitArray(prompt) {
 			ids, err := parseTokenIDs(l, fmt.Sprintf("prompt[%d]", i))
 			if err != nil {
 				return err
@@ -195,7 +196,7 @@ func parseTokenIDs(raw json.RawMessage, name string) ([]uint32, error) {
 		return nil, fmt.Errorf("%w: %s is %s; expected an array of token ids", ErrBadRequest, name, describe(raw))
 	}
 	ids := make([]uint32, 0, bytes.Count(raw, []byte{','})+1)
-	i := skipSpace(raw, 1)
+	i := jsonscan.SkipSpace(raw, 1)
 	if i < len(raw) && raw[i] == ']' {
 		return nil, fmt.Errorf("%w: %s is an empty array of token ids", ErrBadRequest, name)
 	}
@@ -214,21 +215,14 @@ func parseTokenIDs(raw json.RawMessage, name string) ([]uint32, error) {
 				ErrBadRequest, name, n, describe(raw[start:]), uint32(math.MaxUint32))
 		}
 		ids = append(ids, uint32(v))
-		i = skipSpace(raw, i)
+		i = jsonscan.SkipSpace(raw, i)
 		if i < len(raw) && raw[i] == ']' {
 			return ids, nil
 		}
 		// Valid JSON has a comma here.
-		i = skipSpace(raw, i+1)
+		i = jsonscan.SkipSpace(raw, i+1)
 	}
 	return nil, fmt.Errorf("%w: %s is not a complete array", ErrBadRequest, name)
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
-		i++
-	}
-	return i
 }
 
 func parseChat(req *request.Request, f *[numFields]json.RawMessage) error {
@@ -259,7 +253,7 @@ func parseChat(req *request.Request, f *[numFields]json.RawMessage) error {
 	if kindOf(messages) != '[' {
 		return fmt.Errorf("%w: messages is %s; expected an array of message objects", ErrBadRequest, describe(messages))
 	}
-	list := splitArray(messages)
+	list := jsonscan.SplitArray(messages)
 	if len(list) == 0 {
 		return fmt.Errorf("%w: messages is an empty array", ErrBadRequest)
 	}
@@ -291,7 +285,7 @@ func renderMessage(b *strings.Builder, raw json.RawMessage, i int) (multimodal b
 	if kindOf(raw) != '{' {
 		return false, fmt.Errorf("%w: messages[%d] is %s; expected an object", ErrBadRequest, i, describe(raw))
 	}
-	m, err := splitObject(raw)
+	m, err := jsonscan.SplitObject(raw)
 	if err != nil {
 		return false, fmt.Errorf("%w: messages[%d]: %v", ErrBadRequest, i, err)
 	}
@@ -319,7 +313,7 @@ func renderMessage(b *strings.Builder, raw json.RawMessage, i int) (multimodal b
 		}
 		b.WriteString(s)
 	case '[':
-		for j, p := range splitArray(content) {
+		for j, p := range jsonscan.SplitArray(content) {
 			text, isText, err := contentPart(p)
 			if err != nil {
 				return false, fmt.Errorf("%w: messages[%d].content[%d] %v", ErrBadRequest, i, j, err)
@@ -348,7 +342,7 @@ func contentPart(raw json.RawMessage) (text string, isText bool, err error) {
 	if kindOf(raw) != '{' {
 		return "", false, fmt.Errorf("is %s; expected an object", describe(raw))
 	}
-	p, err := splitObject(raw)
+	p, err := jsonscan.SplitObject(raw)
 	if err != nil {
 		return "", false, err
 	}
@@ -370,7 +364,7 @@ func contentPart(raw json.RawMessage) (text string, isText bool, err error) {
 	if kindOf(p["text"]) != '"' {
 		return "", false, fmt.Errorf("is a text part whose text is %s; expected a string", describe(p["text"]))
 	}
-	text, err = stringValue(p["text"])
+	text, err = jsonscan.DecodeString(p["text"])
 	return text, err == nil, err
 }
 
@@ -393,7 +387,7 @@ func isAbsent(raw json.RawMessage) bool {
 // kindOf returns the first byte of a JSON value, which says its type, or 0
 // for a missing value.
 func kindOf(raw []byte) byte {
-	if i := skipSpace(raw, 0); i < len(raw) {
+	if i := jsonscan.SkipSpace(raw, 0); i < len(raw) {
 		return raw[i]
 	}
 	return 0
@@ -425,8 +419,8 @@ func describe(raw []byte) string {
 // firstElement returns the start of a JSON array's first element, or nil
 // when the array is empty.
 func firstElement(array []byte) []byte {
-	array = array[skipSpace(array, 0):]
-	i := skipSpace(array, 1)
+	array = array[jsonscan.SkipSpace(array, 0):]
+	i := jsonscan.SkipSpace(array, 1)
 	if i >= len(array) || array[i] == ']' {
 		return nil
 	}
@@ -476,7 +470,7 @@ func unmarshalString(raw json.RawMessage, name string, s *string) error {
 	if kindOf(raw) != '"' {
 		return fmt.Errorf("%w: %s is %s; expected a string", ErrBadRequest, name, describe(raw))
 	}
-	v, err := stringValue(raw)
+	v, err := jsonscan.DecodeString(raw)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrBadRequest, name, err)
 	}

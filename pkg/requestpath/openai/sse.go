@@ -1,6 +1,10 @@
 package openai
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/kvroute/kvroute/pkg/jsonscan"
+)
 
 // DefaultMaxSSELine bounds the bytes an SSEUsageScanner holds for one line
 // and for one event's data. A usage chunk is a few hundred bytes; content
@@ -208,9 +212,9 @@ func mentionsUsage(data []byte) bool {
 			return false
 		}
 		rest := data[i+len(key):]
-		j := skipSpace(rest, 0)
+		j := jsonscan.SkipSpace(rest, 0)
 		if j < len(rest) && rest[j] == ':' {
-			j = skipSpace(rest, j+1)
+			j = jsonscan.SkipSpace(rest, j+1)
 			if !bytes.HasPrefix(rest[j:], []byte("null")) {
 				return true
 			}

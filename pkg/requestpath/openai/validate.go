@@ -7,18 +7,16 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 )
 
-// The body is validated in the same pass that splits it into members, by
-// the checker below, which accepts exactly what encoding/json accepts
-// (FuzzSplitObject holds the two together). A separate json.Valid pass
+// The body is validated in the same pass that splits it into members,
+// with jsonscan's checker, which accepts exactly what encoding/json accepts
+// (FuzzSplitBody holds the two together). A separate json.Valid pass
 // cost more than everything else ParseRequest does: it steps a state
 // machine through a function call per byte, over a body that for an
 // 8k-token prompt is 50 KB of digits and commas.
-
-// maxDepth is encoding/json's limit on nesting; deeper input is invalid to
-// it, and so it is here.
-const maxDepth = 10000
 
 // body is a request body split into the members that are read; the others
 // are only validated.
@@ -75,15 +73,15 @@ func fieldOf(key []byte) (f field, ok bool) {
 // b is not valid JSON. A prompt of token ids is read into idBuf's backing
 // array when it is large enough (see ParseRequestInto).
 func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
-	i := skipSpace(b, 1)
+	i := jsonscan.SkipSpace(b, 1)
 	if i < len(b) && b[i] == '}' {
-		return out, skipSpace(b, i+1) == len(b), nil
+		return out, jsonscan.SkipSpace(b, i+1) == len(b), nil
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
 			return out, false, nil
 		}
-		keyEnd, ok := validString(b, i)
+		keyEnd, ok := jsonscan.ValidString(b, i)
 		if !ok {
 			return out, false, nil
 		}
@@ -92,18 +90,18 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 		// to U+FFFD, matches none of them either way.
 		key := b[i+1 : keyEnd-1]
 		if bytes.IndexByte(key, '\\') >= 0 {
-			k, err := stringValue(b[i:keyEnd])
+			k, err := jsonscan.DecodeString(b[i:keyEnd])
 			if err != nil {
 				return out, false, err
 			}
 			key = []byte(k)
 		}
 		f, read := fieldOf(key)
-		i = skipSpace(b, keyEnd)
+		i = jsonscan.SkipSpace(b, keyEnd)
 		if i >= len(b) || b[i] != ':' {
 			return out, false, nil
 		}
-		i = skipSpace(b, i+1)
+		i = jsonscan.SkipSpace(b, i+1)
 		start := i
 		var ids []uint32
 		if read && f == fieldPrompt && i < len(b) && b[i] == '[' {
@@ -114,7 +112,7 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 		if !ok {
 			// Not a flat array of token ids: validated as any value, and
 			// read later by whatever reads the member.
-			if i, ok = validValue(b, start, 1); !ok {
+			if i, ok = jsonscan.ValidValue(b, start, 1); !ok {
 				return out, false, nil
 			}
 		}
@@ -124,12 +122,12 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 				out.promptIDs = ids
 			}
 		}
-		i = skipSpace(b, i)
+		i = jsonscan.SkipSpace(b, i)
 		switch {
 		case i < len(b) && b[i] == ',':
-			i = skipSpace(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		case i < len(b) && b[i] == '}':
-			return out, skipSpace(b, i+1) == len(b), nil
+			return out, jsonscan.SkipSpace(b, i+1) == len(b), nil
 		default:
 			return out, false, nil
 		}
@@ -143,7 +141,7 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 // is wrong with it. The ids are appended to dst[:0], which is grown if it is
 // too small.
 func scanTokenIDs(b []byte, i int, dst []uint32) (ids []uint32, end int, ok bool) {
-	i = skipSpace(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	if i >= len(b) || b[i] == ']' {
 		return nil, i, false
 	}
@@ -154,7 +152,7 @@ func scanTokenIDs(b []byte, i int, dst []uint32) (ids []uint32, end int, ok bool
 		// than one space after a comma, or whatever is not valid) is read
 		// here, an id at a time.
 		n, next := readIDs(b, i, ids[len(ids):cap(ids)])
-		ids, i = ids[:len(ids)+n], skipSpace(b, next)
+		ids, i = ids[:len(ids)+n], jsonscan.SkipSpace(b, next)
 		start := i
 		var v uint64
 		for i < len(b) && b[i]-'0' <= 9 {
@@ -176,7 +174,7 @@ func scanTokenIDs(b []byte, i int, dst []uint32) (ids []uint32, end int, ok bool
 			ids = slices.Grow(ids, bytes.Count(b[i:i+last], []byte{','})+1)
 		}
 		ids = append(ids, uint32(v))
-		i = skipSpace(b, i)
+		i = jsonscan.SkipSpace(b, i)
 		if i >= len(b) {
 			return nil, i, false
 		}
@@ -184,7 +182,7 @@ func scanTokenIDs(b []byte, i int, dst []uint32) (ids []uint32, end int, ok bool
 		case ']':
 			return ids, i + 1, true
 		case ',':
-			i = skipSpace(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		default:
 			// A fraction, an exponent or anything else.
 			return nil, i, false
@@ -297,181 +295,4 @@ func combine8(x uint64) uint64 {
 	x = x * (1 + 10<<8) >> 8 & 0x00FF00FF00FF00FF
 	x = x * (1 + 100<<16) >> 16 & 0x0000FFFF0000FFFF
 	return x * (1 + 10000<<32) >> 32
-}
-
-// validValue returns the index just past the valid JSON value at b[i],
-// or false; depth is how many containers hold the value.
-func validValue(b []byte, i, depth int) (int, bool) {
-	if i >= len(b) {
-		return i, false
-	}
-	switch c := b[i]; {
-	case c == '"':
-		return validString(b, i)
-	case c == '{', c == '[':
-		return validContainer(b, i, depth+1)
-	case c == '-' || (c >= '0' && c <= '9'):
-		return validNumber(b, i)
-	case c == 't':
-		return validLiteral(b, i, "true")
-	case c == 'f':
-		return validLiteral(b, i, "false")
-	case c == 'n':
-		return validLiteral(b, i, "null")
-	}
-	return i, false
-}
-
-// validContainer checks the object or array at b[i].
-func validContainer(b []byte, i, depth int) (int, bool) {
-	if depth > maxDepth {
-		return i, false
-	}
-	isObject := b[i] == '{'
-	closer := byte(']')
-	if isObject {
-		closer = '}'
-	}
-	i = skipSpace(b, i+1)
-	if i < len(b) && b[i] == closer {
-		return i + 1, true
-	}
-	for {
-		var ok bool
-		if isObject {
-			if i >= len(b) || b[i] != '"' {
-				return i, false
-			}
-			if i, ok = validString(b, i); !ok {
-				return i, false
-			}
-			i = skipSpace(b, i)
-			if i >= len(b) || b[i] != ':' {
-				return i, false
-			}
-			i = skipSpace(b, i+1)
-		}
-		if i, ok = validValue(b, i, depth); !ok {
-			return i, false
-		}
-		i = skipSpace(b, i)
-		switch {
-		case i < len(b) && b[i] == ',':
-			i = skipSpace(b, i+1)
-		case i < len(b) && b[i] == closer:
-			return i + 1, true
-		default:
-			return i, false
-		}
-	}
-}
-
-// validString checks the string literal at b[i]. Bytes that are not valid
-// UTF-8 are allowed, as encoding/json allows them; control characters are
-// not.
-func validString(b []byte, i int) (int, bool) {
-	for i++; i < len(b); {
-		// Eight bytes at a time past the plain ones: a chat message is
-		// tens of kilobytes of text with few quotes or backslashes.
-		for i+8 <= len(b) && plain8(binary.LittleEndian.Uint64(b[i:])) {
-			i += 8
-		}
-		if i >= len(b) {
-			break
-		}
-		switch c := b[i]; {
-		case c == '"':
-			return i + 1, true
-		case c == '\\':
-			if i+1 >= len(b) {
-				return i, false
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
-					return i, false
-				}
-				i += 6
-			default:
-				return i, false
-			}
-		case c < 0x20:
-			return i, false
-		default:
-			i++
-		}
-	}
-	return i, false
-}
-
-// plain8 reports whether none of the eight bytes in x is a quote, a
-// backslash or a control character (below 0x20): none of them ends or
-// escapes a string, or makes it invalid.
-func plain8(x uint64) bool {
-	const (
-		ones  = 0x0101010101010101
-		highs = 0x8080808080808080
-	)
-	// A byte b has its high bit set in (b - n) &^ b only when b < n (for
-	// b < 0x80); a byte is zero after the XOR exactly where it matched.
-	below := (x - ones*0x20) &^ x
-	quote := x ^ (ones * '"')
-	slash := x ^ (ones * '\\')
-	return (below|(quote-ones)&^quote|(slash-ones)&^slash)&highs == 0
-}
-
-func isHex(c byte) bool {
-	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
-}
-
-// validNumber checks the number at b[i]: an optional minus, an integer part
-// without leading zeros, an optional fraction and an optional exponent.
-// What follows it is for the caller to check.
-func validNumber(b []byte, i int) (int, bool) {
-	if b[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(b) && b[i] == '0':
-		i++
-	case i < len(b) && b[i] >= '1' && b[i] <= '9':
-		i = skipDigits(b, i)
-	default:
-		return i, false
-	}
-	if i < len(b) && b[i] == '.' {
-		j := skipDigits(b, i+1)
-		if j == i+1 {
-			return j, false
-		}
-		i = j
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		j := skipDigits(b, i)
-		if j == i {
-			return j, false
-		}
-		i = j
-	}
-	return i, true
-}
-
-func skipDigits(b []byte, i int) int {
-	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-		i++
-	}
-	return i
-}
-
-func validLiteral(b []byte, i int, lit string) (int, bool) {
-	if len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit {
-		return i + len(lit), true
-	}
-	return i, false
 }

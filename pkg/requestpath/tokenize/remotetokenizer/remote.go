@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/kvroute/kvroute/pkg/jsonscan"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 )
@@ -402,7 +403,7 @@ func decodeTokenIDs(raw json.RawMessage) ([]uint32, error) {
 		return nil, fmt.Errorf("%w: tokens is missing or not an array", ErrBadResponse)
 	}
 	ids := make([]uint32, 0, bytes.Count(raw, []byte{','})+1)
-	i := skipSpace(raw, 1)
+	i := jsonscan.SkipSpace(raw, 1)
 	if i < len(raw) && raw[i] == ']' {
 		return ids, nil
 	}
@@ -421,20 +422,13 @@ func decodeTokenIDs(raw json.RawMessage) ([]uint32, error) {
 			return nil, fmt.Errorf("%w: tokens[%d] is not a token id: %q", ErrBadResponse, len(ids), raw[start:end])
 		}
 		ids = append(ids, uint32(v))
-		i = skipSpace(raw, i)
+		i = jsonscan.SkipSpace(raw, i)
 		if i < len(raw) && raw[i] == ']' {
 			return ids, nil
 		}
-		i = skipSpace(raw, i+1) // past the comma
+		i = jsonscan.SkipSpace(raw, i+1) // past the comma
 	}
 	return nil, fmt.Errorf("%w: tokens is not a complete array", ErrBadResponse)
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
-		i++
-	}
-	return i
 }
 
 // errorReason is the reason label of a failure.
