@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -182,4 +184,29 @@ func gcCPUPerCollection(n int) (cpu, estimate float64) {
 	}
 	metrics.Read(s)
 	return (testkit.CPUTime() - cpu0).Seconds() / float64(n), (s[0].Value.Float64() - est0) / float64(n)
+}
+
+// BenchmarkRenderChat renders a chat whose long system prompt (32 KiB of
+// text with newlines and quotes, so escaped in its JSON) is most of the
+// messages: reading the messages' JSON is what it measures beside the
+// template itself.
+func BenchmarkRenderChat(b *testing.B) {
+	tok := realTokenizer(b, "qwen3")
+	messages, err := json.Marshal([]map[string]string{
+		{"role": "system", "content": benchText(b, "qwen3", false, 32<<10)},
+		{"role": "user", "content": "What is the cluster's availability?"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	chat := &request.Chat{Messages: messages, AddGenerationPrompt: true}
+	b.SetBytes(int64(len(messages)))
+	b.ReportAllocs()
+	cpu0 := testkit.CPUTime()
+	for b.Loop() {
+		if _, err := tok.RenderChat(chat); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64((testkit.CPUTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
