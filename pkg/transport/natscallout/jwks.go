@@ -295,7 +295,6 @@ func NewKeySet(client rest.Interface, o KeySetOptions) *KeySet {
 // Start reads the key set once, failing if it cannot, then rereads it
 // every Refresh until ctx is done. A failed reread keeps the keys held.
 func (s *KeySet) Start(ctx context.Context) error {
-	s.reads.Allow() // the first read spends the token it would otherwise give a made-up kid
 	if err := s.read(ctx); err != nil {
 		return fmt.Errorf("service-account keys (%s; the callout needs the ClusterRole system:service-account-issuer-discovery): %w", JWKSPath, err)
 	}
