@@ -71,7 +71,8 @@ type Options struct {
 	// Issuer signs the users and the answers: the account key the
 	// server's auth_callout block names as issuer. Required.
 	Issuer nkeys.KeyPair
-	// ReviewTimeout bounds one review (default 1.5s, within the server's
+	// ReviewTimeout bounds one review, and one reread of the key set for
+	// a token of an unknown key (default 1.5s, within the server's
 	// default authorization timeout of 2s).
 	ReviewTimeout time.Duration
 	// ReviewsPerSecond and ReviewBurst bound the reviews sent to the API
@@ -364,7 +365,10 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	}
 	// A forged token can copy every claim of a real one; only the
 	// signature tells them apart without asking the API server.
-	if err := s.o.Signatures.Verify(ctx, token); err != nil {
+	vctx, vcancel := context.WithTimeout(ctx, s.o.ReviewTimeout)
+	err = s.o.Signatures.Verify(vctx, token)
+	vcancel()
+	if err != nil {
 		if errors.Is(err, ErrNoKeys) {
 			return refuse(denyNoKeys, err)
 		}
