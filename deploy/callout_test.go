@@ -16,10 +16,14 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/epp"
@@ -201,7 +205,17 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 	t.Cleanup(acnc.Close)
 	co := flags.Options
 	co.Issuer = issuer
-	co.Reviewer = &natscallout.TokenReviewer{Client: cs.AuthenticationV1(), Audience: flags.Audience}
+	// The callout asks the API server as its own ServiceAccount, with the
+	// rights the chart grants it and no others.
+	ccs := calloutClient(t, cs, objs, ns, "kv-kvroute-nats-auth")
+	co.Reviewer = &natscallout.TokenReviewer{Client: ccs.AuthenticationV1(), Audience: flags.Audience}
+	keys := natscallout.NewKeySet(ccs.Discovery().RESTClient(), natscallout.KeySetOptions{Refresh: flags.KeysRefresh})
+	kctx, kcancel := context.WithCancel(ctx)
+	t.Cleanup(kcancel)
+	if err := keys.Start(kctx); err != nil {
+		t.Fatal(err)
+	}
+	co.Signatures = keys
 	// The issuer the API server's tokens name, as the callout reads it off
 	// its own token in the cluster.
 	own, err := natscallout.ParseToken(apiserver.Token(t, cs, ns, flags.EPPServiceAccount, flags.Audience, nil))
@@ -209,7 +223,7 @@ func chartNATSEndToEnd(t *testing.T, ns string, values map[string]any, jetStream
 		t.Fatal(err)
 	}
 	co.TokenIssuer = own.Issuer
-	pods := natscallout.NewPodLister(cs, ns, selector)
+	pods := natscallout.NewPodLister(ccs, ns, selector)
 	pctx, pcancel := context.WithCancel(ctx)
 	t.Cleanup(func() { pcancel(); pods.Shutdown() })
 	if err := pods.Start(pctx); err != nil {
@@ -398,4 +412,62 @@ func serveNATS(t *testing.T, opts *natsserver.Options) *natsserver.Server {
 	}
 	t.Cleanup(srv.Shutdown)
 	return srv
+}
+
+// calloutClient applies the chart's RBAC objects and returns a client
+// that acts as the callout's ServiceAccount sa: only the groups every
+// authenticated subject has, so that what it may do is what the chart's
+// bindings grant. It checks that they grant nothing beyond the callout's
+// needs: no Secrets, no pods of other namespaces.
+func calloutClient(t *testing.T, cs kubernetes.Interface, objs []*unstructured.Unstructured, ns, sa string) kubernetes.Interface {
+	t.Helper()
+	ctx := context.Background()
+	for _, o := range objs {
+		var err error
+		switch o.GetKind() {
+		case "ClusterRole":
+			var r rbacv1.ClusterRole
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &r); err == nil {
+				_, err = cs.RbacV1().ClusterRoles().Create(ctx, &r, metav1.CreateOptions{})
+			}
+		case "ClusterRoleBinding":
+			var b rbacv1.ClusterRoleBinding
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &b); err == nil {
+				_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, &b, metav1.CreateOptions{})
+			}
+		case "Role":
+			var r rbacv1.Role
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &r); err == nil {
+				_, err = cs.RbacV1().Roles(ns).Create(ctx, &r, metav1.CreateOptions{})
+			}
+		case "RoleBinding":
+			var b rbacv1.RoleBinding
+			if err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &b); err == nil {
+				_, err = cs.RbacV1().RoleBindings(ns).Create(ctx, &b, metav1.CreateOptions{})
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s/%s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	cfg := rest.CopyConfig(apiServer.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":" + sa, Groups: []string{"system:authenticated"}}
+	ccs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// RBAC is read from an informer: wait until the bindings apply.
+	testkit.WaitFor(t, "the chart's RBAC to grant the callout its key set", func() error {
+		if b, err := ccs.Discovery().RESTClient().Get().AbsPath(natscallout.JWKSPath).DoRaw(ctx); err != nil {
+			return fmt.Errorf("GET %s as %s: %w (%q)", natscallout.JWKSPath, sa, err, b)
+		}
+		return nil
+	})
+	if _, err := ccs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the callout lists Secrets: %v, want forbidden", err)
+	}
+	if _, err := ccs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the callout lists another namespace's pods: %v, want forbidden", err)
+	}
+	return ccs
 }

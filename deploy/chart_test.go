@@ -200,7 +200,7 @@ func chartCases(t *testing.T) []chartCase {
 // callout, the example vLLM with its relays' ServiceAccount, the pool, its
 // route, the NetworkPolicies and the dashboards.
 var defaultKinds = []string{
-	"ClusterRole/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-nats-auth",
+	"ClusterRole/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-nats-auth-issuer-discovery",
 	"ConfigMap/kv-kvroute-dashboard-epp", "ConfigMap/kv-kvroute-dashboard-index", "ConfigMap/kv-kvroute-dashboard-nats",
 	"ConfigMap/kv-kvroute-epp", "ConfigMap/kv-kvroute-nats",
 	"Deployment/kv-kvroute-epp", "Deployment/kv-kvroute-vllm",

@@ -96,6 +96,11 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	keys := natscallout.NewKeySet(cs.Discovery().RESTClient(), natscallout.KeySetOptions{Refresh: f.KeysRefresh})
+	if err := keys.Start(ctx); err != nil {
+		return err
+	}
+	o.Signatures = keys
 	if o.RelayServiceAccount != "" {
 		sel, err := labels.Parse(f.PodSelector)
 		if err != nil || sel.Empty() {
@@ -145,7 +150,7 @@ func serve(args []string, stderr io.Writer) error {
 	}()
 	log.Info("auth callout serving", "nats", *url, "namespace", o.Namespace, "pool", o.Pool,
 		"relay_service_account", o.RelayServiceAccount, "epp_service_account", o.EPPServiceAccount,
-		"pod_selector", f.PodSelector, "token_issuer", o.TokenIssuer)
+		"pod_selector", f.PodSelector, "token_issuer", o.TokenIssuer, "signing_keys", keys.Kids())
 	return svc.Run(ctx)
 }
 

@@ -2,9 +2,10 @@
 // client the rights of its pod and no more. The NATS server hands every
 // connection's credentials to it; it reads the client's projected
 // ServiceAccount token locally first (shape, expiry, issuer, audience,
-// namespace, ServiceAccount, and for a relay that its pod exists and is
-// one of the pool's), has what passes checked by the Kubernetes API server
-// (a TokenReview, remembered until the token expires), and answers with a
+// signature against the API server's published keys, namespace,
+// ServiceAccount, and for a relay that its pod exists and is one of the
+// pool's), has what passes checked by the Kubernetes API server (a
+// TokenReview, remembered until the token expires), and answers with a
 // user that expires with the token and whose permissions name that pod's
 // subjects only: a relay may publish its own pod's events and answer its
 // own pod's snapshot requests; the EPP may subscribe and request, and
@@ -49,7 +50,11 @@ type Options struct {
 	Stream    string
 	// Account is the account users are placed in (default DefaultAccount).
 	Account string
-	// Reviewer verifies tokens. Required.
+	// Signatures checks that a token was signed by the API server (a
+	// KeySet), before the review budget is touched. Required.
+	Signatures SignatureVerifier
+	// Reviewer has the API server vouch for a token whose signature is
+	// good: it alone knows a token revoked (its pod deleted). Required.
 	Reviewer Reviewer
 	// Audience is the audience every token must be issued for (default
 	// DefaultAudience); TokenIssuer the issuer it must name (the API
@@ -66,7 +71,8 @@ type Options struct {
 	// Issuer signs the users and the answers: the account key the
 	// server's auth_callout block names as issuer. Required.
 	Issuer nkeys.KeyPair
-	// ReviewTimeout bounds one review (default 1.5s, within the server's
+	// ReviewTimeout bounds one review, and one reread of the key set for
+	// a token of an unknown key (default 1.5s, within the server's
 	// default authorization timeout of 2s).
 	ReviewTimeout time.Duration
 	// ReviewsPerSecond and ReviewBurst bound the reviews sent to the API
@@ -109,6 +115,8 @@ const (
 	denyTooLarge             = "token_too_large"
 	denyMalformed            = "malformed_token"
 	denyInvalidClaims        = "invalid_claims"
+	denyBadSignature         = "bad_signature"
+	denyNoKeys               = "keys_unavailable"
 	denyPodGone              = "pod_gone"
 	denyNotInPool            = "pod_not_in_pool"
 	denyReviewMismatch       = "review_mismatch"
@@ -124,7 +132,7 @@ const (
 	roleNone            Role = "none"
 )
 
-var denyReasons = []string{denyNoToken, denyTooLarge, denyMalformed, denyInvalidClaims, denyRateLimited,
+var denyReasons = []string{denyNoToken, denyTooLarge, denyMalformed, denyInvalidClaims, denyBadSignature, denyNoKeys, denyRateLimited,
 	denyReviewFailed, denyUnauthenticated, denyNotSA, denyWrongNamespace, denyUnknownAccount, denyNotPodBound,
 	denyPodGone, denyNotInPool, denyReviewMismatch, denyBadRequest, denyIssueFailed}
 
@@ -158,6 +166,8 @@ func New(nc *nats.Conn, o Options) (*Service, error) {
 		return nil, fmt.Errorf("%w: name the relays' or the EPP's ServiceAccount", ErrOptions)
 	case o.Reviewer == nil:
 		return nil, fmt.Errorf("%w: no token reviewer", ErrOptions)
+	case o.Signatures == nil:
+		return nil, fmt.Errorf("%w: no signature verifier (the API server's key set)", ErrOptions)
 	case o.Issuer == nil:
 		return nil, fmt.Errorf("%w: no issuer key", ErrOptions)
 	case o.RelayServiceAccount != "" && o.Pods == nil:
@@ -352,6 +362,17 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	now := s.now()
 	if err := claims.Check(now, s.o.TokenIssuer, s.o.Audience); err != nil {
 		return refuse(denyInvalidClaims, err)
+	}
+	// A forged token can copy every claim of a real one; only the
+	// signature tells them apart without asking the API server.
+	vctx, vcancel := context.WithTimeout(ctx, s.o.ReviewTimeout)
+	err = s.o.Signatures.Verify(vctx, token)
+	vcancel()
+	if err != nil {
+		if errors.Is(err, ErrNoKeys) {
+			return refuse(denyNoKeys, err)
+		}
+		return refuse(denyBadSignature, err)
 	}
 	role, d := s.roleOf(claims.Namespace, claims.ServiceAccount, claims.Pod)
 	if d.reason != "" {

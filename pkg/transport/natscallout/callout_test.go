@@ -2,11 +2,18 @@ package natscallout_test
 
 import (
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"net/url"
 	"os"
 	"strings"
@@ -155,6 +162,9 @@ func startMember(t *testing.T, c *cluster, o natscallout.Options, configure func
 	if o.TokenIssuer == "" {
 		o.TokenIssuer = c.issuer(t)
 	}
+	if o.Signatures == nil {
+		o.Signatures = c.keys(t)
+	}
 	if o.Pods == nil {
 		pods := natscallout.NewPodLister(c.cs, c.ns, labels.SelectorFromSet(poolLabels))
 		ctx, cancel := context.WithCancel(context.Background())
@@ -192,6 +202,19 @@ func (c *cluster) issuer(t *testing.T) string {
 		t.Fatalf("the API server's tokens: %+v, %v", claims, err)
 	}
 	return claims.Issuer
+}
+
+// keys is the API server's service-account key set, read as the callout
+// reads it.
+func (c *cluster) keys(t *testing.T) *natscallout.KeySet {
+	t.Helper()
+	ks := natscallout.NewKeySet(c.cs.Discovery().RESTClient(), natscallout.KeySetOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := ks.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ks
 }
 
 // connect connects with token, reporting permission errors on errs.
@@ -339,9 +362,12 @@ func TestTheCalloutRefusesEveryOtherClient(t *testing.T) {
 		{"a token of a ServiceAccount without NATS rights", c.token(t, "someone-else", natscallout.DefaultAudience, nil), "unknown_service_account"},
 		{"a relay token of another namespace", other.token(t, relaySA, natscallout.DefaultAudience, otherPod), "wrong_namespace"},
 		{"a relay token of a pod the pool's selector does not pick", c.token(t, relaySA, natscallout.DefaultAudience, outside), "pod_not_in_pool"},
-		{"a valid token's claims with a forged signature", forge(t, valid, nil), "unauthenticated"},
-		{"a valid token's claims made to name another pod of the pool", forge(t, valid, map[string]any{"pod": map[string]any{"name": again.Name, "uid": string(again.UID)}}), "unauthenticated"},
-		{"a valid token's claims with the expiry pushed back", forge(t, valid, map[string]any{"exp": claims.Expiry.Add(24 * time.Hour).Unix()}), "unauthenticated"},
+		{"a valid token's claims with a forged signature", forge(t, valid, nil), "bad_signature"},
+		{"a valid token's claims made to name another pod of the pool", forge(t, valid, map[string]any{"pod": map[string]any{"name": again.Name, "uid": string(again.UID)}}), "bad_signature"},
+		{"a valid token's claims with the expiry pushed back", forge(t, valid, map[string]any{"exp": claims.Expiry.Add(24 * time.Hour).Unix()}), "bad_signature"},
+		{"a valid token's claims signed by another key under the API server's kid", resign(t, valid, otherKey, ""), "bad_signature"},
+		{"a valid token's claims signed by another key under a kid of its own", resign(t, valid, otherKey, "made-up"), "bad_signature"},
+		{"a valid token with its signature cut off", valid[:strings.LastIndexByte(valid, '.')+1] + "c2ln", "bad_signature"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -394,15 +420,70 @@ func forge(t *testing.T, token string, set map[string]any) string {
 	return parts[0] + "." + base64.RawURLEncoding.EncodeToString(raw) + "." + string(sig)
 }
 
-// A storm of bad tokens, some of them good enough to spend the review
-// budget, while a valid relay reconnects again and again: the relay is
-// admitted every time, and the API server is asked no more than the
-// budget allows.
-func TestAValidRelayIsAdmittedThroughAStormOfBadTokens(t *testing.T) {
+// otherKey signs forgeries: a key of the right kind that is not the API
+// server's.
+var otherKey = func() crypto.Signer {
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+// resign is token's header and claims signed with key (RS256, or ES256
+// for an ECDSA key), under kid when it is not empty: a forgery that
+// copies every claim of a real token and differs only in its signature.
+func resign(t *testing.T, token string, key crypto.Signer, kid string) string {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	raw, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hdr map[string]any
+	if err := json.Unmarshal(raw, &hdr); err != nil {
+		t.Fatal(err)
+	}
+	if kid != "" {
+		hdr["kid"] = kid
+	}
+	hdr["alg"] = "RS256"
+	if _, ok := key.(*ecdsa.PrivateKey); ok {
+		hdr["alg"] = "ES256"
+	}
+	if raw, err = json.Marshal(hdr); err != nil {
+		t.Fatal(err)
+	}
+	signed := base64.RawURLEncoding.EncodeToString(raw) + "." + parts[1]
+	h := sha256.Sum256([]byte(signed))
+	var sig []byte
+	switch k := key.(type) {
+	case *rsa.PrivateKey:
+		sig, err = rsa.SignPKCS1v15(rand.Reader, k, crypto.SHA256, h[:])
+	case *ecdsa.PrivateKey:
+		var r, s *big.Int
+		if r, s, err = ecdsa.Sign(rand.Reader, k, h[:]); err == nil {
+			sig = append(r.FillBytes(make([]byte, 32)), s.FillBytes(make([]byte, 32))...)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signed + "." + base64.RawURLEncoding.EncodeToString(sig)
+}
+
+// A storm of forged tokens, each of which copies a valid relay token's
+// claims and passes every local check but the signature, while the valid
+// relay reconnects again and again and new relays connect for the first
+// time: none of the forgeries spends the review budget, so every relay
+// is admitted every time, and the API server reviews only the relays.
+func TestAValidRelayIsAdmittedThroughAStormOfForgedTokens(t *testing.T) {
 	c := newCluster(t)
 	reviews := &countingReviewer{next: &natscallout.TokenReviewer{Client: c.cs.AuthenticationV1(), Audience: natscallout.DefaultAudience}}
+	// A budget of three reviews for the whole test, never replenished:
+	// the relay's first connect and the two new relays' need them all.
 	const burst = 3
-	r := startRig(t, c, natscallout.Options{Reviewer: reviews, ReviewsPerSecond: 0.001, ReviewBurst: burst, Workers: 4})
+	r := startRig(t, c, natscallout.Options{Reviewer: reviews, ReviewsPerSecond: 1e-6, ReviewBurst: burst, Workers: 4})
 	pod := c.pod(t, "vllm-0", relaySA)
 	token := c.token(t, relaySA, natscallout.DefaultAudience, pod)
 	nc, err := r.connect(token, nil)
@@ -410,16 +491,29 @@ func TestAValidRelayIsAdmittedThroughAStormOfBadTokens(t *testing.T) {
 		t.Fatalf("the relay, before the storm: %v", err)
 	}
 	nc.Close()
-
-	garbage := []string{
-		"warm-up",
-		"eyJhbGciOiJSUzI1NiJ9.e30.c2ln",
-		c.token(t, relaySA, "https://kubernetes.default.svc", pod),
-		c.token(t, "someone-else", natscallout.DefaultAudience, nil),
-		// Well-formed, naming the relay's own pod: only the API server can
-		// tell these from the real one, so they do spend the budget.
+	newcomers := []string{
+		c.token(t, relaySA, natscallout.DefaultAudience, c.pod(t, "vllm-1", relaySA)),
+		c.token(t, relaySA, natscallout.DefaultAudience, c.pod(t, "vllm-2", relaySA)),
+	}
+	ecKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each one well-formed, unexpired, of the right issuer, audience,
+	// namespace, ServiceAccount and live pod of the pool: before the
+	// signature was checked locally, each one spent a review.
+	forged := []string{
 		forge(t, token, nil),
 		forge(t, token, map[string]any{"jti": "x"}),
+		resign(t, token, otherKey, ""),
+		resign(t, token, ecKey, ""),
+		resign(t, newcomers[0], otherKey, ""),
+		resign(t, token, otherKey, "made-up"),
+	}
+	for _, f := range forged {
+		if _, err := natscallout.ParseToken(f); err != nil {
+			t.Fatalf("a forgery the local claims checks refuse: %v", err)
+		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	var storm sync.WaitGroup
@@ -428,17 +522,18 @@ func TestAValidRelayIsAdmittedThroughAStormOfBadTokens(t *testing.T) {
 		storm.Go(func() {
 			for j := i; ctx.Err() == nil; j++ {
 				attempts.Add(1)
-				if nc, err := r.connect(garbage[j%len(garbage)], nil); err == nil {
+				if nc, err := r.connect(forged[j%len(forged)], nil); err == nil {
 					nc.Close()
-					t.Error("a bad token was admitted")
+					t.Error("a forged token was admitted")
 					return
 				}
 			}
 		})
 	}
-	testkit.WaitFor(t, "the storm to spend the review budget", func() error {
-		if n := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "rate_limited"); n == 0 {
-			return fmt.Errorf("%v connections refused for the rate limit", n)
+	const stormSize = 200
+	testkit.WaitFor(t, "the storm to be under way", func() error {
+		if n := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "bad_signature"); n < stormSize {
+			return fmt.Errorf("%v forgeries refused for their signature, want %d", n, stormSize)
 		}
 		return nil
 	})
@@ -453,23 +548,126 @@ func TestAValidRelayIsAdmittedThroughAStormOfBadTokens(t *testing.T) {
 		admitted++
 		nc.Close()
 	}
+	for i, tok := range newcomers {
+		nc, err := r.connect(tok, nil)
+		if err != nil {
+			t.Errorf("new relay %d during the storm: %v", i, err)
+			continue
+		}
+		nc.Close()
+	}
 	stop()
 	storm.Wait()
 	if admitted != reconnects {
 		t.Errorf("the relay was admitted %d times in %d", admitted, reconnects)
 	}
-	if got := reviews.n.Load(); got > burst {
-		t.Errorf("%d reviews during %d attempts, want at most the burst of %d", got, attempts.Load(), burst)
+	if got := reviews.n.Load(); got != 1+int64(len(newcomers)) {
+		t.Errorf("%d reviews during %d forged attempts, want %d: one for each relay", got, attempts.Load(), 1+len(newcomers))
+	}
+	if got := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "rate_limited"); got != 0 {
+		t.Errorf("%v connections refused for the review budget, want none", got)
 	}
 	if got := testkit.Value(t, r.reg, "kvroute_natsauth_review_cache_hits_total"); got < reconnects {
 		t.Errorf("%v connections admitted from remembered reviews, want at least %d", got, reconnects)
 	}
-	for _, reason := range []string{"malformed_token", "invalid_claims", "unknown_service_account"} {
-		if testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", reason) == 0 {
-			t.Errorf("no %s denial: the storm did not reach the local checks", reason)
+	if got := testkit.Value(t, r.reg, "kvroute_natsauth_allowed_total", "role", "relay"); got != 1+reconnects+float64(len(newcomers)) {
+		t.Errorf("%v relays admitted, want %d", got, 1+reconnects+len(newcomers))
+	}
+}
+
+// A storm of garbage (made up, for another audience, of another
+// ServiceAccount) is refused by the local checks before the signature's
+// and the review's; a valid relay reconnects through it.
+func TestAValidRelayIsAdmittedThroughAStormOfGarbage(t *testing.T) {
+	c := newCluster(t)
+	reviews := &countingReviewer{next: &natscallout.TokenReviewer{Client: c.cs.AuthenticationV1(), Audience: natscallout.DefaultAudience}}
+	r := startRig(t, c, natscallout.Options{Reviewer: reviews, ReviewsPerSecond: 1e-6, ReviewBurst: 1, Workers: 4})
+	pod := c.pod(t, "vllm-0", relaySA)
+	token := c.token(t, relaySA, natscallout.DefaultAudience, pod)
+	garbage := []string{
+		"warm-up",
+		"eyJhbGciOiJSUzI1NiJ9.e30.c2ln",
+		c.token(t, relaySA, "https://kubernetes.default.svc", pod),
+		c.token(t, "someone-else", natscallout.DefaultAudience, nil),
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var storm sync.WaitGroup
+	for i := range 8 {
+		storm.Go(func() {
+			for j := i; ctx.Err() == nil; j++ {
+				if nc, err := r.connect(garbage[j%len(garbage)], nil); err == nil {
+					nc.Close()
+					t.Error("a bad token was admitted")
+					return
+				}
+			}
+		})
+	}
+	testkit.WaitFor(t, "the storm to reach every local check", func() error {
+		for _, reason := range []string{"malformed_token", "invalid_claims", "unknown_service_account"} {
+			if n := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", reason); n < 10 {
+				return fmt.Errorf("%v %s denials", n, reason)
+			}
+		}
+		return nil
+	})
+	const reconnects = 10
+	for i := range reconnects {
+		nc, err := r.connect(token, nil)
+		if err != nil {
+			t.Errorf("connect %d during the storm: %v", i, err)
+			continue
+		}
+		nc.Close()
+	}
+	stop()
+	storm.Wait()
+	if got := reviews.n.Load(); got != 1 {
+		t.Errorf("%d reviews, want the relay's one", got)
+	}
+	for _, reason := range []string{"bad_signature", "rate_limited"} {
+		if got := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", reason); got != 0 {
+			t.Errorf("%v %s denials: garbage got past the claims checks", got, reason)
 		}
 	}
 }
+
+// The API server stays the authority on revocation: a token rightly
+// signed, of a pod deleted since, is refused by the review when the
+// callout's own view of the pods has not caught up yet.
+func TestARightlySignedTokenOfADeletedPodIsRefusedByTheReview(t *testing.T) {
+	c := newCluster(t)
+	r := startRig(t, c, natscallout.Options{Pods: laggingPods{}})
+	pod := c.pod(t, "vllm-0", relaySA)
+	token := c.token(t, relaySA, natscallout.DefaultAudience, pod)
+	if err := c.cs.CoreV1().Pods(c.ns).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the pod to be gone", func() error {
+		_, err := c.cs.CoreV1().Pods(c.ns).Get(context.Background(), pod.Name, metav1.GetOptions{})
+		if err == nil {
+			return errors.New("the pod is still there")
+		}
+		return nil
+	})
+	nc, err := r.connect(token, nil)
+	if err == nil {
+		nc.Close()
+		t.Fatal("a deleted pod's token was admitted")
+	}
+	if got := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "unauthenticated"); got != 1 {
+		t.Errorf("%v refusals by the review, want 1", got)
+	}
+	if got := testkit.Value(t, r.reg, "kvroute_natsauth_denied_total", "reason", "bad_signature"); got != 0 {
+		t.Errorf("%v refusals for the signature of a token the API server signed", got)
+	}
+}
+
+// laggingPods is a view of the pods that has not seen any deletion yet:
+// an informer behind the API server.
+type laggingPods struct{}
+
+func (laggingPods) Check(context.Context, string, string, string, bool) error { return nil }
 
 // A user expires with its token, or sooner with UserTTL: the server then
 // closes the connection, and the token of a pod deleted meanwhile does

@@ -3,6 +3,7 @@ package natscallout
 import (
 	"flag"
 	"os"
+	"time"
 )
 
 // Flags are the command line of `kv-nats-auth serve`: the Options that
@@ -23,6 +24,9 @@ type Flags struct {
 	HTTPAddr string
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// KeysRefresh is how often the API server's service-account keys are
+	// read again.
+	KeysRefresh time.Duration
 }
 
 // Register adds the flags to fs, with the environment a pod's downward
@@ -44,5 +48,6 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Account, "account", DefaultAccount, "account the admitted clients are placed in")
 	fs.Float64Var(&f.ReviewsPerSecond, "reviews-per-second", 50, "TokenReviews sent to the API server per second, at most")
 	fs.BoolVar(&f.LocalServer, "local-server", false, "answer only the requests of the server connected to, as each member of a NATS cluster's callout must")
+	fs.DurationVar(&f.KeysRefresh, "keys-refresh", 5*time.Minute, "how often the API server's service-account keys ("+JWKSPath+") are read again; a token of a key not yet seen also rereads them, at most every 10s")
 	fs.DurationVar(&f.UserTTL, "user-ttl", 0, "end every admitted connection after this long, if its token has not expired before; 0: when its token expires")
 }

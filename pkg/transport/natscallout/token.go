@@ -20,9 +20,10 @@ var ErrMalformedToken = errors.New("malformed token")
 const clockSkew = 30 * time.Second
 
 // Claims are the parts of a projected ServiceAccount token the callout
-// reads before any review. The signature is not verified here: the
-// TokenReview remains the authority, and these checks are a filter that
-// keeps tokens which cannot pass it from spending the review budget.
+// reads before any review. ParseToken does not verify the signature
+// (VerifySignature does); together they are a filter that keeps tokens
+// which cannot pass a TokenReview from spending the review budget, and
+// the review remains the authority on revocation.
 type Claims struct {
 	Issuer    string
 	Audiences []string

@@ -118,14 +118,28 @@ func TestClaimsCheckRefusesTokensNoReviewWouldPass(t *testing.T) {
 }
 
 // The tokens a connect carries come from the network: no input may panic
-// the parser, and what it accepts it accepts consistently.
+// the parser or the signature check, and what they accept they accept
+// consistently.
 func FuzzParseToken(f *testing.F) {
+	keys, err := ParseJWKS(jwksOf(f, jwk("r", rsaKey1), jwk("e", p256Key)))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(sign(f, rsaKey1, "r", "RS256", podClaims(epoch.Add(time.Hour))))
+	f.Add(sign(f, p256Key, "e", "ES256", podClaims(epoch.Add(time.Hour))))
 	f.Add(jwtOf(f, map[string]any{"alg": "RS256"}, podClaims(epoch.Add(time.Hour))))
 	f.Add("eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
 	f.Add("eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjEuNWUzMDB9.c2ln")
 	f.Add("a.b.c")
 	f.Add("")
 	f.Fuzz(func(t *testing.T, token string) {
+		verr := VerifySignature(token, keys)
+		if verr != nil && !errors.Is(verr, ErrBadSignature) {
+			t.Fatalf("%q: %v is not ErrBadSignature", token, verr)
+		}
+		if verr == nil && strings.Count(token, ".") != 2 {
+			t.Fatalf("%q verified", token)
+		}
 		c, err := ParseToken(token)
 		if err != nil {
 			if !errors.Is(err, ErrMalformedToken) {
