@@ -14,8 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"runtime"
-	"runtime/metrics"
 	"strings"
 	"testing"
 
@@ -28,14 +26,6 @@ import (
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/fleet"
 )
-
-// heap is the bytes of live heap objects after a collection.
-func heap() int64 {
-	runtime.GC()
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	metrics.Read(s)
-	return int64(s[0].Value.Uint64())
-}
 
 // victims is a fleet whose engines each hold a prompt of their own, and
 // what the index answers for those prompts.
@@ -191,14 +181,14 @@ func TestAttackForgedRanksOfOneEndpointKeepNoState(t *testing.T) {
 	v := startVictims(t, nil)
 	victim := v.f.Servers[1]
 	data := encode(t, &events.Batch{Events: []events.Event{{Kind: events.KindAllBlocksCleared}}})
-	h0 := heap()
+	h0 := testkit.LiveHeap()
 	v.flood(t, forged, func(i int) *nats.Msg {
 		o := events.Origin{Stream: events.Stream{Endpoint: victim.Addr, DPRank: 1000 + i}, Pod: "pod-1", Instance: "x", Seq: 0}
 		return &nats.Msg{Subject: events.Subject(v.f.EPP.Namespace(), v.f.EPP.Pool(), "pod-1"), Header: o.Header(), Data: data}
 	}, func() float64 {
 		return v.rejected(t, "rank_limit") + testkit.Value(t, v.f.Metrics, "kvroute_events_batches_total", "result", "applied")
 	})
-	grown := heap() - h0
+	grown := testkit.LiveHeap() - h0
 	t.Logf("heap grew by %d KiB after %d forged ranks", grown>>10, forged)
 	// The ranks admitted up to the cap are real streams now, and may have
 	// cleared: what the cap lets a pod's own relay do to its own pod.
@@ -226,13 +216,13 @@ func TestAttackEndpointsOutsideThePoolKeepNoState(t *testing.T) {
 	v := startVictims(t, nil)
 	applied := testkit.Value(t, v.f.Metrics, "kvroute_events_batches_total", "result", "applied")
 	data := encode(t, &events.Batch{Events: []events.Event{{Kind: events.KindBlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4}}})
-	h0 := heap()
+	h0 := testkit.LiveHeap()
 	v.flood(t, forged, func(i int) *nats.Msg {
 		pod := fmt.Sprintf("ghost-%d", i)
 		o := events.Origin{Stream: events.Stream{Endpoint: fmt.Sprintf("10.%d.%d.%d:8000", i>>16, i>>8&255, i&255)}, Pod: pod, Instance: "x"}
 		return &nats.Msg{Subject: events.Subject(v.f.EPP.Namespace(), v.f.EPP.Pool(), pod), Header: o.Header(), Data: data}
 	}, func() float64 { return v.rejected(t, "unknown_endpoint") })
-	grown := heap() - h0
+	grown := testkit.LiveHeap() - h0
 	t.Logf("heap grew by %d KiB after %d endpoints outside the pool", grown>>10, forged)
 	if grown > 16<<20 {
 		t.Errorf("heap grew by %d MiB after %d endpoints outside the pool, want no state kept", grown>>20, forged)
@@ -252,7 +242,7 @@ func TestAttackAFloodOfBlocksFromOneEndpointStaysWithinItsShare(t *testing.T) {
 	flooder := v.f.Servers[0]
 	tokens := make([]uint32, runBlocks*4)
 	hashes := make([]uint64, runBlocks)
-	h0 := heap()
+	h0 := testkit.LiveHeap()
 	batches := flood / runBlocks
 	v.flood(t, batches, func(i int) *nats.Msg {
 		for j := range hashes {
@@ -267,7 +257,7 @@ func TestAttackAFloodOfBlocksFromOneEndpointStaysWithinItsShare(t *testing.T) {
 	}, func() float64 {
 		return testkit.Value(t, v.f.Metrics, "kvroute_events_batches_total", "result", "applied")
 	})
-	grown := heap() - h0
+	grown := testkit.LiveHeap() - h0
 	t.Logf("heap grew by %d KiB for %d forged blocks (the endpoint's share: %d holdings)", grown>>10, batches*runBlocks, perEndpoint)
 	if limit := int64(perEndpoint*epp.BytesPerHolding*2 + 16<<20); grown > limit {
 		t.Errorf("heap grew by %d MiB for %d forged blocks, over the endpoint's share (%d holdings, %d MiB with slack)",

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"net"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -120,4 +121,15 @@ func Go(t testing.TB, what string, run func(ctx context.Context) error) {
 			t.Errorf("%s did not return within %v of its context's end", what, WaitLimit)
 		}
 	})
+}
+
+// LiveHeap is the bytes of live heap objects, read after two collections:
+// what sync.Pools (gRPC's buffers among them) hold survives one collection
+// in their victim caches and is garbage only after the second.
+func LiveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
 }

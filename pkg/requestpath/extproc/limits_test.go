@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,17 +20,6 @@ import (
 	"github.com/kvroute/kvroute/pkg/testkit"
 	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 )
-
-// heapBytes is the live heap after a collection.
-func heapBytes() int64 {
-	// Twice: what sync.Pools (gRPC's buffers among them) hold survives one
-	// collection in their victim caches, and is garbage only after two.
-	runtime.GC()
-	runtime.GC()
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	metrics.Read(s)
-	return int64(s[0].Value.Uint64())
-}
 
 // perStreamSlack is what an open stream may hold beyond the body budget:
 // its goroutines' stacks, gRPC's stream state and its receive buffer, the
@@ -97,7 +84,7 @@ func TestNeverEndingBodiesAndHeaderOnlyStreamsStayWithinTheBudget(t *testing.T) 
 	if err != nil || ok.Immediate != nil {
 		t.Fatalf("before the attack: %v %v", ok, err)
 	}
-	before := heapBytes()
+	before := testkit.LiveHeap()
 
 	var cancels []context.CancelFunc
 	defer func() {
@@ -145,7 +132,7 @@ func TestNeverEndingBodiesAndHeaderOnlyStreamsStayWithinTheBudget(t *testing.T) 
 	if got := testkit.Value(t, reg, "kvroute_extproc_request_bytes_in_flight"); got != holders*charge {
 		t.Errorf("%v bytes in flight, want %d bodies' %d", got, holders, charge)
 	}
-	grown := heapBytes() - before
+	grown := testkit.LiveHeap() - before
 	const open = idle + holders
 	t.Logf("%d bodies held, %d refused, %d header-only streams: heap +%d KiB (%d B a stream beyond the bodies)",
 		holders, attackers-holders, idle, grown>>10, (grown-holders*charge)/open)

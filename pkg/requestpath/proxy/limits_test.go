@@ -8,8 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
-	"runtime/metrics"
 	"strings"
 	"sync"
 	"testing"
@@ -261,13 +259,6 @@ func TestConcurrentRequestsPastTheLimitAreRefusedWith429(t *testing.T) {
 	}
 }
 
-func heapBytes() uint64 {
-	runtime.GC()
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
 // Clients send 1 MiB bodies at once and keep their requests in flight:
 // each is charged ten times its size while it is parsed and routed, and
 // its size while it is forwarded. The bodies the proxy holds stay within
@@ -281,7 +272,7 @@ func TestBodyBytesInFlightStayWithinTheirBudget(t *testing.T) {
 	// with spaces.
 	ids := completion(1, 8, true)
 	payload := []byte(ids[:len(ids)-1] + strings.Repeat(" ", bodySize-len(ids)) + "}")
-	before := heapBytes()
+	before := uint64(testkit.LiveHeap())
 
 	type result struct {
 		resp *http.Response
@@ -312,7 +303,7 @@ func TestBodyBytesInFlightStayWithinTheirBudget(t *testing.T) {
 		r.resp.Body.Close()
 		refused++
 	}
-	grown := int64(heapBytes()) - int64(before)
+	grown := int64(uint64(testkit.LiveHeap())) - int64(before)
 	t.Logf("heap grew by %d MiB with %d bodies of 1 MiB in flight (budget %d MiB), %d refused", grown>>20, len(admitted), budget>>20, refused)
 	if len(admitted) == 0 || len(admitted) > budget/bodySize || refused+len(admitted) != clients {
 		t.Errorf("%d admitted and %d refused of %d: want some admitted, at most %d", len(admitted), refused, clients, budget/bodySize)
