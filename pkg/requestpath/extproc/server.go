@@ -65,6 +65,12 @@ const (
 // Options configure a Server. The zero value listens on :9002 with a
 // self-signed certificate, serves health on the same port and on none other,
 // takes bodies up to 16 MiB, holds the Default* limits, and is always ready.
+//
+// What the server holds for its clients beyond the body budget is
+// bounded by these options (docs/security.md states the sum): per
+// connection, ConnBytes; per stream, its state, its header list (at most
+// MaxHeaderListBytes), its window (WindowBytes) and, while a message
+// larger than the window arrives, that message (at most MaxMessageBytes).
 type Options struct {
 	// Addr is the ext_proc listen address (":9002" when empty; port 0
 	// picks a free one).
@@ -96,6 +102,26 @@ type Options struct {
 	// The response phase has no bound of the server's: responses stream
 	// for as long as generation takes.
 	BodyTimeout time.Duration
+	// MaxConns bounds the connections open at once on Addr
+	// (DefaultMaxConns when zero): one more is closed as soon as it is
+	// accepted, before its TLS handshake.
+	MaxConns int
+	// WindowBytes is each stream's HTTP/2 receive window, fixed
+	// (DefaultWindowBytes when zero; gRPC takes no less than 64 KiB): the
+	// bytes a client may send on a stream before the server reads them.
+	// A fixed window turns off gRPC's bandwidth-delay estimation, which
+	// would grow every stream's window to 16 MiB.
+	WindowBytes int
+	// MaxMessageBytes bounds one gRPC message from Envoy, which gRPC
+	// gathers whole before the server sees it. When zero: a body chunk
+	// (at most DefaultMaxChunkBytes, Envoy's default buffer limit, or
+	// MaxBodyBytes if less) plus MessageRoomBytes; with DefaultMode
+	// Buffered, MaxBodyBytes plus MessageRoomBytes, as the whole body
+	// comes in one message.
+	MaxMessageBytes int
+	// IdleTimeout closes a connection that has had no stream open for
+	// that long (HTTP/2 GOAWAY; DefaultIdleTimeout when zero).
+	IdleTimeout time.Duration
 	// DefaultMode is the body mode assumed when Envoy's first message
 	// carries no protocol_config (older Envoys).
 	DefaultMode BodyMode
@@ -126,10 +152,10 @@ func BufferPool() mem.BufferPool { return sharedPool }
 // credentials aside: the benchmarks' do-nothing floor (pkg/testkit/envoy)
 // is built with them too, so that the two differ only in what they do.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+	return append([]grpc.ServerOption{
 		experimental.BufferPool(BufferPool()),
 		grpc.NumStreamWorkers(uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))),
-	}
+	}, windowOptions(DefaultWindowBytes)...)
 }
 
 // Server is the ext_proc gRPC server.
@@ -182,6 +208,19 @@ func New(d director.Handler, o Options) (*Server, error) {
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
 	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.WindowBytes <= 0 {
+		o.WindowBytes = DefaultWindowBytes
+	}
+	o.WindowBytes = min(max(o.WindowBytes, minWindowBytes), maxWindowBytes)
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = DefaultMaxMessageBytes(o.MaxBodyBytes, o.DefaultMode)
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
 	if int64(o.MaxBodyBytes)*DecodedBytesPerBodyByte > o.MaxInFlightBytes {
 		return nil, fmt.Errorf("extproc: a body of %d bytes (the body limit) is charged %d bytes, more than the in-flight limit of %d: raise the limit or lower the body limit",
 			o.MaxBodyBytes, int64(o.MaxBodyBytes)*DecodedBytesPerBodyByte, o.MaxInFlightBytes)
@@ -200,7 +239,7 @@ func New(d director.Handler, o Options) (*Server, error) {
 		streams: semaphore.NewWeighted(int64(o.MaxStreams))}
 	s.budget = newBudget(o.MaxInFlightBytes, s.m)
 
-	opts := append(ServerOptions(), grpc.MaxConcurrentStreams(uint32(o.MaxStreamsPerConn)))
+	opts := append(ServerOptions(), connOptions(o)...)
 	if o.Plaintext && o.ClientCAFile != "" {
 		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
 	}
@@ -211,10 +250,11 @@ func New(d director.Handler, o Options) (*Server, error) {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(files.serverConfig())))
 	}
-	var err error
-	if s.ln, err = net.Listen("tcp", o.Addr); err != nil {
+	ln, err := net.Listen("tcp", o.Addr)
+	if err != nil {
 		return nil, fmt.Errorf("extproc: listen on %s: %w", o.Addr, err)
 	}
+	s.ln = newLimitListener(ln, o.MaxConns, s.m)
 	if o.HealthAddr != "" {
 		if s.hln, err = net.Listen("tcp", o.HealthAddr); err != nil {
 			_ = s.ln.Close()
