@@ -53,17 +53,22 @@ func dialRaw(t *testing.T, addr string) *rawClient {
 	rc := &rawClient{c: c, fr: http2.NewFramer(c, c), connWin: 65535, initWin: 65535,
 		winDelta: map[uint32]int64{}, ended: map[uint32]bool{}}
 	rc.cond = sync.NewCond(&rc.mu)
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
+	_, err = io.WriteString(c, http2.ClientPreface)
+	if err == nil {
+		err = rc.fr.WriteSettings()
 	}
-	if err := rc.fr.WriteSettings(); err != nil {
-		t.Fatal(err)
+	if err != nil {
+		// The server closed the connection at once: a refusal, which
+		// the test reads from rc.err.
+		rc.err = err
+		return rc
 	}
 	go rc.read()
 	return rc
 }
 
-// read follows the server's frames: settings, windows, pings, ends.
+// read follows the server's frames: settings, windows, pings, ends; it
+// acknowledges settings and pings, as a client must.
 func (rc *rawClient) read() {
 	for {
 		f, err := rc.fr.ReadFrame()
@@ -94,6 +99,10 @@ func (rc *rawClient) read() {
 		case *http2.PingFrame:
 			if f.IsAck() {
 				rc.pings++
+			} else {
+				rc.wmu.Lock()
+				_ = rc.fr.WritePing(true, f.Data)
+				rc.wmu.Unlock()
 			}
 		case *http2.GoAwayFrame:
 			rc.goaway = true
