@@ -316,6 +316,14 @@ func TestConnectionsAndLargeMessagesStayWithinTheirBound(t *testing.T) {
 		if err := rc.sync(); err != nil {
 			t.Fatal(err)
 		}
+		// gRPC's bandwidth-delay estimate would have raised the windows
+		// by now, with the settings frame the client reads.
+		rc.mu.Lock()
+		win := rc.initWin
+		rc.mu.Unlock()
+		if win != extproc.DefaultWindowBytes {
+			t.Fatalf("a stream's window is %d bytes, want it fixed at %d", win, extproc.DefaultWindowBytes)
+		}
 	}
 
 	// One connection more than the cap is closed before the server says
