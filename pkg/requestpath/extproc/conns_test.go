@@ -118,14 +118,19 @@ func (rc *rawClient) read() {
 	}
 }
 
-// grpcHeaders is a Process call's request header block, with extra
-// fields.
-func grpcHeaders(extra ...hpack.HeaderField) []byte {
+// The methods the raw client calls.
+const (
+	processPath     = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+	healthCheckPath = "/grpc.health.v1.Health/Check"
+)
+
+// grpcHeaders is a call's request header block, with extra fields.
+func grpcHeaders(path string, extra ...hpack.HeaderField) []byte {
 	var b bytes.Buffer
 	e := hpack.NewEncoder(&b)
 	for _, f := range [][2]string{
 		{":method", "POST"}, {":scheme", "http"}, {":authority", "ext-proc"},
-		{":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"},
+		{":path", path},
 		{"content-type", "application/grpc"}, {"te", "trailers"},
 	} {
 		_ = e.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
@@ -140,9 +145,14 @@ func grpcHeaders(extra ...hpack.HeaderField) []byte {
 // the order of their ids. The header block goes in frames of 16 KiB at
 // most, HTTP/2's least frame size.
 func (rc *rawClient) open(id uint32, extra ...hpack.HeaderField) error {
+	return rc.openPath(id, processPath, extra...)
+}
+
+// openPath opens stream id calling the method at path.
+func (rc *rawClient) openPath(id uint32, path string, extra ...hpack.HeaderField) error {
 	rc.wmu.Lock()
 	defer rc.wmu.Unlock()
-	block := grpcHeaders(extra...)
+	block := grpcHeaders(path, extra...)
 	const maxFrame = 16 << 10
 	first := block[:min(len(block), maxFrame)]
 	block = block[len(first):]
@@ -363,6 +373,63 @@ func TestConnectionsAndLargeMessagesStayWithinTheirBound(t *testing.T) {
 // sent in frames of 4 KiB: each frame's buffer, rounded up to a power of
 // two by the buffer pool, and its list entries.
 const heldBytesPerByte = 2
+
+// gRPC reads a unary call's request before any handler runs, so health
+// checks whose requests never end would hold their messages outside a
+// cap taken by the ext_proc handler. The stream cap counts the streams of
+// every method from their headers: past it, a Process stream is refused
+// while health checks hold every place, and once they end a Process
+// stream is taken again.
+func TestTheStreamCapCountsEveryMethodsStreams(t *testing.T) {
+	t.Parallel()
+	const limit = 6
+	s, _, reg := startServer(t, plainDirector(t, 1), extproc.Options{Plaintext: true, MaxStreams: limit})
+	rc := dialRaw(t, s.Addr())
+	results := make(chan error, limit)
+	for i := range limit {
+		id := uint32(2*i + 1)
+		if err := rc.openPath(id, healthCheckPath); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			_, err := rc.send(id, 64<<10, 4<<10)
+			results <- err
+		}()
+	}
+	for range limit {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := uint32(2*limit + 1)
+	if err := rc.open(past); err != nil {
+		t.Fatal(err)
+	}
+	if !rc.endedStream(t, past) {
+		t.Fatalf("a Process stream past %d health checks in progress was taken, want it refused", limit)
+	}
+	if got := testkit.Value(t, reg, "kvroute_extproc_refused_total", "reason", "streams"); got != 1 {
+		t.Fatalf("refused_total{streams} = %v, want 1", got)
+	}
+	for i := range limit {
+		rc.wmu.Lock()
+		err := rc.fr.WriteRSTStream(uint32(2*i+1), http2.ErrCodeCancel)
+		rc.wmu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.WaitFor(t, "a Process stream to be taken once the health checks end", func() error {
+		past += 2
+		if err := rc.open(past); err != nil {
+			return err
+		}
+		if rc.endedStream(t, past) {
+			return fmt.Errorf("stream %d refused", past)
+		}
+		return nil
+	})
+}
 
 // A stream's header list is held for the stream's life: gRPC's own bound
 // is 16 MiB. A list past MaxHeaderListBytes is refused before the stream

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/tap"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/internal/memo"
@@ -240,6 +241,7 @@ func New(d director.Handler, o Options) (*Server, error) {
 	s.budget = newBudget(o.MaxInFlightBytes, s.m)
 
 	opts := append(ServerOptions(), connOptions(o)...)
+	opts = append(opts, grpc.InTapHandle(s.admitStream))
 	if o.Plaintext && o.ClientCAFile != "" {
 		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
 	}
@@ -380,8 +382,23 @@ func (s *Server) pollReady(ctx context.Context) {
 	}
 }
 
+// admitStream admits a new stream of any method under the stream cap,
+// before gRPC creates it: gRPC reads a unary call's request (a health
+// check's) before any handler or interceptor runs, so a cap taken in a
+// handler would leave those streams uncounted. The stream gives its
+// place back when its context ends, as gRPC ends it for every stream it
+// closes.
+func (s *Server) admitStream(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	if !s.streams.TryAcquire(1) {
+		s.m.refused(refusedStreams)
+		return ctx, streamsExhausted(s.o.MaxStreams)
+	}
+	context.AfterFunc(ctx, func() { s.streams.Release(1) })
+	return ctx, nil
+}
+
 // Process serves one HTTP request's ext_proc stream, within the stream
-// cap and the body deadline.
+// cap (admitStream) and the body deadline.
 //
 // Refusals follow what Envoy does with them. A request the server cannot
 // take (its body too large: 413; over the byte budget: 503; its body late:
@@ -391,11 +408,6 @@ func (s *Server) pollReady(ctx context.Context) {
 // costs nothing to refuse, and Envoy then fails the request (500), or,
 // with failure_mode_allow, lets it through unrouted.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
-	if !s.streams.TryAcquire(1) {
-		s.m.refused(refusedStreams)
-		return streamsExhausted(s.o.MaxStreams)
-	}
-	defer s.streams.Release(1)
 	st := newStream(s, ps)
 	done := make(chan error, 1)
 	s.workers.do(func() { done <- st.run() })
