@@ -1,14 +1,19 @@
 package extproc
 
 import (
+	"context"
 	"math"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // What gRPC holds for a client before the server sees its messages, and
@@ -123,7 +128,8 @@ type limitListener struct {
 	net.Listener
 	max  int64
 	open atomic.Int64
-	m    *metrics
+	// m counts connections and refusals; nil counts nothing.
+	m *metrics
 }
 
 func newLimitListener(ln net.Listener, max int, m *metrics) *limitListener {
@@ -139,10 +145,14 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if l.open.Add(1) > l.max {
 			l.open.Add(-1)
 			_ = c.Close()
-			l.m.refused(refusedConns)
+			if l.m != nil {
+				l.m.refused(refusedConns)
+			}
 			continue
 		}
-		l.m.conns.Inc()
+		if l.m != nil {
+			l.m.conns.Inc()
+		}
 		return &limitedConn{Conn: c, l: l}, nil
 	}
 }
@@ -157,7 +167,50 @@ type limitedConn struct {
 func (c *limitedConn) Close() error {
 	c.once.Do(func() {
 		c.l.open.Add(-1)
-		c.l.m.conns.Dec()
+		if c.l.m != nil {
+			c.l.m.conns.Dec()
+		}
 	})
 	return c.Conn.Close()
+}
+
+// Bounds of the separate plaintext health listener (HealthAddr), which
+// answers probes: short calls with requests of a few bytes.
+const (
+	healthMaxConns       = 32
+	healthStreamsPerConn = 4
+	healthMaxStreams     = 64
+	healthMaxMessage     = 4 << 10
+)
+
+// admitUnder admits a new stream while fewer than the semaphore's weight
+// are open, and gives its place back when gRPC ends the stream's
+// context; past it, the stream ends with err before gRPC creates it.
+func admitUnder(sem *semaphore.Weighted, refused func() error) tap.ServerInHandle {
+	return func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+		if !sem.TryAcquire(1) {
+			return ctx, refused()
+		}
+		context.AfterFunc(ctx, func() { sem.Release(1) })
+		return ctx, nil
+	}
+}
+
+// healthOptions are the health listener's gRPC options: the ext_proc
+// server's bounds, scaled to probes.
+func healthOptions(idle time.Duration) []grpc.ServerOption {
+	streams := semaphore.NewWeighted(healthMaxStreams)
+	return append(windowOptions(minWindowBytes),
+		grpc.MaxConcurrentStreams(healthStreamsPerConn),
+		grpc.MaxRecvMsgSize(healthMaxMessage),
+		grpc.MaxHeaderListSize(MaxHeaderListBytes),
+		grpc.ReadBufferSize(connBufferBytes),
+		grpc.WriteBufferSize(connBufferBytes),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle, Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minPingInterval, PermitWithoutStream: true}),
+		grpc.InTapHandle(admitUnder(streams, func() error {
+			return status.Errorf(codes.ResourceExhausted, "health streams over the limit of %d open at once", healthMaxStreams)
+		})),
+	)
 }

@@ -431,6 +431,27 @@ func TestTheStreamCapCountsEveryMethodsStreams(t *testing.T) {
 	})
 }
 
+// The plaintext health listener answers probes: a health check that
+// announces a request of 1 MiB is refused from its prefix, and gets no
+// more than its first window in, where gRPC's own bound of 4 MiB would
+// open the window to the whole request.
+func TestTheHealthListenerTakesOnlyProbeSizedRequests(t *testing.T) {
+	t.Parallel()
+	s, _, _ := startServer(t, plainDirector(t, 1), extproc.Options{Plaintext: true, HealthAddr: "127.0.0.1:0"})
+	rc := dialRaw(t, s.HealthAddr())
+	if err := rc.openPath(1, healthCheckPath); err != nil {
+		t.Fatal(err)
+	}
+	const announced = 1 << 20
+	sent, err := rc.send(1, announced, 4<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent > extproc.DefaultWindowBytes {
+		t.Fatalf("a health check announcing %d bytes sent %d: the server read past its first window", announced, sent)
+	}
+}
+
 // A stream's header list is held for the stream's life: gRPC's own bound
 // is 16 MiB. A list past MaxHeaderListBytes is refused before the stream
 // starts; one within it is served.

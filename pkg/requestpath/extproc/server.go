@@ -241,7 +241,7 @@ func New(d director.Handler, o Options) (*Server, error) {
 	s.budget = newBudget(o.MaxInFlightBytes, s.m)
 
 	opts := append(ServerOptions(), connOptions(o)...)
-	opts = append(opts, grpc.InTapHandle(s.admitStream))
+	opts = append(opts, grpc.InTapHandle(s.admitStream()))
 	if o.Plaintext && o.ClientCAFile != "" {
 		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
 	}
@@ -258,11 +258,13 @@ func New(d director.Handler, o Options) (*Server, error) {
 	}
 	s.ln = newLimitListener(ln, o.MaxConns, s.m)
 	if o.HealthAddr != "" {
-		if s.hln, err = net.Listen("tcp", o.HealthAddr); err != nil {
+		hln, err := net.Listen("tcp", o.HealthAddr)
+		if err != nil {
 			_ = s.ln.Close()
 			return nil, fmt.Errorf("extproc: listen for health on %s: %w", o.HealthAddr, err)
 		}
-		s.hgrpc = grpc.NewServer()
+		s.hln = newLimitListener(hln, healthMaxConns, nil)
+		s.hgrpc = grpc.NewServer(healthOptions(o.IdleTimeout)...)
 		healthpb.RegisterHealthServer(s.hgrpc, s.health)
 	}
 	s.grpc = grpc.NewServer(opts...)
@@ -388,13 +390,11 @@ func (s *Server) pollReady(ctx context.Context) {
 // handler would leave those streams uncounted. The stream gives its
 // place back when its context ends, as gRPC ends it for every stream it
 // closes.
-func (s *Server) admitStream(ctx context.Context, _ *tap.Info) (context.Context, error) {
-	if !s.streams.TryAcquire(1) {
+func (s *Server) admitStream() tap.ServerInHandle {
+	return admitUnder(s.streams, func() error {
 		s.m.refused(refusedStreams)
-		return ctx, streamsExhausted(s.o.MaxStreams)
-	}
-	context.AfterFunc(ctx, func() { s.streams.Release(1) })
-	return ctx, nil
+		return streamsExhausted(s.o.MaxStreams)
+	})
 }
 
 // Process serves one HTTP request's ext_proc stream, within the stream
