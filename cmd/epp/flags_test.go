@@ -45,6 +45,13 @@ func TestEachFlagSetsItsOption(t *testing.T) {
 				return !od.Disabled && od.Consecutive5xx == 3 && od.BaseEjectionTime == 5*time.Second &&
 					od.MaxEjectionPercent == 20 && od.PeakPrefillRate == 50000 && od.ProbationSuccesses == 5
 			}},
+		{"--extproc-* set ext_proc's connection bounds", []string{"--extproc-max-conns", "32", "--extproc-window-bytes", "131072",
+			"--extproc-max-message-bytes", "4194304", "--extproc-idle-timeout", "30s"}, nil,
+			func(o epp.Options) bool {
+				x := o.RequestPath.ExtProc
+				return x.MaxConns == 32 && x.WindowBytes == 128<<10 && x.MaxMessageBytes == 4<<20 && x.IdleTimeout == 30*time.Second &&
+					x.MaxStreamsPerConn == epp.DefaultOptions().RequestPath.ExtProc.MaxStreamsPerConn
+			}},
 		{"--secure-serving=false serves ext_proc in plaintext", []string{"--secure-serving=false"}, nil,
 			func(o epp.Options) bool { return o.RequestPath.Plaintext }},
 		{"--cert-path names the key pair's directory", []string{"--cert-path", "/certs"}, nil,

@@ -62,6 +62,12 @@ func DefaultOptions() Options {
 			ExtProc: extproc.Options{
 				MaxStreamsPerConn: extproc.DefaultMaxStreamsPerConn,
 				BodyTimeout:       extproc.DefaultBodyTimeout,
+				WindowBytes:       extproc.DefaultWindowBytes,
+				IdleTimeout:       extproc.DefaultIdleTimeout,
+				// Zero: MaxConns a share of GOMEMLIMIT or the container's
+				// limit, MaxMessageBytes from the body limit.
+				MaxConns:        0,
+				MaxMessageBytes: 0,
 			},
 			Tokenize:            true,
 			TokenizeTimeout:     200 * time.Millisecond,

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
 
@@ -34,6 +35,10 @@ const (
 	// ends of it counted).
 	streamMemoryShare = 16
 	BytesPerStream    = 32 << 10
+	// connMemoryShare bounds ext_proc's open connections: a sixty-fourth
+	// of memory at extproc.ConnBytes a connection, at least minConns.
+	connMemoryShare = 64
+	minConns        = 64
 )
 
 // RequestPathBudgets are the request path's default bounds for a process
@@ -44,6 +49,12 @@ func RequestPathBudgets(memory int64, maxBodyBytes int) (bodyBytes int64, stream
 	bodyBytes = max(memory/bodyMemoryShare, int64(maxBodyBytes)*openai.DecodedBytesPerBodyByte)
 	streams = int(max(memory/streamMemoryShare/BytesPerStream, 256))
 	return bodyBytes, streams
+}
+
+// ExtProcConns is the default bound on ext_proc's open connections for a
+// process that may use memory bytes. For the chart's 2 GiB: 256.
+func ExtProcConns(memory int64) int {
+	return int(max(memory/connMemoryShare/extproc.ConnBytes, minConns))
 }
 
 // MemoryBudget is the memory the process may use and where that figure

@@ -33,3 +33,24 @@ func TestRequestPathBudgetsFitTheMemoryTheProcessMayUse(t *testing.T) {
 		})
 	}
 }
+
+func TestExtProcConnectionsFitTheirShareOfMemory(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		memory int64
+		conns  int
+	}{
+		{"the chart's 2 GiB: 256 connections", 2 << 30, 256},
+		{"the 4 GiB fallback: twice that", 4 << 30, 512},
+		{"a small container still takes a gateway's worker threads", 256 << 20, 64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := epp.ExtProcConns(tt.memory); got != tt.conns {
+				t.Errorf("ExtProcConns(%d) = %d, want %d", tt.memory, got, tt.conns)
+			}
+		})
+	}
+}

@@ -38,11 +38,15 @@ type RequestPathOptions struct {
 	// MaxBodyBytes bounds a request body (default 16 MiB).
 	MaxBodyBytes int
 	// ExtProc bounds ext_proc's clients: request body bytes in flight
-	// (MaxInFlightBytes), streams open in all and per connection
-	// (MaxStreams, MaxStreamsPerConn), and the time from a stream's start
-	// to its request body's end (BodyTimeout). Zero byte and stream
-	// bounds are sized from the memory the process may use
-	// (RequestPathBudgets); the rest of its fields are set from the above.
+	// (MaxInFlightBytes), connections (MaxConns), streams open in all and
+	// per connection (MaxStreams, MaxStreamsPerConn), the time from a
+	// stream's start to its request body's end (BodyTimeout), what gRPC
+	// holds of a stream before the server reads it (WindowBytes,
+	// MaxMessageBytes), and how long a connection without streams stays
+	// (IdleTimeout). Zero byte, stream and connection bounds are sized
+	// from the memory the process may use (RequestPathBudgets,
+	// ExtProcConns); a zero MaxMessageBytes from MaxBodyBytes and the body
+	// mode; the rest of its fields are set from the above.
 	ExtProc extproc.Options
 	// Proxy bounds the standalone proxy's clients: read, write and idle
 	// timeouts, concurrent requests, body bytes in flight (zero fields
@@ -166,7 +170,7 @@ func (e *EPP) startRequestPath() error {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = extproc.DefaultMaxBodyBytes
 	}
-	if (o.ExtProcAddr != "" || o.ProxyAddr != "") && (o.ExtProc.MaxInFlightBytes == 0 || o.ExtProc.MaxStreams == 0 || o.Proxy.MaxInFlightBytes == 0) {
+	if (o.ExtProcAddr != "" || o.ProxyAddr != "") && (o.ExtProc.MaxInFlightBytes == 0 || o.ExtProc.MaxStreams == 0 || o.ExtProc.MaxConns == 0 || o.Proxy.MaxInFlightBytes == 0) {
 		mem, source := MemoryBudget()
 		bytes, streams := RequestPathBudgets(mem, o.MaxBodyBytes)
 		if o.ExtProc.MaxInFlightBytes == 0 {
@@ -175,11 +179,15 @@ func (e *EPP) startRequestPath() error {
 		if o.ExtProc.MaxStreams == 0 {
 			o.ExtProc.MaxStreams = streams
 		}
+		if o.ExtProc.MaxConns == 0 {
+			o.ExtProc.MaxConns = ExtProcConns(mem)
+		}
 		if o.Proxy.MaxInFlightBytes == 0 {
 			o.Proxy.MaxInFlightBytes = bytes
 		}
 		e.logger.Info("request path bounds", "memory", mem, "from", source,
 			"extproc_max_inflight_bytes", o.ExtProc.MaxInFlightBytes, "extproc_max_streams", o.ExtProc.MaxStreams,
+			"extproc_max_conns", o.ExtProc.MaxConns,
 			"proxy_max_inflight_bytes", o.Proxy.MaxInFlightBytes)
 	}
 	if o.ExtProcAddr != "" {

@@ -41,6 +41,7 @@ const DecodedBytesPerBodyByte = openai.DecodedBytesPerBodyByte
 // Why ext_proc refused a stream or a request; the reason label of
 // kvroute_extproc_refused_total.
 const (
+	refusedConns      = "conns"
 	refusedStreams    = "streams"
 	refusedBodyBytes  = "body_bytes"
 	refusedBodySize   = "body_size"

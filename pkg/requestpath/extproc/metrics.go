@@ -17,6 +17,7 @@ type metrics struct {
 	// count.
 	byResult   map[string]prometheus.Counter
 	active     prometheus.Gauge
+	conns      prometheus.Gauge
 	bodyBytes  prometheus.Histogram
 	respBytes  prometheus.Counter
 	tlsReloads *prometheus.CounterVec
@@ -34,6 +35,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_extproc_active_streams",
 			Help: "ext_proc streams open now.",
+		}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_extproc_connections",
+			Help: "ext_proc connections open now.",
 		}),
 		bodyBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvroute_extproc_request_body_bytes",
@@ -54,10 +59,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_extproc_refused_total",
-			Help: "Streams and requests ext_proc refused for a limit, by reason: streams (ResourceExhausted), body_bytes (503), body_size (413), body_timeout (408, DeadlineExceeded).",
+			Help: "Streams and requests ext_proc refused for a limit, by reason: conns (closed once accepted), streams (ResourceExhausted), body_bytes (503), body_size (413), body_timeout (408, DeadlineExceeded).",
 		}, []string{"reason"}),
 	}
-	for _, r := range []string{refusedStreams, refusedBodyBytes, refusedBodySize, refusedBodyTimout} {
+	for _, r := range []string{refusedConns, refusedStreams, refusedBodyBytes, refusedBodySize, refusedBodyTimout} {
 		m.refusals.WithLabelValues(r)
 	}
 	m.byResult = map[string]prometheus.Counter{}
@@ -65,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.byResult[r] = m.streams.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.active, m.bodyBytes, m.respBytes, m.tlsReloads, m.bytesInFlight, m.refusals)
+		reg.MustRegister(m.streams, m.active, m.conns, m.bodyBytes, m.respBytes, m.tlsReloads, m.bytesInFlight, m.refusals)
 	}
 	return m
 }

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/tap"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/internal/memo"
@@ -65,6 +66,12 @@ const (
 // Options configure a Server. The zero value listens on :9002 with a
 // self-signed certificate, serves health on the same port and on none other,
 // takes bodies up to 16 MiB, holds the Default* limits, and is always ready.
+//
+// What the server holds for its clients beyond the body budget is
+// bounded by these options (docs/security.md states the sum): per
+// connection, ConnBytes; per stream, its state, its header list (at most
+// MaxHeaderListBytes), its window (WindowBytes) and, while a message
+// larger than the window arrives, that message (at most MaxMessageBytes).
 type Options struct {
 	// Addr is the ext_proc listen address (":9002" when empty; port 0
 	// picks a free one).
@@ -96,6 +103,26 @@ type Options struct {
 	// The response phase has no bound of the server's: responses stream
 	// for as long as generation takes.
 	BodyTimeout time.Duration
+	// MaxConns bounds the connections open at once on Addr
+	// (DefaultMaxConns when zero): one more is closed as soon as it is
+	// accepted, before its TLS handshake.
+	MaxConns int
+	// WindowBytes is each stream's HTTP/2 receive window, fixed
+	// (DefaultWindowBytes when zero; gRPC takes no less than 64 KiB): the
+	// bytes a client may send on a stream before the server reads them.
+	// A fixed window turns off gRPC's bandwidth-delay estimation, which
+	// would grow every stream's window to 16 MiB.
+	WindowBytes int
+	// MaxMessageBytes bounds one gRPC message from Envoy, which gRPC
+	// gathers whole before the server sees it. When zero: a body chunk
+	// (at most DefaultMaxChunkBytes, Envoy's default buffer limit, or
+	// MaxBodyBytes if less) plus MessageRoomBytes; with DefaultMode
+	// Buffered, MaxBodyBytes plus MessageRoomBytes, as the whole body
+	// comes in one message.
+	MaxMessageBytes int
+	// IdleTimeout closes a connection that has had no stream open for
+	// that long (HTTP/2 GOAWAY; DefaultIdleTimeout when zero).
+	IdleTimeout time.Duration
 	// DefaultMode is the body mode assumed when Envoy's first message
 	// carries no protocol_config (older Envoys).
 	DefaultMode BodyMode
@@ -126,10 +153,10 @@ func BufferPool() mem.BufferPool { return sharedPool }
 // credentials aside: the benchmarks' do-nothing floor (pkg/testkit/envoy)
 // is built with them too, so that the two differ only in what they do.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+	return append([]grpc.ServerOption{
 		experimental.BufferPool(BufferPool()),
 		grpc.NumStreamWorkers(uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))),
-	}
+	}, windowOptions(DefaultWindowBytes)...)
 }
 
 // Server is the ext_proc gRPC server.
@@ -182,6 +209,19 @@ func New(d director.Handler, o Options) (*Server, error) {
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
 	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.WindowBytes <= 0 {
+		o.WindowBytes = DefaultWindowBytes
+	}
+	o.WindowBytes = min(max(o.WindowBytes, minWindowBytes), maxWindowBytes)
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = DefaultMaxMessageBytes(o.MaxBodyBytes, o.DefaultMode)
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
 	if int64(o.MaxBodyBytes)*DecodedBytesPerBodyByte > o.MaxInFlightBytes {
 		return nil, fmt.Errorf("extproc: a body of %d bytes (the body limit) is charged %d bytes, more than the in-flight limit of %d: raise the limit or lower the body limit",
 			o.MaxBodyBytes, int64(o.MaxBodyBytes)*DecodedBytesPerBodyByte, o.MaxInFlightBytes)
@@ -200,7 +240,8 @@ func New(d director.Handler, o Options) (*Server, error) {
 		streams: semaphore.NewWeighted(int64(o.MaxStreams))}
 	s.budget = newBudget(o.MaxInFlightBytes, s.m)
 
-	opts := append(ServerOptions(), grpc.MaxConcurrentStreams(uint32(o.MaxStreamsPerConn)))
+	opts := append(ServerOptions(), connOptions(o)...)
+	opts = append(opts, grpc.InTapHandle(s.admitStream()))
 	if o.Plaintext && o.ClientCAFile != "" {
 		return nil, errors.New("extproc: a client CA needs TLS: plaintext and mutual TLS exclude each other")
 	}
@@ -211,16 +252,19 @@ func New(d director.Handler, o Options) (*Server, error) {
 		}
 		opts = append(opts, grpc.Creds(credentials.NewTLS(files.serverConfig())))
 	}
-	var err error
-	if s.ln, err = net.Listen("tcp", o.Addr); err != nil {
+	ln, err := net.Listen("tcp", o.Addr)
+	if err != nil {
 		return nil, fmt.Errorf("extproc: listen on %s: %w", o.Addr, err)
 	}
+	s.ln = newLimitListener(ln, o.MaxConns, s.m)
 	if o.HealthAddr != "" {
-		if s.hln, err = net.Listen("tcp", o.HealthAddr); err != nil {
+		hln, err := net.Listen("tcp", o.HealthAddr)
+		if err != nil {
 			_ = s.ln.Close()
 			return nil, fmt.Errorf("extproc: listen for health on %s: %w", o.HealthAddr, err)
 		}
-		s.hgrpc = grpc.NewServer()
+		s.hln = newLimitListener(hln, healthMaxConns, nil)
+		s.hgrpc = grpc.NewServer(healthOptions(o.IdleTimeout)...)
 		healthpb.RegisterHealthServer(s.hgrpc, s.health)
 	}
 	s.grpc = grpc.NewServer(opts...)
@@ -340,8 +384,21 @@ func (s *Server) pollReady(ctx context.Context) {
 	}
 }
 
+// admitStream admits a new stream of any method under the stream cap,
+// before gRPC creates it: gRPC reads a unary call's request (a health
+// check's) before any handler or interceptor runs, so a cap taken in a
+// handler would leave those streams uncounted. The stream gives its
+// place back when its context ends, as gRPC ends it for every stream it
+// closes.
+func (s *Server) admitStream() tap.ServerInHandle {
+	return admitUnder(s.streams, func() error {
+		s.m.refused(refusedStreams)
+		return streamsExhausted(s.o.MaxStreams)
+	})
+}
+
 // Process serves one HTTP request's ext_proc stream, within the stream
-// cap and the body deadline.
+// cap (admitStream) and the body deadline.
 //
 // Refusals follow what Envoy does with them. A request the server cannot
 // take (its body too large: 413; over the byte budget: 503; its body late:
@@ -351,11 +408,6 @@ func (s *Server) pollReady(ctx context.Context) {
 // costs nothing to refuse, and Envoy then fails the request (500), or,
 // with failure_mode_allow, lets it through unrouted.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
-	if !s.streams.TryAcquire(1) {
-		s.m.refused(refusedStreams)
-		return streamsExhausted(s.o.MaxStreams)
-	}
-	defer s.streams.Release(1)
 	st := newStream(s, ps)
 	done := make(chan error, 1)
 	s.workers.do(func() { done <- st.run() })
