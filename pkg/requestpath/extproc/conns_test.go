@@ -275,7 +275,7 @@ func TestConnectionsAndLargeMessagesStayWithinTheirBound(t *testing.T) {
 		}
 	}
 	route("before the attack") // the gateway's connection, the first of the cap
-	before := heapBytes()
+	before := testkit.LiveHeap()
 
 	addr := s.Addr()
 	clients := make([]*rawClient, attackers)
@@ -353,7 +353,7 @@ func TestConnectionsAndLargeMessagesStayWithinTheirBound(t *testing.T) {
 	})
 	route("during the attack")
 
-	growth := heapBytes() - before
+	growth := testkit.LiveHeap() - before
 	streams := int64(attackers * perConn)
 	bound := attackers*extproc.ConnBytes + streams*(perStreamSlack+extproc.DefaultWindowBytes+extproc.MaxHeaderListBytes) +
 		int64(held)*maxMessage*heldBytesPerByte
