@@ -120,6 +120,10 @@ func startOutlierRig(t *testing.T, viaProxy bool) *outlierRig {
 	o := epp.Options{
 		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Scrape: true, Logger: slog.New(slog.NewTextHandler(r.logs, nil)),
+		// A pod that refuses connections fails its scrapes too, and the
+		// scorers shun stale metrics by themselves; on a loaded machine
+		// that could come first and hide what is under test here.
+		MetricsStaleness: time.Minute,
 		RequestPath: epp.RequestPathOptions{ExtProcAddr: "127.0.0.1:0", Plaintext: true},
 		OutlierDetection: datalayer.OutlierDetection{
 			BaseEjectionTime: 200 * time.Millisecond, MaxEjectionTime: 3 * time.Second, ProbationSuccesses: 3,
