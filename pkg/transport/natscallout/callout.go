@@ -325,8 +325,10 @@ func (s *Service) serve(ctx context.Context, m *nats.Msg) {
 		s.deny(m, req, denyIssueFailed, err)
 		return
 	}
-	s.respond(m, req, ujwt, "")
+	// Counted before the answer, so that a client the server has let in
+	// is always in the count.
 	s.allowed.WithLabelValues(string(d.role)).Inc()
+	s.respond(m, req, ujwt, "")
 }
 
 // decision is what decide made of a request: a role with its rights until
