@@ -175,6 +175,10 @@ type health struct {
 	probationOK int
 	// healthySince is when the endpoint last came back to full health.
 	healthySince time.Time
+	// gone is set when the endpoint left the pool: an outcome that looked
+	// it up before then must not eject it or count against it, or its
+	// gauges and series would outlive it.
+	gone bool
 }
 
 // outlierState is the datastore's outlier detection: its configuration
@@ -268,13 +272,16 @@ func (ds *Datastore) ReportOutcome(addr string, o Outcome) {
 	if !ok {
 		return
 	}
-	if o.Failure() {
-		ds.om.failures.WithLabelValues(addr, o.String()).Inc()
-	}
 	now := s.o.Now()
 	h := e.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.gone {
+		return
+	}
+	if o.Failure() {
+		ds.om.failures.WithLabelValues(addr, o.String()).Inc()
+	}
 	state := h.state.Load()
 	if state == healthEjected && now.UnixNano() >= h.until.Load() {
 		// Its ejection is over though no request has met it since.
@@ -378,7 +385,11 @@ func (ds *Datastore) admit(s *outlierState, h *health, now int64) bool {
 
 // forgetHealth drops the outlier state of an endpoint that left.
 func (ds *Datastore) forgetHealth(e *dsEntry) {
-	switch e.health.state.Swap(healthOK) {
+	h := e.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gone = true
+	switch h.state.Swap(healthOK) {
 	case healthEjected:
 		ds.unhealthy.Add(-1)
 		ds.om.states.WithLabelValues("ejected").Dec()

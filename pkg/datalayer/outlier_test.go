@@ -266,6 +266,31 @@ func TestOutlierStateFollowsMembership(t *testing.T) {
 	}
 }
 
+func TestOutlierOutcomeRacingRemovalLeavesNoTrace(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	ds := NewDatastore(reg)
+	ds.Upsert(ep("p0", "a0:1"))
+	ds.Upsert(ep("p1", "a1:1"))
+	ds.Upsert(ep("p2", "a2:1"))
+	var once sync.Once
+	ds.SetOutlierDetection(OutlierDetection{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time {
+		// The endpoint leaves after the outcome found it, before it counts.
+		once.Do(func() { ds.Remove("p0") })
+		return time.Unix(1000, 0)
+	}})
+	ds.ReportOutcome("a0:1", OutcomeLiar)
+	if v := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "ejected"); v != 0 {
+		t.Fatalf("endpoints{state=ejected} = %v after the endpoint left, want 0", v)
+	}
+	if n := ds.unhealthy.Load(); n != 0 {
+		t.Fatalf("%d endpoints counted unhealthy after the only one reported left, want 0", n)
+	}
+	if f := testkit.Family(t, reg, "kvroute_outlier_failures_total"); f != nil && len(f.GetMetric()) != 0 {
+		t.Fatalf("the departed endpoint's failure series remain: %v", f.GetMetric())
+	}
+}
+
 func TestOutlierDisabled(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)
