@@ -266,6 +266,25 @@ func TestOutlierStateFollowsMembership(t *testing.T) {
 	}
 }
 
+func TestOutlierGaugeEndsWithTheEjectionInAnIdlePool(t *testing.T) {
+	t.Parallel()
+	ds, c, reg, _ := outlierPool(t, 3, OutlierDetection{Consecutive5xx: 1, BaseEjectionTime: time.Minute})
+	ds.ReportOutcome("a1:1", Outcome5xx)
+	if v := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "ejected"); v != 1 {
+		t.Fatalf("endpoints{state=ejected} = %v during the ejection, want 1", v)
+	}
+	// No request meets the endpoint once its ejection is over.
+	c.advance(time.Hour)
+	ejected := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "ejected")
+	probation := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "probation")
+	if ejected != 0 || probation != 1 {
+		t.Fatalf("an hour after a minute's ejection with no request since: ejected %v, probation %v; want 0 and 1", ejected, probation)
+	}
+	if ds.Ejected("a1:1") {
+		t.Fatal("Ejected says the run-out ejection is still on")
+	}
+}
+
 func TestOutlierOutcomeRacingRemovalLeavesNoTrace(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
