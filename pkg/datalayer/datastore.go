@@ -132,8 +132,8 @@ func NewDatastore(reg prometheus.Registerer) *Datastore {
 			Name: "kvroute_datastore_endpoints",
 			Help: "Endpoints currently in the datastore.",
 		}),
-		om: newOutlierMetrics(),
 	}
+	ds.om = newOutlierMetrics(ds)
 	ds.snap.Store(&dsSnapshot{byName: map[string]*dsEntry{}, byAddr: map[string]*dsEntry{}})
 	if reg != nil {
 		reg.MustRegister(ds.endpoints)

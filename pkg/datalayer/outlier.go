@@ -175,6 +175,10 @@ type health struct {
 	probationOK int
 	// healthySince is when the endpoint last came back to full health.
 	healthySince time.Time
+	// gone is set when the endpoint left the pool: an outcome that looked
+	// it up before then must not eject it or count against it, or its
+	// gauges and series would outlive it.
+	gone bool
 }
 
 // outlierState is the datastore's outlier detection: its configuration
@@ -188,11 +192,43 @@ type outlierState struct {
 type outlierMetrics struct {
 	ejections *prometheus.CounterVec
 	overflow  prometheus.Counter
-	states    *prometheus.GaugeVec
+	states    *outlierStates
 	failures  *prometheus.CounterVec
 }
 
-func newOutlierMetrics() *outlierMetrics {
+// outlierStates is kvroute_outlier_endpoints, counted from the endpoints'
+// states when it is collected: an ejection that ran out while no request
+// met its endpoint is over, and is not reported as one for as long as the
+// pool stays idle.
+type outlierStates struct {
+	ds   *Datastore
+	desc *prometheus.Desc
+}
+
+func (c *outlierStates) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *outlierStates) Collect(ch chan<- prometheus.Metric) {
+	var ejected, probation int
+	if s := c.ds.outlier.Load(); s != nil && c.ds.unhealthy.Load() > 0 {
+		now := s.o.Now().UnixNano()
+		for _, e := range c.ds.snap.Load().sorted {
+			switch e.health.state.Load() {
+			case healthEjected:
+				if now < e.health.until.Load() {
+					ejected++
+				} else {
+					probation++ // the next request that meets it finds it so
+				}
+			case healthProbation:
+				probation++
+			}
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(ejected), "ejected")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(probation), "probation")
+}
+
+func newOutlierMetrics(ds *Datastore) *outlierMetrics {
 	m := &outlierMetrics{
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_outlier_ejections_total",
@@ -202,17 +238,14 @@ func newOutlierMetrics() *outlierMetrics {
 			Name: "kvroute_outlier_ejections_overflow_total",
 			Help: "Ejections outlier detection did not enforce because the pool's maximum ejected share was reached.",
 		}),
-		states: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "kvroute_outlier_endpoints",
-			Help: "Endpoints currently ejected, or back on probation, as of the last request that met them.",
-		}, []string{"state"}),
+		states: &outlierStates{ds: ds, desc: prometheus.NewDesc("kvroute_outlier_endpoints",
+			"Endpoints of the pool currently ejected, or back on probation (an ejection that has run out counts as probation).",
+			[]string{"state"}, nil)},
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_outlier_failures_total",
 			Help: "Responses that counted against their endpoint, by endpoint and kind (5xx, connect, implausible, liar); an endpoint's series go when it leaves the pool.",
 		}, []string{"endpoint", "reason"}),
 	}
-	m.states.WithLabelValues("ejected")
-	m.states.WithLabelValues("probation")
 	for _, o := range failureOutcomes {
 		m.ejections.WithLabelValues(o.String())
 	}
@@ -268,13 +301,16 @@ func (ds *Datastore) ReportOutcome(addr string, o Outcome) {
 	if !ok {
 		return
 	}
-	if o.Failure() {
-		ds.om.failures.WithLabelValues(addr, o.String()).Inc()
-	}
 	now := s.o.Now()
 	h := e.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.gone {
+		return
+	}
+	if o.Failure() {
+		ds.om.failures.WithLabelValues(addr, o.String()).Inc()
+	}
 	state := h.state.Load()
 	if state == healthEjected && now.UnixNano() >= h.until.Load() {
 		// Its ejection is over though no request has met it since.
@@ -288,7 +324,6 @@ func (ds *Datastore) ReportOutcome(addr string, o Outcome) {
 			if h.probationOK >= s.o.ProbationSuccesses && h.state.CompareAndSwap(healthProbation, healthOK) {
 				h.healthySince = now
 				ds.unhealthy.Add(-1)
-				ds.om.states.WithLabelValues("probation").Dec()
 			}
 		}
 		return
@@ -336,13 +371,9 @@ func (ds *Datastore) eject(s *outlierState, e *dsEntry, why Outcome, now time.Ti
 	ds.ejectMu.Unlock()
 
 	h.consecutive, h.probationOK = 0, 0
-	switch prev {
-	case healthOK:
+	if prev == healthOK {
 		ds.unhealthy.Add(1)
-	case healthProbation:
-		ds.om.states.WithLabelValues("probation").Dec()
 	}
-	ds.om.states.WithLabelValues("ejected").Inc()
 	ds.om.ejections.WithLabelValues(why.String()).Inc()
 	if s.log.Allow() {
 		s.o.Logger.Warn("endpoint ejected from picking", "endpoint", e.ep.Address, "pod", e.ep.Pod,
@@ -354,8 +385,6 @@ func (ds *Datastore) eject(s *outlierState, e *dsEntry, why Outcome, now time.Ti
 func (ds *Datastore) toProbation(h *health) {
 	if h.state.CompareAndSwap(healthEjected, healthProbation) {
 		h.turn.Store(0)
-		ds.om.states.WithLabelValues("ejected").Dec()
-		ds.om.states.WithLabelValues("probation").Inc()
 	}
 }
 
@@ -378,13 +407,12 @@ func (ds *Datastore) admit(s *outlierState, h *health, now int64) bool {
 
 // forgetHealth drops the outlier state of an endpoint that left.
 func (ds *Datastore) forgetHealth(e *dsEntry) {
-	switch e.health.state.Swap(healthOK) {
-	case healthEjected:
+	h := e.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gone = true
+	if h.state.Swap(healthOK) != healthOK {
 		ds.unhealthy.Add(-1)
-		ds.om.states.WithLabelValues("ejected").Dec()
-	case healthProbation:
-		ds.unhealthy.Add(-1)
-		ds.om.states.WithLabelValues("probation").Dec()
 	}
 	ds.om.forget(e.ep.Address)
 }

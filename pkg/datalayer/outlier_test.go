@@ -266,6 +266,50 @@ func TestOutlierStateFollowsMembership(t *testing.T) {
 	}
 }
 
+func TestOutlierGaugeEndsWithTheEjectionInAnIdlePool(t *testing.T) {
+	t.Parallel()
+	ds, c, reg, _ := outlierPool(t, 3, OutlierDetection{Consecutive5xx: 1, BaseEjectionTime: time.Minute})
+	ds.ReportOutcome("a1:1", Outcome5xx)
+	if v := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "ejected"); v != 1 {
+		t.Fatalf("endpoints{state=ejected} = %v during the ejection, want 1", v)
+	}
+	// No request meets the endpoint once its ejection is over.
+	c.advance(time.Hour)
+	ejected := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "ejected")
+	probation := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "probation")
+	if ejected != 0 || probation != 1 {
+		t.Fatalf("an hour after a minute's ejection with no request since: ejected %v, probation %v; want 0 and 1", ejected, probation)
+	}
+	if ds.Ejected("a1:1") {
+		t.Fatal("Ejected says the run-out ejection is still on")
+	}
+}
+
+func TestOutlierOutcomeRacingRemovalLeavesNoTrace(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	ds := NewDatastore(reg)
+	ds.Upsert(ep("p0", "a0:1"))
+	ds.Upsert(ep("p1", "a1:1"))
+	ds.Upsert(ep("p2", "a2:1"))
+	var once sync.Once
+	ds.SetOutlierDetection(OutlierDetection{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time {
+		// The endpoint leaves after the outcome found it, before it counts.
+		once.Do(func() { ds.Remove("p0") })
+		return time.Unix(1000, 0)
+	}})
+	ds.ReportOutcome("a0:1", OutcomeLiar)
+	if v := testkit.Value(t, reg, "kvroute_outlier_endpoints", "state", "ejected"); v != 0 {
+		t.Fatalf("endpoints{state=ejected} = %v after the endpoint left, want 0", v)
+	}
+	if n := ds.unhealthy.Load(); n != 0 {
+		t.Fatalf("%d endpoints counted unhealthy after the only one reported left, want 0", n)
+	}
+	if f := testkit.Family(t, reg, "kvroute_outlier_failures_total"); f != nil && len(f.GetMetric()) != 0 {
+		t.Fatalf("the departed endpoint's failure series remain: %v", f.GetMetric())
+	}
+}
+
 func TestOutlierDisabled(t *testing.T) {
 	t.Parallel()
 	ds := NewDatastore(nil)

@@ -314,6 +314,9 @@ func New(opts Options) (*EPP, error) {
 		so := opts.SelfCheck
 		so.Distrust = e.distrust
 		so.Eject = func(addr string) { e.ds.ReportOutcome(addr, datalayer.OutcomeLiar) }
+		if so.InPool == nil {
+			so.InPool = func(addr string) bool { _, ok := e.ds.ByAddress(addr); return ok }
+		}
 		if so.Logger == nil {
 			so.Logger = e.logger
 		}

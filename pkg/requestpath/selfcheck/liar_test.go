@@ -3,6 +3,7 @@ package selfcheck
 import (
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,5 +105,50 @@ func TestALiarIsCountedAlarmedAndEjected(t *testing.T) {
 	c.Forget(a)
 	if f := testkit.Family(t, reg, "kvroute_selfcheck_impossible_total"); f != nil && len(f.GetMetric()) != 0 {
 		t.Fatalf("the departed liar's series remain: %v", f.GetMetric())
+	}
+}
+
+func TestAResponseEndingAfterItsEndpointLeftCountsNowhere(t *testing.T) {
+	t.Parallel()
+	const a, b = "10.0.0.1:8000", "10.0.0.2:8000"
+	var mu sync.Mutex
+	pool := map[string]bool{a: true, b: true}
+	reg := prometheus.NewRegistry()
+	var ejected []string
+	c, err := New(Options{Logger: slog.New(slog.DiscardHandler),
+		InPool: func(addr string) bool { mu.Lock(); defer mu.Unlock(); return pool[addr] },
+		Eject:  func(addr string) { ejected = append(ejected, addr) }}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ObserveResponse(pick(a, 40, 8, 0, datalayer.StreamExact), response(a, 40, 32))
+	if v := testkit.Value(t, reg, "kvroute_selfcheck_responses_total", "endpoint", a, "result", ResultAgree); v != 1 {
+		t.Fatalf("responses_total{result=agree} = %v while a is in the pool, want 1", v)
+	}
+	// a leaves: the pool drops it, then the checker forgets it; its
+	// requests still in flight end after.
+	mu.Lock()
+	delete(pool, a)
+	mu.Unlock()
+	c.Forget(a)
+	c.ObserveResponse(pick(a, 40, 8, 0, datalayer.StreamExact), response(a, 40, 0))
+	c.ObserveResponse(generation(a, 40, 8), answered(a, openai.Usage{PromptTokens: 40, CachedTokens: 400, CompletionTokens: 8, CachedTokensKnown: true}))
+	for _, name := range []string{"kvroute_selfcheck_responses_total", "kvroute_selfcheck_impossible_total",
+		"kvroute_selfcheck_predicted_tokens_total", "kvroute_selfcheck_cached_tokens_total"} {
+		if f := testkit.Family(t, reg, name); f != nil {
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "endpoint" && l.GetValue() == a {
+						t.Fatalf("%s has a series of the departed endpoint: %v", name, m)
+					}
+				}
+			}
+		}
+	}
+	c.mu.Lock()
+	_, kept := c.endpoints[a]
+	c.mu.Unlock()
+	if kept || len(ejected) != 0 || c.Alarm(AlarmLiar) {
+		t.Fatalf("the departed endpoint's window kept: %v, ejected %v, liar alarm %v; want none of them", kept, ejected, c.Alarm(AlarmLiar))
 	}
 }

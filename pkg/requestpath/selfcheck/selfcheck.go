@@ -64,6 +64,11 @@ type Options struct {
 	// EPP ejects it from picking (datalayer.OutcomeLiar). Nil: only
 	// counted and alarmed.
 	Eject func(addr string)
+	// InPool says whether addr is an endpoint of the pool (nil: every
+	// address is). A response that ends after its endpoint left, and
+	// Forget dropped it, then counts nowhere: no window or series of an
+	// endpoint outlives it.
+	InPool func(addr string) bool
 	// Now is the clock (default time.Now); Logger defaults to slog.Default().
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -310,8 +315,16 @@ func (c *Checker) ObserveResponse(p *director.Pick, s director.Served) {
 		return
 	}
 	v := c.Judge(p, s)
+	// Counted under mu, as Forget deletes, so that a response racing its
+	// endpoint's departure makes no series after Forget.
+	c.mu.Lock()
+	if !c.inPool(addr) {
+		c.mu.Unlock()
+		return
+	}
 	c.m.responses.WithLabelValues(addr, v.Result).Inc()
 	if v.Result == ResultUnchecked {
+		c.mu.Unlock()
 		c.clearLiar()
 		return
 	}
@@ -322,7 +335,6 @@ func (c *Checker) ObserveResponse(p *director.Pick, s director.Served) {
 	disagree := v.Result == ResultOver || (v.Result == ResultUnder && v.State.Exact())
 	now := c.o.Now()
 
-	c.mu.Lock()
 	ep := c.endpoints[addr]
 	if ep == nil {
 		ep = &endpoint{ring: make([]bool, c.o.Window)}
@@ -372,9 +384,13 @@ func (c *Checker) ObserveResponse(p *director.Pick, s director.Served) {
 // lied counts an endpoint's impossible answer, raises the liar alarm and
 // has the endpoint ejected.
 func (c *Checker) lied(addr, why string) {
+	c.mu.Lock()
+	if !c.inPool(addr) {
+		c.mu.Unlock()
+		return
+	}
 	c.m.responses.WithLabelValues(addr, ResultImpossible).Inc()
 	c.m.impossible.WithLabelValues(addr, why).Inc()
-	c.mu.Lock()
 	c.lie, c.liar = c.o.Now(), addr
 	logs := c.alarmsLocked(c.lie)
 	c.mu.Unlock()
@@ -480,16 +496,22 @@ func (c *Checker) Alarm(kind string) bool {
 	return a != nil && a.on
 }
 
+// inPool is Options.InPool; called with mu held.
+func (c *Checker) inPool(addr string) bool {
+	return c.o.InPool == nil || c.o.InPool(addr)
+}
+
 // Forget drops an endpoint that left the pool: its window and its series.
+// Call it once InPool no longer holds addr.
 func (c *Checker) Forget(addr string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	delete(c.endpoints, addr)
 	for i := range c.fleet {
 		if c.fleet[i].addr == addr {
 			c.fleet[i] = sample{}
 		}
 	}
-	c.mu.Unlock()
 	for _, r := range []string{ResultAgree, ResultOver, ResultUnder, ResultUnchecked, ResultImpossible} {
 		c.m.responses.DeleteLabelValues(addr, r)
 	}

@@ -270,8 +270,9 @@ type KeySet struct {
 	mu   sync.RWMutex
 	keys map[string]crypto.PublicKey
 	// refreshing serialises reads, so that concurrent unknown kids wait
-	// for one read instead of each starting their own.
-	refreshing sync.Mutex
+	// for one read instead of each starting their own; a channel, so that
+	// a token's wait for another read ends with its own deadline.
+	refreshing chan struct{}
 }
 
 var _ SignatureVerifier = (*KeySet)(nil)
@@ -289,7 +290,7 @@ func NewKeySet(client rest.Interface, o KeySetOptions) *KeySet {
 	if o.Timeout <= 0 {
 		o.Timeout = 5 * time.Second
 	}
-	return &KeySet{client: client, o: o, reads: rate.NewLimiter(rate.Every(o.MinRefresh), 1)}
+	return &KeySet{client: client, o: o, reads: rate.NewLimiter(rate.Every(o.MinRefresh), 1), refreshing: make(chan struct{}, 1)}
 }
 
 // Start reads the key set once, failing if it cannot, then rereads it
@@ -315,8 +316,12 @@ func (s *KeySet) Start(ctx context.Context) error {
 
 // read fetches and parses the key set, and replaces the one held.
 func (s *KeySet) read(ctx context.Context) error {
-	s.refreshing.Lock()
-	defer s.refreshing.Unlock()
+	select {
+	case s.refreshing <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.refreshing }()
 	rctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
 	defer cancel()
 	body, err := s.client.Get().AbsPath(JWKSPath).Stream(rctx)

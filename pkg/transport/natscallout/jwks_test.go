@@ -1,6 +1,7 @@
 package natscallout
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -222,6 +223,8 @@ type jwksServer struct {
 	code  int
 	reads atomic.Int64
 	srv   *httptest.Server
+	// block, when set, holds every read until it is closed.
+	block chan struct{}
 }
 
 func startJWKSServer(t *testing.T, set []byte) *jwksServer {
@@ -233,6 +236,15 @@ func startJWKSServer(t *testing.T, set []byte) *jwksServer {
 			return
 		}
 		s.reads.Add(1)
+		s.mu.Lock()
+		block := s.block
+		s.mu.Unlock()
+		if block != nil {
+			select {
+			case <-block:
+			case <-r.Context().Done():
+			}
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		w.Header().Set("Content-Type", "application/jwk-set+json")
@@ -293,6 +305,48 @@ func TestAKeySetRereadsForANewKeyAndNotForEveryMadeUpOne(t *testing.T) {
 	wg.Wait()
 	if got := srv.reads.Load(); got != reads {
 		t.Errorf("%d reads after 100 made-up kids, want %d", got, reads)
+	}
+}
+
+// A reread that hangs holds no other token past that token's own
+// deadline, which the callout keeps within the server's authorization
+// timeout.
+func TestAKeySetRereadWaitsNoLongerThanTheTokensDeadline(t *testing.T) {
+	t.Parallel()
+	srv := startJWKSServer(t, jwksOf(t, jwk("k1", rsaKey1)))
+	ks := NewKeySet(srv.client(t), KeySetOptions{Refresh: time.Hour, MinRefresh: time.Nanosecond, Timeout: time.Hour})
+	if err := ks.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	srv.mu.Lock()
+	srv.block = release
+	srv.mu.Unlock()
+	hung, stop := context.WithCancel(t.Context())
+	t.Cleanup(func() { stop(); close(release) })
+	first, second := sign(t, rsaKey2, "k2", "RS256", podClaims(epoch)), sign(t, rsaKey2, "k3", "RS256", podClaims(epoch))
+	go func() { _ = ks.Verify(hung, first) }()
+	testkit.WaitFor(t, "a reread to hang", func() error {
+		if n := srv.reads.Load(); n < 2 {
+			return fmt.Errorf("%d reads, want the start's and a hanging one", n)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ks.Verify(ctx, second) }()
+	var err error
+	testkit.WaitFor(t, "a token waiting for the hung reread to give up at its deadline", func() error {
+		select {
+		case err = <-done:
+			return nil
+		default:
+			return errors.New("still waiting")
+		}
+	})
+	if !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("a token of an unknown kid whose reread could not run: %v, want ErrBadSignature", err)
 	}
 }
 
