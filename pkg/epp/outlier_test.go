@@ -124,7 +124,7 @@ func startOutlierRig(t *testing.T, viaProxy bool) *outlierRig {
 		// scorers shun stale metrics by themselves; on a loaded machine
 		// that could come first and hide what is under test here.
 		MetricsStaleness: time.Minute,
-		RequestPath: epp.RequestPathOptions{ExtProcAddr: "127.0.0.1:0", Plaintext: true},
+		RequestPath:      epp.RequestPathOptions{ExtProcAddr: "127.0.0.1:0", Plaintext: true},
 		OutlierDetection: datalayer.OutlierDetection{
 			BaseEjectionTime: 200 * time.Millisecond, MaxEjectionTime: 3 * time.Second, ProbationSuccesses: 3,
 		},
