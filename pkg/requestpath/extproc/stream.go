@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,9 +136,20 @@ func newStream(s *Server, ps extprocv3.ExternalProcessor_ProcessServer) *stream 
 	return &stream{s: s, ps: ps, ctx: ps.Context(), reqMode: mode, respMode: mode, result: resultCancelled}
 }
 
-func (st *stream) run() error {
+func (st *stream) run() (err error) {
 	st.s.m.active.Inc()
 	defer func() {
+		// A bug on the request path ends its stream, not the process:
+		// gRPC recovers no handler's panic, and every other stream would
+		// go with it. The cleanup below then gives back what it held.
+		if r := recover(); r != nil {
+			st.result = resultError
+			err = status.Error(codes.Internal, "extproc: internal error")
+			if st.s.failLog.Allow() {
+				st.s.log.LogAttrs(st.ctx, slog.LevelError, "ext_proc stream panicked",
+					slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			}
+		}
 		st.finish()
 		st.releaseMemory()
 		st.s.budget.gather(&st.gathering, 0)
