@@ -63,6 +63,11 @@ type StreamHandle interface {
 // behind an atomic pointer, so the request path never waits for discovery
 // or scraping. Writes are rare and serialised.
 type Datastore struct {
+	// epoch is when the datastore was made, with the clock's monotonic
+	// reading: outlier detection keeps its times as offsets from it
+	// (since), so that a step of the wall clock neither ends nor
+	// lengthens an ejection.
+	epoch time.Time
 	// writeMu serialises membership changes and the OnChange calls they make,
 	// so that every hook sees the changes in the order they happened.
 	writeMu sync.Mutex
@@ -128,6 +133,7 @@ type streamStatesHolder struct{ s StreamStates }
 // reg unless reg is nil.
 func NewDatastore(reg prometheus.Registerer) *Datastore {
 	ds := &Datastore{
+		epoch: time.Now(),
 		endpoints: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_datastore_endpoints",
 			Help: "Endpoints currently in the datastore.",
@@ -431,7 +437,7 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 	)
 	if ds.unhealthy.Load() > 0 {
 		if outlier = ds.outlier.Load(); outlier != nil {
-			now = outlier.o.Now().UnixNano()
+			now = ds.since(outlier.o.Now())
 		}
 	}
 	// The candidates live in one slab: this runs for every request, and one

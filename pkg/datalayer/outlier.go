@@ -164,7 +164,8 @@ const (
 // state, until and turn without a lock; everything else is under mu.
 type health struct {
 	state atomic.Uint32
-	// until is when an ejection ends, in Unix nanoseconds.
+	// until is when an ejection ends, in nanoseconds since the
+	// datastore's epoch (Datastore.since).
 	until atomic.Int64
 	// turn counts the requests that met the endpoint in probation.
 	turn atomic.Uint64
@@ -210,7 +211,7 @@ func (c *outlierStates) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *outlierStates) Collect(ch chan<- prometheus.Metric) {
 	var ejected, probation int
 	if s := c.ds.outlier.Load(); s != nil && c.ds.unhealthy.Load() > 0 {
-		now := s.o.Now().UnixNano()
+		now := c.ds.since(s.o.Now())
 		for _, e := range c.ds.snap.Load().sorted {
 			switch e.health.state.Load() {
 			case healthEjected:
@@ -312,7 +313,7 @@ func (ds *Datastore) ReportOutcome(addr string, o Outcome) {
 		ds.om.failures.WithLabelValues(addr, o.String()).Inc()
 	}
 	state := h.state.Load()
-	if state == healthEjected && now.UnixNano() >= h.until.Load() {
+	if state == healthEjected && ds.since(now) >= h.until.Load() {
 		// Its ejection is over though no request has met it since.
 		ds.toProbation(h)
 		state = healthProbation
@@ -344,7 +345,7 @@ func (ds *Datastore) eject(s *outlierState, e *dsEntry, why Outcome, now time.Ti
 	snap := ds.snap.Load()
 	ejected := 0
 	for _, x := range snap.sorted {
-		if x != e && x.health.state.Load() == healthEjected && now.UnixNano() < x.health.until.Load() {
+		if x != e && x.health.state.Load() == healthEjected && ds.since(now) < x.health.until.Load() {
 			ejected++
 		}
 	}
@@ -366,7 +367,7 @@ func (ds *Datastore) eject(s *outlierState, e *dsEntry, why Outcome, now time.Ti
 	}
 	h.ejections++
 	d := min(s.o.BaseEjectionTime*time.Duration(h.ejections), s.o.MaxEjectionTime)
-	h.until.Store(now.Add(d).UnixNano())
+	h.until.Store(ds.since(now.Add(d)))
 	prev := h.state.Swap(healthEjected)
 	ds.ejectMu.Unlock()
 
@@ -389,7 +390,7 @@ func (ds *Datastore) toProbation(h *health) {
 }
 
 // admit reports whether the endpoint may be a request's candidate at now
-// (Unix nanoseconds): healthy, or on probation and this request's turn.
+// (nanoseconds since the datastore's epoch): healthy, or on probation and this request's turn.
 func (ds *Datastore) admit(s *outlierState, h *health, now int64) bool {
 	switch h.state.Load() {
 	case healthOK:
@@ -424,5 +425,9 @@ func (ds *Datastore) Ejected(addr string) bool {
 		return false
 	}
 	s := ds.outlier.Load()
-	return s != nil && e.health.state.Load() == healthEjected && s.o.Now().UnixNano() < e.health.until.Load()
+	return s != nil && e.health.state.Load() == healthEjected && ds.since(s.o.Now()) < e.health.until.Load()
 }
+
+// since is t as nanoseconds since the datastore's epoch, by the monotonic
+// clock when t has its reading (time.Now's does).
+func (ds *Datastore) since(t time.Time) int64 { return int64(t.Sub(ds.epoch)) }
