@@ -274,6 +274,16 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch Fault(s.fault.Load()) {
+	case FaultRefuse:
+		// A connection accepted before the socket closed, or kept alive
+		// from before: cut it, as a crashed engine's connections are, so
+		// that no request is served once the fault is on.
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = c.Close()
+			return
+		}
+		writeError(w, http.StatusServiceUnavailable, "the engine is down")
+		return
 	case FaultError:
 		writeError(w, http.StatusInternalServerError, "the engine failed")
 		return
