@@ -42,6 +42,8 @@ type FleetConfig struct {
 	Host string
 	// ZMQ, when set, gives engine i's ZeroMQ output (nil: none).
 	ZMQ func(i int) *ZMQConfig
+	// Family is every engine's family (zero: vLLM's).
+	Family Family
 }
 
 // Fleet is a running set of cores and their servers. Close stops them.
@@ -68,7 +70,7 @@ func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
 	if cfg.MixedEncodings && i%2 == 1 {
 		enc = events.EncodingMap
 	}
-	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer}
+	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer, Family: cfg.Family}
 }
 
 // Sidecar is what runs beside one engine of a fleet.
@@ -78,12 +80,14 @@ type Sidecar interface {
 	Run(ctx context.Context) error
 }
 
-// TimingOf is engine i's timing: the fleet's, scaled by its speed.
+// TimingOf is engine i's timing: the fleet's, as its family runs it (a
+// drawn family's costs drawn from the pools' seed), scaled by its speed.
 func (cfg FleetConfig) TimingOf(i int) Timing {
+	t := cfg.Family.Timing(cfg.Timing, cfg.Pool.Seed, i)
 	if len(cfg.Speeds) == 0 {
-		return cfg.Timing
+		return t
 	}
-	return cfg.Timing.Scaled(cfg.Speeds[i%len(cfg.Speeds)])
+	return t.Scaled(cfg.Speeds[i%len(cfg.Speeds)])
 }
 
 // StartFleet starts the fleet's scheduler loops and servers; they run until

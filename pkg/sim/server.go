@@ -169,7 +169,14 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if s.r.eng.MetricsSilent() {
+			writeError(w, http.StatusServiceUnavailable, "metrics not ready")
+			return
+		}
+		metrics.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("POST /v1/completions", s.complete)
