@@ -94,6 +94,8 @@ type FleetOptions struct {
 	// Encoding of the engines' events; Mixed alternates array and map.
 	Encoding events.Encoding
 	Mixed    bool
+	// Family is the engines' family (zero: vLLM's).
+	Family sim.Family
 }
 
 // Env is one policy's world: a fresh fleet with cold caches behind an EPP
@@ -228,7 +230,13 @@ func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
-	return run(ctx, w, env.router, o)
+	res := run(ctx, w, env.router, o)
+	if env.EPP != nil {
+		if a, ok := predictorAccuracy(env.EPP.Registry()); ok {
+			res.Predictor = &a
+		}
+	}
+	return res
 }
 
 // SamplePrompts returns the token ids of the first n completion prompts a
@@ -320,7 +328,8 @@ func eppConfig(policy string) string {
 // engineLimits are the fleet's scheduler limits, as a user of vLLM gives
 // the EPP the --max-num-seqs and --max-num-batched-tokens the engines run.
 func (fo FleetOptions) engineLimits() enginesched.Limits {
-	return enginesched.Limits{MaxNumSeqs: fo.Timing.MaxSeqs, MaxBatchedTokens: fo.Timing.MaxBatchedTokens}
+	t := fo.Family.Timing(fo.Timing, 0, 0)
+	return enginesched.Limits{MaxNumSeqs: t.MaxSeqs, MaxBatchedTokens: t.MaxBatchedTokens}
 }
 
 // fleetConfig is the simulated fleet the options describe, its pools
@@ -328,7 +337,7 @@ func (fo FleetOptions) engineLimits() enginesched.Limits {
 func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	fc := sim.FleetConfig{
 		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing, Speeds: fo.Speeds,
-		Encoding: fo.Encoding, MixedEncodings: fo.Mixed,
+		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Family: fo.Family,
 	}
 	fc.Pool.Seed = seed
 	return fc

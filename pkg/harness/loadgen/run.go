@@ -41,6 +41,9 @@ type RunOptions struct {
 type Result struct {
 	Samples  []Sample
 	Makespan time.Duration
+	// Predictor is the EPP's latency predictor's TTFT accuracy over the
+	// run, from its own metrics; nil for a policy without one.
+	Predictor *PredictorAccuracy
 }
 
 // run drives w through r with Poisson arrivals until o.Duration, then waits

@@ -47,7 +47,13 @@ func RunVirtual(ctx context.Context, policy string, fo FleetOptions, w Workload,
 	if v.eppSrv != nil {
 		setObjectives(v.eppSrv, w)
 	}
-	return v.run(ctx, w, o)
+	res, err := v.run(ctx, w, o)
+	if err == nil && v.eppSrv != nil {
+		if a, ok := predictorAccuracy(v.eppSrv.Registry()); ok {
+			res.Predictor = &a
+		}
+	}
+	return res, err
 }
 
 type virtualRun struct {
@@ -101,6 +107,8 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 		v.eppSrv, v.dir = e, e.Director()
 	}
 	fc := fo.fleetConfig(seed)
+	// The engines' clock, by which a family's silence ends.
+	fc.Pool.Now = v.clock.Now
 	for i := range max(fo.Engines, 1) {
 		// The real-time fleet's engines, at addresses nothing listens on.
 		ec := fc.EngineConfig(i, fmt.Sprintf("10.0.0.%d:8000", i+1))
@@ -147,6 +155,9 @@ func (v *virtualRun) pick(ctx context.Context, path string, body []byte, headers
 	}
 	ds := v.eppSrv.Datastore()
 	for _, r := range v.replicas {
+		if r.Engine().MetricsSilent() {
+			continue // as a scrape would find nothing
+		}
 		waiting, running := r.Load()
 		cfg := r.Engine().Config()
 		// Wall-clock stamped: the scorers judge staleness by the wall clock.
