@@ -39,6 +39,9 @@ import (
 //   - cache-pressure-cpu: the same with 48 customers, 12288 blocks, 1.5×
 //     the fleet's GPU cache, and a CPU tier of 2048 blocks per engine, so
 //     that GPU and CPU together (16384 blocks) hold it at 0.75×.
+//     In real time a point costs about its arrivals (240 requests, at
+//     least 8s) plus a second, per policy: these two ladders add about
+//     10 minutes to the benchmark.
 func DefaultPlans(quick bool) []Plan {
 	plans := []Plan{
 		{Workload: Workload{Name: "shared-prefix", Kind: KindSharedPrefix, Groups: 8, SystemTokens: 2048, QuestionTokens: 64, SLO: 250 * time.Millisecond},
@@ -56,9 +59,9 @@ func DefaultPlans(quick bool) []Plan {
 		{Workload: Workload{Name: "unrelated", Kind: KindUnrelated, SystemTokens: 1024, QuestionTokens: 64, SLO: 250 * time.Millisecond},
 			Rates: []float64{6, 12, 18}},
 		{Workload: Workload{Name: "cache-pressure", Kind: KindSharedPrefix, Groups: 24, SystemTokens: 4096, QuestionTokens: 128, SLO: 400 * time.Millisecond},
-			GPUBlocks: 2048, Rates: []float64{8, 20, 32}},
+			GPUBlocks: 2048, Rates: []float64{12, 24, 36}},
 		{Workload: Workload{Name: "cache-pressure-cpu", Kind: KindSharedPrefix, Groups: 48, SystemTokens: 4096, QuestionTokens: 128, SLO: 400 * time.Millisecond},
-			GPUBlocks: 2048, CPUBlocks: 2048, Rates: []float64{20, 32}},
+			GPUBlocks: 2048, CPUBlocks: 2048, Rates: []float64{24, 36}},
 	}
 	if quick {
 		for i := range plans {
