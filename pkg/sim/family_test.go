@@ -1,7 +1,10 @@
 package sim
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -340,3 +343,72 @@ func TestASilentEngineIsHeardAfterItsSilenceAndAnIndexThenReachesItsTruth(t *tes
 		}
 	}
 }
+
+// TestEveryFamilyServesVLLMsAPIMetricsAndEvents runs a fleet of each
+// family on loopback: a completion is served with its cached tokens, the
+// metrics carry vLLM's names and the cache's size, and the step's KV
+// events reach the engine's sink.
+func TestEveryFamilyServesVLLMsAPIMetricsAndEvents(t *testing.T) {
+	t.Parallel()
+	for _, name := range FamilyNames {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			heard := &heardIndex{copies: map[uint64]int{}}
+			ctx, cancel := context.WithCancel(context.Background())
+			f, err := StartFleet(ctx, FleetConfig{
+				Engines: 1, Model: "m", Family: Family{Name: name},
+				Pool:    blockpool.Config{BlockSize: 4, GPUBlocks: 256, Seed: 1},
+				Timing:  Timing{PrefillPerToken: time.Microsecond, DecodeStep: 100 * time.Microsecond, MaxSeqs: 4, MaxBatchedTokens: 64},
+				Sidecar: func(EngineConfig) Sidecar { return sinkSidecar{heard} },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cancel()
+				if err := f.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+			s := f.Servers[0]
+			shared := strings.Repeat("alpha beta gamma delta ", 8)
+			var cached int
+			for _, q := range []string{"first question", "second question"} {
+				code, body := post(t, s, "/v1/completions", `{"model":"m","prompt":"`+shared+q+`","max_tokens":3}`)
+				if code != http.StatusOK {
+					t.Fatalf("status %d: %s", code, body)
+				}
+				var resp struct{ Usage usage }
+				if err := json.Unmarshal(body, &resp); err != nil {
+					t.Fatal(err)
+				}
+				cached = resp.Usage.PromptTokensDetails.CachedTokens
+			}
+			if cached != 32 {
+				t.Errorf("the second request's cached tokens: %d, want the 32 shared", cached)
+			}
+			resp, err := http.Get("http://" + s.Addr() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			page, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, want := range []string{`num_gpu_blocks="256"`, "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:prefix_cache_hits_total"} {
+				if !strings.Contains(string(page), want) {
+					t.Errorf("metrics lack %s", want)
+				}
+			}
+			heard.mu.Lock()
+			n := len(heard.batches)
+			heard.mu.Unlock()
+			if n == 0 {
+				t.Error("no KV event batch reached the sink")
+			}
+		})
+	}
+}
+
+// sinkSidecar hands an engine's batches to a sink and runs until stopped.
+type sinkSidecar struct{ events.Sink }
+
+func (sinkSidecar) Run(ctx context.Context) error { <-ctx.Done(); return nil }
