@@ -306,7 +306,7 @@ type budget struct {
 }
 
 func newBudget(t Timing) budget {
-	return budget{n: t.MaxBatchedTokens, unlimited: t.MaxBatchedTokens <= 0}
+	return budget{n: t.MaxBatchedTokens, unlimited: t.MaxBatchedTokens <= 0 || t.Scheduler == SchedPrefillFirst}
 }
 
 // take spends up to want tokens and returns how many it got.

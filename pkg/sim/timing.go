@@ -54,7 +54,8 @@ const (
 	SchedChunked Scheduler = iota
 	// SchedPrefillFirst is a scheduler without chunked prefill: a step
 	// admits waiting prompts and prefills them whole, and running
-	// sequences decode only in steps that admit nothing.
+	// sequences decode only in steps that admit nothing. It has no token
+	// budget: MaxBatchedTokens is not used.
 	SchedPrefillFirst
 )
 
