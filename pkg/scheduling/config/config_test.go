@@ -117,20 +117,26 @@ func TestLoadGoodConfigs(t *testing.T) {
 		wantHandler string
 	}{
 		{
-			name: "no config gives the predicted-latency profile, its producers added as defaults",
+			name: "no config gives the predicted-latency profile, with a prefill profile for pools that have prefill pods, its producers added as defaults",
 			text: "",
 			wantPlugins: []string{
+				"decode-filter/decode-filter", "prefill-filter/prefill-filter",
 				"slo-headroom-tier-filter/slo-headroom-tier-filter", "latency-scorer/latency-scorer",
 				"latency-slo-admitter/latency-slo-admitter",
-				"speculative-prefix-recorder/speculative-prefix-recorder", "max-score-picker/max-score-picker",
-				"single-profile-handler/single-profile-handler", "predicted-latency-producer/predicted-latency-producer",
+				"speculative-prefix-recorder/speculative-prefix-recorder",
+				"predicted-latency-pd-decider/predicted-latency-pd-decider", "disagg-profile-handler/disagg-profile-handler",
+				"max-score-picker/max-score-picker",
+				"predicted-latency-producer/predicted-latency-producer",
 				"precise-prefix-cache-producer/precise-prefix-cache-producer",
 			},
 			wantProfile: map[string][]string{"default": {
-				"filter:slo-headroom-tier-filter/slo-headroom-tier-filter", "scorer:latency-scorer/latency-scorer*1",
+				"filter:decode-filter/decode-filter", "filter:slo-headroom-tier-filter/slo-headroom-tier-filter", "scorer:latency-scorer/latency-scorer*1",
+				"picker:max-score-picker/max-score-picker", "postpick:speculative-prefix-recorder/speculative-prefix-recorder",
+			}, "prefill": {
+				"filter:prefill-filter/prefill-filter", "scorer:latency-scorer/latency-scorer*1",
 				"picker:max-score-picker/max-score-picker", "postpick:speculative-prefix-recorder/speculative-prefix-recorder",
 			}},
-			wantHandler: "single-profile-handler/single-profile-handler",
+			wantHandler: "disagg-profile-handler/disagg-profile-handler",
 		},
 		{
 			name: "upstream's weights stay available by name",

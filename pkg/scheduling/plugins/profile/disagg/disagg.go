@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/prefixinfo"
 )
 
@@ -72,6 +73,10 @@ type Options struct {
 	PrefillDecider, EncodeDecider framework.Decider
 	Order                         StageOrder
 	Fallback                      Fallback
+	// OnlyWithPrefillPods: a cycle whose candidates include no prefill
+	// pod that does not decode runs the decode profile alone and answers
+	// as single-profile-handler would, deciding and counting nothing.
+	OnlyWithPrefillPods bool
 	// Metrics count decisions and fallbacks; nil counts nothing.
 	Metrics *Metrics
 }
@@ -195,6 +200,9 @@ func (h *Handler) Pick(ctx context.Context, cs *framework.CycleState, req *reque
 	if _, decided := cs.Read(stateKey); decided {
 		return nil
 	}
+	if h.o.OnlyWithPrefillPods && !hasPrefillPods(cs.Candidates()) {
+		return nil
+	}
 	decode := decodeRes.Picked[0]
 	v := &verdicts{prefill: framework.Verdict{Reason: framework.ReasonNoDecider}, encode: framework.Verdict{Reason: framework.ReasonNoDecider}}
 	var next []*framework.Profile
@@ -249,6 +257,9 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 	v := &verdicts{prefill: framework.Verdict{Reason: framework.ReasonNoDecider}, encode: framework.Verdict{Reason: framework.ReasonNoDecider}}
 	if s, ok := cs.Read(stateKey); ok {
 		v = s.(*verdicts)
+	} else if h.o.OnlyWithPrefillPods && h.o.Order == DecodeFirst {
+		// No prefill pod in the pool: the decode profile's pick alone.
+		return &framework.Result{PrimaryProfile: h.o.Decode, Profiles: map[string]*framework.ProfileResult{h.o.Decode: decodeRes}}, nil
 	}
 	model := h.models.label(req.Model)
 	out := &framework.Result{PrimaryProfile: h.o.Decode, Profiles: map[string]*framework.ProfileResult{h.o.Decode: decodeRes}}
@@ -297,6 +308,17 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 	return out, nil
 }
 
+// hasPrefillPods reports whether any candidate is a prefill pod that does
+// not decode.
+func hasPrefillPods(cands []*datalayer.Candidate) bool {
+	for _, c := range cands {
+		if bylabel.PrefillOnly(c.Labels) {
+			return true
+		}
+	}
+	return false
+}
+
 // ReasonSamePod: the prefill profile picked the decode pod itself.
 const ReasonSamePod = "same-pod"
 
@@ -327,6 +349,9 @@ type Params struct {
 	// Fallback is what a split whose stage found no pod becomes:
 	// decode-only (the default) or refuse.
 	Fallback string `json:"fallback"`
+	// OnlyWithPrefillPods: in a cycle without a prefill pod that does not
+	// decode, run the decode profile alone, as single-profile-handler.
+	OnlyWithPrefillPods bool `json:"onlyWithPrefillPods"`
 }
 
 type flatParams struct {
@@ -338,6 +363,7 @@ type flatParams struct {
 	EncodeDeciderPluginName  string `json:"encodeDeciderPluginName"`
 	DeciderPluginName        string `json:"deciderPluginName"`
 	Fallback                 string `json:"fallback"`
+	OnlyWithPrefillPods      bool   `json:"onlyWithPrefillPods"`
 }
 
 // ParseStageOrder reads a stage order as upstream does: case, dashes and
@@ -371,7 +397,7 @@ func Factory(name string, raw json.RawMessage, fh framework.Handle) (plugin.Plug
 		if errFlat := framework.DecodeParams(Type, name, raw, &f); errFlat != nil {
 			return nil, fmt.Errorf("%w (give either the nested profiles and deciders or the deprecated flat parameters, not both)", errNested)
 		}
-		p = Params{StageOrder: f.StageOrder, Fallback: f.Fallback}
+		p = Params{StageOrder: f.StageOrder, Fallback: f.Fallback, OnlyWithPrefillPods: f.OnlyWithPrefillPods}
 		p.Profiles.Decode, p.Profiles.Prefill, p.Profiles.Encode = f.DecodeProfile, f.PrefillProfile, f.EncodeProfile
 		p.Deciders.Prefill, p.Deciders.Encode = f.PrefillDeciderPluginName, f.EncodeDeciderPluginName
 		if p.Deciders.Prefill == "" {
@@ -395,7 +421,7 @@ func Factory(name string, raw json.RawMessage, fh framework.Handle) (plugin.Plug
 	}
 	h := New(Type, name, Options{
 		Decode: p.Profiles.Decode, Prefill: p.Profiles.Prefill, Encode: p.Profiles.Encode,
-		Order: order, Fallback: fb, Metrics: m,
+		Order: order, Fallback: fb, Metrics: m, OnlyWithPrefillPods: p.OnlyWithPrefillPods,
 	})
 	h.prefillRef, h.encodeRef = p.Deciders.Prefill, p.Deciders.Encode
 	return h, nil

@@ -305,3 +305,39 @@ func TestModelLabelsAreBounded(t *testing.T) {
 		t.Errorf("%v decisions counted under other, want the 36 past the first 64 models", got)
 	}
 }
+
+func TestTheDefaultConfigurationSplitsOnlyInAPoolWithPrefillPods(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	s := load(t, config.DefaultConfigText, reg)
+	plain := schedtest.Cands(
+		schedtest.C{Name: "a", Prefix: schedtest.Info(250, 0, 0, 0, 0)},
+		schedtest.C{Name: "b", Prefix: schedtest.Info(250, 0, 0, 0, 0)},
+	)
+	res, err := s.Schedule(context.Background(), prompt(4000), plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.PrimaryProfile != "default" || len(res.Profiles) != 1 || res.Decision != "" || res.Prefill() != nil {
+		t.Errorf("a pool without prefill pods: %+v, want the default profile's pick alone", res)
+	}
+	if got := counter(t, reg, disagg.DecisionMetric, nil); got != 0 {
+		t.Errorf("%v decisions counted in a pool that cannot split", got)
+	}
+	// Without predictions the decider's threshold (2048 uncached tokens)
+	// decides.
+	pd := schedtest.Cands(
+		schedtest.C{Name: "d", Labels: role(bylabel.RoleDecode), Prefix: schedtest.Info(250, 0, 0, 0, 0)},
+		schedtest.C{Name: "p", Labels: role(bylabel.RolePrefill), Prefix: schedtest.Info(250, 0, 0, 0, 0)},
+	)
+	res, err = s.Schedule(context.Background(), prompt(4000), pd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decision != framework.PrefillDecode || res.Targets()[0].Name != "d" || res.Prefill().Name != "p" {
+		t.Errorf("a cold prompt in a P/D pool: %s (%s), decode %s, prefill %v", res.Decision, res.Reason, res.Targets()[0].Name, res.Prefill())
+	}
+	if got := counter(t, reg, disagg.DecisionMetric, map[string]string{"decision_type": "prefill-decode", "plugin_type": "disagg-profile-handler"}); got != 1 {
+		t.Errorf("prefill-decode counted %v times", got)
+	}
+}
