@@ -16,6 +16,14 @@ import (
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	fallbacks *prometheus.CounterVec
+	// counters caches the decision counters by their labels: resolving
+	// labels costs more than the rest of counting a decision.
+	counters sync.Map // decisionKey → prometheus.Counter
+}
+
+type decisionKey struct {
+	name, typ, model, reason string
+	decision                 framework.Decision
 }
 
 // DecisionMetric is upstream's name of the decision counter; its labels are
@@ -72,7 +80,14 @@ func (m *Metrics) decision(tn plugin.TypedName, model string, d framework.Decisi
 	if m == nil {
 		return
 	}
-	m.decisions.WithLabelValues(tn.Name, tn.Type, model, string(d), reason).Inc()
+	k := decisionKey{name: tn.Name, typ: tn.Type, model: model, reason: reason, decision: d}
+	if c, ok := m.counters.Load(k); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := m.decisions.WithLabelValues(tn.Name, tn.Type, model, string(d), reason)
+	m.counters.Store(k, c)
+	c.Inc()
 }
 
 func (m *Metrics) fallback(tn plugin.TypedName, model, stage string, fb Fallback) {
