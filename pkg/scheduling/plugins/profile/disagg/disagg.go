@@ -307,10 +307,10 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 	if h.o.PrefillDecider == nil && h.o.Order != PrefillFirst && v.encode.Reason != framework.ReasonNoDecider && reason == framework.ReasonNoDecider {
 		reason = v.encode.Reason
 	}
-	if !prefill {
+	if !prefill && h.o.Prefill != h.o.Decode {
 		delete(results, h.o.Prefill)
 	}
-	if !encode {
+	if !encode && h.o.Encode != h.o.Decode {
 		delete(results, h.o.Encode)
 	}
 	out.Decision = framework.DecisionOf(encode, prefill)
@@ -426,6 +426,9 @@ func Factory(name string, raw json.RawMessage, fh framework.Handle) (plugin.Plug
 	if err != nil {
 		return nil, framework.ParamError(Type, name, "%v", err)
 	}
+	if err := distinct(Type, name, p.Profiles.Decode, p.Profiles.Prefill, p.Profiles.Encode); err != nil {
+		return nil, err
+	}
 	m, err := NewMetrics(registererOf(fh))
 	if err != nil {
 		return nil, err
@@ -473,6 +476,9 @@ func PDFactory(threshold func(name string, tokens int) (framework.Decider, error
 		if err != nil {
 			return nil, err
 		}
+		if err := distinct(PDType, name, p.DecodeProfile, p.PrefillProfile, DefaultEncodeProfile); err != nil {
+			return nil, err
+		}
 		h := New(PDType, name, Options{Decode: p.DecodeProfile, Prefill: p.PrefillProfile, Fallback: fb, Metrics: m})
 		switch {
 		case p.DeciderPluginName != "":
@@ -492,4 +498,20 @@ func PDFactory(threshold func(name string, tokens int) (framework.Decider, error
 		}
 		return h, nil
 	}
+}
+
+// distinct refuses stages that name one profile: a request cannot be split
+// onto the pod it is decoded on.
+func distinct(typ, name, decode, prefill, encode string) error {
+	or := func(v, def string) string {
+		if v == "" {
+			return def
+		}
+		return v
+	}
+	decode, prefill, encode = or(decode, DefaultDecodeProfile), or(prefill, DefaultPrefillProfile), or(encode, DefaultEncodeProfile)
+	if decode == prefill || decode == encode || prefill == encode {
+		return framework.ParamError(typ, name, "the decode (%q), prefill (%q) and encode (%q) profiles must be three different profiles", decode, prefill, encode)
+	}
+	return nil
 }

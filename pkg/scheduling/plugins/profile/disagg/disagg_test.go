@@ -240,6 +240,7 @@ func TestHandlerParametersAsUpstreamReadsThem(t *testing.T) {
 		{"an unknown fallback is refused", "{type: disagg-profile-handler, parameters: {fallback: retry}}", `fallback "retry"`},
 		{"a decider the file does not define is refused", "{type: disagg-profile-handler, parameters: {deciders: {prefill: nowhere}}}", `names plugin "nowhere", which the configuration does not define`},
 		{"a plugin that is not a decider is refused", "{type: disagg-profile-handler, parameters: {deciders: {prefill: queue-scorer}}}", "which is not a decider"},
+		{"two stages on one profile are refused", "{type: disagg-profile-handler, parameters: {profiles: {decode: decode, prefill: decode}}}", "must be three different profiles"},
 		{"pd-profile-handler's negative threshold is refused", "{type: pd-profile-handler, parameters: {threshold: -1}}", "threshold = -1"},
 		{"pd-profile-handler's data-parallel port is refused", "{type: pd-profile-handler, parameters: {primaryPort: 8200}}", "parameter primaryPort"},
 		{"pd-profile-handler's block size is not needed", "{type: pd-profile-handler, parameters: {threshold: 10, hashBlockSize: 5, prefixPluginName: p}}", ""},
