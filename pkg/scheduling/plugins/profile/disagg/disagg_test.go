@@ -279,13 +279,18 @@ func TestPDProfileHandlersThresholdAndDecider(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s := load(t, pdPlugins+tt.extra+"- {type: pd-profile-handler, parameters: "+tt.params+"}\n"+pdProfiles, prometheus.NewRegistry())
+			reg := prometheus.NewRegistry()
+			s := load(t, pdPlugins+tt.extra+"- {type: pd-profile-handler, parameters: "+tt.params+"}\n"+pdProfiles, reg)
 			res, err := s.Schedule(context.Background(), prompt(100), fleet(tt.held, prefillPod))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if res.Decision != tt.decided {
 				t.Errorf("%s (%s), want %s", res.Decision, res.Reason, tt.decided)
+			}
+			// Counted under the name upstream's pd-profile-handler uses.
+			if got := counter(t, reg, disagg.PDDecisionMetric, map[string]string{"decision_type": string(tt.decided), "plugin_type": "pd-profile-handler"}); got != 1 {
+				t.Errorf("%s counted %v times", disagg.PDDecisionMetric, got)
 			}
 		})
 	}
