@@ -183,7 +183,7 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 		cands = cs.Candidates()
 	}
 	for _, c := range cands {
-		if c == decode || c.Name == decode.Name || !bylabel.ServesPrefill(c.Role()) {
+		if !bylabel.ServesPrefill(c.Role()) || c == decode {
 			continue
 		}
 		prefillPods++
