@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -360,5 +361,77 @@ func TestADirectorNeedsEachOfItsRequiredParts(t *testing.T) {
 		if _, err := director.New(tt.o); err == nil {
 			t.Errorf("%s: New succeeded", tt.name)
 		}
+	}
+}
+
+// splitPicker is a scheduler of the test's own that splits every request:
+// decode on the last candidate, prefill on the first, encode on both.
+type splitPicker struct{}
+
+func (splitPicker) Schedule(_ context.Context, _ *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
+	return &framework.Result{
+		PrimaryProfile: "decode", PrefillProfile: "prefill", EncodeProfile: "encode",
+		Decision: framework.EncodePrefillDecode,
+		Profiles: map[string]*framework.ProfileResult{
+			"decode":  {Picked: cands[len(cands)-1:]},
+			"prefill": {Picked: cands[:1]},
+			"encode":  {Picked: cands},
+		},
+	}, nil
+}
+
+func TestASplitPickNamesTheDecodeTargetAndThePodsThatPrefillAndEncode(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	ds.Upsert(&datalayer.Endpoint{Name: "b", Address: "10.0.0.2:8000", Model: "m"})
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: splitPicker{}, InFlight: ds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.HandleRequest(context.Background(), &director.Input{
+		Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":[1,2,3,4]}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Targets) != 1 || p.Targets[0] != "10.0.0.2:8000" || p.Prefill != "10.0.0.1:8000" ||
+		len(p.Encoders) != 2 || p.Encoders[0] != "10.0.0.1:8000" || p.Encoders[1] != "10.0.0.2:8000" {
+		t.Errorf("targets %v, prefill %q, encoders %v; want decode on b, prefill on a, encode on both", p.Targets, p.Prefill, p.Encoders)
+	}
+	d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200})
+}
+
+func TestASplitWithoutAPrefillPodIsRefusedWith503SayingWhy(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "d", Address: "10.0.0.1:8000", Model: "m", Labels: map[string]string{datalayer.RoleLabel: "decode"}})
+	l, err := config.NewInTreeRegistry().Load([]byte(`
+plugins:
+- type: decode-filter
+- type: prefill-filter
+- type: always-disagg-pd-decider
+- {type: disagg-profile-handler, parameters: {deciders: {prefill: always-disagg-pd-decider}, fallback: refuse}}
+schedulingProfiles:
+- {name: decode, plugins: [{pluginRef: decode-filter}]}
+- {name: prefill, plugins: [{pluginRef: prefill-filter}]}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := scheduling.New(l.SchedulerOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, InFlight: ds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.HandleRequest(context.Background(), &director.Input{Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":[1,2,3,4]}`)})
+	if director.StatusOf(err) != http.StatusServiceUnavailable || !strings.Contains(err.Error(), "no prefill pod is ready") {
+		t.Fatalf("err = %v (status %d), want 503 saying no prefill pod is ready", err, director.StatusOf(err))
+	}
+	if got := inFlightNow(ds.InFlight("d")); got != (datalayer.InFlight{}) {
+		t.Errorf("%+v in flight on the decode pod after the refusal", got)
 	}
 }
