@@ -33,6 +33,10 @@ type EngineConfig struct {
 	Sink events.Sink
 	// Tokenizer is the model's tokenizer (nil: Words).
 	Tokenizer Tokenizer
+	// Role is the engine's llm-d.ai/role label value (RolePrefill,
+	// RoleDecode, RoleBoth; "" for none); Transfer its KV transfer (pd.go).
+	Role     string
+	Transfer Transfer
 }
 
 // Engine is one simulated vLLM engine. Its methods are safe for concurrent

@@ -42,6 +42,10 @@ type FleetConfig struct {
 	Host string
 	// ZMQ, when set, gives engine i's ZeroMQ output (nil: none).
 	ZMQ func(i int) *ZMQConfig
+	// Roles, when set, gives engine i the role Roles[i%len(Roles)]; every
+	// engine transfers KV as Transfer says.
+	Roles    []string
+	Transfer Transfer
 }
 
 // Fleet is a running set of cores and their servers. Close stops them.
@@ -68,7 +72,12 @@ func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
 	if cfg.MixedEncodings && i%2 == 1 {
 		enc = events.EncodingMap
 	}
-	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer}
+	role := ""
+	if len(cfg.Roles) > 0 {
+		role = cfg.Roles[i%len(cfg.Roles)]
+	}
+	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer,
+		Role: role, Transfer: cfg.Transfer}
 }
 
 // Sidecar is what runs beside one engine of a fleet.
