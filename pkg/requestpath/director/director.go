@@ -43,6 +43,16 @@ const (
 	MetadataSubsetHint  = "envoy.lb.subset_hint"
 )
 
+// Headers of disaggregated serving, as llm-d names them: set on the request
+// sent to the decode pod, whose P/D sidecar sends the prefill (and encode)
+// work to the pods they name before decoding.
+const (
+	// HeaderPrefiller is the prefill pod's ip:port.
+	HeaderPrefiller = "x-prefiller-host-port"
+	// HeaderEncoders are the encode pods' ip:ports, comma-separated.
+	HeaderEncoders = "x-encoder-hosts-ports"
+)
+
 // Error is a request-path failure with the HTTP status the client gets.
 type Error struct {
 	Status int
@@ -104,7 +114,14 @@ type Pick struct {
 	Targets []string
 	// Candidates are the request's candidates with what PrepareData put on them.
 	Candidates []*datalayer.Candidate
-	Start      time.Time
+	// Prefill is the ip:port of the pod that prefills the request before
+	// Targets[0] decodes it (HeaderPrefiller); empty when Targets[0]
+	// prefills it itself.
+	Prefill string
+	// Encoders are the ip:ports of the pods that encode the request's
+	// multimodal parts (HeaderEncoders); empty when none do.
+	Encoders []string
+	Start    time.Time
 	// labels are the requested and target models as metric label values;
 	// series their series.
 	labels [2]string
@@ -391,6 +408,12 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 	if len(p.Targets) == 0 {
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: errors.New("scheduler picked no endpoint")}
+	}
+	if c := res.Prefill(); c != nil {
+		p.Prefill = c.Address
+	}
+	for _, c := range res.Encoders() {
+		p.Encoders = append(p.Encoders, c.Address)
 	}
 	d.o.Metrics.observePick(p)
 	if d.dispatch(&p.disp, req, res.Targets()[0]) {

@@ -362,3 +362,41 @@ func TestADirectorNeedsEachOfItsRequiredParts(t *testing.T) {
 		}
 	}
 }
+
+// splitPicker is a scheduler of the test's own that splits every request:
+// decode on the last candidate, prefill on the first, encode on both.
+type splitPicker struct{}
+
+func (splitPicker) Schedule(_ context.Context, _ *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
+	return &framework.Result{
+		PrimaryProfile: "decode", PrefillProfile: "prefill", EncodeProfile: "encode",
+		Decision: framework.EncodePrefillDecode,
+		Profiles: map[string]*framework.ProfileResult{
+			"decode":  {Picked: cands[len(cands)-1:]},
+			"prefill": {Picked: cands[:1]},
+			"encode":  {Picked: cands},
+		},
+	}, nil
+}
+
+func TestASplitPickNamesTheDecodeTargetAndThePodsThatPrefillAndEncode(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	ds.Upsert(&datalayer.Endpoint{Name: "b", Address: "10.0.0.2:8000", Model: "m"})
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: splitPicker{}, InFlight: ds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.HandleRequest(context.Background(), &director.Input{
+		Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":[1,2,3,4]}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Targets) != 1 || p.Targets[0] != "10.0.0.2:8000" || p.Prefill != "10.0.0.1:8000" ||
+		len(p.Encoders) != 2 || p.Encoders[0] != "10.0.0.1:8000" || p.Encoders[1] != "10.0.0.2:8000" {
+		t.Errorf("targets %v, prefill %q, encoders %v; want decode on b, prefill on a, encode on both", p.Targets, p.Prefill, p.Encoders)
+	}
+	d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200})
+}

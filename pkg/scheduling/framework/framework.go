@@ -145,10 +145,73 @@ type ProfileResult struct {
 
 // Result is a whole scheduling cycle's answer.
 type Result struct {
-	// PrimaryProfile names the profile whose pick the request is sent to.
+	// PrimaryProfile names the profile whose pick the request is sent to;
+	// with disaggregated serving, the decode profile.
 	PrimaryProfile string
 	// Profiles holds every profile's result by profile name.
 	Profiles map[string]*ProfileResult
+	// PrefillProfile names the profile whose pick prefills the request
+	// before the primary pick decodes it; empty when the primary pick
+	// prefills it itself.
+	PrefillProfile string
+	// EncodeProfile names the profile whose picks encode the request's
+	// multimodal parts; empty when none do.
+	EncodeProfile string
+	// Decision is which stages run on pods of their own; empty for a
+	// handler that never splits a request.
+	Decision Decision
+	// Reason says in a word why the decision was made (a metric label
+	// value from a small fixed set, such as "cached" or "no-prefill-pod").
+	Reason string
+}
+
+// Decision names the stages a request is split into, with upstream's
+// decision_type values.
+type Decision string
+
+// The decisions.
+const (
+	DecodeOnly          Decision = "decode-only"
+	PrefillDecode       Decision = "prefill-decode"
+	EncodeDecode        Decision = "encode-decode"
+	EncodePrefillDecode Decision = "encode-prefill-decode"
+)
+
+// DecisionOf is the decision for the stages that run apart from decode.
+func DecisionOf(encode, prefill bool) Decision {
+	switch {
+	case encode && prefill:
+		return EncodePrefillDecode
+	case encode:
+		return EncodeDecode
+	case prefill:
+		return PrefillDecode
+	}
+	return DecodeOnly
+}
+
+// Prefill returns the pod that prefills the request for the primary pick,
+// nil when the primary pick prefills it itself.
+func (r *Result) Prefill() *datalayer.Candidate {
+	if r == nil || r.PrefillProfile == "" {
+		return nil
+	}
+	if p := r.Profiles[r.PrefillProfile]; p != nil && len(p.Picked) > 0 {
+		return p.Picked[0]
+	}
+	return nil
+}
+
+// Encoders returns the pods that encode the request's multimodal parts,
+// none when the primary pick encodes them itself.
+func (r *Result) Encoders() []*datalayer.Candidate {
+	if r == nil || r.EncodeProfile == "" {
+		return nil
+	}
+	if p := r.Profiles[r.EncodeProfile]; p != nil {
+		return p.Picked
+	}
+	return nil
 }
 
 // Targets returns the primary profile's picks, primary first.
