@@ -1,0 +1,196 @@
+package pdsidecar_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
+	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/testkit"
+)
+
+// prompt is n token ids from base, as a completion's body.
+func prompt(base, n int, stream bool) string {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = base + i
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids, "max_tokens": 4, "stream": stream})
+	return string(b)
+}
+
+func send(t *testing.T, url, body string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+func TestThroughTheProxySplitRequestsAreAnsweredByDecodePodsThatKeepTheirPrompts(t *testing.T) {
+	t.Parallel()
+	w := startWorld(t, worldOptions{prefill: 2, decode: 2})
+	base, _ := w.proxy(t, proxy.Options{})
+	const n = 4
+	first := map[int]string{}
+	for i := range n {
+		resp, body := send(t, base+"/v1/completions", prompt(1000*(i+1), 96, true))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		res, err := sim.ReadStream(strings.NewReader(body), nil)
+		if err != nil || res.Text != sim.ReplyText(4) {
+			t.Fatalf("request %d: stream %q: %v", i, res.Text, err)
+		}
+		served := resp.Header.Get(director.HeaderServed)
+		if en := w.byAddr(served); en == nil || en.role != sim.RoleDecode {
+			t.Fatalf("request %d was answered by %q, not a decode pod", i, served)
+		}
+		first[i] = served
+	}
+	testkit.WaitFor(t, "every prefill leg's blocks pulled", func() error {
+		pulled := int64(0)
+		for _, en := range w.prefill {
+			pulled += en.srv.PDStats().Pulled
+		}
+		if pulled != n {
+			return fmt.Errorf("%d holds pulled, want %d", pulled, n)
+		}
+		return w.nothingHeld()
+	})
+	remote := int64(0)
+	for _, en := range w.decode {
+		remote += en.srv.PDStats().RemotePrefills
+	}
+	if remote != n {
+		t.Errorf("decode engines pulled for %d requests, want %d", remote, n)
+	}
+	// The decode pods published the blocks they received: a repeated
+	// prompt goes back to the one that holds it.
+	for i := range n {
+		testkit.WaitFor(t, "the index holds the prompt on its decode pod", func() error {
+			resp, body := send(t, base+"/v1/completions", prompt(1000*(i+1), 96, false))
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("repeat %d: %d %s", i, resp.StatusCode, body)
+			}
+			if got := resp.Header.Get(director.HeaderServed); got != first[i] {
+				return fmt.Errorf("repeat %d served by %s; %s holds its prompt", i, got, first[i])
+			}
+			return nil
+		})
+	}
+}
+
+func TestThroughTheProxyAFailingPrefillPodFailsItsRequestsLoudly(t *testing.T) {
+	t.Parallel()
+	w := startWorld(t, worldOptions{prefill: 1, decode: 2})
+	refusing, refusingReg := w.proxy(t, proxy.Options{})
+	decodeOnly, decodeOnlyReg := w.proxy(t, proxy.Options{PrefillFailure: proxy.PrefillFailDecodeOnly})
+	if err := w.prefill[0].srv.SetFault(sim.FaultError); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	for i := range n {
+		resp, body := send(t, refusing+"/v1/completions", prompt(100*i, 40, true))
+		if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "prefill") {
+			t.Fatalf("request %d with its prefill pod failing: %d %s; want a 502 that says the prefill failed", i, resp.StatusCode, body)
+		}
+		if got := resp.Header.Get(director.HeaderPrefiller); got != w.prefill[0].addr {
+			t.Errorf("the failure names prefill pod %q, want %s", got, w.prefill[0].addr)
+		}
+	}
+	for _, en := range w.decode {
+		if st := en.srv.Core().Stats(); st.Requests != 0 {
+			t.Errorf("decode engine %s served %d requests whose prefill failed; want no decode leg sent", en.addr, st.Requests)
+		}
+	}
+	if got := testkit.Value(t, refusingReg, "kvroute_proxy_pd_prefill_failures_total", "action", "refused"); got != n {
+		t.Errorf("refused prefill failures counted %v, want %d", got, n)
+	}
+	for i := range n {
+		resp, body := send(t, decodeOnly+"/v1/completions", prompt(100*i, 40, false))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("decode-only request %d: %d %s", i, resp.StatusCode, body)
+		}
+		if en := w.byAddr(resp.Header.Get(director.HeaderServed)); en == nil || en.role != sim.RoleDecode {
+			t.Errorf("decode-only request %d served by %q, not a decode pod", i, resp.Header.Get(director.HeaderServed))
+		}
+	}
+	if got := testkit.Value(t, decodeOnlyReg, "kvroute_proxy_pd_prefill_failures_total", "action", "decode_only"); got != n {
+		t.Errorf("decode-only prefill failures counted %v, want %d", got, n)
+	}
+	if err := w.nothingHeld(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestThroughTheProxyAFailedDecodeLegLeavesNothingHeldOnThePrefillPod(t *testing.T) {
+	t.Parallel()
+	w := startWorld(t, worldOptions{prefill: 1, decode: 1})
+	base, reg := w.proxy(t, proxy.Options{})
+	// The decode engine behind its sidecar is down: the sidecar answers
+	// 502, and nobody pulls what the prefill pod holds.
+	if err := w.decode[0].srv.SetFault(sim.FaultRefuse); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := send(t, base+"/v1/completions", prompt(7, 40, true))
+	if resp.StatusCode < 500 {
+		t.Fatalf("a request whose decode pod is down: %d %s", resp.StatusCode, body)
+	}
+	testkit.WaitFor(t, "the prefill pod released the blocks", func() error {
+		if st := w.prefill[0].srv.PDStats(); st.Aborted != 1 {
+			return fmt.Errorf("prefill engine %+v, want one hold aborted", st)
+		}
+		return w.nothingHeld()
+	})
+	if got := testkit.Value(t, reg, "kvroute_proxy_pd_aborts_total", "result", "released"); got != 1 {
+		t.Errorf("releases counted %v, want 1", got)
+	}
+}
+
+func TestThroughTheProxyAClientThatLeavesDuringPrefillStrandsNothing(t *testing.T) {
+	t.Parallel()
+	// A prefill slow enough (40 tokens at 10ms) for the client to leave during it.
+	slow := fastTiming()
+	slow.PrefillPerToken = 10 * time.Millisecond
+	w := startWorld(t, worldOptions{prefill: 1, decode: 1, prefillTiming: slow})
+	base, _ := w.proxy(t, proxy.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(prompt(5, 40, true)))
+	req.Header.Set("Content-Type", "application/json")
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	testkit.WaitFor(t, "the prefill engine admitted the prefill leg", func() error {
+		if st := w.prefill[0].srv.Core().Stats(); st.Requests != 1 {
+			return fmt.Errorf("%d requests admitted", st.Requests)
+		}
+		return nil
+	})
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("a cancelled request succeeded")
+	}
+	testkit.WaitFor(t, "the prefill engine holds nothing", w.nothingHeld)
+	if st := w.decode[0].srv.Core().Stats(); st.Requests != 0 {
+		t.Errorf("the decode engine served %d requests; the client left before the decode leg", st.Requests)
+	}
+}

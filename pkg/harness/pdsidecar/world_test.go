@@ -1,0 +1,274 @@
+package pdsidecar_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/pdsidecar"
+	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/director"
+	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
+	"github.com/kvroute/kvroute/pkg/scheduling"
+	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/sim"
+	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/testkit"
+)
+
+const blockSize = 16
+
+// engine is one simulated pod of the world.
+type engine struct {
+	srv  *sim.Server
+	role string
+	// addr is where the pool routes to: the sidecar's for a decode pod,
+	// the engine's own for a prefill pod.
+	addr string
+	side *pdsidecar.Sidecar
+}
+
+// world is a P/D pool on loopback: prefill engines, decode engines each
+// behind a P/D sidecar, all publishing KV events to an EPP's NATS server,
+// the EPP's datastore and exact index, and a director that splits every
+// request (decode picked by the exact prefix, prefill by queue) with the
+// standalone proxy in front.
+type world struct {
+	epp      *epp.EPP
+	prefill  []*engine
+	decode   []*engine
+	director *director.Director
+	metrics  *prometheus.Registry
+}
+
+type worldOptions struct {
+	prefill, decode int
+	// prefillTiming is the prefill engines' timing (fast when zero).
+	prefillTiming sim.Timing
+}
+
+func fastTiming() sim.Timing {
+	return sim.Timing{PrefillPerToken: 20 * time.Microsecond, DecodeStep: time.Millisecond, MaxSeqs: 8}
+}
+
+func startWorld(t *testing.T, o worldOptions) *world {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e, err := epp.New(epp.Options{
+		Pool: "pd", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
+		ConfigText: config.PrecisePrefixConfigText, Scrape: true,
+		ScrapeOptions: scrape.Options{Interval: 20 * time.Millisecond},
+		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: blockSize},
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eppDone := make(chan error, 1)
+	go func() { eppDone <- e.Run(ctx) }()
+	nc, err := nats.Connect(e.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := events.NewPublisher(nc, e.Namespace(), e.Pool())
+	w := &world{epp: e, metrics: prometheus.NewRegistry()}
+	var stops []chan error
+	run := func(f func(context.Context) error) {
+		c := make(chan error, 1)
+		stops = append(stops, c)
+		go func() { c <- f(ctx) }()
+	}
+	tr := sim.Transfer{Latency: time.Millisecond, BlockBytes: 1 << 20, Bandwidth: 8 << 30, HoldTimeout: time.Hour}
+	add := func(i int, role string, tm sim.Timing) *engine {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		en := &engine{role: role, addr: ln.Addr().String()}
+		if role == sim.RoleDecode {
+			if en.side, err = pdsidecar.New("127.0.0.1:0", ln.Addr().String()); err != nil {
+				t.Fatal(err)
+			}
+			en.addr = en.side.Addr()
+			run(en.side.Run)
+		}
+		pod := fmt.Sprintf("%s-%d", role, i)
+		eng := sim.NewEngine(sim.EngineConfig{Pod: pod, Address: en.addr, Model: "m", Role: role, Transfer: tr,
+			Pool: blockpool.Config{BlockSize: blockSize, GPUBlocks: 2048, Seed: uint64(i + 1)}}, pub)
+		en.srv = sim.NewServer(sim.NewCore(eng, tm), ln)
+		run(en.srv.Core().Run)
+		run(en.srv.Run)
+		e.Datastore().Upsert(&datalayer.Endpoint{Name: pod, Address: en.addr, Pod: pod, Namespace: e.Namespace(), Model: "m",
+			Labels: map[string]string{sim.RoleLabel: role}})
+		return en
+	}
+	pt := o.prefillTiming
+	if pt.MaxSeqs == 0 {
+		pt = fastTiming()
+	}
+	for i := range o.prefill {
+		w.prefill = append(w.prefill, add(i, sim.RolePrefill, pt))
+	}
+	for i := range o.decode {
+		w.decode = append(w.decode, add(i, sim.RoleDecode, fastTiming()))
+	}
+	t.Cleanup(func() {
+		cancel()
+		for _, c := range stops {
+			if err := <-c; err != nil {
+				t.Error(err)
+			}
+		}
+		nc.Close()
+		if err := <-eppDone; err != nil {
+			t.Error(err)
+		}
+	})
+	testkit.WaitFor(t, "the EPP scraped every engine", func() error {
+		for _, ep := range e.Datastore().List() {
+			if _, ok := e.Datastore().Metrics(ep.Name); !ok {
+				return fmt.Errorf("no metrics of %s yet", ep.Name)
+			}
+		}
+		return nil
+	})
+	w.director, err = director.New(director.Options{
+		// No outlier detection: a failing prefill pod stays a candidate,
+		// so that every request meets the failure under test.
+		Datastore: e.Datastore(), InFlight: e.Datastore(),
+		PrepareData: prefixData{prefixmatch.New("", prefixmatch.Params{DefaultBlockSizeTokens: blockSize}, e.Index(), nil)},
+		Scheduler:   newSplitter(t), Metrics: director.NewMetrics(w.metrics),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// proxy starts the standalone proxy on the world's director.
+func (w *world) proxy(t *testing.T, o proxy.Options) (string, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	o.Addr, o.Registerer = "127.0.0.1:0", reg
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	p, err := proxy.New(w.director, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return "http://" + p.Addr(), reg
+}
+
+// byAddr finds the engine the pool routes to at addr.
+func (w *world) byAddr(addr string) *engine {
+	for _, en := range append(append([]*engine{}, w.prefill...), w.decode...) {
+		if en.addr == addr {
+			return en
+		}
+	}
+	return nil
+}
+
+// nothingHeld fails unless no prefill engine holds blocks for a remote
+// decode, and none has blocks allocated to a request.
+func (w *world) nothingHeld() error {
+	for _, en := range w.prefill {
+		st := en.srv.PDStats()
+		if u := en.srv.Core().Engine().Usage(); st.Held != 0 || u != 0 {
+			return fmt.Errorf("prefill engine %s holds %d transfers, %.3f of its blocks in use (%+v)", en.addr, st.Held, u, st)
+		}
+	}
+	return nil
+}
+
+// prefixData runs the exact prefix producer as the director's PrepareData.
+type prefixData struct{ p *prefixmatch.Producer }
+
+func (d prefixData) Run(ctx context.Context, _ time.Duration, req *request.Request, cands []*datalayer.Candidate) error {
+	return d.p.Produce(ctx, req, cands)
+}
+func (prefixData) AllInline() bool { return true }
+
+// splitter splits every request as a disaggregating profile handler
+// does: a decode profile (decode pods, most prefix held) and a prefill
+// profile (prefill pods, shortest queue), both run by the scheduling
+// framework on the pods' llm-d.ai/role labels.
+type splitter struct{ decode, prefill *scheduling.Scheduler }
+
+func newSplitter(t *testing.T) *splitter {
+	t.Helper()
+	load := func(text string) *scheduling.Scheduler {
+		l, err := config.NewInTreeRegistry().Load([]byte(text), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := scheduling.New(l.SchedulerOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	return &splitter{
+		decode: load(`plugins:
+- type: decode-filter
+- type: precise-prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+`),
+		prefill: load(`plugins:
+- type: prefill-filter
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: queue-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+`),
+	}
+}
+
+func (s *splitter) Schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
+	d, err := s.decode.Schedule(ctx, req, cands)
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.prefill.Schedule(ctx, req, cands)
+	if err != nil {
+		return nil, err
+	}
+	return &framework.Result{
+		PrimaryProfile: "decode", PrefillProfile: "prefill", Decision: framework.PrefillDecode,
+		Profiles: map[string]*framework.ProfileResult{"decode": d.Profiles[d.PrimaryProfile], "prefill": p.Profiles[p.PrimaryProfile]},
+	}, nil
+}
