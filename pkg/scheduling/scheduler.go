@@ -204,6 +204,7 @@ func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []
 	seed1, seed2 := s.rng.Uint64(), s.rng.Uint64()
 	s.rngMu.Unlock()
 	cs := framework.NewCycleState(now, seed1, seed2)
+	cs.SetCandidates(cands)
 
 	results := make(map[string]*framework.ProfileResult, len(s.profiles))
 	// A profile runs at most once per cycle, so a handler that keeps asking

@@ -95,9 +95,9 @@ type answer struct {
 	hr      extprocv3.HeadersResponse
 	cr      extprocv3.CommonResponse
 	mut     extprocv3.HeaderMutation
-	set     [3]*corev3.HeaderValueOption
-	opts    [2]corev3.HeaderValueOption
-	vals    [2]corev3.HeaderValue
+	set     [5]*corev3.HeaderValueOption
+	opts    [4]corev3.HeaderValueOption
+	vals    [4]corev3.HeaderValue
 	// raw holds the request id's and the Content-Length's bytes.
 	raw [64]byte
 	// body passes the body's first chunk on (most bodies are one).
@@ -648,7 +648,48 @@ func (st *stream) mutation(p *director.Pick, bodyLen int) (mut *extprocv3.Header
 		a.set[2] = &a.opts[1]
 		a.mut.SetHeaders = a.set[:3]
 	}
+	st.disaggregation(p)
 	return &a.mut, dest.metadata
+}
+
+// Which of the disaggregation headers a request goes without, removed so
+// that a client cannot name the pods the decode pod's sidecar sends its
+// prefill or encoding to (read only: shared by every stream).
+var (
+	removeBoth      = []string{director.HeaderPrefiller, director.HeaderEncoders}
+	removePrefiller = []string{director.HeaderPrefiller}
+	removeEncoders  = []string{director.HeaderEncoders}
+)
+
+// disaggregation adds to st.ans's mutation the pods that prefill and
+// encode the request for its decode pod (llm-d's P/D sidecar reads them),
+// and removes whichever of those headers the pick does not set.
+func (st *stream) disaggregation(p *director.Pick) {
+	a := &st.ans
+	n := len(a.mut.SetHeaders)
+	if p.Prefill != "" {
+		a.vals[2].Key, a.vals[2].RawValue = director.HeaderPrefiller, []byte(p.Prefill)
+		a.opts[2].Header, a.opts[2].AppendAction = &a.vals[2], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		a.set[n] = &a.opts[2]
+		n++
+	}
+	if len(p.Encoders) > 0 {
+		a.vals[3].Key, a.vals[3].RawValue = director.HeaderEncoders, []byte(strings.Join(p.Encoders, ","))
+		a.opts[3].Header, a.opts[3].AppendAction = &a.vals[3], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		a.set[n] = &a.opts[3]
+		n++
+	}
+	a.mut.SetHeaders = a.set[:n]
+	switch {
+	case p.Prefill == "" && len(p.Encoders) == 0:
+		a.mut.RemoveHeaders = removeBoth
+	case p.Prefill == "":
+		a.mut.RemoveHeaders = removePrefiller
+	case len(p.Encoders) == 0:
+		a.mut.RemoveHeaders = removeEncoders
+	default:
+		a.mut.RemoveHeaders = nil
+	}
 }
 
 // headersAnswer is the request headers' answer carrying the destination

@@ -24,7 +24,11 @@ const (
 	whyTokenizer     = "kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize"
 	whyScrape        = "kvroute scrapes each endpoint's metrics itself (--scrape-metrics, --refresh-metrics-interval)"
 	whyDiscovery     = "kvroute discovers endpoints from the InferencePool or a pod selector (--kubernetes, --endpoint-selector)"
-	whyNoPD          = "kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)"
+	whyNoPD          = "kvroute does not roll out disaggregated sets; the P/D handlers and deciders split a pool's requests by its pods' roles"
+	whyNoDP          = "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them"
+	whyPDBlocks      = "the decider reads the decode pod's exact prefix match, in the block size its KV events name"
+	whyPDPrefix      = "kvroute's prefix producer publishes the one PrefixCacheMatchInfo the decider reads"
+	whyPDHeaders     = "the ext_proc server sets x-prefiller-host-port and x-encoder-hosts-ports from the profile handler's prefill and encode picks"
 	whyNoFlowControl = "kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission"
 	whySLOAware      = "use predicted-latency-producer, latency-scorer, slo-headroom-tier-filter and latency-slo-admitter in one profile (kvroute's default)"
 	whyMulticluster  = "kvroute routes one pool; run one EPP per cluster"
@@ -265,14 +269,41 @@ var upstreamTypes = func() map[string]upstreamType {
 		honoured("random-picker", "GIE v0.5–v1.5; llm-d-router v0.9–main", pickerParams),
 		honoured("weighted-random-picker", "GIE v1.0–v1.5; llm-d-router v0.9–main", pickerParams),
 		honoured("single-profile-handler", "GIE v0.5–v1.5; llm-d-router v0.9–main", nil),
-		refused("pd-profile-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("disagg-profile-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("prefill-header-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("disagg-headers-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("prefix-based-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("always-disagg-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("always-disagg-multimodal-decider", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("p2p-source-producer", "llm-d-router v0.10–main", whyNoPD),
+		honoured("pd-profile-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main (deprecated there)", map[string]paramRule{
+			"decodeProfile":               keep("the decode profile's name"),
+			"prefillProfile":              keep("the prefill profile's name"),
+			"threshold":                   keep("llm-d v0.2–v0.5: split when the decode pod lacks this many prompt tokens (upstream counted the prompt's characters); 0 splits every request"),
+			"deciderPluginName":           keep("llm-d v0.6 on: the decider"),
+			"hashBlockSize":               drop(whyPDBlocks),
+			"prefixPluginName":            drop(whyPDPrefix),
+			"prefixPluginType":            drop(whyPDPrefix),
+			"prefixMatchInfoProducerName": drop(whyPDPrefix),
+			"primaryPort":                 only("data parallelism by port rewrite: "+whyNoDP, isNullOrEmpty),
+		}),
+		honoured("disagg-profile-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", map[string]paramRule{
+			"profiles":                 keep("the decode, prefill and encode profiles' names"),
+			"deciders":                 keep("the prefill and encode deciders"),
+			"stageOrder":               keep("decode-first or prefill-first"),
+			"decodeProfile":            keep("deprecated flat form of profiles.decode"),
+			"prefillProfile":           keep("deprecated flat form of profiles.prefill"),
+			"encodeProfile":            keep("deprecated flat form of profiles.encode"),
+			"prefillDeciderPluginName": keep("deprecated flat form of deciders.prefill"),
+			"encodeDeciderPluginName":  keep("deprecated flat form of deciders.encode"),
+			"deciderPluginName":        keep("deprecated alias of deciders.prefill"),
+		}),
+		superseded("prefill-header-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main (deprecated there)", inertType, whyPDHeaders, map[string]paramRule{
+			"prefillProfile": drop(whyPDHeaders),
+		}),
+		superseded("disagg-headers-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main (deprecated there)", inertType, whyPDHeaders, map[string]paramRule{
+			"prefillProfile": drop(whyPDHeaders), "encodeProfile": drop(whyPDHeaders),
+		}),
+		honoured("prefix-based-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", map[string]paramRule{
+			"nonCachedTokens": keep("split when the decode pod lacks at least this many prompt tokens, every tier's blocks counted as cached; 0 never splits"),
+			"promptTokens":    keep("the shortest prompt split; 0 sets none"),
+		}),
+		honoured("always-disagg-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", nil),
+		honoured("always-disagg-multimodal-decider", "llm-d v0.7–v0.8; llm-d-router v0.9–main", nil),
+		refused("p2p-source-producer", "llm-d-router v0.10–main", "kvroute does not name a pod to pull cached KV from (x-kv-cache-source-host-port); the exact index sends a request to the pod that holds its prefix"),
 		refused("data-parallel-profile-handler", "llm-d v0.4–v0.8; llm-d-router v0.9–main", "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events"),
 		refused("header-profile-handler", "llm-d-router v0.10–main", "kvroute picks profiles with single-profile-handler"),
 		refused("slo-aware-profile-handler", "GIE v1.2", whySLOAware),

@@ -94,12 +94,10 @@ var upstreamCorpus = map[string]corpusCase{
 	}},
 	"refused-gie-v1.5.0-chart-latency-predictor.yaml":                {refusal: `plugin "strict-affinity-filter": unsupported upstream plugin type "prefix-cache-affinity-filter": kvroute has no prefix affinity filter; weight precise-prefix-cache-scorer for affinity, or let the latency-scorer weigh the cache in its predictions`},
 	"refused-gie-v1.5.0-conformance-plugins.yaml":                    {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": kvroute does not echo the served endpoint back to the client`},
-	"refused-llmd-v0.2.1-pd-epp-config.yaml":                         {refusal: `plugin "prefill-header-handler": unsupported upstream plugin type "prefill-header-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
 	"refused-llmd-v0.8.0-dp-epp-config.yaml":                         {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
 	"refused-router-main-chart-triton.yaml":                          {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
 	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":      {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
 	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml":     {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},
-	"refused-router-v0.10.0-pd-epp-config.yaml":                      {refusal: `plugin "disagg-profile-handler": unsupported upstream plugin type "disagg-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
 	"refused-router-v0.10.0-perf-precise-prefix.yaml":                {refusal: `plugin "active-request-scorer": unsupported upstream plugin type "active-request-scorer": kvroute does not count its own in-flight requests; running-requests-size-scorer weighs the requests each engine reports running`},
 	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml":  {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
 	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                 {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
@@ -140,6 +138,9 @@ func TestUpstreamCorpusLoadsAsWritten(t *testing.T) {
 	for _, f := range files {
 		name := filepath.Base(f)
 		tc, ok := upstreamCorpus[name]
+		if pd, isPD := pdCorpus[name]; isPD && !ok {
+			tc, ok = pd, true
+		}
 		if !ok {
 			t.Errorf("%s has no expectation", name)
 			continue
@@ -191,6 +192,11 @@ func TestUpstreamCorpusLoadsAsWritten(t *testing.T) {
 		})
 		if tc.refusal == "" {
 			loadable++
+		}
+	}
+	for name := range pdCorpus {
+		if _, err := os.Stat(filepath.Join("testdata/upstream", name)); err != nil {
+			t.Errorf("expectation for a missing file: %v", err)
 		}
 	}
 	for name := range upstreamCorpus {

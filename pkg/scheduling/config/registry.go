@@ -10,6 +10,9 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/admitter/latencyslo"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/always"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/predicted"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/prefixbased"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/decisiontree"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/headertest"
@@ -22,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/softmax"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/weightedrandom"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/postpick/speculative"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/disagg"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/kvcache"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/latency"
@@ -117,6 +121,12 @@ func NewInTreeRegistry() *Registry {
 		latency.Type:             latency.Factory,
 		slofilter.Type:           slofilter.Factory,
 		latencyslo.Type:          latencyslo.Factory,
+		disagg.Type:              disagg.Factory,
+		disagg.PDType:            disagg.PDFactory(pdThreshold),
+		prefixbased.Type:         prefixbased.Factory,
+		predicted.Type:           predicted.Factory,
+		always.PDType:            always.PDFactory,
+		always.MultimodalType:    always.MultimodalFactory,
 	} {
 		r.mustRegister(typ, f)
 	}
@@ -246,4 +256,14 @@ func (r *Registry) registered(typ string) bool {
 	_, f := r.factories[typ]
 	_, a := r.aliases[typ]
 	return f || a
+}
+
+// pdThreshold is the decider pd-profile-handler's threshold means (llm-d
+// v0.2 to v0.5): 0 splits every request, a positive one splits when the
+// decode pod lacks that many prompt tokens.
+func pdThreshold(name string, tokens int) (framework.Decider, error) {
+	if tokens == 0 {
+		return always.NewPD(name), nil
+	}
+	return prefixbased.New(name, prefixbased.Params{NonCachedTokens: tokens})
 }

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
 )
 
 // CycleState is what the plugins of one scheduling cycle share: the cycle's
@@ -19,6 +21,8 @@ type CycleState struct {
 
 	mu   sync.RWMutex
 	vals map[string]any
+
+	cands []*datalayer.Candidate
 }
 
 // NewCycleState makes the state for one cycle. now is read once per cycle so
@@ -29,6 +33,14 @@ func NewCycleState(now time.Time, seed1, seed2 uint64) *CycleState {
 	s.rng = *rand.New(&s.pcg)
 	return s
 }
+
+// SetCandidates records the cycle's candidates, before the filters of any
+// profile narrowed them, for plugins that weigh one stage's pods against
+// another's (a decider comparing the decode pod with the prefill pool).
+func (s *CycleState) SetCandidates(cands []*datalayer.Candidate) { s.cands = cands }
+
+// Candidates are the cycle's candidates as SetCandidates recorded them.
+func (s *CycleState) Candidates() []*datalayer.Candidate { return s.cands }
 
 // Now is the instant the cycle started.
 func (s *CycleState) Now() time.Time { return s.now }

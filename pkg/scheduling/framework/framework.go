@@ -224,3 +224,50 @@ func (r *Result) Targets() []*datalayer.Candidate {
 	}
 	return nil
 }
+
+// Decider decides, once the decode pod is picked, whether a stage of the
+// request (its prefill, or the encoding of its multimodal parts) runs on
+// pods of its own. decode is nil when the stage is decided before decode
+// is picked (a prefill-first handler's encode stage).
+type Decider interface {
+	plugin.Plugin
+	Disaggregate(ctx context.Context, cs *CycleState, req *request.Request, decode *datalayer.Candidate) Verdict
+}
+
+// Verdict is a decider's answer.
+type Verdict struct {
+	// Split: the stage runs on pods of its own.
+	Split bool
+	// Reason says why in a word, a metric label value from a fixed set
+	// (the Reason* constants, or a decider's own few).
+	Reason string
+}
+
+// Reasons deciders and profile handlers give.
+const (
+	// ReasonCached: the decode pod holds enough of the prompt that its own
+	// prefill of the rest is cheaper.
+	ReasonCached = "cached"
+	// ReasonUncached: the part of the prompt the decode pod lacks is long
+	// enough to prefill elsewhere.
+	ReasonUncached = "uncached"
+	// ReasonShortPrompt: the prompt is too short to split.
+	ReasonShortPrompt = "short-prompt"
+	// ReasonDisabled: the decider is configured never to split.
+	ReasonDisabled = "disabled"
+	// ReasonAlways: the decider splits every request.
+	ReasonAlways = "always"
+	// ReasonNoDecider: no decider is configured for the stage.
+	ReasonNoDecider = "no-decider"
+	// ReasonNoPrefixInfo: nothing says what the decode pod holds.
+	ReasonNoPrefixInfo = "no-prefix-info"
+	// ReasonNoPrefillPod: the decider split the request, and no prefill
+	// pod could be picked.
+	ReasonNoPrefillPod = "no-prefill-pod"
+	// ReasonNoEncodePod: the decider split the request's encoding, and no
+	// encode pod could be picked.
+	ReasonNoEncodePod = "no-encode-pod"
+	// ReasonPrefillFirst: the handler runs prefill on a pod of its own
+	// for every request (stageOrder prefill-first).
+	ReasonPrefillFirst = "prefill-first"
+)

@@ -89,8 +89,11 @@ type Result struct {
 	// MetadataDestination the envoy.lb dynamic metadata's value.
 	Destination         string
 	MetadataDestination string
-	// SetHeaders are every header the server set on the request.
+	// SetHeaders are every header the server set on the request;
+	// RemovedHeaders those it removed (Envoy sends neither the client's
+	// value nor any).
 	SetHeaders      map[string]string
+	RemovedHeaders  []string
 	ClearRouteCache bool
 	// Body is the request body as the server passed it on.
 	Body []byte
@@ -170,6 +173,9 @@ func (c *Client) Do(ctx context.Context, req Request, up Upstream) (*Result, err
 		headers := requestHeaders(req)
 		for k, v := range ex.res.SetHeaders {
 			headers[k] = v
+		}
+		for _, k := range ex.res.RemovedHeaders {
+			delete(headers, k)
 		}
 		target, _, _ := strings.Cut(ex.res.Destination, ",")
 		resp, err := up(ctx, target, req.Path, headers, ex.res.Body)
@@ -388,6 +394,13 @@ func (ex *exchange) takeCommon(cr *extprocv3.CommonResponse, md *structpb.Struct
 			v = string(raw)
 		}
 		ex.res.SetHeaders[strings.ToLower(h.GetHeader().GetKey())] = v
+	}
+	for _, k := range cr.GetHeaderMutation().GetRemoveHeaders() {
+		k = strings.ToLower(k)
+		if _, set := ex.res.SetHeaders[k]; set {
+			return fmt.Errorf("%w: header %s both set and removed", ErrEnvoyWouldReject, k)
+		}
+		ex.res.RemovedHeaders = append(ex.res.RemovedHeaders, k)
 	}
 	ex.res.Destination = ex.res.SetHeaders[director.HeaderDestination]
 	ex.res.ClearRouteCache = cr.GetClearRouteCache()

@@ -172,3 +172,23 @@ func (s *Selector) Filter(_ context.Context, _ *framework.CycleState, _ *request
 
 // String describes the selector, for errors and /debug output.
 func (s *Selector) String() string { return fmt.Sprintf("%s(%s)", s.name, s.sel) }
+
+// ServesPrefill reports whether a pod's labels give it a role that
+// prefill-filter keeps.
+func ServesPrefill(labels map[string]string) bool {
+	switch labels[RoleLabel] {
+	case RolePrefill, RoleEncodePrefill, RolePrefillDecode, RoleBoth, RoleEncodePrefillDecode:
+		return true
+	}
+	return false
+}
+
+// PrefillOnly reports whether a pod's labels make it a prefill pod that
+// does not decode: a pool with such pods disaggregates.
+func PrefillOnly(labels map[string]string) bool {
+	switch labels[RoleLabel] {
+	case RolePrefill, RoleEncodePrefill:
+		return true
+	}
+	return false
+}
