@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/harness/pdsidecar"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/disagg"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/testkit"
+	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 )
 
 // prompt is n token ids from base, as a completion's body.
@@ -46,7 +49,9 @@ func TestThroughTheProxySplitRequestsAreAnsweredByDecodePodsThatKeepTheirPrompts
 	base, _ := w.proxy(t, proxy.Options{})
 	const n = 4
 	first := map[int]string{}
+	sent := 0
 	for i := range n {
+		sent++
 		resp, body := send(t, base+"/v1/completions", prompt(1000*(i+1), 96, true))
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
@@ -82,6 +87,7 @@ func TestThroughTheProxySplitRequestsAreAnsweredByDecodePodsThatKeepTheirPrompts
 	// prompt goes back to the one that holds it.
 	for i := range n {
 		testkit.WaitFor(t, "the index holds the prompt on its decode pod", func() error {
+			sent++
 			resp, body := send(t, base+"/v1/completions", prompt(1000*(i+1), 96, false))
 			if resp.StatusCode != http.StatusOK {
 				return fmt.Errorf("repeat %d: %d %s", i, resp.StatusCode, body)
@@ -92,11 +98,17 @@ func TestThroughTheProxySplitRequestsAreAnsweredByDecodePodsThatKeepTheirPrompts
 			return nil
 		})
 	}
+	if got := testkit.Value(t, w.epp.Registry(), disagg.DecisionMetric, "decision_type", "prefill-decode"); got != float64(sent) {
+		t.Errorf("%s counts %v prefill-decode decisions, want the %d requests", disagg.DecisionMetric, got, sent)
+	}
+	if got := testkit.Value(t, w.epp.Registry(), disagg.DecisionMetric); got != float64(sent) {
+		t.Errorf("%s counts %v decisions in all, want %d", disagg.DecisionMetric, got, sent)
+	}
 }
 
 func TestThroughTheProxyAFailingPrefillPodFailsItsRequestsLoudly(t *testing.T) {
 	t.Parallel()
-	w := startWorld(t, worldOptions{prefill: 1, decode: 2})
+	w := startWorld(t, worldOptions{prefill: 1, decode: 2, noOutliers: true})
 	refusing, refusingReg := w.proxy(t, proxy.Options{})
 	decodeOnly, decodeOnlyReg := w.proxy(t, proxy.Options{PrefillFailure: proxy.PrefillFailDecodeOnly})
 	if err := w.prefill[0].srv.SetFault(sim.FaultError); err != nil {
@@ -192,5 +204,111 @@ func TestThroughTheProxyAClientThatLeavesDuringPrefillStrandsNothing(t *testing.
 	testkit.WaitFor(t, "the prefill engine holds nothing", w.nothingHeld)
 	if st := w.decode[0].srv.Core().Stats(); st.Requests != 0 {
 		t.Errorf("the decode engine served %d requests; the client left before the decode leg", st.Requests)
+	}
+}
+
+// viaGateway sends a request as Envoy does: ext_proc picks, and the
+// request goes to the pick with the headers ext_proc set.
+func viaGateway(t *testing.T, c *envoy.Client, body string) *envoy.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := c.Do(ctx, envoy.Request{Path: "/v1/completions", Body: []byte(body)}, envoy.HTTPUpstream(http.DefaultClient))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func dialGateway(t *testing.T, w *world) *envoy.Client {
+	t.Helper()
+	c, err := envoy.Dial(w.epp.ExtProcAddr(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestThroughExtProcTheDecodePodsSidecarRunsBothLegs(t *testing.T) {
+	t.Parallel()
+	w := startWorld(t, worldOptions{prefill: 2, decode: 2})
+	c := dialGateway(t, w)
+	const n = 4
+	first := map[int]string{}
+	sent := 0
+	for i := range n {
+		sent++
+		res := viaGateway(t, c, prompt(2000*(i+1), 96, true))
+		if res.Status != http.StatusOK || res.Immediate != nil {
+			t.Fatalf("request %d: status %d, immediate %v, %s", i, res.Status, res.Immediate, res.ResponseBody)
+		}
+		en := w.byAddr(res.Destination)
+		if en == nil || en.role != sim.RoleDecode {
+			t.Fatalf("request %d went to %q, not a decode pod", i, res.Destination)
+		}
+		if p := w.byAddr(res.SetHeaders[pdsidecar.HeaderPrefiller]); p == nil || p.role != sim.RolePrefill {
+			t.Fatalf("request %d names prefill pod %q", i, res.SetHeaders[pdsidecar.HeaderPrefiller])
+		}
+		if r, err := sim.ReadStream(strings.NewReader(string(res.ResponseBody)), nil); err != nil || r.Text != sim.ReplyText(4) {
+			t.Fatalf("request %d: stream %q: %v", i, r.Text, err)
+		}
+		first[i] = res.Destination
+	}
+	split := int64(0)
+	for _, en := range w.decode {
+		split += en.side.Stats().Split
+	}
+	if split != n {
+		t.Errorf("the sidecars split %d requests, want %d", split, n)
+	}
+	testkit.WaitFor(t, "every prefill leg's blocks pulled", func() error {
+		pulled := int64(0)
+		for _, en := range w.prefill {
+			pulled += en.srv.PDStats().Pulled
+		}
+		if pulled != n {
+			return fmt.Errorf("%d holds pulled, want %d", pulled, n)
+		}
+		return w.nothingHeld()
+	})
+	for i := range n {
+		testkit.WaitFor(t, "the index holds the prompt on its decode pod", func() error {
+			sent++
+			res := viaGateway(t, c, prompt(2000*(i+1), 96, false))
+			if res.Status != http.StatusOK {
+				return fmt.Errorf("repeat %d: %d %s", i, res.Status, res.ResponseBody)
+			}
+			if res.Destination != first[i] {
+				return fmt.Errorf("repeat %d went to %s; %s holds its prompt", i, res.Destination, first[i])
+			}
+			return nil
+		})
+	}
+	if got := testkit.Value(t, w.epp.Registry(), disagg.DecisionMetric, "decision_type", "prefill-decode"); got != float64(sent) {
+		t.Errorf("%s counts %v prefill-decode decisions, want the %d requests", disagg.DecisionMetric, got, sent)
+	}
+}
+
+func TestThroughExtProcAFailingPrefillPodFailsItsRequestsLoudly(t *testing.T) {
+	t.Parallel()
+	w := startWorld(t, worldOptions{prefill: 1, decode: 2, noOutliers: true})
+	c := dialGateway(t, w)
+	if err := w.prefill[0].srv.SetFault(sim.FaultError); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		res := viaGateway(t, c, prompt(300*i, 40, true))
+		if res.Status != http.StatusInternalServerError || !strings.Contains(string(res.ResponseBody), "the engine failed") {
+			t.Fatalf("request %d with its prefill pod failing: %d %s; want the prefill pod's failure", i, res.Status, res.ResponseBody)
+		}
+	}
+	for _, en := range w.decode {
+		if st := en.srv.Core().Stats(); st.Requests != 0 {
+			t.Errorf("decode engine %s served %d requests whose prefill failed", en.addr, st.Requests)
+		}
+	}
+	if err := w.nothingHeld(); err != nil {
+		t.Error(err)
 	}
 }

@@ -18,12 +18,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/harness/pdsidecar"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
-	"github.com/kvroute/kvroute/pkg/request"
-	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
-	"github.com/kvroute/kvroute/pkg/scheduling"
-	"github.com/kvroute/kvroute/pkg/scheduling/config"
-	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 	"github.com/kvroute/kvroute/pkg/testkit"
@@ -41,23 +36,52 @@ type engine struct {
 	side *pdsidecar.Sidecar
 }
 
+// pdConfig splits every request: the decode pod is picked by the exact
+// prefix it holds, the prefill pod by its queue.
+const pdConfig = `plugins:
+- type: precise-prefix-cache-scorer
+- type: queue-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: always-disagg-pd-decider
+- type: disagg-profile-handler
+  parameters:
+    deciders:
+      prefill: always-disagg-pd-decider
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: max-score-picker
+  - pluginRef: queue-scorer
+    weight: 1
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: max-score-picker
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 2
+  - pluginRef: queue-scorer
+    weight: 1
+`
+
 // world is a P/D pool on loopback: prefill engines, decode engines each
-// behind a P/D sidecar, all publishing KV events to an EPP's NATS server,
-// the EPP's datastore and exact index, and a director that splits every
-// request (decode picked by the exact prefix, prefill by queue) with the
-// standalone proxy in front.
+// behind a P/D sidecar, all publishing KV events to an EPP (its NATS
+// server, exact index, scraping, pdConfig's scheduling) that serves
+// ext_proc and the standalone proxy.
 type world struct {
-	epp      *epp.EPP
-	prefill  []*engine
-	decode   []*engine
-	director *director.Director
-	metrics  *prometheus.Registry
+	epp     *epp.EPP
+	prefill []*engine
+	decode  []*engine
 }
 
 type worldOptions struct {
 	prefill, decode int
 	// prefillTiming is the prefill engines' timing (fast when zero).
 	prefillTiming sim.Timing
+	// noOutliers turns the EPP's outlier detection off.
+	noOutliers bool
 }
 
 func fastTiming() sim.Timing {
@@ -67,13 +91,18 @@ func fastTiming() sim.Timing {
 func startWorld(t *testing.T, o worldOptions) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	e, err := epp.New(epp.Options{
+	eo := epp.Options{
 		Pool: "pd", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
-		ConfigText: config.PrecisePrefixConfigText, Scrape: true,
+		ConfigText: pdConfig, Scrape: true,
 		ScrapeOptions: scrape.Options{Interval: 20 * time.Millisecond},
 		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: blockSize},
+		RequestPath:   epp.RequestPathOptions{ProxyAddr: "127.0.0.1:0", ExtProcAddr: "127.0.0.1:0", Plaintext: true},
 		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	// Off where a test needs a failing pod to stay a candidate, so that
+	// every request meets the failure under test.
+	eo.OutlierDetection.Disabled = o.noOutliers
+	e, err := epp.New(eo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +113,7 @@ func startWorld(t *testing.T, o worldOptions) *world {
 		t.Fatal(err)
 	}
 	pub := events.NewPublisher(nc, e.Namespace(), e.Pool())
-	w := &world{epp: e, metrics: prometheus.NewRegistry()}
+	w := &world{epp: e}
 	var stops []chan error
 	run := func(f func(context.Context) error) {
 		c := make(chan error, 1)
@@ -145,17 +174,6 @@ func startWorld(t *testing.T, o worldOptions) *world {
 		}
 		return nil
 	})
-	w.director, err = director.New(director.Options{
-		// No outlier detection: a failing prefill pod stays a candidate,
-		// so that every request meets the failure under test.
-		Datastore: e.Datastore(), InFlight: e.Datastore(),
-		PrepareData: prefixData{prefixmatch.New("", prefixmatch.Params{DefaultBlockSizeTokens: blockSize}, e.Index(), nil)},
-		Scheduler:   newSplitter(t), Metrics: director.NewMetrics(w.metrics),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return w
 }
 
@@ -165,7 +183,7 @@ func (w *world) proxy(t *testing.T, o proxy.Options) (string, *prometheus.Regist
 	reg := prometheus.NewRegistry()
 	o.Addr, o.Registerer = "127.0.0.1:0", reg
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, err := proxy.New(w.director, o)
+	p, err := proxy.New(w.epp.Director(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,74 +219,4 @@ func (w *world) nothingHeld() error {
 		}
 	}
 	return nil
-}
-
-// prefixData runs the exact prefix producer as the director's PrepareData.
-type prefixData struct{ p *prefixmatch.Producer }
-
-func (d prefixData) Run(ctx context.Context, _ time.Duration, req *request.Request, cands []*datalayer.Candidate) error {
-	return d.p.Produce(ctx, req, cands)
-}
-func (prefixData) AllInline() bool { return true }
-
-// splitter splits every request as a disaggregating profile handler
-// does: a decode profile (decode pods, most prefix held) and a prefill
-// profile (prefill pods, shortest queue), both run by the scheduling
-// framework on the pods' llm-d.ai/role labels.
-type splitter struct{ decode, prefill *scheduling.Scheduler }
-
-func newSplitter(t *testing.T) *splitter {
-	t.Helper()
-	load := func(text string) *scheduling.Scheduler {
-		l, err := config.NewInTreeRegistry().Load([]byte(text), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := scheduling.New(l.SchedulerOptions())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	return &splitter{
-		decode: load(`plugins:
-- type: decode-filter
-- type: precise-prefix-cache-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: decode
-  plugins:
-  - pluginRef: decode-filter
-  - pluginRef: precise-prefix-cache-scorer
-    weight: 1
-  - pluginRef: max-score-picker
-`),
-		prefill: load(`plugins:
-- type: prefill-filter
-- type: queue-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: prefill
-  plugins:
-  - pluginRef: prefill-filter
-  - pluginRef: queue-scorer
-    weight: 1
-  - pluginRef: max-score-picker
-`),
-	}
-}
-
-func (s *splitter) Schedule(ctx context.Context, req *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
-	d, err := s.decode.Schedule(ctx, req, cands)
-	if err != nil {
-		return nil, err
-	}
-	p, err := s.prefill.Schedule(ctx, req, cands)
-	if err != nil {
-		return nil, err
-	}
-	return &framework.Result{
-		PrimaryProfile: "decode", PrefillProfile: "prefill", Decision: framework.PrefillDecode,
-		Profiles: map[string]*framework.ProfileResult{"decode": d.Profiles[d.PrimaryProfile], "prefill": p.Profiles[p.PrimaryProfile]},
-	}, nil
 }
