@@ -433,3 +433,12 @@ func (p *pdState) closeIdle() {
 		p.client.CloseIdleConnections()
 	}
 }
+
+// Labels are the engine's pod labels a discovery source carries: its
+// llm-d.ai/role when it has one.
+func (cfg EngineConfig) Labels() map[string]string {
+	if cfg.Role == "" {
+		return nil
+	}
+	return map[string]string{RoleLabel: cfg.Role}
+}

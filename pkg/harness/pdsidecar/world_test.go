@@ -141,7 +141,7 @@ func startWorld(t *testing.T, o worldOptions) *world {
 		run(en.srv.Core().Run)
 		run(en.srv.Run)
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: pod, Address: en.addr, Pod: pod, Namespace: e.Namespace(), Model: "m",
-			Labels: map[string]string{sim.RoleLabel: role}})
+			Labels: eng.Config().Labels()})
 		return en
 	}
 	pt := o.prefillTiming

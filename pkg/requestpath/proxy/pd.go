@@ -348,3 +348,24 @@ func (s *Server) releaseHold(tp *transferParams) {
 	}
 	s.m.pd.aborts.WithLabelValues(result).Inc()
 }
+
+// String is the failure policy's flag value.
+func (f PrefillFailure) String() string {
+	if f == PrefillFailDecodeOnly {
+		return "decode-only"
+	}
+	return "refuse"
+}
+
+// Set reads a flag value: refuse or decode-only.
+func (f *PrefillFailure) Set(s string) error {
+	switch s {
+	case "refuse":
+		*f = PrefillFailRefuse
+	case "decode-only":
+		*f = PrefillFailDecodeOnly
+	default:
+		return fmt.Errorf("prefill failure policy %q: want refuse or decode-only", s)
+	}
+	return nil
+}
