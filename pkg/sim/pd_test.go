@@ -134,10 +134,14 @@ func TestAPrefillLegHoldsItsBlocksUntilTheDecodeEnginePullsThem(t *testing.T) {
 	if st := p.PDStats(); st.Held != 1 || p.Core().Engine().Usage() == 0 {
 		t.Fatalf("after the prefill leg: %+v, usage %v: want the blocks held", st, p.Core().Engine().Usage())
 	}
-	prefillStored := pSink.count()
-	if prefillStored != 5 { // 22 tokens: 5 full blocks of 4
-		t.Errorf("the prefill engine published %d stored blocks, want 5", prefillStored)
-	}
+	// The step's batch is published once the step ends, which may be
+	// after its answer went out.
+	waitUntil(t, "the prefill engine published the prompt's blocks", func() error {
+		if got := pSink.count(); got != 5 { // 22 tokens: 5 full blocks of 4
+			return fmt.Errorf("%d stored blocks published, want 5", got)
+		}
+		return nil
+	})
 
 	code, u, body := decodeLeg(t, d, pdPrompt, kv)
 	if code != http.StatusOK {
@@ -153,9 +157,12 @@ func TestAPrefillLegHoldsItsBlocksUntilTheDecodeEnginePullsThem(t *testing.T) {
 	if st.RemotePrefills != 1 || st.PulledBlocks != 5 || st.LocalBlocks != 0 || st.LoadFailures != 0 || st.TransferTime != tr.Cost(5) {
 		t.Errorf("decode engine stats %+v: want one pull of 5 blocks costing %v", st, tr.Cost(5))
 	}
-	if got := dSink.count(); got != 5 {
-		t.Errorf("the decode engine published %d stored blocks, want the 5 it received", got)
-	}
+	waitUntil(t, "the decode engine published the blocks it received", func() error {
+		if got := dSink.count(); got != 5 {
+			return fmt.Errorf("%d stored blocks published, want 5", got)
+		}
+		return nil
+	})
 	if h := d.Core().Engine().Held(blockpool.Request{Tokens: Tokenize(pdPrompt)}); h.Blocks != 5 {
 		t.Errorf("the decode engine holds %d blocks of the prompt, want 5", h.Blocks)
 	}

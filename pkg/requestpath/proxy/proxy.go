@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
@@ -310,9 +311,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ex.pick, ex.body = pick, body
 	ex.served.Endpoint = pick.Targets[0]
 	defer s.finish(ex)
-	if pick.Prefill != "" {
+	if pick.Prefill != "" && pick.Request != nil &&
+		(pick.Request.API == request.APICompletions || pick.Request.API == request.APIChatCompletions) {
 		// A split pick: the proxy runs the prefill leg, then sends the
-		// decode leg as it sends any request.
+		// decode leg as it sends any request. Other APIs have no legs to
+		// split: the decode pod serves them whole.
 		var ok bool
 		if body, ok = s.split(w, r, ex); !ok {
 			return
