@@ -312,3 +312,45 @@ func TestThroughExtProcAFailingPrefillPodFailsItsRequestsLoudly(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestThroughTheProxyAnEjectedPrefillPodTurnsSplitsIntoCountedDecodeOnlyRequests(t *testing.T) {
+	t.Parallel()
+	// Outlier detection on: the proxy reports a failed prefill leg against
+	// the prefill pod (not the decode pod, whose leg was never sent), so
+	// that the prefill pod is ejected and the profile handler's fallback
+	// serves the requests decode-only, counted.
+	w := startWorld(t, worldOptions{prefill: 1, decode: 2})
+	base, _ := w.proxy(t, proxy.Options{})
+	if err := w.prefill[0].srv.SetFault(sim.FaultError); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	testkit.WaitFor(t, "a request served once the prefill pod is ejected", func() error {
+		resp, body := send(t, base+"/v1/completions", prompt(50*failed, 40, false))
+		if resp.StatusCode == http.StatusBadGateway && strings.Contains(body, "prefill") {
+			failed++
+			return fmt.Errorf("request %d failed loudly: %s", failed, body)
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("after %d loud failures: %d %s", failed, resp.StatusCode, body)
+		}
+		if en := w.byAddr(resp.Header.Get(director.HeaderServed)); en == nil || en.role != sim.RoleDecode {
+			t.Fatalf("served by %q, not a decode pod", resp.Header.Get(director.HeaderServed))
+		}
+		return nil
+	})
+	if failed == 0 {
+		t.Error("no request failed while the prefill pod failed")
+	}
+	if got := testkit.Value(t, w.epp.Registry(), disagg.FallbackMetric, "stage", "prefill", "fallback", "decode-only"); got < 1 {
+		t.Errorf("%s counts %v decode-only fallbacks, want the request served", disagg.FallbackMetric, got)
+	}
+	for _, en := range w.decode {
+		if st := en.srv.PDStats(); st.RemotePrefills != 0 {
+			t.Errorf("decode engine %s pulled for %d requests; none had a prefill leg that succeeded", en.addr, st.RemotePrefills)
+		}
+	}
+	if err := w.nothingHeld(); err != nil {
+		t.Error(err)
+	}
+}
