@@ -82,13 +82,18 @@ type worldOptions struct {
 	prefillTiming sim.Timing
 	// noOutliers turns the EPP's outlier detection off.
 	noOutliers bool
+	// timing is every engine's (fastTiming when zero, for the prefill
+	// engines prefillTiming when set); transfer the KV transfer's cost
+	// (1 ms plus 1 MiB a block at 8 GiB/s when zero).
+	timing   sim.Timing
+	transfer *sim.Transfer
 }
 
 func fastTiming() sim.Timing {
 	return sim.Timing{PrefillPerToken: 20 * time.Microsecond, DecodeStep: time.Millisecond, MaxSeqs: 8}
 }
 
-func startWorld(t *testing.T, o worldOptions) *world {
+func startWorld(t testing.TB, o worldOptions) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	eo := epp.Options{
@@ -121,6 +126,13 @@ func startWorld(t *testing.T, o worldOptions) *world {
 		go func() { c <- f(ctx) }()
 	}
 	tr := sim.Transfer{Latency: time.Millisecond, BlockBytes: 1 << 20, Bandwidth: 8 << 30, HoldTimeout: time.Hour}
+	if o.transfer != nil {
+		tr = *o.transfer
+	}
+	dt := o.timing
+	if dt.MaxSeqs == 0 {
+		dt = fastTiming()
+	}
 	add := func(i int, role string, tm sim.Timing) *engine {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -146,13 +158,13 @@ func startWorld(t *testing.T, o worldOptions) *world {
 	}
 	pt := o.prefillTiming
 	if pt.MaxSeqs == 0 {
-		pt = fastTiming()
+		pt = dt
 	}
 	for i := range o.prefill {
 		w.prefill = append(w.prefill, add(i, sim.RolePrefill, pt))
 	}
 	for i := range o.decode {
-		w.decode = append(w.decode, add(i, sim.RoleDecode, fastTiming()))
+		w.decode = append(w.decode, add(i, sim.RoleDecode, dt))
 	}
 	t.Cleanup(func() {
 		cancel()
@@ -178,7 +190,7 @@ func startWorld(t *testing.T, o worldOptions) *world {
 }
 
 // proxy starts the standalone proxy on the world's director.
-func (w *world) proxy(t *testing.T, o proxy.Options) (string, *prometheus.Registry) {
+func (w *world) proxy(t testing.TB, o proxy.Options) (string, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	o.Addr, o.Registerer = "127.0.0.1:0", reg
@@ -220,3 +232,6 @@ func (w *world) nothingHeld() error {
 	}
 	return nil
 }
+
+// proxyOptions are the proxy's options in tests: its log discarded.
+func proxyOptions() proxy.Options { return proxy.Options{} }
