@@ -163,9 +163,10 @@ func (s *Server) answerSplit(w http.ResponseWriter, ex *exchange, code int, err 
 }
 
 // members splits the request body into its top-level members, charged
-// to the exchange's budget while the legs run.
+// to the exchange's budget while the legs run, with the prefill leg's body
+// made from them.
 func (s *Server) members(ex *exchange, body []byte) (map[string]json.RawMessage, error) {
-	if !ex.hold(int64(len(body))) {
+	if !ex.hold(2 * int64(len(body))) {
 		return nil, errBudget
 	}
 	var fields map[string]json.RawMessage
