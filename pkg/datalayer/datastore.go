@@ -91,7 +91,9 @@ type Datastore struct {
 }
 
 type dsEntry struct {
-	ep      *Endpoint
+	ep *Endpoint
+	// role is ep's Role, parsed once.
+	role    Role
 	metrics atomic.Pointer[Metrics]
 	// load is the EPP's own in-flight accounting, kept across a
 	// replacement at the same address as the metrics are.
@@ -198,7 +200,7 @@ func (ds *Datastore) Upsert(ep *Endpoint) {
 	if had && prev.ep.Equal(ep) {
 		return
 	}
-	e := &dsEntry{ep: ep, load: &inflight{limits: &ds.limits}, health: &health{}}
+	e := &dsEntry{ep: ep, role: RoleOf(ep.Labels) | roleKnown, load: &inflight{limits: &ds.limits}, health: &health{}}
 	var removed []*Endpoint
 	if had {
 		if prev.ep.Address == ep.Address {
@@ -466,7 +468,7 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 			// slab first, then filling it, wrote every line twice.
 			slab = slab[:len(slab)+1]
 			c := &slab[len(slab)-1]
-			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set}
+			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set, role: e.role}
 			if streams != nil {
 				var info StreamInfo
 				if info, c.described = e.streamInfo(streams); c.described {

@@ -140,6 +140,9 @@ type Candidate struct {
 	// Metrics.
 	Metrics *Metrics
 	Stream  StreamState
+	// role is the endpoint's Role with roleKnown, when the datastore made
+	// the candidate (0: parse the labels).
+	role Role
 	// InFlight is the work this EPP had dispatched to the endpoint and not
 	// seen finish when the request arrived.
 	InFlight InFlight
@@ -196,7 +199,7 @@ type attr struct {
 
 // NewCandidate makes a candidate from an endpoint snapshot.
 func NewCandidate(ep *Endpoint, m Metrics, s StreamState) *Candidate {
-	return &Candidate{Endpoint: ep, Metrics: &m, Stream: s}
+	return &Candidate{Endpoint: ep, Metrics: &m, Stream: s, role: RoleOf(ep.Labels) | roleKnown}
 }
 
 // unscraped is the Metrics of every candidate whose endpoint was never
@@ -306,7 +309,7 @@ func (c *Candidate) truncate(m int) {
 func (c *Candidate) StageInto(v *Candidate) {
 	// Whole, so that a view used by an earlier run starts empty. A view
 	// is shared, as its candidate must be.
-	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, InFlight: c.InFlight, base: c, shared: true,
+	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, role: c.role, InFlight: c.InFlight, base: c, shared: true,
 		described: c.described, bigram: c.bigram, blockSize: c.blockSize, describedBy: c.describedBy}
 }
 

@@ -19,7 +19,14 @@ type CycleState struct {
 	pcg rand.PCG
 	rng rand.Rand
 
-	mu   sync.RWMutex
+	mu sync.RWMutex
+	// inline holds the first values written, so that a cycle whose
+	// plugins pass one or two values makes no map.
+	inline [2]struct {
+		key string
+		v   any
+	}
+	n    int
 	vals map[string]any
 
 	cands []*datalayer.Candidate
@@ -52,17 +59,33 @@ func (s *CycleState) Rand() *rand.Rand { return &s.rng }
 // Write stores v under key.
 func (s *CycleState) Write(key string, v any) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.n {
+		if s.inline[i].key == key {
+			s.inline[i].v = v
+			return
+		}
+	}
+	if s.vals == nil && s.n < len(s.inline) {
+		s.inline[s.n].key, s.inline[s.n].v = key, v
+		s.n++
+		return
+	}
 	if s.vals == nil {
 		s.vals = make(map[string]any, 4)
 	}
 	s.vals[key] = v
-	s.mu.Unlock()
 }
 
 // Read returns the value stored under key.
 func (s *CycleState) Read(key string) (any, bool) {
 	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for i := range s.n {
+		if s.inline[i].key == key {
+			return s.inline[i].v, true
+		}
+	}
 	v, ok := s.vals[key]
-	s.mu.RUnlock()
 	return v, ok
 }

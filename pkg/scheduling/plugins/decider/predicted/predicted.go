@@ -183,15 +183,15 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 		cands = cs.Candidates()
 	}
 	for _, c := range cands {
-		if c == decode || c.Name == decode.Name || !bylabel.ServesPrefill(c.Labels) {
+		if c == decode || c.Name == decode.Name || !bylabel.ServesPrefill(c.Role()) {
 			continue
 		}
 		prefillPods++
 		if d.p.MaxPrefillQueue > 0 && max(c.Metrics.WaitingQueueSize, c.InFlight.Prefilling) >= d.p.MaxPrefillQueue {
 			busy++
 		}
-		if lat, ok := datalayer.LatencyPredictionOf(c); ok && lat.TTFTValid && lat.TTFTMean < bestRemote {
-			bestRemote = lat.TTFTMean
+		if ttft, ok := meanTTFT(c); ok && ttft < bestRemote {
+			bestRemote = ttft
 		}
 	}
 	if prefillPods > 0 && busy == prefillPods {
@@ -233,4 +233,18 @@ func (d *Decider) TransferMs(uncached, blockSize int) float64 {
 		tokens = (uncached + blockSize - 1) / blockSize * blockSize
 	}
 	return d.p.TransferLatencyMs + float64(tokens)*d.p.KVBytesPerToken/d.bytesPerMs
+}
+
+// meanTTFT is a candidate's predicted mean TTFT, read in place: the
+// decider reads it for every prefill pod of every request.
+func meanTTFT(c *datalayer.Candidate) (float64, bool) {
+	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
+	if !ok {
+		return 0, false
+	}
+	if p, isPtr := v.(*datalayer.LatencyPredictionInfo); isPtr {
+		return p.TTFTMean, p != nil && p.TTFTValid
+	}
+	lat, ok := datalayer.LatencyPredictionOf(c)
+	return lat.TTFTMean, ok && lat.TTFTValid
 }

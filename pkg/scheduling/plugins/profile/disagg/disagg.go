@@ -259,10 +259,17 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 		v = s.(*verdicts)
 	} else if h.o.OnlyWithPrefillPods && h.o.Order == DecodeFirst {
 		// No prefill pod in the pool: the decode profile's pick alone.
-		return &framework.Result{PrimaryProfile: h.o.Decode, Profiles: map[string]*framework.ProfileResult{h.o.Decode: decodeRes}}, nil
+		return &framework.Result{PrimaryProfile: h.o.Decode, Profiles: results}, nil
 	}
 	model := h.models.label(req.Model)
-	out := &framework.Result{PrimaryProfile: h.o.Decode, Profiles: map[string]*framework.ProfileResult{h.o.Decode: decodeRes}}
+	// The scheduler's map is the result's, with only the stages that ran
+	// on pods of their own beside decode.
+	for name := range results {
+		if name != h.o.Decode && name != h.o.Prefill && name != h.o.Encode {
+			delete(results, name)
+		}
+	}
+	out := &framework.Result{PrimaryProfile: h.o.Decode, Profiles: results}
 	decode := decodeRes.Picked[0]
 	reason := v.prefill.Reason
 	prefill := false
@@ -272,7 +279,6 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 		case r != nil && len(r.Picked) > 0 && r.Picked[0] != decode:
 			prefill = true
 			out.PrefillProfile = h.o.Prefill
-			out.Profiles[h.o.Prefill] = r
 		case r != nil && len(r.Picked) > 0:
 			// The decode pod serves prefill too and was picked for it:
 			// it prefills locally, with no transfer to itself.
@@ -289,7 +295,6 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 		if r := results[h.o.Encode]; r != nil && len(r.Picked) > 0 {
 			encode = true
 			out.EncodeProfile = h.o.Encode
-			out.Profiles[h.o.Encode] = r
 		} else {
 			if err := h.fallback(model, "encode"); err != nil {
 				return nil, err
@@ -302,6 +307,12 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 	if h.o.PrefillDecider == nil && h.o.Order != PrefillFirst && v.encode.Reason != framework.ReasonNoDecider && reason == framework.ReasonNoDecider {
 		reason = v.encode.Reason
 	}
+	if !prefill && h.o.Prefill != h.o.Decode {
+		delete(results, h.o.Prefill)
+	}
+	if !encode && h.o.Encode != h.o.Decode {
+		delete(results, h.o.Encode)
+	}
 	out.Decision = framework.DecisionOf(encode, prefill)
 	out.Reason = reason
 	h.o.Metrics.decision(h.name, model, out.Decision, reason)
@@ -312,7 +323,7 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 // not decode.
 func hasPrefillPods(cands []*datalayer.Candidate) bool {
 	for _, c := range cands {
-		if bylabel.PrefillOnly(c.Labels) {
+		if bylabel.PrefillOnly(c.Role()) {
 			return true
 		}
 	}
@@ -415,6 +426,9 @@ func Factory(name string, raw json.RawMessage, fh framework.Handle) (plugin.Plug
 	if err != nil {
 		return nil, framework.ParamError(Type, name, "%v", err)
 	}
+	if err := distinct(Type, name, p.Profiles.Decode, p.Profiles.Prefill, p.Profiles.Encode); err != nil {
+		return nil, err
+	}
 	m, err := NewMetrics(registererOf(fh))
 	if err != nil {
 		return nil, err
@@ -462,6 +476,9 @@ func PDFactory(threshold func(name string, tokens int) (framework.Decider, error
 		if err != nil {
 			return nil, err
 		}
+		if err := distinct(PDType, name, p.DecodeProfile, p.PrefillProfile, DefaultEncodeProfile); err != nil {
+			return nil, err
+		}
 		h := New(PDType, name, Options{Decode: p.DecodeProfile, Prefill: p.PrefillProfile, Fallback: fb, Metrics: m})
 		switch {
 		case p.DeciderPluginName != "":
@@ -481,4 +498,20 @@ func PDFactory(threshold func(name string, tokens int) (framework.Decider, error
 		}
 		return h, nil
 	}
+}
+
+// distinct refuses stages that name one profile: a request cannot be split
+// onto the pod it is decoded on.
+func distinct(typ, name, decode, prefill, encode string) error {
+	or := func(v, def string) string {
+		if v == "" {
+			return def
+		}
+		return v
+	}
+	decode, prefill, encode = or(decode, DefaultDecodeProfile), or(prefill, DefaultPrefillProfile), or(encode, DefaultEncodeProfile)
+	if decode == prefill || decode == encode || prefill == encode {
+		return framework.ParamError(typ, name, "the decode (%q), prefill (%q) and encode (%q) profiles must be three different profiles", decode, prefill, encode)
+	}
+	return nil
 }

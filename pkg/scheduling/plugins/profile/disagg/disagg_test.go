@@ -240,6 +240,7 @@ func TestHandlerParametersAsUpstreamReadsThem(t *testing.T) {
 		{"an unknown fallback is refused", "{type: disagg-profile-handler, parameters: {fallback: retry}}", `fallback "retry"`},
 		{"a decider the file does not define is refused", "{type: disagg-profile-handler, parameters: {deciders: {prefill: nowhere}}}", `names plugin "nowhere", which the configuration does not define`},
 		{"a plugin that is not a decider is refused", "{type: disagg-profile-handler, parameters: {deciders: {prefill: queue-scorer}}}", "which is not a decider"},
+		{"two stages on one profile are refused", "{type: disagg-profile-handler, parameters: {profiles: {decode: decode, prefill: decode}}}", "must be three different profiles"},
 		{"pd-profile-handler's negative threshold is refused", "{type: pd-profile-handler, parameters: {threshold: -1}}", "threshold = -1"},
 		{"pd-profile-handler's data-parallel port is refused", "{type: pd-profile-handler, parameters: {primaryPort: 8200}}", "parameter primaryPort"},
 		{"pd-profile-handler's block size is not needed", "{type: pd-profile-handler, parameters: {threshold: 10, hashBlockSize: 5, prefixPluginName: p}}", ""},
@@ -278,13 +279,18 @@ func TestPDProfileHandlersThresholdAndDecider(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s := load(t, pdPlugins+tt.extra+"- {type: pd-profile-handler, parameters: "+tt.params+"}\n"+pdProfiles, prometheus.NewRegistry())
+			reg := prometheus.NewRegistry()
+			s := load(t, pdPlugins+tt.extra+"- {type: pd-profile-handler, parameters: "+tt.params+"}\n"+pdProfiles, reg)
 			res, err := s.Schedule(context.Background(), prompt(100), fleet(tt.held, prefillPod))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if res.Decision != tt.decided {
 				t.Errorf("%s (%s), want %s", res.Decision, res.Reason, tt.decided)
+			}
+			// Counted under the name upstream's pd-profile-handler uses.
+			if got := counter(t, reg, disagg.PDDecisionMetric, map[string]string{"decision_type": string(tt.decided), "plugin_type": "pd-profile-handler"}); got != 1 {
+				t.Errorf("%s counted %v times", disagg.PDDecisionMetric, got)
 			}
 		})
 	}

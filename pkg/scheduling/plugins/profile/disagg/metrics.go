@@ -15,13 +15,27 @@ import (
 // nothing.
 type Metrics struct {
 	decisions *prometheus.CounterVec
-	fallbacks *prometheus.CounterVec
+	// pdDecisions are pd-profile-handler's, under upstream's older name.
+	pdDecisions *prometheus.CounterVec
+	fallbacks   *prometheus.CounterVec
+	// counters caches the decision counters by their labels: resolving
+	// labels costs more than the rest of counting a decision.
+	counters sync.Map // decisionKey → prometheus.Counter
+}
+
+type decisionKey struct {
+	name, typ, model, reason string
+	decision                 framework.Decision
 }
 
 // DecisionMetric is upstream's name of the decision counter; its labels are
 // upstream's (plugin_name, plugin_type, model_name, decision_type) and
 // kvroute's reason.
 const DecisionMetric = "llm_d_epp_disagg_decision_total"
+
+// PDDecisionMetric is the name upstream's pd-profile-handler counts its
+// decisions under, with the same labels.
+const PDDecisionMetric = "llm_d_epp_pd_decision_total"
 
 // FallbackMetric counts the splits whose stage found no pod, by the
 // fallback taken.
@@ -37,6 +51,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: DecisionMetric,
 			Help: "Disaggregation decisions: decision_type is which stages ran on pods of their own (decode-only, prefill-decode, encode-decode, encode-prefill-decode); reason says why.",
 		}, []string{"plugin_name", "plugin_type", "model_name", "decision_type", "reason"}),
+		pdDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: PDDecisionMetric,
+			Help: "pd-profile-handler's disaggregation decisions: decision_type is decode-only or prefill-decode; reason says why.",
+		}, []string{"plugin_name", "plugin_type", "model_name", "decision_type", "reason"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: FallbackMetric,
 			Help: "Requests a decider split whose prefill or encode stage found no ready pod, by stage and the fallback taken (decode-only, or refuse with 503).",
@@ -47,6 +65,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	var err error
 	if m.decisions, err = register(reg, m.decisions); err != nil {
+		return nil, err
+	}
+	if m.pdDecisions, err = register(reg, m.pdDecisions); err != nil {
 		return nil, err
 	}
 	if m.fallbacks, err = register(reg, m.fallbacks); err != nil {
@@ -72,7 +93,18 @@ func (m *Metrics) decision(tn plugin.TypedName, model string, d framework.Decisi
 	if m == nil {
 		return
 	}
-	m.decisions.WithLabelValues(tn.Name, tn.Type, model, string(d), reason).Inc()
+	k := decisionKey{name: tn.Name, typ: tn.Type, model: model, reason: reason, decision: d}
+	if c, ok := m.counters.Load(k); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	vec := m.decisions
+	if tn.Type == PDType {
+		vec = m.pdDecisions
+	}
+	c := vec.WithLabelValues(tn.Name, tn.Type, model, string(d), reason)
+	m.counters.Store(k, c)
+	c.Inc()
 }
 
 func (m *Metrics) fallback(tn plugin.TypedName, model, stage string, fb Fallback) {
