@@ -177,6 +177,8 @@ type PDStats struct {
 	RemotePrefills, PulledBlocks, LocalBlocks, LoadFailures int64
 	// TransferTime is the pulls' simulated cost, summed.
 	TransferTime time.Duration
+	// Pulling is the decode requests waiting on their transfer now.
+	Pulling int64
 }
 
 // pdState is a server's side of the P/D contract: the holds it keeps as a
@@ -350,6 +352,14 @@ func (s *Server) remotePrefill(ctx context.Context, p *KVTransferParams, req blo
 	cost := eng.cfg.Transfer.Cost(lack)
 	t := time.NewTimer(cost)
 	defer t.Stop()
+	s.pd.mu.Lock()
+	s.pd.stats.Pulling++
+	s.pd.mu.Unlock()
+	defer func() {
+		s.pd.mu.Lock()
+		s.pd.stats.Pulling--
+		s.pd.mu.Unlock()
+	}()
 	select {
 	case <-ctx.Done():
 		s.notifyPrefill(p, "abort", 0)

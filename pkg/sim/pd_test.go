@@ -337,3 +337,39 @@ func TestATransferCostsItsLatencyPlusItsBytesOverTheBandwidth(t *testing.T) {
 		t.Errorf("an unbounded link costs %v, want only its latency", got)
 	}
 }
+
+func TestADecodeRequestWhoseClientLeavesBeforeItsPullReleasesThePrefillHold(t *testing.T) {
+	t.Parallel()
+	p, _ := startRole(t, "p", RolePrefill, Transfer{HoldTimeout: time.Hour})
+	// A transfer slow enough for the client to leave during it.
+	d, _ := startRole(t, "d", RoleDecode, Transfer{Latency: time.Hour})
+	kv := prefillLeg(t, p, pdPrompt)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.Addr()+"/v1/completions",
+		strings.NewReader(`{"model":"m","prompt":"`+pdPrompt+`","max_tokens":4,"kv_transfer_params":`+string(kv)+`}`))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	waitUntil(t, "the decode request is in its transfer", func() error {
+		if st := d.PDStats(); st.Pulling != 1 {
+			return fmt.Errorf("%d pulling", st.Pulling)
+		}
+		return nil
+	})
+	cancel()
+	<-errc
+	waitUntil(t, "the prefill engine released its hold", func() error {
+		if st, u := p.PDStats(), p.Core().Engine().Usage(); st.Held != 0 || st.Aborted != 1 || u != 0 {
+			return fmt.Errorf("stats %+v, usage %v", st, u)
+		}
+		return nil
+	})
+	if st := d.Core().Stats(); st.Requests != 0 {
+		t.Errorf("the decode engine admitted %d requests whose client left during the transfer", st.Requests)
+	}
+}
