@@ -104,6 +104,17 @@ func TestThroughTheProxySplitRequestsAreAnsweredByDecodePodsThatKeepTheirPrompts
 	if got := testkit.Value(t, w.epp.Registry(), disagg.DecisionMetric); got != float64(sent) {
 		t.Errorf("%s counts %v decisions in all, want %d", disagg.DecisionMetric, got, sent)
 	}
+	testkit.WaitFor(t, "every leg accounted on its own pod", func() error {
+		if got := testkit.HistCount(t, w.epp.Registry(), "kvroute_pd_prefill_duration_seconds"); got != sent {
+			return fmt.Errorf("%d prefill legs measured, want %d", got, sent)
+		}
+		return w.nothingInFlight()
+	})
+	// The first requests were streamed: their decode legs' first tokens
+	// measured the transfer.
+	if got := testkit.HistCount(t, w.epp.Registry(), "kvroute_pd_transfer_duration_seconds"); got < n {
+		t.Errorf("%d transfers measured, want at least the %d streamed requests", got, n)
+	}
 }
 
 func TestThroughTheProxyAFailingPrefillPodFailsItsRequestsLoudly(t *testing.T) {
@@ -288,6 +299,7 @@ func TestThroughExtProcTheDecodePodsSidecarRunsBothLegs(t *testing.T) {
 	if got := testkit.Value(t, w.epp.Registry(), disagg.DecisionMetric, "decision_type", "prefill-decode"); got != float64(sent) {
 		t.Errorf("%s counts %v prefill-decode decisions, want the %d requests", disagg.DecisionMetric, got, sent)
 	}
+	testkit.WaitFor(t, "the prefill legs the sidecars ran ended with their decode pods' first tokens", w.nothingInFlight)
 }
 
 func TestThroughExtProcAFailingPrefillPodFailsItsRequestsLoudly(t *testing.T) {

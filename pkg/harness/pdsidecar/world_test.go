@@ -235,3 +235,14 @@ func (w *world) nothingHeld() error {
 
 // proxyOptions are the proxy's options in tests: its log discarded.
 func proxyOptions() proxy.Options { return proxy.Options{} }
+
+// nothingInFlight fails unless the EPP accounts no request in flight on
+// any pod: each leg ended on its own endpoint.
+func (w *world) nothingInFlight() error {
+	for _, ep := range w.epp.Datastore().List() {
+		if f := w.epp.Datastore().InFlight(ep.Name); f.Prefilling != 0 || f.Decoding != 0 {
+			return fmt.Errorf("%s has %d prefilling and %d decoding in flight", ep.Name, f.Prefilling, f.Decoding)
+		}
+	}
+	return nil
+}
