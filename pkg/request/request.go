@@ -139,12 +139,16 @@ type Response struct {
 	// Picked is what PrepareData published on the endpoint that was picked
 	// and served it (nil when nothing was, or a fallback served instead).
 	Picked Attributes
+	// PrefilledBy is the endpoint that prefilled the request when another
+	// one decoded it (disaggregated serving): the first token then waited
+	// on that prefill and the KV transfer, so it is not Endpoint's TTFT.
+	PrefilledBy string
 }
 
-// TTFT is the time to the first token, when the answer was streamed and
-// its first byte came.
+// TTFT is the time to the first token, when the answer was streamed, its
+// first byte came, and the endpoint prefilled the request itself.
 func (r *Response) TTFT() (time.Duration, bool) {
-	if !r.Streamed || r.FirstByte.IsZero() || r.Start.IsZero() {
+	if !r.Streamed || r.FirstByte.IsZero() || r.Start.IsZero() || r.PrefilledBy != "" {
 		return 0, false
 	}
 	return r.FirstByte.Sub(r.Start), true

@@ -36,6 +36,10 @@ type EngineConfig struct {
 	// Family gives the engine's metric and event traits (its scheduling
 	// is the core's Timing).
 	Family Family
+	// Role is the engine's llm-d.ai/role label value (RolePrefill,
+	// RoleDecode, RoleBoth; "" for none); Transfer its KV transfer (pd.go).
+	Role     string
+	Transfer Transfer
 }
 
 // Engine is one simulated vLLM engine. Its methods are safe for concurrent

@@ -44,6 +44,10 @@ type FleetConfig struct {
 	ZMQ func(i int) *ZMQConfig
 	// Family is every engine's family (zero: vLLM's).
 	Family Family
+	// Roles, when set, gives engine i the role Roles[i%len(Roles)]; every
+	// engine transfers KV as Transfer says.
+	Roles    []string
+	Transfer Transfer
 }
 
 // Fleet is a running set of cores and their servers. Close stops them.
@@ -70,7 +74,12 @@ func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
 	if cfg.MixedEncodings && i%2 == 1 {
 		enc = events.EncodingMap
 	}
-	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer, Family: cfg.Family}
+	role := ""
+	if len(cfg.Roles) > 0 {
+		role = cfg.Roles[i%len(cfg.Roles)]
+	}
+	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer,
+		Family: cfg.Family, Role: role, Transfer: cfg.Transfer}
 }
 
 // Sidecar is what runs beside one engine of a fleet.

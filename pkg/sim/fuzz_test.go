@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
 )
@@ -24,11 +25,17 @@ func FuzzServerRequest(f *testing.F) {
 		{"/tokenize", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
 		{"/tokenize", `{"prompt":null}`},
 		{"/v1/completions", `[]`},
+		{"/v1/completions", `{"model":"m","prompt":"a b c d e","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`},
+		{"/kv_transfer/pull", `{"remote_request_id":"p-xfer-1","blocks":1}`},
+		{"/kv_transfer/abort", `{"remote_request_id":"p-xfer-1"}`},
+		{"/v1/completions", `{"model":"m","prompt":"a b","kv_transfer_params":{"do_remote_prefill":true,"remote_request_id":"r","remote_host":"127.0.0.1","remote_port":1}}`},
 	}
 	for _, s := range seeds {
 		f.Add(s.path, s.body)
 	}
-	eng := NewEngine(EngineConfig{Pod: "p", Address: "127.0.0.1:1", Model: "m",
+	// Holds for remote decodes no one pulls end soon, so that they never
+	// fill the pool over a long run.
+	eng := NewEngine(EngineConfig{Pod: "p", Address: "127.0.0.1:1", Model: "m", Transfer: Transfer{HoldTimeout: 20 * time.Millisecond},
 		Pool: blockpool.Config{BlockSize: 4, GPUBlocks: 4096, Seed: 1}}, nil)
 	// A zero timing model: every step is instant, so long outputs cost
 	// only their tokens.
@@ -45,9 +52,12 @@ func FuzzServerRequest(f *testing.F) {
 	h := NewServer(r, nil).Handler()
 	f.Fuzz(func(t *testing.T, path, body string) {
 		switch path {
-		case "/v1/completions", "/v1/chat/completions", "/tokenize":
+		case "/v1/completions", "/v1/chat/completions", "/tokenize", "/kv_transfer/pull", "/kv_transfer/abort":
 		default:
 			path = "/v1/completions"
+		}
+		if r, err := parseRequest([]byte(body), false); err == nil && r.KVTransfer != nil && r.KVTransfer.DoRemotePrefill && r.KVTransfer.RemoteHost != "127.0.0.1" {
+			return // a pull would dial whatever host the input names
 		}
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))

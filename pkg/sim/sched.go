@@ -87,6 +87,9 @@ type Seq struct {
 	// idle marks a decoding sequence that sits out the current step:
 	// one without chunked prefill that prefills others.
 	idle bool
+	// keep: the sequence's blocks stay allocated when it ends, for a
+	// remote decode to pull (a prefill-only request's).
+	keep bool
 
 	mu     sync.Mutex
 	cached int
@@ -171,11 +174,15 @@ func (r *Core) Timing() Timing { return r.timing }
 
 // Submit queues a request generating maxTokens output tokens.
 func (r *Core) Submit(req blockpool.Request, maxTokens int) (*Seq, error) {
+	return r.submit(req, maxTokens, false)
+}
+
+func (r *Core) submit(req blockpool.Request, maxTokens int, keep bool) (*Seq, error) {
 	if maxTokens <= 0 {
 		maxTokens = 1
 	}
 	ch := make(chan Token, maxTokens+1)
-	s := &Seq{Tokens: ch, tokens: ch, req: req, maxTokens: maxTokens}
+	s := &Seq{Tokens: ch, tokens: ch, req: req, maxTokens: maxTokens, keep: keep}
 	r.mu.Lock()
 	if r.stopped {
 		r.mu.Unlock()
@@ -365,8 +372,12 @@ func (r *Core) Finish(d time.Duration) error {
 			kept = append(kept, s)
 			continue
 		}
-		if err := r.eng.release(s.req.ID); err != nil && firstErr == nil {
-			firstErr = err
+		// A kept sequence's blocks are released by whoever reads its
+		// Done token (Server.hold).
+		if !s.keep {
+			if err := r.eng.release(s.req.ID); err != nil && firstErr == nil {
+				firstErr = err
+			}
 		}
 		s.tokens <- Token{Index: s.generated, Done: true}
 		close(s.tokens)

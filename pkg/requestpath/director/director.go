@@ -139,6 +139,8 @@ type Pick struct {
 	// held: a PrepareData producer ran on a goroutine of its own, and may
 	// still use the request after the response is handled.
 	held bool
+	// pd is a split pick's prefill leg (pd.go); nil when not split.
+	pd *pdLegs
 }
 
 // HeldAfterResponse reports whether something the director ran for the
@@ -416,7 +418,9 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		p.Encoders = append(p.Encoders, c.Address)
 	}
 	d.o.Metrics.observePick(p)
-	if d.dispatch(&p.disp, req, res.Targets()[0]) {
+	if pc := res.Prefill(); pc != nil {
+		d.dispatchSplit(p, req, res.Targets()[0], pc)
+	} else if d.dispatch(&p.disp, req, res.Targets()[0]) {
 		p.dispatch = &p.disp
 	}
 	return p, nil
@@ -584,6 +588,7 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 	} else {
 		p.dispatch.DoneAt(s.End)
 	}
+	d.endSplit(p, s)
 	d.o.Metrics.observeResponse(p, s)
 	if outcome != datalayer.OutcomeNone && d.o.Outliers != nil {
 		d.o.Outliers.ReportOutcome(servedBy(p, s), outcome)
@@ -600,6 +605,9 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 		Start: p.Start, FirstByte: s.FirstByte, End: s.End,
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
 		RequestedModel: p.RequestedModel,
+	}
+	if p.Prefill != "" {
+		resp.PrefilledBy = p.Prefill
 	}
 	if t := p.Result.Targets(); len(t) > 0 && t[0].Address == s.Endpoint {
 		// What was predicted of the primary pick says nothing of a

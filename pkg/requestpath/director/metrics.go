@@ -37,6 +37,8 @@ type Metrics struct {
 	byTier                          [events.NumTiers]prometheus.Counter
 	speculative                     prometheus.Counter
 	byModel                         *memo.Map[[2]string, *modelSeries]
+	// pd measures split picks' legs (pd.go).
+	pd pdMetrics
 }
 
 // modelSeries are the series of one pair of requested and target model
@@ -131,6 +133,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.requests, m.errors, m.duration, m.ttft, m.tpot, m.inputTokens, m.outputTokens, m.cachedTokens,
 			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
 	}
+	m.pd = newPDMetrics(reg)
 	for _, s := range datalayer.AllStreamStates {
 		m.byState[s] = m.pickStates.WithLabelValues(s.String())
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
@@ -68,7 +69,13 @@ type Options struct {
 	// parsed and routed, its size after; the limit must hold one body of
 	// MaxBodyBytes at its decoded size.
 	MaxInFlightBytes int64
-	Logger           *slog.Logger
+	// PrefillFailure is what a split request (one the director gives a
+	// prefill pod) gets when its prefill leg fails: refused (the zero
+	// value), or served decode-only; either is counted. PrefillTimeout
+	// bounds the prefill leg (DefaultPrefillTimeout when zero).
+	PrefillFailure PrefillFailure
+	PrefillTimeout time.Duration
+	Logger         *slog.Logger
 	// Registerer takes the proxy's metrics; nil means don't register.
 	Registerer prometheus.Registerer
 }
@@ -115,6 +122,9 @@ func New(d director.Handler, o Options) (*Server, error) {
 	}
 	if o.MaxInFlightBytes <= 0 {
 		o.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
+	if o.PrefillTimeout <= 0 {
+		o.PrefillTimeout = DefaultPrefillTimeout
 	}
 	if o.MaxBodyBytes*openai.DecodedBytesPerBodyByte > o.MaxInFlightBytes {
 		return nil, fmt.Errorf("proxy: a body of %d bytes (the body limit) is charged %d bytes while routed, more than the in-flight limit of %d: raise the limit or lower the body limit",
@@ -200,6 +210,13 @@ type exchange struct {
 	sse      *openai.SSEUsageScanner
 	respBuf  []byte
 	overflow bool
+	// transfer names the prefill pod's hold of a split request, released
+	// if the decode leg gets no answer; answered is set once it does.
+	// refusedCode is what a split request was answered with when it got
+	// no decode leg.
+	transfer    *transferParams
+	answered    bool
+	refusedCode int
 }
 
 type exchangeKey struct{}
@@ -294,10 +311,30 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ex.pick, ex.body = pick, body
 	ex.served.Endpoint = pick.Targets[0]
 	defer s.finish(ex)
+	if pick.Prefill != "" && pick.Request != nil &&
+		(pick.Request.API == request.APICompletions || pick.Request.API == request.APIChatCompletions) {
+		// A split pick: the proxy runs the prefill leg, then sends the
+		// decode leg as it sends any request. Other APIs have no legs to
+		// split: the decode pod serves them whole.
+		var ok bool
+		if body, ok = s.split(w, r, ex); !ok {
+			return
+		}
+		ex.body = body
+	}
 	r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex))
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	s.rp.ServeHTTP(w, r)
+	ex.mu.Lock()
+	unpulled := ex.transfer != nil && (!ex.answered || ex.served.Status >= 400)
+	ex.mu.Unlock()
+	if unpulled {
+		// No decode pod served the request: none may have pulled the
+		// blocks. (One that did leaves nothing to release, and the
+		// release is refused harmlessly.)
+		s.releaseHold(ex.transfer)
+	}
 }
 
 // refuseBudget refuses a request whose body the budget cannot hold now.
@@ -358,7 +395,10 @@ func (s *Server) finish(ex *exchange) {
 	}
 	ex.respBuf = nil
 	code := ex.served.Status
-	if code == 0 {
+	switch {
+	case ex.refusedCode != 0:
+		code = ex.refusedCode
+	case code == 0:
 		code = 499 // the client went away before any answer
 	}
 	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
@@ -377,6 +417,7 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeOf(resp.Request.Context())
 	ex.mu.Lock()
 	ex.served.Status = resp.StatusCode
+	ex.answered = true
 	s.d.HandleHeaders(ex.pick, resp.StatusCode)
 	if strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream") {
 		ex.sse = &openai.SSEUsageScanner{}
