@@ -92,15 +92,32 @@ var upstreamCorpus = map[string]corpusCase{
 	"llmd-v0.8.0-epp-precise-prefix-cache-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
 	}},
-	"refused-gie-v1.5.0-chart-latency-predictor.yaml":                {refusal: `plugin "strict-affinity-filter": unsupported upstream plugin type "prefix-cache-affinity-filter": kvroute has no prefix affinity filter; weight precise-prefix-cache-scorer for affinity, or let the latency-scorer weigh the cache in its predictions`},
-	"refused-gie-v1.5.0-conformance-plugins.yaml":                    {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": kvroute does not echo the served endpoint back to the client`},
-	"refused-llmd-v0.2.1-pd-epp-config.yaml":                         {refusal: `plugin "prefill-header-handler": unsupported upstream plugin type "prefill-header-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
-	"refused-llmd-v0.8.0-dp-epp-config.yaml":                         {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
-	"refused-router-main-chart-triton.yaml":                          {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
-	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":      {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
-	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml":     {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},
-	"refused-router-v0.10.0-pd-epp-config.yaml":                      {refusal: `plugin "disagg-profile-handler": unsupported upstream plugin type "disagg-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
-	"refused-router-v0.10.0-perf-precise-prefix.yaml":                {refusal: `plugin "active-request-scorer": unsupported upstream plugin type "active-request-scorer": kvroute does not count its own in-flight requests; running-requests-size-scorer weighs the requests each engine reports running`},
+	"gie-v1.5.0-chart-latency-predictor.yaml": {profiles: map[string][]string{
+		"default": {"filter:strict-affinity-filter/prefix-cache-affinity-filter", "filter:slo-headroom-tier-filter/slo-headroom-tier-filter", "filter:loose-affinity-filter/prefix-cache-affinity-filter",
+			"scorer:latency-scorer/latency-scorer*1", "picker:weighted-random-picker/weighted-random-picker"},
+	}},
+	"llmd-main-guide-precise-disaggregated-tokenization.yaml": {profiles: map[string][]string{
+		"default": {"scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*3", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:active-request-scorer/active-request-scorer*2", "picker:max-score-picker/max-score-picker"},
+	}},
+	"llmd-main-guide-optimized-baseline.yaml": {profiles: map[string][]string{
+		"default": {"filter:prefix-cache-affinity-filter/prefix-cache-affinity-filter", "scorer:token-load-scorer/token-load-scorer*1", "picker:max-score-picker/max-score-picker"},
+	}},
+	"llmd-main-guide-slo-aware.yaml": {profiles: map[string][]string{
+		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"slo":     {"scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:slo-scorer/latency-scorer*1", "picker:max-score-picker/max-score-picker"},
+	}, check: wantHandler("slo-aware-profile-handler")},
+	"refused-llmd-main-guide-pd-disaggregation.yaml":             {refusal: `plugin "always-disagg-pd-decider": unsupported upstream plugin type "always-disagg-pd-decider": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
+	"refused-gie-v1.5.0-conformance-plugins.yaml":                {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": kvroute does not echo the served endpoint back to the client`},
+	"refused-llmd-v0.2.1-pd-epp-config.yaml":                     {refusal: `plugin "prefill-header-handler": unsupported upstream plugin type "prefill-header-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
+	"refused-llmd-v0.8.0-dp-epp-config.yaml":                     {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
+	"refused-router-main-chart-triton.yaml":                      {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
+	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":  {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
+	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml": {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},
+	"refused-router-v0.10.0-pd-epp-config.yaml":                  {refusal: `plugin "disagg-profile-handler": unsupported upstream plugin type "disagg-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
+	"router-v0.10.0-perf-precise-prefix.yaml": {profiles: map[string][]string{
+		"default": {"scorer:active-request-scorer/active-request-scorer*4", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*2", "picker:max-score-picker/max-score-picker",
+			"postpick:no-hit-lru-scorer/no-hit-lru-scorer", "postpick:speculative-prefix-recorder/speculative-prefix-recorder"},
+	}},
 	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml":  {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
 	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                 {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
 	"refused-router-v0.10.0-soft-reflective-ceiling-epp-config.yaml": {refusal: `invalid configuration: feature gate "flowControl": kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission`},
@@ -203,6 +220,16 @@ func TestUpstreamCorpusLoadsAsWritten(t *testing.T) {
 	}
 	if len(sources) < 10 {
 		t.Errorf("sources %v: want several releases of each upstream project", sources)
+	}
+}
+
+// wantHandler checks the profile handler the file names.
+func wantHandler(typ string) func(t *testing.T, l *config.Loaded) {
+	return func(t *testing.T, l *config.Loaded) {
+		t.Helper()
+		if got := l.Handler.TypedName().Type; got != typ {
+			t.Errorf("profile handler %s, want %s", got, typ)
+		}
 	}
 }
 

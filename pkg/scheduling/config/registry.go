@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/headertest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/leastload"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/lorafilter"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/prefixaffinity"
 	satfilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/saturation"
 	slofilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/slo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
@@ -23,6 +24,8 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/weightedrandom"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/postpick/speculative"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/sloaware"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/activerequest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/kvcache"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/latency"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/loadaware"
@@ -33,6 +36,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/prefix"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/queue"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/runningrequests"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/tokenload"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
@@ -117,6 +121,10 @@ func NewInTreeRegistry() *Registry {
 		latency.Type:             latency.Factory,
 		slofilter.Type:           slofilter.Factory,
 		latencyslo.Type:          latencyslo.Factory,
+		activerequest.Type:       activerequest.Factory,
+		tokenload.Type:           tokenload.Factory,
+		prefixaffinity.Type:      prefixaffinity.Factory,
+		sloaware.Type:            sloaware.Factory,
 	} {
 		r.mustRegister(typ, f)
 	}
