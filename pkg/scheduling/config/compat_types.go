@@ -379,7 +379,7 @@ var upstreamTypes = func() map[string]upstreamType {
 		refused("anthropic-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible requests; Anthropic's Messages API is not parsed"),
 		refused("vertexai-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible HTTP requests; Vertex AI's gRPC API is not parsed"),
 		refused("request-attribute-reporter", "GIE v1.4–v1.5; llm-d-router v0.9–main", "kvroute reports no request attributes to the gateway"),
-		refused("destination-endpoint-served-verifier", "GIE v1.2–v1.5; llm-d-router v0.9–main", "kvroute does not echo the served endpoint back to the client"),
+		refused("destination-endpoint-served-verifier", "GIE v1.2–v1.5; llm-d-router v0.9–main", "the conformance tests' echo of the served endpoint in a response header of its own; kvroute's standalone proxy returns x-gateway-destination-endpoint-served itself, and its ext_proc server sets no response headers"),
 		refused("agent-identity", "llm-d-router v0.9–main", "kvroute reads no agent identity headers"),
 		refused("disaggregatedset-rollout-screener", "llm-d-router v0.10–main", whyNoPD),
 		refused("disaggregatedset-rollout-pod-extractor", "llm-d-router v0.10–main", whyNoPD),
