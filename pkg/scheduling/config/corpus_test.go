@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
@@ -292,5 +294,37 @@ func TestEveryUpstreamTypeIsClassified(t *testing.T) {
 				t.Errorf("%s is classified but upstream registers no such type", n)
 			}
 		}
+	}
+}
+
+// TestThePDGuideFailsOnlyOnItsPDPlugins: llm-d's P/D guide is refused, and
+// every plugin type it names loads here but the prefill/decode deciders
+// and profile handler, which kvroute has no disaggregation for.
+func TestThePDGuideFailsOnlyOnItsPDPlugins(t *testing.T) {
+	t.Parallel()
+	text, err := os.ReadFile("testdata/upstream/refused-llmd-main-guide-pd-disaggregation.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg config.EndpointPickerConfig
+	if err := yaml.Unmarshal(text, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	class := map[string]config.Class{}
+	for _, u := range config.UpstreamTypes() {
+		class[u.Name] = u.Class
+	}
+	var refused []string
+	for _, p := range cfg.Plugins {
+		c, ok := class[p.Type]
+		if !ok {
+			t.Errorf("plugin type %s is not an upstream type the loader knows", p.Type)
+		}
+		if c == config.Refused {
+			refused = append(refused, p.Type)
+		}
+	}
+	if want := []string{"always-disagg-pd-decider", "disagg-profile-handler"}; !slices.Equal(refused, want) {
+		t.Errorf("refused types %v, want only the P/D ones %v", refused, want)
 	}
 }
