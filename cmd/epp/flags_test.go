@@ -52,6 +52,10 @@ func TestEachFlagSetsItsOption(t *testing.T) {
 				return x.MaxConns == 32 && x.WindowBytes == 128<<10 && x.MaxMessageBytes == 4<<20 && x.IdleTimeout == 30*time.Second &&
 					x.MaxStreamsPerConn == epp.DefaultOptions().RequestPath.ExtProc.MaxStreamsPerConn
 			}},
+		{"--emit-endpoint-scores adds the scores to ext_proc's metadata", []string{"--emit-endpoint-scores"}, nil,
+			func(o epp.Options) bool { return o.RequestPath.ExtProc.EmitEndpointScores }},
+		{"scores are not emitted by default", nil, nil,
+			func(o epp.Options) bool { return !o.RequestPath.ExtProc.EmitEndpointScores }},
 		{"--secure-serving=false serves ext_proc in plaintext", []string{"--secure-serving=false"}, nil,
 			func(o epp.Options) bool { return o.RequestPath.Plaintext }},
 		{"--cert-path names the key pair's directory", []string{"--cert-path", "/certs"}, nil,
