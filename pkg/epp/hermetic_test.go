@@ -114,9 +114,14 @@ func (p *podServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func startHermetic(t *testing.T, passUnknown bool) *hermetic {
 	t.Helper()
+	return startHermeticWith(t, upstreamConfig, passUnknown)
+}
+
+func startHermeticWith(t *testing.T, configText string, passUnknown bool) *hermetic {
+	t.Helper()
 	e, err := epp.New(epp.Options{
 		Pool: "vllm-llama3-8b-instruct-pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		ConfigText: upstreamConfig, Scrape: true,
+		ConfigText: configText, Scrape: true,
 		RequestPath: epp.RequestPathOptions{ExtProcAddr: "127.0.0.1:0", Plaintext: true, PassUnknownModels: passUnknown,
 			ExtProc: extproc.Options{EmitEndpointScores: true}},
 	})
@@ -448,6 +453,44 @@ func TestHermeticUnknownModelsPassWhenAsked(t *testing.T) {
 	routedTo(t, res, h.addr(0), string(req.Body))
 	if got := requestTotal(t, h, modelDirect, modelDirect, 2); got != 1 {
 		t.Errorf("inference_objective_request_total for the direct model = %v, want 1", got)
+	}
+}
+
+// TestHermeticPassthroughParserSuccess is upstream's "passthrough parser
+// success", with upstream's configuration: a body that is not JSON, on a
+// path kvroute does not parse, goes to the least loaded pod unchanged,
+// and is counted with empty model labels.
+func TestHermeticPassthroughParserSuccess(t *testing.T) {
+	h := startHermeticWith(t, `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: queue-scorer
+  - type: kv-cache-utilization-scorer
+  - type: passthrough-parser
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: queue-scorer
+      - pluginRef: kv-cache-utilization-scorer
+parser:
+  pluginRef: passthrough-parser
+featureGates:
+  - enableLegacyMetrics
+`, false)
+	h.withPods(t, P(3, 0.2), P(0, 0.1), P(10, 0.2))
+	body := "passthrough-parser"
+	res, err := h.client.Do(context.Background(), envoy.Request{Path: "/custom/api", Body: []byte(body), RequestID: requestID,
+		ContentType: "text/plain", Headers: map[string]string{"hi": "mom", "x-gateway-inference-objective": modelMyModel}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routedTo(t, res, h.addr(1), body)
+	g := h.metrics()
+	if got := testkit.Value(t, g, "inference_objective_request_total", "model_name", "", "target_model_name", "", "priority", "2"); got != 1 {
+		t.Errorf("inference_objective_request_total{model_name=\"\",target_model_name=\"\",priority=\"2\"} = %v, want 1", got)
+	}
+	if got := testkit.Value(t, g, "inference_pool_ready_pods", "name", "vllm-llama3-8b-instruct-pool"); got != 3 {
+		t.Errorf("inference_pool_ready_pods = %v, want 3", got)
 	}
 }
 

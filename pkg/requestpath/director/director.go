@@ -319,7 +319,9 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 		req.Model = m
 	}
 	known := d.known(req.Model)
-	if !known.base && !known.adapter && !d.o.PassUnknownModels {
+	// A request kvroute does not parse and that names no model is routed
+	// as upstream's passthrough parser routes it: on load alone.
+	if req.Model != "" && !known.base && !known.adapter && !d.o.PassUnknownModels {
 		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
 		return nil, &Error{Status: http.StatusNotFound, Param: "model",
 			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, Echo(req.Model))}
