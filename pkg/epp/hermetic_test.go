@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -434,6 +435,21 @@ func TestHermeticFullDuplexStreamedRequests(t *testing.T) {
 	t.Run("response streaming: SSE token counting", func(t *testing.T) {
 		responseCase(t, "text/event-stream", 7, "data: {}\n\n",
 			"data: {\"usage\":{\"prompt_tokens\":7,\"total_tokens\":17,\"completion_tokens\":10}}\n\ndata: [DONE]\n\n", "")
+		// Upstream's test reads the histogram bucket by bucket: its
+		// bounds are upstream's.
+		fam := testkit.Family(t, h.metrics(), "inference_objective_input_tokens")
+		if fam == nil || len(fam.GetMetric()) == 0 {
+			t.Fatal("no inference_objective_input_tokens on the metrics endpoint")
+		}
+		var bounds []float64
+		for _, b := range fam.GetMetric()[0].GetHistogram().GetBucket() {
+			bounds = append(bounds, b.GetUpperBound())
+		}
+		// The text format lists +Inf as a bucket of its own.
+		want := []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144, 524288, 1048576, math.Inf(1)}
+		if !slices.Equal(bounds, want) {
+			t.Errorf("inference_objective_input_tokens buckets %v, want upstream's %v", bounds, want)
+		}
 	})
 }
 
