@@ -298,8 +298,12 @@ var upstreamTypes = func() map[string]upstreamType {
 		honoured("slo-aware-profile-handler", "GIE v1.2; GIE's slo-prediction-experimental branch (llm-d's SLO guide)", nil),
 		superseded("slo-request-tracker", "GIE's slo-prediction-experimental branch (llm-d's SLO guide)", "predicted-latency-producer",
 			"kvroute's predicted-latency-producer reads each request's SLO headers, predicts every candidate's TTFT and TPOT, and learns from each response in process", nil),
-		superseded("slo-scorer", "GIE's slo-prediction-experimental branch (llm-d's SLO guide)", "latency-scorer",
-			"kvroute's latency-scorer scores each candidate's predicted latency against the request's SLO; add slo-headroom-tier-filter to keep only candidates predicted to meet it, as upstream's positive bucket does", nil),
+		{name: "slo-scorer", seen: "GIE's slo-prediction-experimental branch (llm-d's SLO guide)", class: Superseded, target: "latency-scorer",
+			why: "kvroute's latency-scorer with strategy least-headroom, upstream's default (HEADROOM_SELECTION_STRATEGY=least): candidates predicted to meet the request's SLO first, the least headroom highest, " +
+				"and the least latency for a request without one; it weighs the picks instead of drawing among buckets at random (add slo-headroom-tier-filter to keep only those predicted to meet it)",
+			translate: func(string, map[string]json.RawMessage) (json.RawMessage, error) {
+				return json.RawMessage(`{"strategy":"least-headroom"}`), nil
+			}},
 		// Data producers.
 		{name: "approx-prefix-cache-producer", seen: "GIE v1.5; llm-d-router v0.9–main", class: Superseded, target: "precise-prefix-cache-producer",
 			why:    "kvroute's precise-prefix-cache-producer publishes the same PrefixCacheMatchInfo, exactly from KV events where an endpoint's stream is in order and by upstream's approximation elsewhere",

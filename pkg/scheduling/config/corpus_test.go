@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,7 +13,9 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
@@ -107,7 +110,10 @@ var upstreamCorpus = map[string]corpusCase{
 	"llmd-main-guide-slo-aware.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "picker:max-score-picker/max-score-picker"},
 		"slo":     {"scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:slo-scorer/latency-scorer*1", "picker:max-score-picker/max-score-picker"},
-	}, check: wantHandler("slo-aware-profile-handler")},
+	}, check: func(t *testing.T, l *config.Loaded) {
+		wantHandler("slo-aware-profile-handler")(t, l)
+		wantLeastHeadroom(t, l, "slo", "slo-scorer")
+	}},
 	"refused-llmd-main-guide-pd-disaggregation.yaml":             {refusal: `plugin "always-disagg-pd-decider": unsupported upstream plugin type "always-disagg-pd-decider": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
 	"refused-gie-v1.5.0-conformance-plugins.yaml":                {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": the conformance tests' echo of the served endpoint in a response header of its own; kvroute's standalone proxy returns x-gateway-destination-endpoint-served itself, and its ext_proc server sets no response headers`},
 	"refused-llmd-v0.2.1-pd-epp-config.yaml":                     {refusal: `plugin "prefill-header-handler": unsupported upstream plugin type "prefill-header-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
@@ -233,6 +239,35 @@ func wantHandler(typ string) func(t *testing.T, l *config.Loaded) {
 			t.Errorf("profile handler %s, want %s", got, typ)
 		}
 	}
+}
+
+// wantLeastHeadroom checks that the scorer called name in profile scores
+// as upstream's slo-scorer by default: of two candidates predicted to
+// meet the request's SLO, the one with less headroom higher, though the
+// other is faster.
+func wantLeastHeadroom(t *testing.T, l *config.Loaded, profile, name string) {
+	t.Helper()
+	for _, p := range l.Profiles {
+		if p.Name != profile {
+			continue
+		}
+		for _, ws := range p.Scorers {
+			if ws.TypedName().Name != name {
+				continue
+			}
+			tight, fast := schedtest.C{Name: "tight"}.Build(), schedtest.C{Name: "fast"}.Build()
+			tight.Put(datalayer.LatencyPredictionInfoKey, &datalayer.LatencyPredictionInfo{TTFTValid: true, HasTTFTSLO: true, TTFT: 90, TTFTMean: 80, TTFTHeadroom: 10})
+			fast.Put(datalayer.LatencyPredictionInfoKey, &datalayer.LatencyPredictionInfo{TTFTValid: true, HasTTFTSLO: true, TTFT: 20, TTFTMean: 15, TTFTHeadroom: 80})
+			out := make([]float64, 2)
+			req := &request.Request{SLO: request.SLO{TTFT: 100 * time.Millisecond}}
+			ws.Score(context.Background(), framework.NewCycleState(schedtest.Now, 1, 2), req, []*datalayer.Candidate{tight, fast}, out)
+			if !(out[0] > out[1]) {
+				t.Errorf("%s scored the candidate with 10ms of headroom %v and the one with 80ms %v: want the first higher", name, out[0], out[1])
+			}
+			return
+		}
+	}
+	t.Errorf("no scorer %s in profile %s", name, profile)
 }
 
 // wantThresholds checks the detector admission uses.
