@@ -293,6 +293,23 @@ func (ds *Datastore) List() []*Endpoint {
 // (the director's), where All's iterator would be allocated per call.
 func (ds *Datastore) Endpoints() []*Endpoint { return ds.snap.Load().eps }
 
+// ReadyPods counts the pods the endpoints belong to (an endpoint without
+// a pod counts alone): what upstream reports as the pool's ready pods,
+// since only ready pods contribute endpoints. It runs at each metrics
+// scrape, not on the request path.
+func (ds *Datastore) ReadyPods() int {
+	eps := ds.snap.Load().eps
+	pods := make(map[string]struct{}, len(eps))
+	for _, e := range eps {
+		key := e.Namespace + "/" + e.Pod
+		if e.Pod == "" {
+			key = "\x00" + e.Name
+		}
+		pods[key] = struct{}{}
+	}
+	return len(pods)
+}
+
 // All yields the endpoints in name order. Unlike List it copies nothing,
 // so the request path can search the pool without allocating.
 func (ds *Datastore) All() iter.Seq[*Endpoint] {

@@ -258,6 +258,12 @@ func New(opts Options) (*EPP, error) {
 
 	e.ds = datalayer.NewDatastore(e.reg)
 	e.ds.SetEngineLimits(opts.Engine)
+	// Upstream's name and label, which its dashboards and tests read.
+	e.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "inference_pool_ready_pods",
+		Help:        "The number of ready pods in the inference server pool.",
+		ConstLabels: prometheus.Labels{"name": opts.Pool},
+	}, func() float64 { return float64(e.ds.ReadyPods()) }))
 	od := opts.OutlierDetection
 	if od.Now == nil {
 		od.Now = opts.Now
@@ -515,6 +521,7 @@ func (e *EPP) buildScheduling() error {
 	}
 	so := loaded.SchedulerOptions()
 	so.Registerer = e.reg
+	so.KeepScores = e.opts.RequestPath.ExtProc.EmitEndpointScores
 	if e.opts.Seed != 0 {
 		so.Rand = rand.New(rand.NewPCG(e.opts.Seed, e.opts.Seed^0x9e3779b97f4a7c15))
 	}

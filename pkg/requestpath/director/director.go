@@ -31,12 +31,15 @@ import (
 // Headers the request path reads and writes, as the Gateway API Inference
 // Extension's endpoint picker protocol names them.
 const (
-	HeaderRequestID     = "x-request-id"
-	HeaderModelRewrite  = "x-gateway-model-name-rewrite"
-	HeaderObjective     = "x-gateway-inference-objective"
-	HeaderDestination   = "x-gateway-destination-endpoint"
-	HeaderSubsetHint    = "x-gateway-destination-endpoint-subset"
-	HeaderServed        = "x-gateway-destination-endpoint-served"
+	HeaderRequestID    = "x-request-id"
+	HeaderModelRewrite = "x-gateway-model-name-rewrite"
+	HeaderObjective    = "x-gateway-inference-objective"
+	HeaderDestination  = "x-gateway-destination-endpoint"
+	HeaderSubsetHint   = "x-gateway-destination-endpoint-subset"
+	HeaderServed       = "x-gateway-destination-endpoint-served"
+	// MetadataScores is the envoy.lb key of every scored endpoint's score
+	// (upstream's --emit-endpoint-scores).
+	MetadataScores      = "x-gateway-destination-endpoint-scores"
 	HeaderSLOTTFT       = "x-slo-ttft-ms"
 	HeaderSLOTPOT       = "x-slo-tpot-ms"
 	MetadataDestination = "envoy.lb"
@@ -108,7 +111,10 @@ type Pick struct {
 	Request *request.Request
 	// RequestedModel is the model the client named, before any rewrite.
 	RequestedModel string
-	Result         *framework.Result
+	// Body, when not nil, is the body to forward instead of the client's:
+	// the same bytes with the model rewritten (x-gateway-model-name-rewrite).
+	Body   []byte
+	Result *framework.Result
 	// Targets are the picked endpoints' ip:port addresses, primary first,
 	// then fallbacks.
 	Targets []string
@@ -332,7 +338,9 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 		req.Model = m
 	}
 	known := d.known(req.Model)
-	if !known.base && !known.adapter && !d.o.PassUnknownModels {
+	// A request kvroute does not parse and that names no model is routed
+	// as upstream's passthrough parser routes it: on load alone.
+	if req.Model != "" && !known.base && !known.adapter && !d.o.PassUnknownModels {
 		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
 		return nil, &Error{Status: http.StatusNotFound, Param: "model",
 			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, Echo(req.Model))}
@@ -342,7 +350,20 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 		// adapter: vLLM keys the adapter's blocks by its name.
 		req.LoRA = req.Model
 	}
-	return d.route(ctx, req, in.Subset, requested, in.Candidates, start, d.o.Now())
+	var body []byte
+	if req.Model != requested {
+		// The model server is asked for the model the request is routed
+		// for, not the one the client named.
+		if body, err = openai.ReplaceModel(in.Body, req.Model); err != nil {
+			d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
+			return nil, &Error{Status: http.StatusBadRequest, Param: "model", Err: err}
+		}
+	}
+	p, err := d.route(ctx, req, in.Subset, requested, in.Candidates, start, d.o.Now())
+	if p != nil {
+		p.Body = body
+	}
+	return p, err
 }
 
 // Route schedules an already parsed request: it reads the objective and
@@ -656,7 +677,8 @@ func (d *Director) known(model string) knownModel {
 const labelOther = "other"
 
 // modelLabel is model as a metric label value: the name when an endpoint
-// serves it or reports it as an adapter, else labelOther. A label value
+// serves it or reports it as an adapter, or an objective is named so,
+// else labelOther. A label value
 // is a series for good, and a model name is the client's text.
 func (d *Director) modelLabel(model string) string {
 	for _, ep := range d.o.Datastore.Endpoints() {
@@ -666,6 +688,11 @@ func (d *Director) modelLabel(model string) string {
 	}
 	if model != "" {
 		if k := d.known(model); k.adapter {
+			return model
+		}
+		// An objective's name is the operator's, so as bounded a label as
+		// the pool's models: upstream's dashboards break requests down by it.
+		if _, ok := d.o.Objectives.Get(model); ok {
 			return model
 		}
 	}

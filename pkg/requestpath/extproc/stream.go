@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
 // maxUsageBody bounds how much of a non-streamed response is kept to read
@@ -385,15 +386,20 @@ func (st *stream) route(eos bool) (bool, error) {
 		return st.refuse(director.StatusOf(err), err)
 	}
 	body := st.body
+	if pick.Body != nil {
+		body = pick.Body // the model rewritten
+	}
 	st.picked(pick)
 	if st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Buffered: exactly one answer per message; headers are still held,
 		// so the body's answer may mutate them.
 		mut, md := st.mutation(pick, len(body))
+		cr := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true}
+		if pick.Body != nil {
+			cr.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+		}
 		return false, st.send(&extprocv3.ProcessingResponse{
-			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-				Response: &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true},
-			}},
+			Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}},
 			DynamicMetadata: md,
 		})
 	}
@@ -649,7 +655,43 @@ func (st *stream) mutation(p *director.Pick, bodyLen int) (mut *extprocv3.Header
 		a.mut.SetHeaders = a.set[:3]
 	}
 	st.disaggregation(p)
+	if st.s.o.EmitEndpointScores {
+		if scored := primaryScores(p); len(scored) > 0 {
+			return &a.mut, scoresMetadata(dest.metadata, scored)
+		}
+	}
 	return &a.mut, dest.metadata
+}
+
+// primaryScores are the scores of the primary profile's candidates.
+func primaryScores(p *director.Pick) []framework.ScoredCandidate {
+	if p.Result == nil {
+		return nil
+	}
+	if r := p.Result.Profiles[p.Result.PrimaryProfile]; r != nil {
+		return r.Scored
+	}
+	return nil
+}
+
+// scoresMetadata is the destination's envoy.lb metadata with
+// x-gateway-destination-endpoint-scores added: each scored endpoint's
+// address and weighted score. It is made anew for each request; dest is
+// shared and left as it is.
+func scoresMetadata(dest *structpb.Struct, scored []framework.ScoredCandidate) *structpb.Struct {
+	lb := dest.GetFields()[director.MetadataDestination].GetStructValue()
+	fields := make(map[string]*structpb.Value, len(lb.GetFields())+1)
+	for k, v := range lb.GetFields() {
+		fields[k] = v
+	}
+	scores := make(map[string]*structpb.Value, len(scored))
+	for _, c := range scored {
+		scores[c.Address] = structpb.NewNumberValue(c.Score)
+	}
+	fields[director.MetadataScores] = structpb.NewStructValue(&structpb.Struct{Fields: scores})
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		director.MetadataDestination: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
+	}}
 }
 
 // Which of the disaggregation headers a request goes without, removed so

@@ -404,9 +404,11 @@ func describe(raw []byte) string {
 		return "an object"
 	case k == '[':
 		return "an array"
-	case k == 't' || k == 'f':
+	// A letter only starts a literal if the literal follows: a body of
+	// text ("no healthy upstream") is not null.
+	case k == 't' && bytes.HasPrefix(trimmedValue(raw), []byte("true")), k == 'f' && bytes.HasPrefix(trimmedValue(raw), []byte("false")):
 		return "a boolean"
-	case k == 'n':
+	case k == 'n' && bytes.HasPrefix(trimmedValue(raw), []byte("null")):
 		return "null"
 	case k == '-':
 		return "a negative number"
@@ -415,6 +417,9 @@ func describe(raw []byte) string {
 	}
 	return "not valid JSON"
 }
+
+// trimmedValue is raw without its leading whitespace.
+func trimmedValue(raw []byte) []byte { return raw[jsonscan.SkipSpace(raw, 0):] }
 
 // firstElement returns the start of a JSON array's first element, or nil
 // when the array is empty.

@@ -308,6 +308,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		_ = rc.SetWriteDeadline(time.Now().Add(s.o.WriteTimeout))
 	}
+	if pick.Body != nil {
+		body = pick.Body // the model rewritten
+	}
 	ex.pick, ex.body = pick, body
 	ex.served.Endpoint = pick.Targets[0]
 	defer s.finish(ex)

@@ -314,7 +314,7 @@ func TestLoadRefusesBadConfigs(t *testing.T) {
 		wantMsg string
 	}{
 		{"an unknown type is named with the known ones", "plugins: [{name: x, type: magic-scorer}]", true, config.ErrUnknownType,
-			`load config: plugin "x": unknown plugin type "magic-scorer" (known types: [always-disagg-multimodal-decider always-disagg-pd-decider by-label decision-tree-filter decode-filter disagg-profile-handler encode-filter header-based-testing-filter kv-cache-utilization-scorer label-selector-filter latency-scorer latency-slo-admitter least-kv-cache-filter least-queue-filter load-aware-scorer lora-affinity-filter lora-affinity-scorer low-queue-filter max-score-picker no-hit-lru-scorer pd-profile-handler precise-prefix-cache-scorer predicted-latency-pd-decider prefill-cost-scorer prefill-filter prefix-based-pd-decider prefix-cache-scorer queue-scorer random-picker running-requests-size-scorer saturation-filter single-profile-handler slo-headroom-tier-filter softmax-picker speculative-prefix-recorder utilization-detector weighted-random-picker])`},
+			`load config: plugin "x": unknown plugin type "magic-scorer" (known types: [active-request-scorer always-disagg-multimodal-decider always-disagg-pd-decider by-label decision-tree-filter decode-filter disagg-profile-handler encode-filter header-based-testing-filter kv-cache-utilization-scorer label-selector-filter latency-scorer latency-slo-admitter least-kv-cache-filter least-queue-filter load-aware-scorer lora-affinity-filter lora-affinity-scorer low-queue-filter max-score-picker no-hit-lru-scorer pd-profile-handler precise-prefix-cache-scorer predicted-latency-pd-decider prefill-cost-scorer prefill-filter prefix-based-pd-decider prefix-cache-affinity-filter prefix-cache-scorer queue-scorer random-picker running-requests-size-scorer saturation-filter single-profile-handler slo-aware-profile-handler slo-headroom-tier-filter softmax-picker speculative-prefix-recorder token-load-scorer utilization-detector weighted-random-picker])`},
 		{"an upstream type without an equivalent says why", "plugins: [{type: data-parallel-profile-handler}]", false, config.ErrUnsupportedType,
 			`load config: plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
 		{"an upstream parameter that would change behaviour is refused with the reason", "plugins: [{name: m, type: metrics-data-source, parameters: {scheme: https}}]", false, framework.ErrInvalidParams,
@@ -372,7 +372,7 @@ schedulingProfiles:
 		{"a plugin without a type is refused", "plugins: [{name: x}]", false, config.ErrInvalid,
 			`load config: invalid configuration: plugin "x" has no type`},
 		{"another apiVersion is refused", "apiVersion: inference.networking.x-k8s.io/v2", false, config.ErrInvalid,
-			`load config: invalid configuration: apiVersion "inference.networking.x-k8s.io/v2", want "inference.networking.x-k8s.io/v1alpha1" or "llm-d.ai/v1alpha1"`},
+			`load config: invalid configuration: apiVersion "inference.networking.x-k8s.io/v2", want "inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1" or "llm-d.ai/v1"`},
 		{"another kind is refused", "kind: InferencePool", false, config.ErrInvalid,
 			`load config: invalid configuration: kind "InferencePool", want "EndpointPickerConfig"`},
 		{"a dataLayer discovery plugin is refused with the reason", "dataLayer: {discovery: {pluginRef: files}}", false, config.ErrInvalid,

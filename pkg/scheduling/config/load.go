@@ -92,8 +92,8 @@ func (r *Registry) Load(text []byte, h framework.Handle) (*Loaded, error) {
 }
 
 func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Loaded, error) {
-	if cfg.APIVersion != "" && cfg.APIVersion != APIVersion && cfg.APIVersion != APIVersionLLMD {
-		return nil, fmt.Errorf("%w: apiVersion %q, want %q or %q", ErrInvalid, cfg.APIVersion, APIVersion, APIVersionLLMD)
+	if cfg.APIVersion != "" && cfg.APIVersion != APIVersion && cfg.APIVersion != APIVersionLLMD && cfg.APIVersion != APIVersionLLMDV1 {
+		return nil, fmt.Errorf("%w: apiVersion %q, want %q, %q or %q", ErrInvalid, cfg.APIVersion, APIVersion, APIVersionLLMD, APIVersionLLMDV1)
 	}
 	if cfg.Kind != "" && cfg.Kind != Kind {
 		return nil, fmt.Errorf("%w: kind %q, want %q", ErrInvalid, cfg.Kind, Kind)

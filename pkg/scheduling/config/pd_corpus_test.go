@@ -54,7 +54,13 @@ var pdCorpus = map[string]corpusCase{
 		pdCase{"a request with an image is encoded apart", 100, 0, true, framework.EncodeDecode},
 		pdCase{"a text request is not", 100, 0, false, framework.DecodeOnly},
 	)},
-	"refused-llmd-guide-main-pd-disaggregation-values.yaml": {refusal: `invalid configuration: apiVersion "llm-d.ai/v1", want "inference.networking.x-k8s.io/v1alpha1" or "llm-d.ai/v1alpha1"`},
+	"llmd-guide-main-pd-disaggregation-values.yaml": {profiles: map[string][]string{
+		"prefill": {"filter:prefill-filter/prefill-filter", "filter:prefix-cache-affinity-filter/prefix-cache-affinity-filter", "scorer:token-load-scorer/token-load-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"decode":  {"filter:decode-filter/decode-filter", "scorer:active-request-scorer/active-request-scorer*1", "picker:max-score-picker/max-score-picker"},
+	}, check: wantSplits("disagg-profile-handler",
+		pdCase{"always-disagg splits a cold prompt", 100, 0, false, framework.PrefillDecode},
+		pdCase{"and a prompt the decode pod holds", 96, 6, false, framework.PrefillDecode},
+	)},
 }
 
 // pdCase is one request scheduled over a loaded P/D configuration: its

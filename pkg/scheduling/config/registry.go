@@ -18,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/headertest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/leastload"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/lorafilter"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/prefixaffinity"
 	satfilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/saturation"
 	slofilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/slo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
@@ -27,6 +28,8 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/postpick/speculative"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/disagg"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/sloaware"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/activerequest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/kvcache"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/latency"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/loadaware"
@@ -37,6 +40,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/prefix"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/queue"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/runningrequests"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/tokenload"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
@@ -127,6 +131,10 @@ func NewInTreeRegistry() *Registry {
 		predicted.Type:           predicted.Factory,
 		always.PDType:            always.PDFactory,
 		always.MultimodalType:    always.MultimodalFactory,
+		activerequest.Type:       activerequest.Factory,
+		tokenload.Type:           tokenload.Factory,
+		prefixaffinity.Type:      prefixaffinity.Factory,
+		sloaware.Type:            sloaware.Factory,
 	} {
 		r.mustRegister(typ, f)
 	}

@@ -12,11 +12,13 @@ import (
 )
 
 // The apiVersion and kind written (either may be left out). APIVersionLLMD
-// is the same schema under llm-d-router's group, accepted alike.
+// is the same schema under llm-d-router's group, and APIVersionLLMDV1 the
+// version llm-d's current guides write; all are accepted alike.
 const (
-	APIVersion     = "inference.networking.x-k8s.io/v1alpha1"
-	APIVersionLLMD = "llm-d.ai/v1alpha1"
-	Kind           = "EndpointPickerConfig"
+	APIVersion       = "inference.networking.x-k8s.io/v1alpha1"
+	APIVersionLLMD   = "llm-d.ai/v1alpha1"
+	APIVersionLLMDV1 = "llm-d.ai/v1"
+	Kind             = "EndpointPickerConfig"
 )
 
 // DefaultProfileName is the profile made when the config defines none.

@@ -141,6 +141,11 @@ type Profile struct {
 // fallbacks in order of preference. Empty when the filters left nothing.
 type ProfileResult struct {
 	Picked []*datalayer.Candidate
+	// Scored is every candidate the profile scored with its weighted
+	// score, picked or not; kept only when the scheduler is asked to
+	// (scheduling.Options.KeepScores), so that an operator can see why a
+	// pod won.
+	Scored []ScoredCandidate
 }
 
 // Result is a whole scheduling cycle's answer.
