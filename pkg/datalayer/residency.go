@@ -25,39 +25,46 @@ const ResidencySlots = 16
 // count as one family, the longest, which makes it undercount what the
 // engine holds (and so what a placement evicts), never overcount it.
 type Residency struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// slots[:n] are the families from the least recently sent to the
+	// most, the order an LRU cache evicts them in, kept as they are
+	// touched so that a pick walks them without sorting.
 	slots [ResidencySlots]residencySlot
+	n     int
 }
 
 type residencySlot struct {
 	first  uint64
 	blocks int32
-	// last is the latest request's dispatch, Unix nanoseconds (0: empty).
+	// last is the latest request's dispatch, Unix nanoseconds.
 	last int64
 }
 
 // Touch records a request of blocks full blocks, whose first block key is
-// first, sent to the endpoint at at (Unix nanoseconds).
+// first, sent to the endpoint at at (Unix nanoseconds): its family becomes
+// the most recently sent.
 func (r *Residency) Touch(first uint64, blocks int, at int64) {
-	if r == nil || blocks <= 0 || at == 0 {
+	if r == nil || blocks <= 0 {
 		return
 	}
 	b := int32(min(blocks, math.MaxInt32))
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	oldest := 0
-	for i := range r.slots {
-		s := &r.slots[i]
-		if s.last != 0 && s.first == first {
-			s.blocks = max(s.blocks, b)
-			s.last = max(s.last, at)
-			return
-		}
-		if s.last < r.slots[oldest].last {
-			oldest = i
-		}
+	s := residencySlot{first: first, blocks: b, last: at}
+	i := 0
+	for i < r.n && r.slots[i].first != first {
+		i++
 	}
-	r.slots[oldest] = residencySlot{first: first, blocks: b, last: at}
+	switch {
+	case i < r.n:
+		s.blocks, s.last = max(s.blocks, r.slots[i].blocks), max(s.last, r.slots[i].last)
+	case r.n < len(r.slots):
+		r.n++
+	default:
+		i = 0 // the least recently sent family makes way
+	}
+	copy(r.slots[i:r.n-1], r.slots[i+1:r.n])
+	r.slots[r.n-1] = s
 }
 
 // Eviction is the input of EvictedHot: what a request needs on an
@@ -86,7 +93,7 @@ type Eviction struct {
 // blocks. What must be evicted comes from the least recently used end:
 // first the blocks the endpoint holds outside any tracked family (other
 // EPPs' traffic, long-gone requests' tails: taken as cold), then the
-// families from the one asked for longest ago. It allocates nothing.
+// families from the one sent longest ago. It allocates nothing.
 func (r *Residency) EvictedHot(e Eviction) float64 {
 	if r == nil || e.Capacity <= 0 || e.Need <= 0 || e.Window <= 0 {
 		return 0
@@ -95,34 +102,23 @@ func (r *Residency) EvictedHot(e Eviction) float64 {
 	if evict <= 0 {
 		return 0
 	}
-	var s [ResidencySlots]residencySlot
 	r.mu.Lock()
-	s = r.slots
-	r.mu.Unlock()
-	// Oldest first; insertion sort of a handful, in place.
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j].last < s[j-1].last; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
+	defer r.mu.Unlock()
+	s := r.slots[:r.n]
 	tracked := 0
-	for _, x := range s {
-		if x.last != 0 {
-			tracked += int(x.blocks)
-		}
+	for i := range s {
+		tracked += int(s[i].blocks)
 	}
 	// Tracked families beyond what the engine holds were evicted already:
 	// the oldest ones, by LRU.
 	gone := max(tracked-e.Held, 0)
 	evict -= max(e.Held-tracked, 0) // the untracked rest, cold
 	hot := 0.0
-	for _, x := range s {
+	for i := range s {
 		if evict <= 0 {
 			break
 		}
-		if x.last == 0 {
-			continue
-		}
+		x := &s[i]
 		n := int(x.blocks)
 		d := min(gone, n)
 		n, gone = n-d, gone-d
