@@ -17,8 +17,11 @@ const ResidencySlots = 16
 // the longest of its requests and aged by its latest. An engine's prefix
 // cache evicts least recently used blocks first, so the families it holds
 // in order of last use say what a placement there would push out, and how
-// soon those families are likely to be asked for again. Its zero value is
-// ready to use; it is safe for concurrent use.
+// soon those families are likely to be asked for again. Recency alone is
+// no evidence of a return, though: a family asked for once may never be
+// again (unrelated prompts), so one seen once weighs only as much as the
+// share of requests to the endpoint that came back to a family it had
+// seen. Its zero value is ready to use; it is safe for concurrent use.
 //
 // It knows only this EPP's requests, and tells families apart by their
 // first block alone: prompts that share a first block but diverge later
@@ -31,11 +34,19 @@ type Residency struct {
 	// touched so that a pick walks them without sorting.
 	slots [ResidencySlots]residencySlot
 	n     int
+	// returns is the share of recent requests whose family the endpoint
+	// had been sent before, fading over about reuseMemory requests.
+	returns float64
 }
+
+// reuseMemory is how many requests Residency.returns averages over.
+const reuseMemory = 32
 
 type residencySlot struct {
 	first  uint64
 	blocks int32
+	// uses counts the family's requests.
+	uses uint32
 	// last is the latest request's dispatch, Unix nanoseconds.
 	last int64
 }
@@ -50,14 +61,21 @@ func (r *Residency) Touch(first uint64, blocks int, at int64) {
 	b := int32(min(blocks, math.MaxInt32))
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := residencySlot{first: first, blocks: b, last: at}
+	s := residencySlot{first: first, blocks: b, uses: 1, last: at}
 	i := 0
 	for i < r.n && r.slots[i].first != first {
 		i++
 	}
+	returned := 0.0
+	if i < r.n {
+		returned = 1
+	}
+	r.returns += (returned - r.returns) / reuseMemory
 	switch {
 	case i < r.n:
-		s.blocks, s.last = max(s.blocks, r.slots[i].blocks), max(s.last, r.slots[i].last)
+		old := r.slots[i]
+		s.blocks, s.last = max(s.blocks, old.blocks), max(s.last, old.last)
+		s.uses = old.uses + min(1, math.MaxUint32-old.uses)
 	case r.n < len(r.slots):
 		r.n++
 	default:
@@ -89,7 +107,8 @@ type Eviction struct {
 
 // EvictedHot is how many blocks of hot families placing the request on
 // the endpoint would evict, each weighed by its family's hotness
-// exp(-age/Window): 0 when the request fits in the endpoint's free
+// exp(-age/Window), and a family seen once also by the endpoint's share of
+// returning requests: 0 when the request fits in the endpoint's free
 // blocks. What must be evicted comes from the least recently used end:
 // first the blocks the endpoint holds outside any tracked family (other
 // EPPs' traffic, long-gone requests' tails: taken as cold), then the
@@ -128,7 +147,11 @@ func (r *Residency) EvictedHot(e Eviction) float64 {
 		take := min(evict, n)
 		evict -= take
 		age := max(e.Now-x.last, 0)
-		hot += float64(take) * math.Exp(-float64(age)/float64(e.Window))
+		w := math.Exp(-float64(age) / float64(e.Window))
+		if x.uses < 2 {
+			w *= r.returns
+		}
+		hot += float64(take) * w
 	}
 	return hot
 }

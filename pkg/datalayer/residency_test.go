@@ -11,10 +11,13 @@ import (
 func TestEvictedHotCountsWhatAPlacementPushesOut(t *testing.T) {
 	t.Parallel()
 	const sec = int64(time.Second)
-	// Two families sent at 1s and 9s, 160 blocks each; the clock is 10s.
+	// Two families, 160 blocks each, sent twice each, last at 1s and 9s;
+	// the clock is 10s.
 	two := func() *datalayer.Residency {
 		r := &datalayer.Residency{}
+		r.Touch(1, 160, 1*sec/2)
 		r.Touch(1, 160, 1*sec)
+		r.Touch(2, 160, 9*sec-sec/2)
 		r.Touch(2, 160, 9*sec)
 		return r
 	}
@@ -49,10 +52,39 @@ func TestEvictedHotCountsWhatAPlacementPushesOut(t *testing.T) {
 	}
 }
 
+func TestAFamilySeenOnceWeighsAsMuchAsFamiliesReturnThere(t *testing.T) {
+	t.Parallel()
+	const sec = int64(time.Second)
+	r := &datalayer.Residency{}
+	r.Touch(3, 10, 1*sec) // a family that returned once
+	r.Touch(3, 10, 2*sec)
+	r.Touch(1, 160, 9*sec) // one seen once
+	// One request in three came back to its family, each faded over 32.
+	returns := 0.0
+	for _, back := range []float64{0, 1, 0} {
+		returns += (back - returns) / 32
+	}
+	e := datalayer.Eviction{Need: 100, Capacity: 170, Held: 170, Now: 10 * sec, Window: 10 * time.Second}
+	want := 10*math.Exp(-0.8) + 90*math.Exp(-0.1)*returns
+	if got := r.EvictedHot(e); math.Abs(got-want) > 1e-9 {
+		t.Errorf("EvictedHot = %v, want %v", got, want)
+	}
+	// Prompts that never come back make an endpoint's cache cold.
+	u := &datalayer.Residency{}
+	for i := range 100 {
+		u.Touch(uint64(i+1), 100, int64(i+1))
+	}
+	e = datalayer.Eviction{Need: 100, Capacity: 1000, Held: 1000, Now: 101, Window: time.Hour}
+	if got := u.EvictedHot(e); got > 1e-9 {
+		t.Errorf("unrelated prompts, each seen once: EvictedHot = %v, want 0", got)
+	}
+}
+
 func TestResidencyKeepsTheLatestFamilies(t *testing.T) {
 	t.Parallel()
 	r := &datalayer.Residency{}
 	for i := range datalayer.ResidencySlots + 4 {
+		r.Touch(uint64(i+1), 10, int64(i+1))
 		r.Touch(uint64(i+1), 10, int64(i+1))
 	}
 	// The first four families were pushed out by later ones: the rest,
@@ -79,6 +111,7 @@ func TestEvictedHotAllocatesNothing(t *testing.T) {
 	r := &datalayer.Residency{}
 	for i := range datalayer.ResidencySlots {
 		r.Touch(uint64(i+1), 100, int64(i+1))
+		r.Touch(uint64(i+1), 100, int64(i+1))
 	}
 	e := datalayer.Eviction{Need: 500, Capacity: 1000, Held: 1000, Now: 100, Window: time.Second}
 	if n := testing.AllocsPerRun(100, func() { r.EvictedHot(e) }); n != 0 {
@@ -89,6 +122,7 @@ func TestEvictedHotAllocatesNothing(t *testing.T) {
 func BenchmarkEvictedHot(b *testing.B) {
 	r := &datalayer.Residency{}
 	for i := range datalayer.ResidencySlots {
+		r.Touch(uint64(i+1), 100, int64(i+1))
 		r.Touch(uint64(i+1), 100, int64(i+1))
 	}
 	e := datalayer.Eviction{Need: 500, Capacity: 1000, Held: 1000, Now: 100, Window: time.Second}

@@ -90,11 +90,12 @@ type placed struct {
 	res      datalayer.Residency
 }
 
-// placeFamilies sends nFamilies prefix families of blocks blocks each, one
-// request apiece 100ms apart, to endpoints of capacity blocks, picking by
-// the scorer with params; each endpoint is predicted a little slower than
-// the one before it, so that pure least latency sends everything to the
-// first. It returns the families each endpoint got.
+// placeFamilies sends nFamilies prefix families of blocks blocks each, a
+// new one every 100ms, to endpoints of capacity blocks, picking by the
+// scorer with params; each family's next request follows its first to the
+// endpoint that caches it. Each endpoint is predicted a little slower than
+// the one before it, so that pure least latency sends every new family to
+// the first. It returns the families each endpoint got.
 func placeFamilies(t *testing.T, params string, endpoints, capacity, nFamilies, blocks int) []*placed {
 	t.Helper()
 	eps := make([]*placed, endpoints)
@@ -131,6 +132,7 @@ func placeFamilies(t *testing.T, params string, endpoints, capacity, nFamilies, 
 		ep.families = append(ep.families, first)
 		ep.held = min(ep.held+blocks, capacity)
 		ep.res.Touch(first, blocks, now.UnixNano())
+		ep.res.Touch(first, blocks, now.Add(50*time.Millisecond).UnixNano())
 		now = now.Add(100 * time.Millisecond)
 	}
 	return eps
@@ -161,6 +163,7 @@ func TestAFullCacheOfColdFamiliesCostsNothingToEvict(t *testing.T) {
 		m := *c.Metrics
 		m.NumGPUBlocks = 400
 		res := &datalayer.Residency{}
+		res.Touch(99, 400, lastUse.Add(-time.Second).UnixNano())
 		res.Touch(99, 400, lastUse.UnixNano())
 		c.Metrics, c.GPUBlocks, c.Residency = &m, 400, res
 		c.Put(datalayer.LatencyPredictionInfoKey, datalayer.LatencyPredictionInfo{
