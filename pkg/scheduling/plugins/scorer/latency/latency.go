@@ -69,8 +69,10 @@ type Params struct {
 	// the prefix families this EPP lately sent there, least recently used
 	// first and each weighed by its family's hotness, costed at the
 	// request's own predicted prefill time per block (their re-prefill when
-	// the family returns). An endpoint with room costs nothing, so a new
-	// prefix group goes where it evicts no hotter one. Default
+	// the family returns), less the least such cost among the candidates:
+	// an endpoint with room costs nothing, so a new prefix group goes where
+	// it evicts no hotter one, and where all must evict, only what one
+	// evicts beyond another counts. Default
 	// DefaultEvictionWeight; 0 turns the term off.
 	EvictionWeight *float64 `json:"evictionWeight,omitempty"`
 	// EvictionWindow is the time constant a family's hotness fades with
@@ -186,7 +188,11 @@ func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, req *request.
 // leastLatency scores (min + 1ms)/(cost + 1ms): the fastest scores 1, one
 // twice as slow about 0.5, so that the score weighs like the time saved.
 func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate, out []float64) {
-	best := math.Inf(1)
+	// The eviction costs first, held in out: each counts against the
+	// least of them, the candidate with the most room, so that where every
+	// candidate must evict alike (a fleet whose caches are all full of
+	// hot prefixes) the term leaves the choice to latency.
+	least := math.Inf(1)
 	now := req.Arrival.UnixNano()
 	for i, c := range cands {
 		info, ok := latencyinfo.Get(c)
@@ -194,6 +200,18 @@ func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate
 			out[i] = math.NaN()
 			continue
 		}
+		out[i] = 0
+		if s.evictWeight > 0 {
+			out[i] = s.evictionCost(c, info.TTFTAlone, now)
+		}
+		least = min(least, out[i])
+	}
+	best := math.Inf(1)
+	for i, c := range cands {
+		if math.IsNaN(out[i]) {
+			continue
+		}
+		info, _ := latencyinfo.Get(c)
 		// The pick's own engine time weighs by how full the endpoint's
 		// KV cache is: where it is nearly full, the prefill evicts cached
 		// prefixes and holds up the admissions behind it.
@@ -203,9 +221,7 @@ func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate
 		if s.quantile {
 			cost = info.TTFT + s.tpotWeight*info.TPOT + pw*info.TTFTAlone
 		}
-		if s.evictWeight > 0 {
-			cost += s.evictWeight * s.evictionCost(c, info.TTFTAlone, now)
-		}
+		cost += s.evictWeight * (out[i] - least)
 		out[i] = cost
 		best = min(best, cost)
 	}

@@ -180,4 +180,11 @@ func TestAFullCacheOfColdFamiliesCostsNothingToEvict(t *testing.T) {
 	if got[0] != 1 {
 		t.Errorf("scores = %v: with both families cold, the least latency wins", got)
 	}
+	// Both full of families as hot: each would evict as much as the
+	// other, and only the latency tells them apart, as without the term.
+	hot := []*datalayer.Candidate{mk("a", 100, schedtest.Now), mk("b", 110, schedtest.Now)}
+	got, without := score(t, "", req, hot), score(t, `{"evictionWeight":0}`, req, hot)
+	if got[0] != without[0] || got[1] != without[1] {
+		t.Errorf("scores = %v, want %v: where every candidate evicts alike, the term changes nothing", got, without)
+	}
 }
