@@ -130,3 +130,21 @@ func BenchmarkEvictedHot(b *testing.B) {
 		r.EvictedHot(e)
 	}
 }
+
+func TestAnEndpointKeepsItsResidencyAcrossAnUpdateAtItsAddress(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	first := ds.Candidates(nil)[0].Residency
+	if first == nil {
+		t.Fatal("a candidate without the endpoint's Residency")
+	}
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m", Labels: map[string]string{"x": "y"}})
+	if got := ds.Candidates(nil)[0].Residency; got != first {
+		t.Error("an update at the same address dropped what was sent to the endpoint")
+	}
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.2:8000", Model: "m"})
+	if got := ds.Candidates(nil)[0].Residency; got == first {
+		t.Error("another engine at a new address inherited the old one's families")
+	}
+}
