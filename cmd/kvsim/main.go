@@ -46,7 +46,8 @@ const usage = `usage: kvsim <command> [flags]
   bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix)
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
   scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
-  predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time`
+  predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time
+  placement  prefix groups against the engines' cache capacity, in virtual time: hit rate, TTFT, requests and evictions per engine`
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -65,6 +66,8 @@ func run(ctx context.Context, args []string) error {
 		return scaleCmd(ctx, args[1:])
 	case "predict-eval":
 		return predictEval(ctx, args[1:])
+	case "placement":
+		return placement(ctx, args[1:])
 	default:
 		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 	}

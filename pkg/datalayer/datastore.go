@@ -34,6 +34,9 @@ type StreamInfo struct {
 	// use, 0 before it has published any: the size a request's keys must
 	// be built with to match what the endpoint holds.
 	BlockSize int
+	// GPUBlocks is how many blocks the endpoint's GPU cache holds, by the
+	// index's count of its GPU-tier holdings (0 when unknown).
+	GPUBlocks int
 }
 
 // StreamHandles is a StreamStates that hands out, per address, a handle
@@ -100,6 +103,8 @@ type dsEntry struct {
 	load *inflight
 	// health is the endpoint's outlier state, kept likewise.
 	health *health
+	// residency is the prefix families sent to the endpoint, kept likewise.
+	residency *Residency
 	// stream is the endpoint's handle from a StreamHandles, nil until one
 	// was had.
 	stream atomic.Pointer[streamRef]
@@ -200,12 +205,12 @@ func (ds *Datastore) Upsert(ep *Endpoint) {
 	if had && prev.ep.Equal(ep) {
 		return
 	}
-	e := &dsEntry{ep: ep, role: RoleOf(ep.Labels) | roleKnown, load: &inflight{limits: &ds.limits}, health: &health{}}
+	e := &dsEntry{ep: ep, role: RoleOf(ep.Labels) | roleKnown, load: &inflight{limits: &ds.limits}, health: &health{}, residency: &Residency{}}
 	var removed []*Endpoint
 	if had {
 		if prev.ep.Address == ep.Address {
 			e.metrics.Store(prev.metrics.Load())
-			e.load, e.health = prev.load, prev.health
+			e.load, e.health, e.residency = prev.load, prev.health, prev.residency
 		} else {
 			removed = []*Endpoint{prev.ep}
 			ds.forgetHealth(prev)
@@ -485,11 +490,12 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 			// slab first, then filling it, wrote every line twice.
 			slab = slab[:len(slab)+1]
 			c := &slab[len(slab)-1]
-			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set, role: e.role}
+			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set, role: e.role, Residency: e.residency}
 			if streams != nil {
 				var info StreamInfo
 				if info, c.described = e.streamInfo(streams); c.described {
 					c.blockSize, c.bigram, c.describedBy = int32(info.BlockSize), info.Bigram, streams.s
+					c.GPUBlocks = info.GPUBlocks
 				}
 				c.Stream = info.State
 			}

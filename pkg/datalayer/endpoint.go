@@ -146,6 +146,13 @@ type Candidate struct {
 	// InFlight is the work this EPP had dispatched to the endpoint and not
 	// seen finish when the request arrived.
 	InFlight InFlight
+	// GPUBlocks is how many blocks the index counted in the endpoint's GPU
+	// cache when the candidate was made (StreamInfo.GPUBlocks; 0 when
+	// unknown).
+	GPUBlocks int
+	// Residency is the prefix families this EPP lately sent the endpoint,
+	// shared with the datastore (nil for a candidate made without one).
+	Residency *Residency
 
 	// mu guards what follows when the candidate is shared. It is a plain
 	// mutex: even then, readers rarely meet, and a read lock costs what a
@@ -189,7 +196,7 @@ func (c *Candidate) StreamInfoFrom(src any) (info StreamInfo, ok bool) {
 	if !c.described || c.describedBy == nil || any(c.describedBy) != src {
 		return StreamInfo{}, false
 	}
-	return StreamInfo{State: c.Stream, Bigram: c.bigram, BlockSize: int(c.blockSize)}, true
+	return StreamInfo{State: c.Stream, Bigram: c.bigram, BlockSize: int(c.blockSize), GPUBlocks: c.GPUBlocks}, true
 }
 
 type attr struct {

@@ -21,6 +21,9 @@ type Sample struct {
 	SLO  time.Duration
 	Shed bool
 	Err  error
+	// Engine is the index of the engine that served the request, in
+	// virtual time; -1 where none did or it is not known.
+	Engine int
 }
 
 // Summary condenses a run.

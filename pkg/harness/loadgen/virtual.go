@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
@@ -64,6 +65,8 @@ type virtualRun struct {
 	router router
 	eppSrv *epp.EPP
 	dir    director.Handler
+	// evictions sits between each engine and the index.
+	evictions []*evictionCounter
 }
 
 // virtualClock is the run's time: a fixed origin plus the simulated time
@@ -112,13 +115,16 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 	for i := range max(fo.Engines, 1) {
 		// The real-time fleet's engines, at addresses nothing listens on.
 		ec := fc.EngineConfig(i, fmt.Sprintf("10.0.0.%d:8000", i+1))
+		ev := &evictionCounter{}
 		if v.eppSrv != nil {
 			if policy != PolicyApproxEPP {
 				// The approximate policy's EPP hears no events: that is the point.
-				ec.Sink = v.eppSrv.Index()
+				ev.next = v.eppSrv.Index()
 			}
 			v.eppSrv.Datastore().Upsert(&datalayer.Endpoint{Name: ec.Pod, Address: ec.Address, Pod: ec.Pod, Model: fo.Model})
 		}
+		ec.Sink = ev
+		v.evictions = append(v.evictions, ev)
 		v.replicas = append(v.replicas, sim.NewCore(sim.NewEngine(ec, nil), fc.TimingOf(i)))
 		v.addrs[ec.Address] = i
 	}
@@ -297,7 +303,7 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 			return Result{}, err
 		}
 		i, tokens, pick, err := v.pick(ctx, path, body, c.conv.headers())
-		r := &vreq{conv: c, started: now, pick: pick, sample: Sample{Start: now, PromptTokens: len(tokens), SLO: c.conv.SLO}}
+		r := &vreq{conv: c, started: now, pick: pick, sample: Sample{Start: now, PromptTokens: len(tokens), SLO: c.conv.SLO, Engine: -1}}
 		if err != nil {
 			if director.StatusOf(err) == http.StatusTooManyRequests {
 				r.sample.Shed = true
@@ -311,6 +317,7 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 		if err != nil {
 			return Result{}, fmt.Errorf("loadgen: %w", err)
 		}
+		r.sample.Engine = i
 		flight[i] = append(flight[i], r)
 		step(i)
 	}
@@ -325,7 +332,41 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 			samples = append(samples, r.sample)
 		}
 	}
-	return Result{Samples: samples, Makespan: min(now, end)}, nil
+	evicted := make([]int, len(v.evictions))
+	for i, e := range v.evictions {
+		evicted[i] = e.n
+	}
+	return Result{Samples: samples, Makespan: min(now, end), Evicted: evicted}, nil
+}
+
+// evictionCounter counts the GPU blocks an engine's batches remove, and
+// passes every batch on.
+type evictionCounter struct {
+	next events.Sink
+	n    int
+}
+
+func (c *evictionCounter) Apply(o events.Origin, b *events.Batch) {
+	for i := range b.Events {
+		if e := &b.Events[i]; e.Kind == events.KindBlockRemoved && e.Medium == events.TierGPU {
+			c.n += len(e.BlockHashes)
+		}
+	}
+	if c.next != nil {
+		c.next.Apply(o, b)
+	}
+}
+
+func (c *evictionCounter) Uncertain(s events.Stream, r events.Reason) {
+	if c.next != nil {
+		c.next.Uncertain(s, r)
+	}
+}
+
+func (c *evictionCounter) Restart(s events.Stream) {
+	if c.next != nil {
+		c.next.Restart(s)
+	}
 }
 
 // collect takes the tokens replica i's sequences produced, records the

@@ -477,6 +477,12 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 	if !d.o.InFlight.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt, req.MaxTokens) {
 		return false
 	}
+	if v, ok := c.Get(framework.RequestBlockKeysKey); ok {
+		// Its prefix family is the endpoint's most recently used now.
+		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
+			c.Residency.Touch(keys[0], len(keys), req.Arrival.UnixNano())
+		}
+	}
 	if lat, ok := datalayer.LatencyPredictionOf(c); ok {
 		if lat.TTFTValid {
 			// Its own prefill, which requests sent after it wait behind.

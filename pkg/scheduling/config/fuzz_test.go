@@ -24,6 +24,7 @@ func FuzzLoad(f *testing.F) {
 		"plugins: [{name: d, type: utilization-detector, parameters: {metricsStalenessThreshold: 1s}}]\nsaturationDetector: {pluginRef: d}",
 		"schedulingProfiles: [{name: p, plugins: [{pluginRef: x, weight: 1e308}]}]",
 		"plugins: [{type: prefill-cost-scorer, parameters: {tierWeights: {gpu: 1, cpu: .5}}}]",
+		"plugins: [{type: latency-scorer, parameters: {evictionWeight: 2, evictionWindow: 3s}}]",
 		"featureGates: [dataLayer, dataLayer]",
 		"plugins: {type: queue-scorer}",
 		"{\"plugins\": [{\"type\": \"queue-scorer\", \"parameters\": null}]}",
