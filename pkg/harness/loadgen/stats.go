@@ -24,6 +24,11 @@ type Sample struct {
 	// Engine is the index of the engine that served the request, in
 	// virtual time; -1 where none did or it is not known.
 	Engine int
+	// Replica is the EPP replica (the gateway's ext_proc host) whose
+	// stream the request passed; Bypass marks a request sent past every
+	// EPP (Shape.Bypass).
+	Replica string
+	Bypass  bool
 }
 
 // Summary condenses a run.
