@@ -200,6 +200,9 @@ type Options struct {
 	// scorers and the latency predictor, which read it back through the
 	// candidates.
 	InFlight InFlight
+	// Parse says how the model servers read what requests leave to them
+	// (whether they drop Claude Code's billing header block).
+	Parse openai.ParseOptions
 	// Tokenizer finds token ids for requests that carry none; nil means
 	// such requests are matched approximately.
 	Tokenizer tokenize.Tokenizer
@@ -298,7 +301,7 @@ func New(o Options) (*Director, error) {
 // can serve it, 429 when it is shed, 500 otherwise.
 func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) {
 	start := d.o.Now()
-	req, err := openai.ParseRequestInto(in.Path, in.Body, in.IDBuf)
+	req, err := openai.ParseRequestWith(in.Path, in.Body, in.IDBuf, d.o.Parse)
 	if err != nil {
 		d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
 		return nil, &Error{Status: http.StatusBadRequest, Err: err}
@@ -480,6 +483,14 @@ func (d *Director) objective(req *request.Request, h map[string]string) error {
 // and a tokenizer is configured. A failure leaves them unknown: the request
 // is still routed, with approximate prefix answers.
 func (d *Director) tokenize(ctx context.Context, req *request.Request) {
+	if req.InexactPrefix != "" {
+		// The prompt's head is what the model server stored, unseen here:
+		// tokens of the rest alone would match nothing that is cached.
+		d.o.Metrics.inexact.WithLabelValues(req.API.String(), req.InexactPrefix).Inc()
+		d.o.Logger.LogAttrs(ctx, slog.LevelDebug, "prompt not known in full; routing approximately",
+			slog.String("request", req.ID), slog.String("reason", req.InexactPrefix))
+		return
+	}
 	if req.TokensKnown() || req.NoReproduciblePrefix || d.o.Tokenizer == nil || req.API == request.APIOther {
 		return
 	}
