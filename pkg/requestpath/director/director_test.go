@@ -5,9 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/enginesched"
@@ -360,5 +365,46 @@ func TestADirectorNeedsEachOfItsRequiredParts(t *testing.T) {
 		if _, err := director.New(tt.o); err == nil {
 			t.Errorf("%s: New succeeded", tt.name)
 		}
+	}
+}
+
+// countingTokenizer tokenizes every request as one token and counts calls.
+type countingTokenizer struct{ calls atomic.Int64 }
+
+func (c *countingTokenizer) Tokenize(context.Context, *request.Request) ([]uint32, error) {
+	c.calls.Add(1)
+	return []uint32{1}, nil
+}
+
+func TestAPreviousResponseIsRoutedApproximatelyAndCounted(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	ds.SetMetrics("a", datalayer.Metrics{UpdateTime: time.Now().Add(time.Hour)})
+	reg := prometheus.NewRegistry()
+	tok := &countingTokenizer{}
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds,
+		Metrics: director.NewMetrics(reg), Tokenizer: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{
+		`{"model":"m","previous_response_id":"resp_1","input":"and then?"}`,
+		`{"model":"m","input":"a conversation of its own"}`,
+	} {
+		if _, err := d.HandleRequest(context.Background(), &director.Input{Path: "/v1/responses", Headers: map[string]string{}, Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := tok.calls.Load(); n != 1 {
+		t.Fatalf("tokenized %d requests; want only the one whose prompt is known in full", n)
+	}
+	want := `
+# HELP kvroute_inexact_prefix_requests_total Requests whose prompt the model server completes from state the EPP cannot see (a Responses request's previous_response_id), by API and reason; they were routed with approximate prefix answers.
+# TYPE kvroute_inexact_prefix_requests_total counter
+kvroute_inexact_prefix_requests_total{api="responses",reason="previous_response_id"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvroute_inexact_prefix_requests_total"); err != nil {
+		t.Fatal(err)
 	}
 }
