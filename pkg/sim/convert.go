@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -141,6 +142,8 @@ func parseMessages(body []byte) (*genRequest, bool, error) {
 		case "system":
 			continue
 		case "user", "assistant":
+		case "ctx", "msg":
+			m.Role = "user" // as vLLM reads recent Claude Code's roles
 		default:
 			return nil, false, fmt.Errorf("%w: messages[%d].role must be user or assistant", errBadRequest, i)
 		}
@@ -209,7 +212,7 @@ func parseMessages(body []byte) (*genRequest, bool, error) {
 	}
 	var tools []tool
 	for _, t := range in.Tools {
-		tools = append(tools, tool{"function", function{t.Name, t.Description, t.InputSchema, t.DeferLoading}})
+		tools = append(tools, tool{"function", function{t.Name, t.Description, typedSchema(t.InputSchema), t.DeferLoading}})
 	}
 	r := &genRequest{Chat: true, Model: *in.Model, MaxTokens: -1, Stream: in.Stream}
 	if in.MaxTokens != nil && *in.MaxTokens > 0 {
@@ -480,4 +483,23 @@ func firstPartText(raw json.RawMessage) string {
 		return ""
 	}
 	return parts[0].Text
+}
+
+// typedSchema is a tool's input schema as vLLM keeps it: one without a
+// type gets the type object, after its other members.
+func typedSchema(raw json.RawMessage) json.RawMessage {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return raw
+	}
+	if _, ok := m["type"]; ok {
+		return raw
+	}
+	b := bytes.TrimSpace(raw)
+	b = bytes.TrimSpace(b[:len(b)-1]) // without its '}'
+	out := append([]byte(nil), b...)
+	if len(m) > 0 {
+		out = append(out, ',')
+	}
+	return append(out, `"type":"object"}`...)
 }

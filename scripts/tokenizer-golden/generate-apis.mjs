@@ -63,7 +63,10 @@ function messagesToChat(req, keepBilling) {
   }
   const out = [];
   if (system.length) out.push({ role: "system", content: system.join("") });
-  for (const m of req.messages) {
+  // Roles recent Claude Code versions send, which vLLM reads as the user's.
+  const roles = { ctx: "user", msg: "user" };
+  for (const m0 of req.messages) {
+    const m = { ...m0, role: roles[m0.role] || m0.role };
     if (m.role === "system") continue;
     const om = { role: m.role };
     if (typeof m.content === "string") {
@@ -90,9 +93,11 @@ function messagesToChat(req, keepBilling) {
     }
     if (!(m.role === "user" && !("content" in om))) out.push(om);
   }
+  // vLLM's tool model gives a schema without a type the type object, last.
+  const schema = (s) => ("type" in s ? s : { ...s, type: "object" });
   const tools = req.tools ? req.tools.map((t) => ({
     type: "function",
-    function: { name: t.name, description: t.description ?? null, parameters: t.input_schema ?? null, defer_loading: t.defer_loading ?? null },
+    function: { name: t.name, description: t.description ?? null, parameters: schema(t.input_schema), defer_loading: t.defer_loading ?? null },
   })) : null;
   return { messages: out, tools, add_generation_prompt: true, continue_final_message: false, chat_template_kwargs: req.chat_template_kwargs || null };
 }
@@ -183,7 +188,7 @@ function render(template, config, chat) {
 // --- the requests ---
 
 const grepTool = { name: "grep", description: "Search files for a pattern.", input_schema: { type: "object", properties: { pattern: { type: "string" }, path: { type: "string" } }, required: ["pattern"] } };
-const readTool = { name: "read_file", input_schema: { type: "object", properties: { path: { type: "string" } } } };
+const readTool = { name: "read_file", input_schema: { properties: { path: { type: "string" } } } };
 
 function messagesRequests(r, model) {
   const out = [];
@@ -193,7 +198,7 @@ function messagesRequests(r, model) {
     if (i % 4 === 3) req.system = text(r, 12);
     else req.system = [...(i % 4 !== 2 ? [{ type: "text", text: billing }] : []), { type: "text", text: "You are Claude Code. " + text(r, 10) }, { type: "text", text: text(r, 8), cache_control: { type: "ephemeral" } }];
     if (i % 3 !== 2) req.tools = [grepTool, readTool];
-    const msgs = [{ role: "user", content: i % 2 ? text(r, 6) : [{ type: "text", text: text(r, 5) }] }];
+    const msgs = [{ role: i % 8 === 5 ? "ctx" : "user", content: i % 2 ? text(r, 6) : [{ type: "text", text: text(r, 5) }] }];
     const turns = 1 + (i % 3);
     for (let t = 0; t < turns; t++) {
       const id = `toolu_${i}_${t}`;

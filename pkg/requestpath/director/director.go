@@ -315,6 +315,11 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if m := in.Headers[HeaderModelRewrite]; m != "" {
 		req.Model = m
 	}
+	if req.Model == "" {
+		// An API that lets the model server pick its model (generate,
+		// embeddings, Responses): the pool's one model, when it has one.
+		req.Model = d.soleModel()
+	}
 	known := d.known(req.Model)
 	if !known.base && !known.adapter && !d.o.PassUnknownModels {
 		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
@@ -629,6 +634,22 @@ func (d *Director) known(model string) knownModel {
 		}
 	}
 	return knownModel{}
+}
+
+// soleModel is the base model every endpoint that says serves, "" when
+// they name none or several.
+func (d *Director) soleModel() string {
+	model := ""
+	for _, ep := range d.o.Datastore.Endpoints() {
+		switch {
+		case ep.Model == "" || ep.Model == model:
+		case model == "":
+			model = ep.Model
+		default:
+			return ""
+		}
+	}
+	return model
 }
 
 // labelOther is the label value every model name the pool does not know

