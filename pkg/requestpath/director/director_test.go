@@ -408,3 +408,17 @@ kvroute_inexact_prefix_requests_total{api="responses",reason="previous_response_
 		t.Fatal(err)
 	}
 }
+
+func TestARequestThatNamesNoModelGoesToThePoolsModel(t *testing.T) {
+	t.Parallel()
+	d, _, _ := newDirector(t, nil)
+	for _, tc := range []struct{ path, body string }{
+		{"/inference/v1/generate", `{"token_ids":[1,2,3],"sampling_params":{"max_tokens":4}}`},
+		{"/v1/embeddings", `{"input":"some text"}`},
+	} {
+		p, err := d.HandleRequest(context.Background(), &director.Input{Path: tc.path, Headers: map[string]string{}, Body: []byte(tc.body)})
+		if err != nil || p.Request.Model != "m" {
+			t.Fatalf("%s: %v; want it routed as model m", tc.path, err)
+		}
+	}
+}
