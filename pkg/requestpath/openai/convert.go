@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -193,7 +194,14 @@ func chatOf(req *request.Request, msgs []*chatMessage, tools []json.RawMessage, 
 		return fmt.Errorf("%w: the request has no messages to render", ErrBadRequest)
 	}
 	chat := &request.Chat{AddGenerationPrompt: true, ChatTemplateKwargs: kwargs}
-	chat.Messages = appendJSON(make([]byte, 0, 256), msgs)
+	size := 256
+	for _, m := range msgs {
+		size += len(m.content) + 64
+		for _, c := range m.toolCalls {
+			size += len(c)
+		}
+	}
+	chat.Messages = appendJSON(make([]byte, 0, size), msgs)
 	if tools != nil {
 		b := []byte{'['}
 		for i, t := range tools {
@@ -408,38 +416,45 @@ func parseMessages(req *request.Request, f *[numFields]json.RawMessage, o ParseO
 			out = append(out, msg)
 			continue
 		}
-		var parts []json.RawMessage
+		// parts are content parts; a text part is held as its text, a
+		// JSON string, until the message's content is made.
+		type part struct {
+			raw  json.RawMessage
+			text bool
+		}
+		var parts []part
 		var reasoning []string
 		textOnly := true
 		for j, bl := range jsonscan.SplitArray(m.content) {
-			name := fmt.Sprintf("messages[%d].content[%d]", i, j)
-			b, err := object(bl, name)
-			if err != nil {
-				return err
+			var b blockFields
+			if err := b.read(bl); err != nil {
+				return fmt.Errorf("%w: messages[%d].content[%d]: %v", ErrBadRequest, i, j, err)
 			}
-			switch stringOr(b["type"], "") {
+			switch stringOr(b[bType], "") {
 			case "text":
-				if text := stringOr(b["text"], ""); text != "" {
-					parts = append(parts, textPart(text))
+				// The text is kept as the body wrote it: decoding and
+				// encoding it again would double what a request costs.
+				if t := bytes.TrimSpace(b[bText]); kindOf(t) == '"' && len(t) > 2 {
+					parts = append(parts, part{t, true})
 				}
 			case "image":
-				if !isAbsent(b["source"]) {
-					parts = append(parts, json.RawMessage(`{"type":"image_url"}`))
+				if !isAbsent(b[bSource]) {
+					parts = append(parts, part{json.RawMessage(`{"type":"image_url"}`), false})
 					textOnly = false
 				}
 			case "thinking":
-				if !isAbsent(b["thinking"]) {
-					reasoning = append(reasoning, stringOr(b["thinking"], ""))
+				if !isAbsent(b[bThinking]) {
+					reasoning = append(reasoning, stringOr(b[bThinking], ""))
 				}
 			case "tool_use":
-				id := stringOr(b["id"], "")
+				id := stringOr(b[bID], "")
 				if id == "" {
 					id = "call_" + strconv.FormatInt(nowUnix(), 10)
 				}
-				msg.toolCalls = append(msg.toolCalls, toolCall(id, stringOr(b["name"], ""), b["input"]))
+				msg.toolCalls = append(msg.toolCalls, toolCall(id, stringOr(b[bName], ""), b[bInput]))
 			case "tool_result":
 				if m.role == "user" {
-					tool, multimodal, err := userToolResult(b, name)
+					tool, multimodal, err := userToolResult(&b, fmt.Sprintf("messages[%d].content[%d]", i, j))
 					if err != nil {
 						return err
 					}
@@ -449,10 +464,10 @@ func parseMessages(req *request.Request, f *[numFields]json.RawMessage, o ParseO
 				}
 				// An assistant's tool result is text; a structured one
 				// would be Python's repr of it, which is not reproduced.
-				c := b["content"]
+				c := b[bContent]
 				switch kindOf(c) {
 				case '"', 0, 'n':
-					parts = append(parts, textPart("Tool result: "+stringOr(c, "")))
+					parts = append(parts, part{jsonString("Tool result: " + stringOr(c, "")), true})
 				default:
 					req.NoReproduciblePrefix = true
 				}
@@ -463,15 +478,19 @@ func parseMessages(req *request.Request, f *[numFields]json.RawMessage, o ParseO
 			msg.reasoning = &r
 		}
 		switch {
-		case len(parts) == 1 && textOnly:
-			msg.content = parts[0][len(`{"type":"text","text":`) : len(parts[0])-1]
+		case len(parts) == 1 && parts[0].text:
+			msg.content = parts[0].raw
 		case len(parts) > 0:
 			b := []byte{'['}
 			for k, p := range parts {
 				if k > 0 {
 					b = append(b, ',')
 				}
-				b = append(b, p...)
+				if p.text {
+					b = append(b, rawTextPart(p.raw)...)
+				} else {
+					b = append(b, p.raw...)
+				}
 			}
 			msg.content = append(b, ']')
 		}
@@ -535,6 +554,14 @@ func withMember(obj json.RawMessage, key, value string) json.RawMessage {
 	return append(b, '}')
 }
 
+// rawTextPart is a text part whose text is raw, a JSON string.
+func rawTextPart(raw json.RawMessage) json.RawMessage {
+	b := make([]byte, 0, len(raw)+len(`{"type":"text","text":}`))
+	b = append(b, `{"type":"text","text":`...)
+	b = append(b, raw...)
+	return append(b, '}')
+}
+
 func textPart(text string) json.RawMessage {
 	b := []byte(`{"type":"text","text":`)
 	b = appendString(b, text)
@@ -544,11 +571,11 @@ func textPart(text string) json.RawMessage {
 // userToolResult is the tool message a user's tool_result block becomes:
 // its text, or its text blocks joined by newlines. An image in it makes the
 // request's prefix one that text cannot key (multimodal).
-func userToolResult(b map[string]json.RawMessage, name string) (*chatMessage, bool, error) {
-	id := stringOr(b["tool_use_id"], "")
+func userToolResult(b *blockFields, name string) (*chatMessage, bool, error) {
+	id := stringOr(b[bToolUseID], "")
 	msg := &chatMessage{role: "tool", toolCallID: &id}
 	multimodal := false
-	c := b["content"]
+	c := b[bContent]
 	switch kindOf(c) {
 	case '"':
 		msg.content = c
@@ -640,15 +667,12 @@ func parseResponses(req *request.Request, f *[numFields]json.RawMessage) error {
 				}
 				out = append(out, &chatMessage{role: "assistant", reasoning: &text})
 			case role == "assistant" && (typ == "message" || typ == ""):
-				text := stringOr(item["content"], "")
-				if kindOf(item["content"]) == '[' {
-					text = firstText(item["content"])
-				}
+				text := firstTextRaw(item["content"])
 				if last != nil && last.content == nil {
-					last.content = jsonString(text)
+					last.content = text
 					continue
 				}
-				out = append(out, &chatMessage{role: "assistant", content: jsonString(text)})
+				out = append(out, &chatMessage{role: "assistant", content: text})
 			case role != "" && (typ == "message" || typ == ""):
 				msg, multimodal, err := inputMessage(role, item["content"], name)
 				if err != nil {
@@ -748,6 +772,26 @@ func toolOutput(raw json.RawMessage) json.RawMessage {
 	return jsonString(strings.Join(texts, "\n"))
 }
 
+// firstTextRaw is an assistant item's text as a JSON string: its content
+// when a string, else its first part's text (kept as the body wrote it).
+func firstTextRaw(content json.RawMessage) json.RawMessage {
+	switch kindOf(content) {
+	case '"':
+		return bytes.TrimSpace(content)
+	case '[':
+		parts := jsonscan.SplitArray(content)
+		if len(parts) > 0 && kindOf(parts[0]) == '{' {
+			if m, err := jsonscan.SplitObject(parts[0]); err == nil && kindOf(m["text"]) == '"' {
+				return bytes.TrimSpace(m["text"])
+			}
+		}
+		if len(parts) > 0 && kindOf(parts[0]) == '"' {
+			return bytes.TrimSpace(parts[0])
+		}
+	}
+	return json.RawMessage(`""`)
+}
+
 // firstText is the text of an array's first part (a reasoning item's
 // content or summary, an assistant message's content): vLLM reads that
 // one only.
@@ -797,7 +841,11 @@ func inputMessage(role string, content json.RawMessage, name string) (*chatMessa
 			if n > 0 {
 				b = append(b, ',')
 			}
-			b = append(b, textPart(stringOr(m["text"], ""))...)
+			if t := bytes.TrimSpace(m["text"]); kindOf(t) == '"' {
+				b = append(b, rawTextPart(t)...)
+			} else {
+				b = append(b, textPart("")...)
+			}
 			n++
 		default:
 			multimodal = true
@@ -805,4 +853,57 @@ func inputMessage(role string, content json.RawMessage, name string) (*chatMessa
 	}
 	msg.content = append(b, ']')
 	return msg, multimodal, nil
+}
+
+// blockFields are the members of an Anthropic content block the
+// conversion reads, found without a map: a request's blocks are most of
+// its body, and a map each would cost about as much again.
+type blockFields [numBlockFields]json.RawMessage
+
+const (
+	bType = iota
+	bText
+	bSource
+	bThinking
+	bID
+	bName
+	bInput
+	bContent
+	bToolUseID
+	numBlockFields
+)
+
+var blockFieldNames = [numBlockFields]string{"type", "text", "source", "thinking", "id", "name", "input", "content", "tool_use_id"}
+
+// read fills b from raw, a JSON object (the body is already valid); a key
+// given twice keeps its last value, as with encoding/json.
+func (b *blockFields) read(raw json.RawMessage) error {
+	raw = raw[jsonscan.SkipSpace(raw, 0):]
+	if kindOf(raw) != '{' {
+		return fmt.Errorf("is %s; expected an object", describe(raw))
+	}
+	i := jsonscan.SkipSpace(raw, 1)
+	for i < len(raw) && raw[i] == '"' {
+		end := jsonscan.SkipValue(raw, i)
+		key := raw[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			k, err := jsonscan.DecodeString(raw[i:end])
+			if err != nil {
+				return err
+			}
+			key = []byte(k)
+		}
+		i = jsonscan.SkipSpace(raw, jsonscan.SkipSpace(raw, end)+1)
+		vend := jsonscan.SkipValue(raw, i)
+		for f, name := range blockFieldNames {
+			if string(key) == name {
+				b[f] = raw[i:vend:vend]
+			}
+		}
+		i = jsonscan.SkipSpace(raw, vend)
+		if i < len(raw) && raw[i] == ',' {
+			i = jsonscan.SkipSpace(raw, i+1)
+		}
+	}
+	return nil
 }
