@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/sim"
@@ -77,53 +78,7 @@ func matchedTokens(t *testing.T, e *epp.EPP) int {
 func TestOneConversationFindsItsPrefixWhicheverAPICarriesIt(t *testing.T) {
 	t.Parallel()
 	tok := qwen3(t)
-	e, err := epp.New(epp.Options{
-		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Scrape: true,
-		RequestPath: epp.RequestPathOptions{ProxyAddr: "127.0.0.1:0", Tokenizers: map[string]*tokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	nc, err := nats.Connect(e.NATSURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	const blockSize = 16
-	f, err := sim.StartFleet(ctx, sim.FleetConfig{
-		Engines: 2, Model: "m", Tokenizer: engineTokenizer{tok},
-		Pool:      blockpool.Config{BlockSize: blockSize, GPUBlocks: 4096},
-		Timing:    sim.Timing{PrefillPerToken: time.Microsecond, DecodeStep: 100 * time.Microsecond, MaxSeqs: 8},
-		Publisher: events.NewPublisher(nc, e.Namespace(), e.Pool()),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := f.Close(); err != nil {
-			t.Error(err)
-		}
-		nc.Close()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("EPP: %v", err)
-		}
-	})
-	engines := map[string]*sim.Engine{}
-	for _, s := range f.Servers {
-		c := s.Core().Engine().Config()
-		engines[c.Address] = s.Core().Engine()
-		e.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
-	}
-	testkit.WaitFor(t, "the EPP to be ready", func() error {
-		if !e.Ready() {
-			return errors.New("not ready")
-		}
-		return nil
-	})
-
+	e, engines := startRig(t, engineTokenizer{tok}, epp.RequestPathOptions{Tokenizers: map[string]*tokenizer.Tokenizer{"m": tok}, TokenizerDriftEvery: -1})
 	system := "You are a careful assistant for a Kubernetes platform team. " + strings.Repeat("Answer with the exact commands, explain each flag, and say what could go wrong. ", 6)
 	q := []string{"How do I list pods in a namespace?", "And only the ones that are not running?", "Now sort them by restart count."}
 	billing := func(i int) string {
@@ -173,22 +128,7 @@ func TestOneConversationFindsItsPrefixWhicheverAPICarriesIt(t *testing.T) {
 			t.Fatalf("turn %d: %v", i, err)
 		}
 		if served != "" {
-			// The previous turn's blocks are in the index before this
-			// turn is routed.
-			eng := engines[served]
-			testkit.WaitFor(t, fmt.Sprintf("the index to hold turn %d's prefix as %s does", i, served), func() error {
-				truth := eng.Held(blockpool.Request{Tokens: tokens})
-				ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: "m", TokenIDs: tokens})
-				if err != nil {
-					return err
-				}
-				for _, a := range ans.Endpoints {
-					if a.Address == served && a.Prefix.MatchBlocks == truth.Blocks && truth.Blocks > 0 {
-						return nil
-					}
-				}
-				return fmt.Errorf("engine holds %d blocks; index answers %+v", truth.Blocks, ans.Endpoints)
-			})
+			waitIndexAgrees(t, e, engines[served], served, tokens)
 		}
 		before := matchedTokens(t, e)
 		resp, err := http.Post("http://"+e.ProxyAddr()+turn.path, "application/json", strings.NewReader(body))
@@ -219,6 +159,150 @@ func TestOneConversationFindsItsPrefixWhicheverAPICarriesIt(t *testing.T) {
 		if turn.text != nil {
 			answers = append(answers, turn.text(b))
 		}
+	}
+}
+
+// startRig runs an EPP with its proxy, fed by two simulated engines with
+// 16-token blocks that tokenize with engineTok, and returns it with the
+// engines by address.
+func startRig(t *testing.T, engineTok sim.Tokenizer, ro epp.RequestPathOptions) (*epp.EPP, map[string]*sim.Engine) {
+	t.Helper()
+	ro.ProxyAddr = "127.0.0.1:0"
+	e, err := epp.New(epp.Options{
+		Pool: "pool", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Scrape: true,
+		RequestPath: ro,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	nc, err := nats.Connect(e.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blockSize = 16
+	f, err := sim.StartFleet(ctx, sim.FleetConfig{
+		Engines: 2, Model: "m", Tokenizer: engineTok,
+		Pool:      blockpool.Config{BlockSize: blockSize, GPUBlocks: 4096},
+		Timing:    sim.Timing{PrefillPerToken: time.Microsecond, DecodeStep: 100 * time.Microsecond, MaxSeqs: 8},
+		Publisher: events.NewPublisher(nc, e.Namespace(), e.Pool()),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Error(err)
+		}
+		nc.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("EPP: %v", err)
+		}
+	})
+	engines := map[string]*sim.Engine{}
+	for _, s := range f.Servers {
+		c := s.Core().Engine().Config()
+		engines[c.Address] = s.Core().Engine()
+		e.Datastore().Upsert(&datalayer.Endpoint{Name: c.Pod, Address: c.Address, Pod: c.Pod, Model: "m"})
+	}
+	testkit.WaitFor(t, "the EPP to be ready", func() error {
+		if !e.Ready() {
+			return errors.New("not ready")
+		}
+		return nil
+	})
+
+	return e, engines
+}
+
+// waitIndexAgrees waits until the EPP's index holds as much of tokens on
+// addr as its engine eng does: the previous request's blocks are in the
+// index before the next is routed.
+func waitIndexAgrees(t *testing.T, e *epp.EPP, eng *sim.Engine, addr string, tokens []uint32) {
+	t.Helper()
+	testkit.WaitFor(t, "the index to hold the prompt's prefix as "+addr+" does", func() error {
+		truth := eng.Held(blockpool.Request{Tokens: tokens})
+		ans, err := e.Lookup(context.Background(), prefixquery.Query{Model: "m", TokenIDs: tokens})
+		if err != nil {
+			return err
+		}
+		for _, a := range ans.Endpoints {
+			if a.Address == addr && a.Prefix.MatchBlocks == truth.Blocks && truth.Blocks > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("engine holds %d blocks; index answers %+v", truth.Blocks, ans.Endpoints)
+	})
+}
+
+// Token ids given to generate, and an embedding request's input, are
+// matched as the engine caches them.
+func TestGenerateAndEmbeddingsAreMatchedAsTheEngineCachesThem(t *testing.T) {
+	t.Parallel()
+	e, engines := startRig(t, nil, epp.RequestPathOptions{Tokenizer: simkit.Tokenizer{Model: "m"}})
+	ids := func(from, n int) string {
+		var b strings.Builder
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprint(&b, (from+i*7919)%50000)
+		}
+		return b.String()
+	}
+	text := strings.Repeat("an embedding of a long shared document ", 12)
+	for _, tc := range []struct {
+		name, path     string
+		first, second  string
+		tokensOfSecond []uint32
+	}{
+		{"generate", "/inference/v1/generate",
+			`{"token_ids":[` + ids(1, 80) + `],"sampling_params":{"max_tokens":4}}`,
+			`{"token_ids":[` + ids(1, 80) + `,` + ids(3, 20) + `],"sampling_params":{"max_tokens":4}}`, nil},
+		{"embeddings", "/v1/embeddings",
+			`{"model":"m","input":` + fmt.Sprintf("%q", text) + `}`,
+			`{"model":"m","input":` + fmt.Sprintf("%q", text+"and its next section") + `}`, sim.Tokenize(text + "and its next section")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tokens := tc.tokensOfSecond
+			if tokens == nil {
+				var in struct {
+					TokenIDs []uint32 `json:"token_ids"`
+				}
+				_ = json.Unmarshal([]byte(tc.second), &in)
+				tokens = in.TokenIDs
+			}
+			post := func(body string) (openai.Usage, string) {
+				resp, err := http.Post("http://"+e.ProxyAddr()+tc.path, "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("%d %s", resp.StatusCode, b)
+				}
+				u, ok, err := openai.ParseUsage(b)
+				if err != nil || !ok {
+					t.Fatalf("usage: %v, %v in %s", ok, err, b)
+				}
+				return u, resp.Header.Get("x-gateway-destination-endpoint-served")
+			}
+			_, served := post(tc.first)
+			if served == "" {
+				served = servedBy(t, engines, tokens)
+			}
+			waitIndexAgrees(t, e, engines[served], served, tokens)
+			before := matchedTokens(t, e)
+			u, _ := post(tc.second)
+			matched := matchedTokens(t, e) - before
+			if matched != u.CachedTokens || matched < len(tokens)/2 || u.PromptTokens != len(tokens) {
+				t.Fatalf("the EPP matched %d tokens; the engine found %d of %d cached (want equal, most of the prompt)", matched, u.CachedTokens, u.PromptTokens)
+			}
+		})
 	}
 }
 
