@@ -128,6 +128,7 @@ func parse(args []string) (epp.Options, error) {
 	fs.BoolVar(&o.RequestPath.Tokenize, "tokenize", o.RequestPath.Tokenize, "ask a model server's /tokenize for the token ids of text prompts, so their prefix answers are exact")
 	fs.Var((*modelPaths)(&o.RequestPath.TokenizerFiles), "tokenizer", "MODEL=PATH: tokenize MODEL's requests in process with the tokenizer.json (or directory) at PATH; repeatable; /tokenize stays the fallback")
 	fs.IntVar(&o.RequestPath.TokenizerDriftEvery, "tokenizer-drift-every", o.RequestPath.TokenizerDriftEvery, "compare one in this many local tokenizations with the model server's /tokenize; negative disables")
+	fs.BoolVar(&o.RequestPath.KeepBillingHeader, "keep-billing-header", o.RequestPath.KeepBillingHeader, "render a Messages request's x-anthropic-billing-header system block, for model servers that keep it (vLLM before its Messages endpoint dropped it); by default it is dropped, as vLLM drops it")
 	fs.DurationVar(&o.RequestPath.TokenizeTimeout, "tokenize-timeout", o.RequestPath.TokenizeTimeout, "bound on one /tokenize round trip; past it the request is routed approximately")
 	fs.StringVar(&o.ConfigFile, "config-file", o.ConfigFile, "EndpointPickerConfig YAML file")
 	fs.StringVar(&o.ConfigText, "config-text", o.ConfigText, "EndpointPickerConfig YAML text")

@@ -36,6 +36,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/selfcheck"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
@@ -552,6 +553,7 @@ func (e *EPP) buildScheduling() error {
 		InFlight:           e.ds,
 		PrepareDataTimeout: e.prepareDataTimeout(),
 		Tokenizer:          e.tokenizer,
+		Parse:              openai.ParseOptions{KeepBillingHeader: e.opts.RequestPath.KeepBillingHeader},
 		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,
 		PassUnknownModels:  e.opts.RequestPath.PassUnknownModels,
 		Metrics:            director.NewMetrics(e.reg),

@@ -185,6 +185,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.complete)
 	mux.HandleFunc("POST /v1/chat/completions", s.complete)
 	s.pdRoutes(mux)
+	s.apiRoutes(mux)
 	return mux
 }
 

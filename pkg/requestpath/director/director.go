@@ -225,6 +225,9 @@ type Options struct {
 	// scorers and the latency predictor, which read it back through the
 	// candidates.
 	InFlight InFlight
+	// Parse says how the model servers read what requests leave to them
+	// (whether they drop Claude Code's billing header block).
+	Parse openai.ParseOptions
 	// Tokenizer finds token ids for requests that carry none; nil means
 	// such requests are matched approximately.
 	Tokenizer tokenize.Tokenizer
@@ -323,7 +326,7 @@ func New(o Options) (*Director, error) {
 // can serve it, 429 when it is shed, 500 otherwise.
 func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) {
 	start := d.o.Now()
-	req, err := openai.ParseRequestInto(in.Path, in.Body, in.IDBuf)
+	req, err := openai.ParseRequestWith(in.Path, in.Body, in.IDBuf, d.o.Parse)
 	if err != nil {
 		d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
 		return nil, &Error{Status: http.StatusBadRequest, Err: err}
@@ -336,6 +339,13 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	requested := req.Model
 	if m := in.Headers[HeaderModelRewrite]; m != "" {
 		req.Model = m
+	}
+	if req.Model == "" && req.API != request.APIOther {
+		// An API that lets the model server pick its model (generate,
+		// embeddings, Responses): the pool's one model, when it has one.
+		// A request on a path kvroute does not parse keeps no model, as
+		// upstream's passthrough parser counts it.
+		req.Model = d.soleModel()
 	}
 	known := d.known(req.Model)
 	// A request kvroute does not parse and that names no model is routed
@@ -351,9 +361,11 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 		req.LoRA = req.Model
 	}
 	var body []byte
-	if req.Model != requested {
+	if requested != "" && req.Model != requested {
 		// The model server is asked for the model the request is routed
-		// for, not the one the client named.
+		// for, not the one the client named. A body that names none (an
+		// API whose model server picks its one model) is passed on as it
+		// is.
 		if body, err = openai.ReplaceModel(in.Body, req.Model); err != nil {
 			d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
 			return nil, &Error{Status: http.StatusBadRequest, Param: "model", Err: err}
@@ -534,6 +546,14 @@ func (d *Director) objective(req *request.Request, h map[string]string) error {
 // and a tokenizer is configured. A failure leaves them unknown: the request
 // is still routed, with approximate prefix answers.
 func (d *Director) tokenize(ctx context.Context, req *request.Request) {
+	if req.InexactPrefix != "" {
+		// The prompt's head is what the model server stored, unseen here:
+		// tokens of the rest alone would match nothing that is cached.
+		d.o.Metrics.inexact.WithLabelValues(req.API.String(), req.InexactPrefix).Inc()
+		d.o.Logger.LogAttrs(ctx, slog.LevelDebug, "prompt not known in full; routing approximately",
+			slog.String("request", req.ID), slog.String("reason", req.InexactPrefix))
+		return
+	}
 	if req.TokensKnown() || req.NoReproduciblePrefix || d.o.Tokenizer == nil || req.API == request.APIOther {
 		return
 	}
@@ -676,6 +696,22 @@ func (d *Director) known(model string) knownModel {
 		}
 	}
 	return knownModel{}
+}
+
+// soleModel is the base model every endpoint that says serves, "" when
+// they name none or several.
+func (d *Director) soleModel() string {
+	model := ""
+	for _, ep := range d.o.Datastore.Endpoints() {
+		switch {
+		case ep.Model == "" || ep.Model == model:
+		case model == "":
+			model = ep.Model
+		default:
+			return ""
+		}
+	}
+	return model
 }
 
 // labelOther is the label value every model name the pool does not know

@@ -7,8 +7,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/enginesched"
@@ -433,5 +437,60 @@ schedulingProfiles:
 	}
 	if got := inFlightNow(ds.InFlight("d")); got != (datalayer.InFlight{}) {
 		t.Errorf("%+v in flight on the decode pod after the refusal", got)
+	}
+}
+
+// countingTokenizer tokenizes every request as one token and counts calls.
+type countingTokenizer struct{ calls atomic.Int64 }
+
+func (c *countingTokenizer) Tokenize(context.Context, *request.Request) ([]uint32, error) {
+	c.calls.Add(1)
+	return []uint32{1}, nil
+}
+
+func TestAPreviousResponseIsRoutedApproximatelyAndCounted(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	ds.SetMetrics("a", datalayer.Metrics{UpdateTime: time.Now().Add(time.Hour)})
+	reg := prometheus.NewRegistry()
+	tok := &countingTokenizer{}
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds,
+		Metrics: director.NewMetrics(reg), Tokenizer: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{
+		`{"model":"m","previous_response_id":"resp_1","input":"and then?"}`,
+		`{"model":"m","input":"a conversation of its own"}`,
+	} {
+		if _, err := d.HandleRequest(context.Background(), &director.Input{Path: "/v1/responses", Headers: map[string]string{}, Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := tok.calls.Load(); n != 1 {
+		t.Fatalf("tokenized %d requests; want only the one whose prompt is known in full", n)
+	}
+	want := `
+# HELP kvroute_inexact_prefix_requests_total Requests whose prompt the model server completes from state the EPP cannot see (a Responses request's previous_response_id), by API and reason; they were routed with approximate prefix answers.
+# TYPE kvroute_inexact_prefix_requests_total counter
+kvroute_inexact_prefix_requests_total{api="responses",reason="previous_response_id"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvroute_inexact_prefix_requests_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestARequestThatNamesNoModelGoesToThePoolsModel(t *testing.T) {
+	t.Parallel()
+	d, _, _ := newDirector(t, nil)
+	for _, tc := range []struct{ path, body string }{
+		{"/inference/v1/generate", `{"token_ids":[1,2,3],"sampling_params":{"max_tokens":4}}`},
+		{"/v1/embeddings", `{"input":"some text"}`},
+	} {
+		p, err := d.HandleRequest(context.Background(), &director.Input{Path: tc.path, Headers: map[string]string{}, Body: []byte(tc.body)})
+		if err != nil || p.Request.Model != "m" {
+			t.Fatalf("%s: %v; want it routed as model m", tc.path, err)
+		}
 	}
 }

@@ -30,6 +30,7 @@ type Metrics struct {
 	matchedTokens    *prometheus.CounterVec
 	tokenizeFailures prometheus.Counter
 	prepareFailures  prometheus.Counter
+	inexact          *prometheus.CounterVec
 
 	// What every routed request counts, resolved once: a label lookup
 	// (hashing and checking the values) cost more than the count.
@@ -134,10 +135,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_prepare_data_failed_requests_total",
 			Help: "Requests for which at least one PrepareData producer failed or timed out.",
 		}),
+		inexact: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_inexact_prefix_requests_total",
+			Help: "Requests whose prompt the model server completes from state the EPP cannot see (a Responses request's previous_response_id), by API and reason; they were routed with approximate prefix answers.",
+		}, []string{"api", "reason"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.errors, m.duration, m.ttft, m.tpot, m.inputTokens, m.outputTokens, m.cachedTokens,
-			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
+			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures, m.inexact)
 	}
 	m.pd = newPDMetrics(reg)
 	for _, s := range datalayer.AllStreamStates {

@@ -443,11 +443,14 @@ func (st *stream) refuse(code int, err error) (bool, error) {
 	st.body = nil
 	st.s.log.LogAttrs(st.ctx, slog.LevelDebug, "request refused",
 		slog.Int("status", code), slog.String("path", st.in.Path), slog.Any("error", err))
-	return true, st.send(immediate(code, err))
+	return true, st.send(immediateFor(st.in.Path, code, err))
 }
 
 // immediate is the ImmediateResponse refusing a request with code.
-func immediate(code int, err error) *extprocv3.ProcessingResponse {
+func immediate(code int, err error) *extprocv3.ProcessingResponse { return immediateFor("", code, err) }
+
+// immediateFor is immediate in the error shape of the API path names.
+func immediateFor(path string, code int, err error) *extprocv3.ProcessingResponse {
 	hs := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
 	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
 		hs = append(hs, setHeader("retry-after", "1"))
@@ -456,7 +459,7 @@ func immediate(code int, err error) *extprocv3.ProcessingResponse {
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(code)},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: hs},
-			Body:    director.ErrorBody(code, err),
+			Body:    director.ErrorBodyFor(path, code, err),
 			Details: "kvroute_" + strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_"),
 		},
 	}}

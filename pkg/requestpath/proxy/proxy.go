@@ -230,27 +230,27 @@ func exchangeOf(ctx context.Context) *exchange {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.m.active.Inc()
 	defer s.m.active.Dec()
-	if !strings.HasPrefix(r.URL.Path, "/v1/") {
-		s.refuse(w, http.StatusNotFound, fmt.Errorf("no route for %s: kvroute serves the OpenAI API under /v1/", truncate(r.URL.Path)))
+	if !strings.HasPrefix(r.URL.Path, "/v1/") && !strings.HasPrefix(r.URL.Path, "/inference/v1/") {
+		s.refuse(w, r, http.StatusNotFound, fmt.Errorf("no route for %s: kvroute serves the model server's API under /v1/ and /inference/v1/", truncate(r.URL.Path)))
 		return
 	}
 	if allow, ok := admitMethod(r); !ok {
 		w.Header().Set("Allow", allow)
 		s.m.refused.WithLabelValues(refusedMethod).Inc()
-		s.refuse(w, http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed on %s: use %s", truncate(r.Method), truncate(r.URL.Path), allow))
+		s.refuse(w, r, http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed on %s: use %s", truncate(r.Method), truncate(r.URL.Path), allow))
 		return
 	}
 	if r.Method == http.MethodPost {
 		if err := admitContentType(r); err != nil {
 			s.m.refused.WithLabelValues(refusedContentType).Inc()
-			s.refuse(w, http.StatusUnsupportedMediaType, err)
+			s.refuse(w, r, http.StatusUnsupportedMediaType, err)
 			return
 		}
 	}
 	if !s.lim.enter() {
 		s.m.refused.WithLabelValues(refusedConcurrency).Inc()
 		w.Header().Set("Retry-After", "1")
-		s.refuse(w, http.StatusTooManyRequests, fmt.Errorf("the proxy is serving its limit of %d concurrent requests; retry", s.o.MaxConcurrent))
+		s.refuse(w, r, http.StatusTooManyRequests, fmt.Errorf("the proxy is serving its limit of %d concurrent requests; retry", s.o.MaxConcurrent))
 		return
 	}
 	defer s.lim.leave()
@@ -262,11 +262,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			s.refuse(w, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
+			s.refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
 		case errors.Is(err, errBudget):
-			s.refuseBudget(w)
+			s.refuseBudget(w, r)
 		default:
-			s.refuse(w, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
+			s.refuse(w, r, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
 		}
 		return
 	}
@@ -293,14 +293,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// while it runs; the body alone stays held to be forwarded.
 		decoded := int64(len(body)) * (openai.DecodedBytesPerBodyByte - 1)
 		if !ex.hold(decoded) {
-			s.refuseBudget(w)
+			s.refuseBudget(w, r)
 			return
 		}
 		pick, err = s.d.HandleRequest(r.Context(), in)
 		ex.unhold(decoded)
 	}
 	if err != nil {
-		s.refuse(w, director.StatusOf(err), err)
+		s.refuse(w, r, director.StatusOf(err), err)
 		return
 	}
 	if pick.Request != nil && pick.Request.Stream {
@@ -341,19 +341,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // refuseBudget refuses a request whose body the budget cannot hold now.
-func (s *Server) refuseBudget(w http.ResponseWriter) {
+func (s *Server) refuseBudget(w http.ResponseWriter, r *http.Request) {
 	s.m.refused.WithLabelValues(refusedBodyBytes).Inc()
 	w.Header().Set("Retry-After", "1")
-	s.refuse(w, http.StatusServiceUnavailable, fmt.Errorf("%w: the proxy holds its limit of %d bytes of bodies (charged at %d× their size while routed); retry",
+	s.refuse(w, r, http.StatusServiceUnavailable, fmt.Errorf("%w: the proxy holds its limit of %d bytes of bodies (charged at %d× their size while routed); retry",
 		errBudget, s.lim.maxBytes, openai.DecodedBytesPerBodyByte))
 }
 
-func (s *Server) refuse(w http.ResponseWriter, code int, err error) {
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, code int, err error) {
 	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	s.log.LogAttrs(context.Background(), slog.LevelDebug, "request refused", slog.Int("status", code), slog.Any("error", err))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_, _ = w.Write(director.ErrorBody(code, err))
+	_, _ = w.Write(director.ErrorBodyFor(r.URL.Path, code, err))
 }
 
 // hold charges n more bytes to the exchange, without waiting.
@@ -451,7 +451,7 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_, _ = w.Write(director.ErrorJSON(code, err.Error()))
+	_, _ = w.Write(director.ErrorBodyFor(r.URL.Path, code, err))
 }
 
 // observedBody reads the usage and the first byte's time off a response
