@@ -49,7 +49,9 @@ type InFlight struct {
 	PrefillDoneBy int64
 	// Ahead is the engine work a request sent now waits behind before its
 	// prefill starts: the endpoint's scheduler replayed over these
-	// requests (enginesched.Replayer), at the last change to them. The zero
+	// requests (enginesched.Replayer) as they were at the last change to
+	// them, replayed at the first read after it. A read while another
+	// runs that replay gets the one before it, rather than wait. The zero
 	// Ahead when nothing was replayed.
 	Ahead enginesched.Ahead
 	// StepEnd is when the engine's step under way is expected to end: the
@@ -150,17 +152,22 @@ type inflight struct {
 	doneBy atomic.Int64
 	queue  []*Dispatch
 	// sent holds every request in flight, in the order sent, for the
-	// replay; replayer and seqs are its scratch, and ahead what it last
-	// found. All are written under mu. limits are the engines' limits as
-	// configured, shared by the datastore's endpoints; seats is the most
-	// requests the endpoint has been seen running, its seats where none
-	// is configured.
-	sent     []*Dispatch
-	replayer enginesched.Replayer
-	seqs     []enginesched.Seq
-	ahead    publishedAhead
-	limits   *atomic.Pointer[enginesched.Limits]
-	seats    atomic.Int64
+	// replay (under mu). changes counts the changes that call for a
+	// replay (written under mu), and planned is the count the replay in
+	// ahead was taken at: they differ while ahead is out of date. The
+	// replay runs under planMu, never mu, so that no dispatch, first
+	// token or end waits for one; replayer and seqs are its scratch.
+	// limits are the engines' limits as configured, shared by the
+	// datastore's endpoints; seats is the most requests the endpoint has
+	// been seen running, its seats where none is configured.
+	sent             []*Dispatch
+	changes, planned atomic.Int64
+	planMu           sync.Mutex
+	replayer         enginesched.Replayer
+	seqs             []enginesched.Seq
+	ahead            publishedAhead
+	limits           *atomic.Pointer[enginesched.Limits]
+	seats            atomic.Int64
 	// stepEnd is StepEnd in Unix nanoseconds (0: unknown), lastToken
 	// StepStart.
 	stepEnd, lastToken atomic.Int64
@@ -178,8 +185,7 @@ type inflight struct {
 }
 
 // publishedAhead is a replay's counts and when it ran, each in an atomic,
-// so that publishing allocates nothing on the response path (it runs at
-// every fourth token). A reader meanwhile may see some of one replay's
+// so that publishing allocates nothing on the request path. A reader meanwhile may see some of one replay's
 // counts and some of the next's: an estimate either way, of work that was
 // ahead at one of the two.
 type publishedAhead struct {
@@ -247,15 +253,28 @@ func raiseTo(v *atomic.Int64, n int64) {
 	}
 }
 
-// replan replays the endpoint's scheduler over the requests in flight and
-// publishes what a request sent now waits behind; the caller holds mu. It
-// runs at each change to them (a request sent, its first token, its end,
-// and its progress at most every progressReplanEvery), on the response
-// path, never per candidate.
+// changed records a change to the requests in flight that calls for a
+// replay; the caller holds mu. It costs nothing more: the first read
+// after it replays (loadInto), once for however many changes came since
+// the last, so that a dispatch, first token or end is O(1) in replays
+// however busy the endpoint, and one replay is never waited for under mu.
+func (c *inflight) changed() {
+	c.changes.Add(1)
+	c.replanned = c.lastAt
+}
+
+// replan replays the endpoint's scheduler over the requests in flight, as
+// they are at the latest change, and publishes what a request sent now
+// waits behind; the caller holds planMu. Only the requests the replay
+// takes are read under mu (enginesched.MaxSeqs of them, and one to say
+// more are there), so that what a dispatch waits for is bounded however
+// many are in flight; the replay itself runs with mu let go.
 func (c *inflight) replan() {
 	c.seqs = c.seqs[:0]
+	c.mu.Lock()
+	changes, at := c.changes.Load(), c.lastAt
 	stepStart := c.lastToken.Load()
-	for _, d := range c.sent {
+	for _, d := range c.sent[:min(len(c.sent), enginesched.MaxSeqs+1)] {
 		outputs := d.outputs
 		if outputs == 0 {
 			outputs = defaultOutputs
@@ -270,6 +289,7 @@ func (c *inflight) replan() {
 		}
 		c.seqs = append(c.seqs, s)
 	}
+	c.mu.Unlock()
 	var lim enginesched.Limits
 	if c.limits != nil {
 		if l := c.limits.Load(); l != nil {
@@ -281,10 +301,10 @@ func (c *inflight) replan() {
 	}
 	if len(c.seqs) == 0 {
 		c.ahead.store(enginesched.Ahead{}, 0) // an idle engine's
-		return
+	} else {
+		c.ahead.store(c.replayer.Replay(c.seqs, lim), max(at, 1))
 	}
-	c.ahead.store(c.replayer.Replay(c.seqs, lim), max(c.lastAt, 1))
-	c.replanned = c.lastAt
+	c.planned.Store(changes)
 }
 
 // progressReplanEvery spaces the replans a request's progress asks for,
@@ -292,12 +312,13 @@ func (c *inflight) replan() {
 // every fourth token, and an endpoint may run hundreds at once, whose
 // replays would then cost more than the routing. A change to which
 // requests are in flight or to their stage (sent, first token, end), or
-// a request's last two tokens, replans at once; other progress, when the
-// last replan is at least this old.
+// a request's last two tokens, calls for a replay at once; other
+// progress, when the last call is at least this old.
 const progressReplanEvery = 2 * time.Millisecond
 
 // progressed records a request's progress told at at, and reports whether
-// it is time to replan for it; the caller holds mu.
+// it is time to replan for it; the caller holds mu. replanned is the
+// lastAt of the last change that called for a replay.
 func (c *inflight) progressed(at int64) bool {
 	c.lastAt = max(c.lastAt, at)
 	return c.lastAt-c.replanned >= int64(progressReplanEvery)
@@ -307,13 +328,13 @@ func (c *inflight) progressed(at int64) bool {
 func (c *inflight) replanAt(at int64) {
 	c.mu.Lock()
 	c.progressed(at)
-	c.replan()
+	c.changed()
 	c.mu.Unlock()
 }
 
 // send adds d to the requests in flight, and drop takes it out (one that
 // finished its decode at end counts in RecentEnds); both publish the
-// oldest prefill and replan.
+// oldest prefill and call for a replay.
 func (c *inflight) send(d *Dispatch) {
 	c.mu.Lock()
 	c.lastAt = max(c.lastAt, d.start)
@@ -326,7 +347,7 @@ func (c *inflight) send(d *Dispatch) {
 	c.recentAt.Store(at)
 	c.sent = append(c.sent, d)
 	c.publishOldest()
-	c.replan()
+	c.changed()
 	c.mu.Unlock()
 }
 
@@ -351,7 +372,7 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 		c.endedAt.Store(at)
 	}
 	c.publishOldest()
-	c.replan()
+	c.changed()
 	c.mu.Unlock()
 }
 
@@ -376,6 +397,14 @@ func (c *inflight) loadInto(f *InFlight) {
 	}
 	f.OldestPrefill = c.oldest.Load()
 	f.PrefillDoneBy = c.doneBy.Load()
+	if c.changes.Load() != c.planned.Load() && c.planMu.TryLock() {
+		// Changes since the last replay: one reader replays them, the
+		// others take the last replay meanwhile.
+		if c.changes.Load() != c.planned.Load() {
+			c.replan()
+		}
+		c.planMu.Unlock()
+	}
 	if a, at := c.ahead.load(); at != 0 {
 		f.Ahead, f.ReplayedAt = a, at
 	}
@@ -440,12 +469,12 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 // replans always, progress when it is time (progressReplanEvery).
 func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64, first bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if decoding && d.state.Load() != 1 {
+		c.mu.Unlock()
 		return
 	}
 	if at != 0 && (c.progressed(at) || first) {
-		defer c.replan()
+		c.changed()
 	}
 	from := len(c.ends)
 	if d.end != 0 {
@@ -461,6 +490,7 @@ func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64, first b
 	}
 	d.end = t
 	c.publishEnds(from)
+	c.mu.Unlock()
 }
 
 // publishEnds publishes ends' first ones from position i on, where they
