@@ -148,9 +148,13 @@ type inflight struct {
 	ends   []int64
 	// doneBy is PrefillDoneBy in Unix nanoseconds (0: none); queue holds,
 	// in the order sent, the prefilling requests whose time alone is
-	// known. Both are written under mu.
-	doneBy atomic.Int64
-	queue  []*Dispatch
+	// known, and prefills every prefilling one (for oldest). All are
+	// written under mu; both lists hold the times they are read for, so
+	// that walking them under mu touches no Dispatch: on a busy endpoint
+	// they are long, and every dispatch, first token and end walks one.
+	doneBy   atomic.Int64
+	queue    []pending
+	prefills []pending
 	// sent holds every request in flight, in the order sent, for the
 	// replay (under mu). changes counts the changes that call for a
 	// replay (written under mu), and planned is the count the replay in
@@ -230,6 +234,23 @@ func (p *publishedAhead) load() (enginesched.Ahead, int64) {
 		Budget: int(p.budget.Load()), FirstChunk: int(p.firstChunk.Load()),
 		Unseated: flags&1 != 0, UnderWay: flags&2 != 0,
 	}, at
+}
+
+// pending is a prefilling request, with when it was sent and how long
+// its prefill alone is expected to take (0: unknown).
+type pending struct {
+	d          *Dispatch
+	start, dur int64
+}
+
+// remove takes d out of ps, keeping the order.
+func remove(ps []pending, d *Dispatch) []pending {
+	for i := range ps {
+		if ps[i].d == d {
+			return slices.Delete(ps, i, i+1)
+		}
+	}
+	return ps
 }
 
 // defaultOutputs is the output a request that did not say how long it
@@ -346,6 +367,7 @@ func (c *inflight) send(d *Dispatch) {
 	c.recent.Store(int64(math.Float64bits(tokens)))
 	c.recentAt.Store(at)
 	c.sent = append(c.sent, d)
+	c.prefills = append(c.prefills, pending{d: d, start: d.start})
 	c.publishOldest()
 	c.changed()
 	c.mu.Unlock()
@@ -356,6 +378,7 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 	if i := slices.Index(c.sent, d); i >= 0 {
 		c.sent = slices.Delete(c.sent, i, i+1)
 	}
+	c.prefills = remove(c.prefills, d)
 	if finished {
 		at := end
 		if at == 0 {
@@ -429,7 +452,7 @@ func (c *inflight) loadInto(f *InFlight) {
 // prefills already expected.
 func (c *inflight) enqueue(d *Dispatch) {
 	c.mu.Lock()
-	c.queue = append(c.queue, d)
+	c.queue = append(c.queue, pending{d: d, start: d.start, dur: int64(d.prefillFor)})
 	c.doneBy.Store(max(c.doneBy.Load(), d.start) + int64(d.prefillFor))
 	c.mu.Unlock()
 }
@@ -440,9 +463,7 @@ func (c *inflight) enqueue(d *Dispatch) {
 // 0) only takes its own time off.
 func (c *inflight) dequeue(d *Dispatch, at int64) {
 	c.mu.Lock()
-	if i := slices.Index(c.queue, d); i >= 0 {
-		c.queue = slices.Delete(c.queue, i, i+1)
-	}
+	c.queue = remove(c.queue, d)
 	var by int64
 	switch {
 	case len(c.queue) == 0:
@@ -451,7 +472,7 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 	default:
 		by = at
 		for _, q := range c.queue {
-			by = max(by, q.start) + int64(q.prefillFor)
+			by = max(by, q.start) + q.dur
 		}
 	}
 	c.doneBy.Store(by)
@@ -507,23 +528,23 @@ func (c *inflight) publishEnds(i int) {
 }
 
 // publishOldest publishes in oldest the earliest dispatch time of the
-// requests in sent still prefilling; the caller holds mu. A request's
-// stage moves before it is called, so one whose first token has just
-// come, or that has just ended, counts no more. It runs a few times per
-// request (sent, first token, end), never per candidate.
+// requests still prefilling (prefills); the caller holds mu. It runs a
+// few times per request (sent, first token, end), never per candidate.
 func (c *inflight) publishOldest() {
 	var first int64
-	for _, d := range c.sent {
-		if d.state.Load() == 0 && (first == 0 || d.start < first) {
-			first = d.start
+	for _, p := range c.prefills {
+		if first == 0 || p.start < first {
+			first = p.start
 		}
 	}
 	c.oldest.Store(first)
 }
 
-// prefillEnded publishes oldest again once a request has left prefill.
-func (c *inflight) prefillEnded() {
+// prefillEnded takes d out of the prefilling requests once its first
+// token has come, and publishes oldest again.
+func (c *inflight) prefillEnded(d *Dispatch) {
 	c.mu.Lock()
+	c.prefills = remove(c.prefills, d)
 	c.publishOldest()
 	c.mu.Unlock()
 }
@@ -617,7 +638,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
-	d.c.prefillEnded()
+	d.c.prefillEnded(d)
 	if d.prefillFor > 0 {
 		d.c.dequeue(d, at.UnixNano())
 	}
