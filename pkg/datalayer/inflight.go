@@ -189,9 +189,9 @@ type inflight struct {
 }
 
 // publishedAhead is a replay's counts and when it ran, each in an atomic,
-// so that publishing allocates nothing on the request path. A reader meanwhile may see some of one replay's
-// counts and some of the next's: an estimate either way, of work that was
-// ahead at one of the two.
+// so that publishing allocates nothing on the request path. A reader
+// meanwhile may see some of one replay's counts and some of the next's:
+// an estimate either way, of work that was ahead at one of the two.
 type publishedAhead struct {
 	steps, decodeSteps, seqSteps, decodeContext, prefillTokens, prefillContext atomic.Int64
 	decoding, decodingContext, budget, firstChunk, flags, at                   atomic.Int64
@@ -486,8 +486,9 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 // every few tokens after it, at the end), never per candidate; d.end is
 // written only here, under mu.
 //
-// at is when the change was told (0: replan nothing); a first token
-// replans always, progress when it is time (progressReplanEvery).
+// at is when the change was told (0: no replay called for); a first
+// token calls for one always, progress when it is time
+// (progressReplanEvery).
 func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64, first bool) {
 	c.mu.Lock()
 	if decoding && d.state.Load() != 1 {
