@@ -566,3 +566,37 @@ func TestTheReplayReadAfterConcurrentChangesIsAFreshReplays(t *testing.T) {
 		t.Errorf("after the writers stopped: replayed %+v\nfresh    %+v", got, want)
 	}
 }
+
+func TestAReadDuringAReplayTakesTheLastOneAndTheNextReadReplays(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	lim := enginesched.Limits{MaxNumSeqs: 4, MaxBatchedTokens: 1000}
+	ds.SetEngineLimits(lim)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	first := ds.Dispatch("a", t0, 1500, 2000, 5)
+	before := ds.InFlight("a")
+	want := freshReplay([]replayModel{{prefill: 1500, prompt: 2000, outputs: 5, start: t0.UnixNano()}}, 0, lim)
+	if before.Ahead != want || before.ReplayedAt != t0.UnixNano() {
+		t.Fatalf("one in flight: replayed %+v at %d, want %+v at %d", before.Ahead, before.ReplayedAt, want, t0.UnixNano())
+	}
+	c := ds.snap.Load().byName["a"].load
+	c.planMu.Lock() // a replay under way on another goroutine
+	second := ds.Dispatch("a", t0.Add(time.Second), 700, 900, 5)
+	if got := ds.InFlight("a"); got.Ahead != before.Ahead || got.ReplayedAt != before.ReplayedAt || got.Prefilling != 2 {
+		t.Errorf("read during a replay: %+v at %d with %d prefilling, want the last replay and 2", got.Ahead, got.ReplayedAt, got.Prefilling)
+	}
+	c.planMu.Unlock()
+	want = freshReplay([]replayModel{
+		{prefill: 1500, prompt: 2000, outputs: 5, start: t0.UnixNano()},
+		{prefill: 700, prompt: 900, outputs: 5, start: t0.Add(time.Second).UnixNano()},
+	}, 0, lim)
+	if got := ds.InFlight("a"); got.Ahead != want || got.ReplayedAt != t0.Add(time.Second).UnixNano() {
+		t.Errorf("read after it: %+v at %d, want %+v", got.Ahead, got.ReplayedAt, want)
+	}
+	first.Done()
+	second.Done()
+	if got := ds.InFlight("a"); got.Ahead != (enginesched.Ahead{}) || got.ReplayedAt != 0 {
+		t.Errorf("nothing in flight: %+v at %d", got.Ahead, got.ReplayedAt)
+	}
+}
