@@ -243,8 +243,8 @@ type pending struct {
 	start, dur int64
 }
 
-// remove takes d out of ps, keeping the order.
-func remove(ps []pending, d *Dispatch) []pending {
+// removePending takes d out of ps, keeping the order.
+func removePending(ps []pending, d *Dispatch) []pending {
 	for i := range ps {
 		if ps[i].d == d {
 			return slices.Delete(ps, i, i+1)
@@ -378,7 +378,7 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 	if i := slices.Index(c.sent, d); i >= 0 {
 		c.sent = slices.Delete(c.sent, i, i+1)
 	}
-	c.prefills = remove(c.prefills, d)
+	c.prefills = removePending(c.prefills, d)
 	if finished {
 		at := end
 		if at == 0 {
@@ -463,7 +463,7 @@ func (c *inflight) enqueue(d *Dispatch) {
 // 0) only takes its own time off.
 func (c *inflight) dequeue(d *Dispatch, at int64) {
 	c.mu.Lock()
-	c.queue = remove(c.queue, d)
+	c.queue = removePending(c.queue, d)
 	var by int64
 	switch {
 	case len(c.queue) == 0:
@@ -545,7 +545,7 @@ func (c *inflight) publishOldest() {
 // token has come, and publishes oldest again.
 func (c *inflight) prefillEnded(d *Dispatch) {
 	c.mu.Lock()
-	c.prefills = remove(c.prefills, d)
+	c.prefills = removePending(c.prefills, d)
 	c.publishOldest()
 	c.mu.Unlock()
 }
