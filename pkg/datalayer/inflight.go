@@ -49,7 +49,9 @@ type InFlight struct {
 	PrefillDoneBy int64
 	// Ahead is the engine work a request sent now waits behind before its
 	// prefill starts: the endpoint's scheduler replayed over these
-	// requests (enginesched.Replayer), at the last change to them. The zero
+	// requests (enginesched.Replayer) as they were at the last change to
+	// them, replayed at the first read after it. A read while another
+	// runs that replay gets the one before it, rather than wait. The zero
 	// Ahead when nothing was replayed.
 	Ahead enginesched.Ahead
 	// StepEnd is when the engine's step under way is expected to end: the
@@ -146,21 +148,30 @@ type inflight struct {
 	ends   []int64
 	// doneBy is PrefillDoneBy in Unix nanoseconds (0: none); queue holds,
 	// in the order sent, the prefilling requests whose time alone is
-	// known. Both are written under mu.
-	doneBy atomic.Int64
-	queue  []*Dispatch
+	// known, and prefills every prefilling one (for oldest). All are
+	// written under mu; both lists hold the times they are read for, so
+	// that walking them under mu touches no Dispatch: on a busy endpoint
+	// they are long, and every dispatch, first token and end walks one.
+	doneBy   atomic.Int64
+	queue    []pending
+	prefills []pending
 	// sent holds every request in flight, in the order sent, for the
-	// replay; replayer and seqs are its scratch, and ahead what it last
-	// found. All are written under mu. limits are the engines' limits as
-	// configured, shared by the datastore's endpoints; seats is the most
-	// requests the endpoint has been seen running, its seats where none
-	// is configured.
-	sent     []*Dispatch
-	replayer enginesched.Replayer
-	seqs     []enginesched.Seq
-	ahead    publishedAhead
-	limits   *atomic.Pointer[enginesched.Limits]
-	seats    atomic.Int64
+	// replay (under mu). changes counts the changes that call for a
+	// replay (written under mu), and planned is the count the replay in
+	// ahead was taken at: they differ while ahead is out of date. The
+	// replay runs under planMu, never mu, so that no dispatch, first
+	// token or end waits for one; replayer and seqs are its scratch.
+	// limits are the engines' limits as configured, shared by the
+	// datastore's endpoints; seats is the most requests the endpoint has
+	// been seen running, its seats where none is configured.
+	sent             []*Dispatch
+	changes, planned atomic.Int64
+	planMu           sync.Mutex
+	replayer         enginesched.Replayer
+	seqs             []enginesched.Seq
+	ahead            publishedAhead
+	limits           *atomic.Pointer[enginesched.Limits]
+	seats            atomic.Int64
 	// stepEnd is StepEnd in Unix nanoseconds (0: unknown), lastToken
 	// StepStart.
 	stepEnd, lastToken atomic.Int64
@@ -178,10 +189,9 @@ type inflight struct {
 }
 
 // publishedAhead is a replay's counts and when it ran, each in an atomic,
-// so that publishing allocates nothing on the response path (it runs at
-// every fourth token). A reader meanwhile may see some of one replay's
-// counts and some of the next's: an estimate either way, of work that was
-// ahead at one of the two.
+// so that publishing allocates nothing on the request path. A reader
+// meanwhile may see some of one replay's counts and some of the next's:
+// an estimate either way, of work that was ahead at one of the two.
 type publishedAhead struct {
 	steps, decodeSteps, seqSteps, decodeContext, prefillTokens, prefillContext atomic.Int64
 	decoding, decodingContext, budget, firstChunk, flags, at                   atomic.Int64
@@ -226,6 +236,23 @@ func (p *publishedAhead) load() (enginesched.Ahead, int64) {
 	}, at
 }
 
+// pending is a prefilling request, with when it was sent and how long
+// its prefill alone is expected to take (0: unknown).
+type pending struct {
+	d          *Dispatch
+	start, dur int64
+}
+
+// removePending takes d out of ps, keeping the order.
+func removePending(ps []pending, d *Dispatch) []pending {
+	for i := range ps {
+		if ps[i].d == d {
+			return slices.Delete(ps, i, i+1)
+		}
+	}
+	return ps
+}
+
 // defaultOutputs is the output a request that did not say how long it
 // may be is replayed with (a seat it holds frees after that many steps).
 const defaultOutputs = 256
@@ -247,15 +274,28 @@ func raiseTo(v *atomic.Int64, n int64) {
 	}
 }
 
-// replan replays the endpoint's scheduler over the requests in flight and
-// publishes what a request sent now waits behind; the caller holds mu. It
-// runs at each change to them (a request sent, its first token, its end,
-// and its progress at most every progressReplanEvery), on the response
-// path, never per candidate.
+// changed records a change to the requests in flight that calls for a
+// replay; the caller holds mu. It costs nothing more: the first read
+// after it replays (loadInto), once for however many changes came since
+// the last, so that a dispatch, first token or end is O(1) in replays
+// however busy the endpoint, and one replay is never waited for under mu.
+func (c *inflight) changed() {
+	c.changes.Add(1)
+	c.replanned = c.lastAt
+}
+
+// replan replays the endpoint's scheduler over the requests in flight, as
+// they are at the latest change, and publishes what a request sent now
+// waits behind; the caller holds planMu. Only the requests the replay
+// takes are read under mu (enginesched.MaxSeqs of them, and one to say
+// more are there), so that what a dispatch waits for is bounded however
+// many are in flight; the replay itself runs with mu let go.
 func (c *inflight) replan() {
 	c.seqs = c.seqs[:0]
+	c.mu.Lock()
+	changes, at := c.changes.Load(), c.lastAt
 	stepStart := c.lastToken.Load()
-	for _, d := range c.sent {
+	for _, d := range c.sent[:min(len(c.sent), enginesched.MaxSeqs+1)] {
 		outputs := d.outputs
 		if outputs == 0 {
 			outputs = defaultOutputs
@@ -270,6 +310,7 @@ func (c *inflight) replan() {
 		}
 		c.seqs = append(c.seqs, s)
 	}
+	c.mu.Unlock()
 	var lim enginesched.Limits
 	if c.limits != nil {
 		if l := c.limits.Load(); l != nil {
@@ -281,10 +322,10 @@ func (c *inflight) replan() {
 	}
 	if len(c.seqs) == 0 {
 		c.ahead.store(enginesched.Ahead{}, 0) // an idle engine's
-		return
+	} else {
+		c.ahead.store(c.replayer.Replay(c.seqs, lim), max(at, 1))
 	}
-	c.ahead.store(c.replayer.Replay(c.seqs, lim), max(c.lastAt, 1))
-	c.replanned = c.lastAt
+	c.planned.Store(changes)
 }
 
 // progressReplanEvery spaces the replans a request's progress asks for,
@@ -292,12 +333,13 @@ func (c *inflight) replan() {
 // every fourth token, and an endpoint may run hundreds at once, whose
 // replays would then cost more than the routing. A change to which
 // requests are in flight or to their stage (sent, first token, end), or
-// a request's last two tokens, replans at once; other progress, when the
-// last replan is at least this old.
+// a request's last two tokens, calls for a replay at once; other
+// progress, when the last call is at least this old.
 const progressReplanEvery = 2 * time.Millisecond
 
 // progressed records a request's progress told at at, and reports whether
-// it is time to replan for it; the caller holds mu.
+// it is time to replan for it; the caller holds mu. replanned is the
+// lastAt of the last change that called for a replay.
 func (c *inflight) progressed(at int64) bool {
 	c.lastAt = max(c.lastAt, at)
 	return c.lastAt-c.replanned >= int64(progressReplanEvery)
@@ -307,13 +349,13 @@ func (c *inflight) progressed(at int64) bool {
 func (c *inflight) replanAt(at int64) {
 	c.mu.Lock()
 	c.progressed(at)
-	c.replan()
+	c.changed()
 	c.mu.Unlock()
 }
 
 // send adds d to the requests in flight, and drop takes it out (one that
 // finished its decode at end counts in RecentEnds); both publish the
-// oldest prefill and replan.
+// oldest prefill and call for a replay.
 func (c *inflight) send(d *Dispatch) {
 	c.mu.Lock()
 	c.lastAt = max(c.lastAt, d.start)
@@ -325,8 +367,9 @@ func (c *inflight) send(d *Dispatch) {
 	c.recent.Store(int64(math.Float64bits(tokens)))
 	c.recentAt.Store(at)
 	c.sent = append(c.sent, d)
+	c.prefills = append(c.prefills, pending{d: d, start: d.start})
 	c.publishOldest()
-	c.replan()
+	c.changed()
 	c.mu.Unlock()
 }
 
@@ -335,6 +378,7 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 	if i := slices.Index(c.sent, d); i >= 0 {
 		c.sent = slices.Delete(c.sent, i, i+1)
 	}
+	c.prefills = removePending(c.prefills, d)
 	if finished {
 		at := end
 		if at == 0 {
@@ -351,7 +395,7 @@ func (c *inflight) drop(d *Dispatch, finished bool, end int64) {
 		c.endedAt.Store(at)
 	}
 	c.publishOldest()
-	c.replan()
+	c.changed()
 	c.mu.Unlock()
 }
 
@@ -376,6 +420,14 @@ func (c *inflight) loadInto(f *InFlight) {
 	}
 	f.OldestPrefill = c.oldest.Load()
 	f.PrefillDoneBy = c.doneBy.Load()
+	if c.changes.Load() != c.planned.Load() && c.planMu.TryLock() {
+		// Changes since the last replay: one reader replays them, the
+		// others take the last replay meanwhile.
+		if c.changes.Load() != c.planned.Load() {
+			c.replan()
+		}
+		c.planMu.Unlock()
+	}
 	if a, at := c.ahead.load(); at != 0 {
 		f.Ahead, f.ReplayedAt = a, at
 	}
@@ -400,7 +452,7 @@ func (c *inflight) loadInto(f *InFlight) {
 // prefills already expected.
 func (c *inflight) enqueue(d *Dispatch) {
 	c.mu.Lock()
-	c.queue = append(c.queue, d)
+	c.queue = append(c.queue, pending{d: d, start: d.start, dur: int64(d.prefillFor)})
 	c.doneBy.Store(max(c.doneBy.Load(), d.start) + int64(d.prefillFor))
 	c.mu.Unlock()
 }
@@ -411,9 +463,7 @@ func (c *inflight) enqueue(d *Dispatch) {
 // 0) only takes its own time off.
 func (c *inflight) dequeue(d *Dispatch, at int64) {
 	c.mu.Lock()
-	if i := slices.Index(c.queue, d); i >= 0 {
-		c.queue = slices.Delete(c.queue, i, i+1)
-	}
+	c.queue = removePending(c.queue, d)
 	var by int64
 	switch {
 	case len(c.queue) == 0:
@@ -422,7 +472,7 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 	default:
 		by = at
 		for _, q := range c.queue {
-			by = max(by, q.start) + int64(q.prefillFor)
+			by = max(by, q.start) + q.dur
 		}
 	}
 	c.doneBy.Store(by)
@@ -436,16 +486,17 @@ func (c *inflight) dequeue(d *Dispatch, at int64) {
 // every few tokens after it, at the end), never per candidate; d.end is
 // written only here, under mu.
 //
-// at is when the change was told (0: replan nothing); a first token
-// replans always, progress when it is time (progressReplanEvery).
+// at is when the change was told (0: no replay called for); a first
+// token calls for one always, progress when it is time
+// (progressReplanEvery).
 func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64, first bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if decoding && d.state.Load() != 1 {
+		c.mu.Unlock()
 		return
 	}
 	if at != 0 && (c.progressed(at) || first) {
-		defer c.replan()
+		c.changed()
 	}
 	from := len(c.ends)
 	if d.end != 0 {
@@ -461,6 +512,7 @@ func (c *inflight) setEnd(d *Dispatch, t int64, decoding bool, at int64, first b
 	}
 	d.end = t
 	c.publishEnds(from)
+	c.mu.Unlock()
 }
 
 // publishEnds publishes ends' first ones from position i on, where they
@@ -477,23 +529,23 @@ func (c *inflight) publishEnds(i int) {
 }
 
 // publishOldest publishes in oldest the earliest dispatch time of the
-// requests in sent still prefilling; the caller holds mu. A request's
-// stage moves before it is called, so one whose first token has just
-// come, or that has just ended, counts no more. It runs a few times per
-// request (sent, first token, end), never per candidate.
+// requests still prefilling (prefills); the caller holds mu. It runs a
+// few times per request (sent, first token, end), never per candidate.
 func (c *inflight) publishOldest() {
 	var first int64
-	for _, d := range c.sent {
-		if d.state.Load() == 0 && (first == 0 || d.start < first) {
-			first = d.start
+	for _, p := range c.prefills {
+		if first == 0 || p.start < first {
+			first = p.start
 		}
 	}
 	c.oldest.Store(first)
 }
 
-// prefillEnded publishes oldest again once a request has left prefill.
-func (c *inflight) prefillEnded() {
+// prefillEnded takes d out of the prefilling requests once its first
+// token has come, and publishes oldest again.
+func (c *inflight) prefillEnded(d *Dispatch) {
 	c.mu.Lock()
+	c.prefills = removePending(c.prefills, d)
 	c.publishOldest()
 	c.mu.Unlock()
 }
@@ -587,7 +639,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
-	d.c.prefillEnded()
+	d.c.prefillEnded(d)
 	if d.prefillFor > 0 {
 		d.c.dequeue(d, at.UnixNano())
 	}

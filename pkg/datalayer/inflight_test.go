@@ -428,3 +428,175 @@ func TestAnExpectedEndFollowsThePaceTheTokensComeAt(t *testing.T) {
 		t.Errorf("after both ended: %+v", got)
 	}
 }
+
+// replayModel is the test's own account of what an endpoint holds, in the
+// order sent, to replay afresh.
+type replayModel struct {
+	d                              *Dispatch
+	prefill, prompt, outputs, seen int
+	start                          int64
+}
+
+// freshReplay replays held from scratch, as the endpoint's scheduler
+// would be replayed at the moment of reading.
+func freshReplay(held []replayModel, lastToken int64, lim enginesched.Limits) enginesched.Ahead {
+	if len(held) == 0 {
+		return enginesched.Ahead{}
+	}
+	var seqs []enginesched.Seq
+	for _, h := range held {
+		outputs := h.outputs
+		if outputs == 0 {
+			outputs = defaultOutputs
+		}
+		s := enginesched.Seq{Outputs: outputs - h.seen}
+		if h.seen == 0 {
+			s.Prefill, s.Context, s.Started = h.prefill, h.prompt-h.prefill, h.start < lastToken
+		} else {
+			s.Context = h.prompt + h.seen
+		}
+		seqs = append(seqs, s)
+	}
+	var r enginesched.Replayer
+	return r.Replay(seqs, lim)
+}
+
+func TestTheReplayReadAfterInterleavedChangesIsAFreshReplays(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{8, 300} { // 300: past the requests a replay takes
+		ds := NewDatastore(nil)
+		lim := enginesched.Limits{MaxNumSeqs: 16, MaxBatchedTokens: 2048}
+		ds.SetEngineLimits(lim)
+		ds.Upsert(ep("a", "10.0.0.1:8000"))
+		rng := rand.New(rand.NewPCG(uint64(n), 1))
+		var held []replayModel
+		var lastToken int64
+		now := time.Unix(100, 0).UnixNano()
+		for op := range 4 * n {
+			now += int64(rng.IntN(3)) * int64(time.Millisecond)
+			switch k := rng.IntN(10); {
+			case k < 4 || len(held) < n/2:
+				h := replayModel{prefill: 1 + rng.IntN(3000), outputs: rng.IntN(40), start: now}
+				h.prompt = h.prefill + rng.IntN(1000)
+				h.d = ds.Dispatch("a", time.Unix(0, now), h.prefill, h.prompt, h.outputs)
+				held = append(held, h)
+			case k < 6:
+				i := rng.IntN(len(held))
+				if held[i].seen == 0 {
+					held[i].d.FirstToken(time.Unix(0, now))
+					held[i].seen, lastToken = 1, max(lastToken, now)
+				}
+			case k < 8:
+				i := rng.IntN(len(held))
+				if h := &held[i]; h.seen > 0 && h.outputs > 0 {
+					tokens := h.seen + 1 + rng.IntN(8)
+					h.d.Progress(time.Unix(0, now), tokens)
+					h.seen, lastToken = tokens, max(lastToken, now)
+				}
+			default:
+				i := rng.IntN(len(held))
+				held[i].d.DoneAt(time.Unix(0, now))
+				held = slices.Delete(held, i, i+1)
+			}
+			if op%3 != 0 { // some changes come in batches between reads
+				continue
+			}
+			got := ds.InFlight("a")
+			if want := freshReplay(held, lastToken, lim); got.Ahead != want {
+				t.Fatalf("%d in flight, after change %d: replayed %+v\nfresh    %+v", len(held), op, got.Ahead, want)
+			}
+			if len(held) > 0 && got.ReplayedAt == 0 {
+				t.Fatalf("after change %d: no replay time with %d in flight", op, len(held))
+			}
+		}
+	}
+}
+
+func TestTheReplayReadAfterConcurrentChangesIsAFreshReplays(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	lim := enginesched.Limits{MaxNumSeqs: 8, MaxBatchedTokens: 4096}
+	ds.SetEngineLimits(lim)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	var mu sync.Mutex
+	var held []replayModel
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 2 { // picks reading meanwhile, some of them replaying
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					ds.Candidates(nil)
+				}
+			}
+		})
+	}
+	var writers sync.WaitGroup
+	for g := range 8 {
+		writers.Go(func() {
+			for i := range 50 {
+				at := t0.Add(time.Duration(g*1000+i) * time.Microsecond)
+				d := ds.Dispatch("a", at, 100+i, 500+i, 0)
+				if i%5 == 0 { // left in flight, prefilling
+					mu.Lock()
+					held = append(held, replayModel{d: d, prefill: 100 + i, prompt: 500 + i, start: at.UnixNano()})
+					mu.Unlock()
+					continue
+				}
+				d.Done()
+			}
+		})
+	}
+	writers.Wait()
+	close(stop)
+	wg.Wait()
+	// The order sent is the order the endpoint took them in; the model's
+	// list was appended under a lock of its own, so order it the same way.
+	sent := ds.snap.Load().byName["a"].load.sent
+	order := make(map[*Dispatch]int, len(sent))
+	for i, d := range sent {
+		order[d] = i
+	}
+	slices.SortFunc(held, func(a, b replayModel) int { return order[a.d] - order[b.d] })
+	if got, want := ds.InFlight("a").Ahead, freshReplay(held, 0, lim); got != want {
+		t.Errorf("after the writers stopped: replayed %+v\nfresh    %+v", got, want)
+	}
+}
+
+func TestAReadDuringAReplayTakesTheLastOneAndTheNextReadReplays(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	lim := enginesched.Limits{MaxNumSeqs: 4, MaxBatchedTokens: 1000}
+	ds.SetEngineLimits(lim)
+	ds.Upsert(ep("a", "10.0.0.1:8000"))
+	t0 := time.Unix(100, 0)
+	first := ds.Dispatch("a", t0, 1500, 2000, 5)
+	before := ds.InFlight("a")
+	want := freshReplay([]replayModel{{prefill: 1500, prompt: 2000, outputs: 5, start: t0.UnixNano()}}, 0, lim)
+	if before.Ahead != want || before.ReplayedAt != t0.UnixNano() {
+		t.Fatalf("one in flight: replayed %+v at %d, want %+v at %d", before.Ahead, before.ReplayedAt, want, t0.UnixNano())
+	}
+	c := ds.snap.Load().byName["a"].load
+	c.planMu.Lock() // a replay under way on another goroutine
+	second := ds.Dispatch("a", t0.Add(time.Second), 700, 900, 5)
+	if got := ds.InFlight("a"); got.Ahead != before.Ahead || got.ReplayedAt != before.ReplayedAt || got.Prefilling != 2 {
+		t.Errorf("read during a replay: %+v at %d with %d prefilling, want the last replay and 2", got.Ahead, got.ReplayedAt, got.Prefilling)
+	}
+	c.planMu.Unlock()
+	want = freshReplay([]replayModel{
+		{prefill: 1500, prompt: 2000, outputs: 5, start: t0.UnixNano()},
+		{prefill: 700, prompt: 900, outputs: 5, start: t0.Add(time.Second).UnixNano()},
+	}, 0, lim)
+	if got := ds.InFlight("a"); got.Ahead != want || got.ReplayedAt != t0.Add(time.Second).UnixNano() {
+		t.Errorf("read after it: %+v at %d, want %+v", got.Ahead, got.ReplayedAt, want)
+	}
+	first.Done()
+	second.Done()
+	if got := ds.InFlight("a"); got.Ahead != (enginesched.Ahead{}) || got.ReplayedAt != 0 {
+		t.Errorf("nothing in flight: %+v at %d", got.Ahead, got.ReplayedAt)
+	}
+}

@@ -111,10 +111,15 @@ func (a *Ahead) OwnSteps(uncached int) int {
 // counts are a lower bound.
 const (
 	replayHorizon = 1024
-	maxReplaySeqs = 256
+	maxReplaySeqs = MaxSeqs
 	maxSkip       = 1 << 16
 	maxSeqTokens  = 1 << 24
 )
+
+// MaxSeqs is how many requests a replay takes, those sent first: a
+// caller need hand it no more than MaxSeqs+1 (the one past them says that
+// some were left out).
+const MaxSeqs = 256
 
 // Replayer replays an endpoint's scheduler; its zero value is ready. It
 // keeps its scratch between calls, so a replay allocates nothing once
