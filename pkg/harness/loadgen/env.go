@@ -94,6 +94,10 @@ type FleetOptions struct {
 	// Encoding of the engines' events; Mixed alternates array and map.
 	Encoding events.Encoding
 	Mixed    bool
+	// OutDir receives what a gateway policy's EPP process writes (the
+	// upstream EPP's output, its metrics at stop, the report of what ran);
+	// empty, a temporary folder removed with the run.
+	OutDir string
 }
 
 // Env is one policy's world: a fresh fleet with cold caches behind an EPP
@@ -111,12 +115,20 @@ type Env struct {
 	nc     *nats.Conn
 	cancel context.CancelFunc
 	eppErr chan error
+	// ring is what a gateway policy starts besides (viaGateway).
+	ring *gatewayEnv
 }
 
 // StartEnv starts the environment for policy; Close stops it.
 func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) (*Env, error) {
 	env := &Env{Policy: policy}
 	ctx, env.cancel = context.WithCancel(ctx)
+	if viaGateway(policy) {
+		if err := startGatewayEnv(ctx, env, fo, seed); err != nil {
+			return nil, errors.Join(err, env.Close())
+		}
+		return env, nil
+	}
 	fc := fo.fleetConfig(seed)
 	e, err := epp.New(epp.Options{
 		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
@@ -205,8 +217,13 @@ func (env *Env) waitReady(ctx context.Context) error {
 // has its writes fail.
 func (env *Env) Close() error {
 	var err error
+	if env.ring != nil {
+		err = env.ring.closeFront()
+	}
 	if env.Fleet != nil {
-		err = env.Fleet.Close()
+		if e := env.Fleet.Close(); e != nil && err == nil {
+			err = e
+		}
 	}
 	if env.nc != nil {
 		env.nc.Close()
@@ -215,6 +232,11 @@ func (env *Env) Close() error {
 	if env.eppErr != nil {
 		if e := <-env.eppErr; e != nil && err == nil {
 			err = fmt.Errorf("loadgen: EPP: %w", e)
+		}
+	}
+	if env.ring != nil {
+		if e := env.ring.closeBack(); e != nil && err == nil {
+			err = e
 		}
 	}
 	return err

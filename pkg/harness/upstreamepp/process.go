@@ -71,6 +71,10 @@ type EPP struct {
 // reach, and the chart's log verbosity.
 var fixedFlags = []string{"--secure-serving=false", "--metrics-endpoint-auth=false", "--tracing=false", "--v=1"}
 
+// FixedFlags are the flags every start passes besides the pool's name and
+// namespace, the three ports and --config-file.
+func FixedFlags() []string { return append([]string(nil), fixedFlags...) }
+
 // StartEPP starts the upstream EPP on the cluster's pool and waits until
 // it is ready: its gRPC health serving and every pod of the pool in its
 // datastore. Stop stops it.
