@@ -29,20 +29,17 @@ import (
 	"github.com/kvroute/kvroute/pkg/testkit/envoy"
 )
 
-// requireSetUp returns what the tests need built, or skips saying how to
-// build it; under make test (KVROUTE_NO_SKIPS) and in CI a missing piece
-// fails instead.
-func requireSetUp(t *testing.T) (assets string) {
+// require fails under make test (KVROUTE_NO_SKIPS) and in CI when err
+// says something is not built, and skips elsewhere, saying how to build it.
+func require(t *testing.T, err error) {
 	t.Helper()
-	_, errB := upstreamepp.Binary()
-	assets, errA := upstreamepp.Assets()
-	if err := errors.Join(errB, errA); err != nil {
-		if os.Getenv("KVROUTE_NO_SKIPS") != "" || os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+	if err == nil {
+		return
 	}
-	return assets
+	if os.Getenv("KVROUTE_NO_SKIPS") != "" || os.Getenv("CI") != "" {
+		t.Fatal(err)
+	}
+	t.Skip(err)
 }
 
 // world is a tiny fleet on pod addresses and the cluster that lists it.
@@ -59,7 +56,8 @@ type world struct {
 // the engines on them.
 func startCluster(t *testing.T, engines int) *world {
 	t.Helper()
-	assets := requireSetUp(t)
+	assets, err := upstreamepp.Assets()
+	require(t, err)
 	pods, err := upstreamepp.ListenPods(engines)
 	if err != nil {
 		t.Fatal(err)
@@ -228,6 +226,8 @@ func checkRoutes(t *testing.T, w *world, g *gateway, tag string) {
 // engines, all of them, a repeated prompt to the engine that holds it;
 // and again after a restart.
 func TestUpstreamEPPRoutesASimulatedFleet(t *testing.T) {
+	_, err := upstreamepp.Binary()
+	require(t, err)
 	w := startCluster(t, 3)
 	w.startFleet(t, nil)
 	for _, tc := range []struct {
@@ -293,6 +293,15 @@ func TestUpstreamEPPRoutesASimulatedFleet(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a configuration it refuses", func(t *testing.T) {
+		_, err := w.cluster.StartEPP(context.Background(), upstreamepp.EPPOptions{
+			Config: "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: no-such-scorer\n",
+			Name:   "refused", OutDir: t.TempDir(),
+		})
+		if err == nil || !strings.Contains(err.Error(), "exited before it was ready") || !strings.Contains(err.Error(), "no-such-scorer") {
+			t.Errorf("start on a configuration the binary refuses: %v; want its exit, with its own words", err)
+		}
+	})
 }
 
 // TestKvrouteLoadsTheUpstreamConfiguration is the drop-in case: kvroute's
