@@ -112,8 +112,9 @@ type Result struct {
 	// ResponseChunks counts response body chunks passed back.
 	ResponseChunks int
 	// HeadersSent says the response's headers reached the Downstream: an
-	// error after that can only cut the response.
-	HeadersSent bool
+	// error after that can only cut the response. Complete says its whole
+	// body did: the request is done, whatever the stream's end.
+	HeadersSent, Complete bool
 	// Status is the response status the client got: the upstream's, or
 	// 503 when Envoy answered itself because no upstream could be reached
 	// (UpstreamErr then says how; NoDestination when none was named).
@@ -156,6 +157,7 @@ func Exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, req Requ
 		if err := ex.responsePhase(resp); err != nil {
 			return ex.res, err
 		}
+		ex.res.Complete = true
 	}
 	if err := ps.CloseSend(); err != nil {
 		return ex.res, fmt.Errorf("gateway: close: %w", err)

@@ -273,6 +273,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // finish answers what the exchange left unanswered and counts its outcome.
 func (g *Gateway) finish(w http.ResponseWriter, r *http.Request, h *host, res *Result, err error) {
+	if err != nil && res != nil && res.Complete {
+		// The client had its whole answer and left before the stream's
+		// end was read.
+		err = nil
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			g.m.requests.WithLabelValues(OutcomeCancelled).Inc()
