@@ -191,6 +191,17 @@ func (g *gatewayEnv) waitHealthy(ctx context.Context) error {
 	}
 }
 
+// RestartEPP restarts a gateway policy's upstream EPP process on the same
+// ports, as its pod's container restarts: it comes back with an empty
+// routing history, and the gateway's health check takes it out and puts it
+// back. It returns once the EPP is ready again.
+func (env *Env) RestartEPP(ctx context.Context) error {
+	if env.ring == nil || env.ring.upstream == nil {
+		return fmt.Errorf("loadgen: policy %s runs no EPP process to restart", env.Policy)
+	}
+	return env.ring.upstream.Restart(ctx)
+}
+
 // Report says what a gateway policy runs (the upstream binary's version,
 // flags and configuration); empty for other policies.
 func (env *Env) Report() string {

@@ -45,7 +45,22 @@ func TestGatewayPoliciesServeEveryRequest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res := env.Run(ctx, w, RunOptions{Model: fo.Model, Rate: 20, Duration: 1500 * time.Millisecond, Drain: 10 * time.Second, MaxTokens: 2, Seed: 9})
+			ro := RunOptions{Model: fo.Model, Rate: 20, Duration: 1500 * time.Millisecond, Drain: 10 * time.Second, MaxTokens: 2, Seed: 9}
+			res := env.Run(ctx, w, ro)
+			if pol == PolicyUpstreamEPP {
+				// A restarted EPP serves the next run through the same gateway.
+				if err := env.RestartEPP(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := env.ring.waitHealthy(ctx); err != nil {
+					t.Fatal(err)
+				}
+				ro.Seed++
+				again := env.Run(ctx, w, ro)
+				res.Samples = append(res.Samples, again.Samples...)
+			} else if pol == PolicyKvrouteUpstreamConfig && env.RestartEPP(ctx) == nil {
+				t.Errorf("RestartEPP of %s, which runs no EPP process, did not fail", pol)
+			}
 			if err := env.Close(); err != nil {
 				t.Fatal(err)
 			}

@@ -186,7 +186,9 @@ func checkRoutes(t *testing.T, w *world, g *gateway, tag string) {
 	before := w.served()
 	named := make([]int64, len(w.addrs))
 	for i := range 30 {
-		a := g.complete(t, w.model, fmt.Sprintf("%s question %d: how many words fit here", tag, i))
+		// Distinct from the first word: no prefix to follow, so that only
+		// the load scorers and the picker's tie-break spread them.
+		a := g.complete(t, w.model, fmt.Sprintf("%d %s: how many words fit here", i, tag))
 		k := slices.Index(w.addrs, a.dest)
 		if k < 0 {
 			t.Fatalf("the EPP named %q, not an engine of the pool %v", a.dest, w.addrs)
