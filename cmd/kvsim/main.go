@@ -223,8 +223,23 @@ func bench(ctx context.Context, args []string) error {
 	policies := fs.String("policies", strings.Join(loadgen.AllPolicies, ","), "policies to compare; also upstream-epp, upstream-epp-approx and kvroute-upstream-config, through the gateway (they need scripts/upstream-epp.sh and scripts/envtest-assets.sh)")
 	seed := fs.Uint64("seed", 42, "seed of the arrivals, prompts and engines")
 	seeds := fs.Int("seeds", 1, "runs per point, with seeds --seed, --seed+1, …; each point reports its run with the median TTFT p90")
+	front := fs.String("front", "gateway", "how requests reach the EPP: gateway (ext_proc, as Envoy asks it) or proxy (the EPP's standalone proxy)")
+	replicas := fs.Int("replicas", 1, "EPP replicas behind the gateway, each fed the KV events over NATS (real time only)")
+	bypass := fs.Float64("bypass", 0, "share of requests sent past the EPP, round-robin over the engines by a second gateway (real time only)")
+	restartAt := fs.Duration("restart-at", 0, "stop the first EPP replica this long into each run and start a fresh one (real time only)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	shape := loadgen.Shape{Replicas: *replicas, Bypass: *bypass, RestartAt: *restartAt}
+	switch *front {
+	case "gateway":
+	case "proxy":
+		shape.Front = loadgen.FrontProxy
+	default:
+		return fmt.Errorf("--front %q: gateway or proxy", *front)
+	}
+	if *virtual && shape.RealTimeOnly() {
+		return fmt.Errorf("--virtual: %s is real time only (virtual time has no ext_proc, gateway or second EPP)", shape)
 	}
 	if *seeds < 1 {
 		return fmt.Errorf("--seeds %d: at least one", *seeds)
@@ -251,7 +266,7 @@ func bench(ctx context.Context, args []string) error {
 		Plans:    plans,
 		Policies: strings.Split(*policies, ","),
 		Fleet:    fo, Duration: *dur, MinRequests: *minReq, Drain: *drain, MaxTokens: 32, ThinkTime: 200 * time.Millisecond, Seed: *seed, Seeds: *seeds,
-		Progress: os.Stdout,
+		Progress: os.Stdout, Shape: shape,
 	}
 	if *quick {
 		o.Duration, o.MinRequests = min(o.Duration, 3*time.Second), 0

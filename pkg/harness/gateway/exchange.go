@@ -29,6 +29,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
@@ -145,6 +147,13 @@ func Exchange(ctx context.Context, c extprocv3.ExternalProcessorClient, req Requ
 	}
 	ex := &exchange{ps: ps, req: req, down: down, res: &Result{SetHeaders: map[string]string{}, Body: make([]byte, 0, len(req.Body))}}
 	done, err := ex.requestPhase()
+	if err != nil && !ex.answered && status.Code(err) == codes.Unavailable {
+		// The server never answered and the transport says it was not
+		// there (refused, or gone before reading): as a stream that could
+		// not be opened, it may be tried elsewhere, as Envoy's retry
+		// policy on connect failure and refused streams does.
+		return ex.res, fmt.Errorf("gateway: %w: %w", ErrStreamOpen, err)
+	}
 	if err != nil || done {
 		return ex.res, err
 	}
@@ -230,6 +239,8 @@ type exchange struct {
 	req  Request
 	down Downstream
 	res  *Result
+	// answered: a message has come from the server.
+	answered bool
 }
 
 func (ex *exchange) full() bool { return ex.req.Mode == extproc.FullDuplexStreamed }
@@ -370,6 +381,7 @@ func (ex *exchange) recv() (*extprocv3.ProcessingResponse, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: receive: %w", err)
 	}
+	ex.answered = true
 	if ir := r.GetImmediateResponse(); ir != nil {
 		ex.res.Immediate = ir
 		// Envoy answers the client and abandons the stream; the server must

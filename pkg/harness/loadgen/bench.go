@@ -44,6 +44,10 @@ type BenchOptions struct {
 	// Virtual runs every policy in virtual time (RunVirtual) rather than
 	// in real time through HTTP, NATS and a served EPP.
 	Virtual bool
+	// Shape is how every run's traffic reaches the engines: the gateway
+	// and its EPP replicas, a share bypassing them, a restart. A shape
+	// other than the default one is real time only.
+	Shape Shape
 	// Progress, when set, gets a line per run.
 	Progress io.Writer
 }
@@ -54,6 +58,8 @@ type Point struct {
 	Policy   string
 	Rate     float64
 	Summary
+	// Restart is what the run's EPP restart did (Shape.RestartAt).
+	Restart *Restart `json:",omitempty"`
 }
 
 // Bench runs the benchmark. Every policy sees the same arrivals and
@@ -61,6 +67,9 @@ type Point struct {
 func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 	if len(o.Policies) == 0 {
 		o.Policies = AllPolicies
+	}
+	if o.Virtual && o.Shape.RealTimeOnly() {
+		return nil, fmt.Errorf("loadgen: %s is real time only: virtual time has no ext_proc, gateway or second EPP", o.Shape)
 	}
 	var out []Point
 	for _, p := range o.Plans {
@@ -79,6 +88,10 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 						fmt.Fprintf(o.Progress, "%-13s %-25s %5.1f req/s  seed %-4d TTFT p50 %7s p90 %7s p99 %7s  hit %5.1f%%  SLO %5.1f%%  goodput %5.1f/s  (%d req, %d shed, %d err, %d cut)\n",
 							p.Workload.Name, pol, rate, one.Seed, ms(pt.TTFTp50), ms(pt.TTFTp90), ms(pt.TTFTp99), 100*pt.HitRate,
 							100*pt.SLOAttainment, pt.Goodput, pt.Requests, pt.Shed, pt.Errors, pt.Cut)
+						if r := pt.Restart; r != nil {
+							fmt.Fprintf(o.Progress, "%-13s restart: stopped %s at %s, %s ready at %s; steady hit rate %.1f%%; %s\n",
+								"", r.Old, r.StopAt.Round(time.Millisecond), r.New, r.ReadyAt.Round(time.Millisecond), 100*r.Steady, r.Verdict())
+						}
 					}
 				}
 				out = append(out, MedianRun(runs))
@@ -116,7 +129,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 		}
 		return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan)}, nil
 	}
-	env, err := StartEnv(ctx, policy, fleet, o.Seed)
+	env, err := StartEnvShaped(ctx, policy, fleet, o.Seed, o.Shape)
 	if err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}
@@ -124,7 +137,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	if err := env.Close(); err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}
-	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan)}, nil
+	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Restart: res.Restart}, nil
 }
 
 // runDuration is how long arrivals run at rate: Duration, or longer for

@@ -19,8 +19,8 @@ type DemoOptions struct {
 	Out   io.Writer
 }
 
-// Demo runs the workload through kvroute's EPP (its standalone proxy, on
-// an embedded NATS server, fed by the fleet's KV events) and then through
+// Demo runs the workload through kvroute's EPP (behind the gateway, fed
+// the fleet's KV events over an embedded NATS server) and then through
 // random routing on a fresh fleet, prints both side by side, and checks
 // the EPP's index against the engines' true caches.
 func Demo(ctx context.Context, o DemoOptions) error {
@@ -45,7 +45,7 @@ func Demo(ctx context.Context, o DemoOptions) error {
 		return err
 	}
 	defer kv.Close()
-	fmt.Fprintf(out, "kvroute (EPP proxy on http://%s, NATS at %s) ...\n", kv.EPP.ProxyAddr(), kv.EPP.NATSURL())
+	fmt.Fprintf(out, "kvroute (gateway on %s, EPP ext_proc on %s, NATS at %s) ...\n", kv.Gateway.URL(), kv.EPP.ExtProcAddr(), kv.EPP.NATSURL())
 	kres := kv.Run(ctx, o.Workload, run)
 
 	r, k := Summarize(rres.Samples, rres.Makespan), Summarize(kres.Samples, kres.Makespan)
@@ -72,8 +72,8 @@ func Demo(ctx context.Context, o DemoOptions) error {
 	if !o.Serve {
 		return nil
 	}
-	fmt.Fprintf(out, "\nserving until interrupted; try:\n  curl -s http://%s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"prompt\":\"hello kvroute hello kvroute\",\"max_tokens\":8}'\n",
-		kv.EPP.ProxyAddr(), o.Fleet.Model)
+	fmt.Fprintf(out, "\nserving until interrupted; try:\n  curl -s %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"prompt\":\"hello kvroute hello kvroute\",\"max_tokens\":8}'\n",
+		kv.Gateway.URL(), o.Fleet.Model)
 	fmt.Fprintf(out, "EPP metrics: http://%s/metrics   /debug/prefix: http://%s/debug/prefix   engines:", kv.EPP.HTTPAddr(), kv.EPP.DebugAddr())
 	for _, s := range kv.Fleet.Servers {
 		fmt.Fprintf(out, " http://%s", s.Addr())

@@ -7,22 +7,26 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
-	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
 	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/harness/gateway"
 	"github.com/kvroute/kvroute/pkg/harness/simkit"
-	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/harness/upstreamepp"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/sim"
 	"github.com/kvroute/kvroute/pkg/sim/blockpool"
+	"github.com/kvroute/kvroute/pkg/transport/natsembed"
 )
 
 // Scheduler configurations of the EPP-routed policies: the named ones of
@@ -94,108 +98,248 @@ type FleetOptions struct {
 	// Encoding of the engines' events; Mixed alternates array and map.
 	Encoding events.Encoding
 	Mixed    bool
-	// OutDir receives what a gateway policy's EPP process writes (the
-	// upstream EPP's output, its metrics at stop, the report of what ran);
-	// empty, a temporary folder removed with the run.
+	// OutDir receives what an EPP process writes (the upstream EPP's
+	// output, its metrics at stop, the report of what ran); empty, a
+	// temporary folder removed with the run.
 	OutDir string
 }
 
-// Env is one policy's world: a fresh fleet with cold caches behind an EPP
-// on an embedded NATS server, whose proxy every request goes through. For
-// the policies routed by kvroute the engines publish their KV events to it
-// and it picks; a policy that picks in the client names its choice in the
-// subset hint, and the EPP (on upstream's profile, hearing no events)
-// forwards it there, so that every policy's numbers include the same hop
-// and differ by the picks alone.
-type Env struct {
-	Policy string
-	Fleet  *sim.Fleet
-	EPP    *epp.EPP
-	router router
-	nc     *nats.Conn
-	cancel context.CancelFunc
-	eppErr chan error
-	// ring is what a gateway policy starts besides (viaGateway).
-	ring *gatewayEnv
+// Front is how an environment's requests reach the EPP.
+type Front int
+
+const (
+	// FrontGateway: through the gateway (pkg/harness/gateway), which asks
+	// the EPP replicas behind it over ext_proc, as Envoy does in
+	// production. The default.
+	FrontGateway Front = iota
+	// FrontProxy: through the first EPP replica's standalone proxy (one
+	// replica, no gateway).
+	FrontProxy
+)
+
+// Shape is how traffic reaches the engines in an environment: the front,
+// how many EPP replicas, and what share passes no EPP at all.
+type Shape struct {
+	Front Front
+	// Replicas is how many EPPs stand behind the gateway, each its own,
+	// all fed the KV events over NATS (1 when zero).
+	Replicas int
+	// Bypass is the share of requests (0 to 1) sent instead to another
+	// gateway, which routes round-robin over the engines and passes no
+	// EPP: traffic the EPP under test never sees.
+	Bypass float64
+	// RestartAt, when set, stops the first replica that long into each
+	// run and starts a fresh one on the same configuration.
+	RestartAt time.Duration
 }
 
-// StartEnv starts the environment for policy; Close stops it.
+// RealTimeOnly says whether the shape needs real time: virtual time has no
+// ext_proc, one EPP and no second path.
+func (s Shape) RealTimeOnly() bool {
+	return s.Front != FrontGateway || s.Replicas > 1 || s.Bypass > 0 || s.RestartAt > 0
+}
+
+func (s Shape) replicas() int { return max(s.Replicas, 1) }
+
+// String names the shape in reports ("" for the default one).
+func (s Shape) String() string {
+	var parts []string
+	if s.Front == FrontProxy {
+		parts = append(parts, "via the EPP's proxy")
+	}
+	if s.Replicas > 1 {
+		parts = append(parts, fmt.Sprintf("%d EPP replicas", s.Replicas))
+	}
+	if s.Bypass > 0 {
+		parts = append(parts, fmt.Sprintf("%.0f%% bypassing the EPP", 100*s.Bypass))
+	}
+	if s.RestartAt > 0 {
+		parts = append(parts, fmt.Sprintf("an EPP restart at %s", s.RestartAt))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Env is one policy's world: a fresh fleet with cold caches, an embedded
+// NATS server carrying its KV events, the policy's EPP replicas, and the
+// gateway every request goes through (Shape.Front). For the policies
+// routed by an EPP, the engines publish their KV events and the replicas
+// pick; a policy that picks in the client names its choice in the subset
+// hint, which the gateway passes to the EPP as Envoy's route metadata
+// would, and the EPP (on upstream's profile, hearing no events) routes it
+// there, so that every policy's numbers include the same hops and differ by
+// the picks alone.
+type Env struct {
+	Policy string
+	Shape  Shape
+	Fleet  *sim.Fleet
+	// EPP is the first replica's EPP when it is kvroute's (nil otherwise),
+	// the one a restart replaces.
+	EPP *epp.EPP
+	// Gateway is the front every request passes (nil with FrontProxy);
+	// Bypass the second gateway, when Shape.Bypass is set.
+	Gateway, Bypass *gateway.Gateway
+	router          router
+	nats            *natsembed.Server
+	nc              *nats.Conn
+	ctx             context.Context
+	cancel          context.CancelFunc
+	spec            ReplicaSpec
+	start           ReplicaStarter
+	mu              sync.Mutex
+	replicas        []Replica
+	restarts        int
+	// onPods is what a policy on pods starts besides (onPods).
+	onPods *podsEnv
+}
+
+// Namespace and pool of every environment's EPPs and events.
+const (
+	envNamespace = "default"
+	envPool      = "kvsim"
+)
+
+// StartEnv starts the environment for policy in the default shape (one
+// EPP behind the gateway); Close stops it.
 func StartEnv(ctx context.Context, policy string, fo FleetOptions, seed uint64) (*Env, error) {
-	env := &Env{Policy: policy}
-	ctx, env.cancel = context.WithCancel(ctx)
-	if viaGateway(policy) {
-		if err := startGatewayEnv(ctx, env, fo, seed); err != nil {
-			return nil, errors.Join(err, env.Close())
-		}
-		return env, nil
+	return StartEnvShaped(ctx, policy, fo, seed, Shape{})
+}
+
+// StartEnvShaped starts the environment for policy in shape s.
+func StartEnvShaped(ctx context.Context, policy string, fo FleetOptions, seed uint64, s Shape) (*Env, error) {
+	if s.Front == FrontProxy && (s.Replicas > 1 || s.RestartAt > 0) {
+		return nil, errors.New("loadgen: the EPP's proxy fronts one replica, which no restart replaces")
+	}
+	if s.Bypass < 0 || s.Bypass > 1 {
+		return nil, fmt.Errorf("loadgen: bypass share %v is not within 0 and 1", s.Bypass)
+	}
+	env := &Env{Policy: policy, Shape: s, start: starterFor(policy)}
+	env.ctx, env.cancel = context.WithCancel(ctx)
+	fail := func(err error) (*Env, error) {
+		_ = env.Close()
+		return nil, err
+	}
+	var err error
+	if env.nats, err = natsembed.Start(natsembed.Options{}); err != nil {
+		env.cancel()
+		return nil, fmt.Errorf("loadgen: NATS: %w", err)
 	}
 	fc := fo.fleetConfig(seed)
-	e, err := epp.New(epp.Options{
-		Pool: "kvsim", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
-		ConfigText: eppConfig(policy), Scrape: true, Engine: fo.engineLimits(),
-		ScrapeOptions: scrape.Options{Interval: 50 * time.Millisecond},
-		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: fo.Pool.BlockSize},
-		RequestPath: epp.RequestPathOptions{
-			ProxyAddr: "127.0.0.1:0", Tokenize: true, TokenizeTimeout: 5 * time.Second,
-			Tokenizer: simkit.Tokenizer{Model: fo.Model},
-		},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		env.cancel()
-		return nil, fmt.Errorf("loadgen: EPP: %w", err)
-	}
-	env.EPP = e
-	env.eppErr = make(chan error, 1)
-	go func() { env.eppErr <- e.Run(ctx) }()
 	if hearsEvents(policy) {
-		env.nc, err = nats.Connect(e.NATSURL(), nats.Name("kvsim-fleet"))
+		env.nc, err = nats.Connect(env.nats.ClientURL(), nats.Name("kvsim-fleet"))
 		if err != nil {
-			env.Close()
-			return nil, fmt.Errorf("loadgen: connect fleet to NATS: %w", err)
+			return fail(fmt.Errorf("loadgen: connect fleet to NATS: %w", err))
 		}
-		fc.Publisher = events.NewPublisher(env.nc, e.Namespace(), e.Pool())
+		fc.Publisher = events.NewPublisher(env.nc, envNamespace, envPool)
 		fc.Sidecar = simkit.Relays(fc.Publisher, 0)
 	}
-	env.Fleet, err = sim.StartFleet(ctx, fc)
-	if err != nil {
-		env.Close()
-		return nil, err
+	if onPods(policy) {
+		if err := env.placeOnPods(&fc); err != nil {
+			return fail(err)
+		}
 	}
-	for _, s := range env.Fleet.Servers {
-		cfg := s.Core().Engine().Config()
-		e.Datastore().Upsert(&datalayer.Endpoint{
-			Name: cfg.Pod, Address: cfg.Address, Pod: cfg.Pod, Namespace: e.Namespace(), Model: cfg.Model,
-		})
+	if env.Fleet, err = sim.StartFleet(env.ctx, fc); err != nil {
+		return fail(err)
 	}
-	proxy := "http://" + e.ProxyAddr()
+	env.spec = ReplicaSpec{Policy: policy, NATSURL: env.nats.ClientURL(), Namespace: envNamespace, Pool: envPool,
+		Model: fo.Model, BlockSize: fo.Pool.BlockSize, Limits: fo.engineLimits(), OutDir: fo.OutDir}
+	if env.onPods != nil {
+		if err := env.startCluster(env.ctx); err != nil {
+			return fail(err)
+		}
+		env.spec.Cluster = env.onPods.cluster
+	}
+	var engines []string
+	for _, srv := range env.Fleet.Servers {
+		cfg := srv.Core().Engine().Config()
+		env.spec.Engines = append(env.spec.Engines, Engine{Pod: cfg.Pod, Address: cfg.Address})
+		engines = append(engines, cfg.Address)
+	}
+	var hosts []gateway.Host
+	for i := range s.replicas() {
+		r, err := env.startReplica(fmt.Sprintf("epp-%d", i))
+		if err != nil {
+			return fail(err)
+		}
+		hosts = append(hosts, r.Host())
+	}
+	if err := env.waitReady(env.ctx, env.replicas...); err != nil {
+		return fail(err)
+	}
+	var base string
+	switch s.Front {
+	case FrontProxy:
+		if env.EPP == nil {
+			return fail(errors.New("loadgen: the proxy front needs kvroute's EPP"))
+		}
+		base = "http://" + env.EPP.ProxyAddr()
+	default:
+		if env.Gateway, err = gateway.Start(gatewayOptions(hosts, nil)); err != nil {
+			return fail(fmt.Errorf("loadgen: gateway: %w", err))
+		}
+		if err := env.waitHealthy(env.ctx, len(hosts)); err != nil {
+			return fail(err)
+		}
+		base = env.Gateway.URL()
+	}
 	if viaEPP(policy) {
-		env.router = viaProxy{url: proxy}
-	} else if env.router, err = newDirect(policy, env.Fleet.Cores(), proxy, fo.Model, seed, time.Now); err != nil {
-		env.Close()
-		return nil, err
+		env.router = viaGateway{url: base}
+	} else if env.router, err = newDirect(policy, env.Fleet.Cores(), base, fo.Model, seed, time.Now); err != nil {
+		return fail(err)
 	}
-	if err := env.waitReady(ctx); err != nil {
-		env.Close()
-		return nil, err
+	if s.Bypass > 0 {
+		if env.Bypass, err = gateway.Start(gatewayOptions(nil, engines)); err != nil {
+			return fail(fmt.Errorf("loadgen: bypass gateway: %w", err))
+		}
+		env.router = newBypass(env.router, env.Bypass.URL(), s.Bypass, seed)
 	}
 	return env, nil
+}
+
+// gatewayOptions are an environment's gateway's: its EPP replicas' health
+// checked every 100ms (each check given a second, so that a loaded machine
+// does not take a replica out), and a stream a stopped replica refuses retried on
+// another (the ext_proc grpc_service's retry policy), so that a replica
+// that goes away loses only the requests in flight on it.
+func gatewayOptions(hosts []gateway.Host, endpoints []string) gateway.Options {
+	return gateway.Options{
+		Hosts: hosts, Endpoints: endpoints,
+		Health:      gateway.HealthCheck{Interval: 100 * time.Millisecond, Timeout: time.Second, Unhealthy: 2, Healthy: 1},
+		OpenRetries: 2,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// startReplica starts a replica named name on the environment's spec.
+func (env *Env) startReplica(name string) (Replica, error) {
+	spec := env.spec
+	spec.Name = name
+	r, err := env.start(env.ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	env.mu.Lock()
+	env.replicas = append(env.replicas, r)
+	if k, ok := r.(*kvroute); ok && env.EPP == nil {
+		env.EPP = k.e
+	}
+	env.mu.Unlock()
+	return r, nil
 }
 
 // hearsEvents says whether a policy's EPP is fed the engines' KV events:
 // kvroute's are; the approximate one's is not (that is the point), nor is
 // the pass-through EPP of a client-routed policy.
-func hearsEvents(policy string) bool { return viaEPP(policy) && policy != PolicyApproxEPP }
+func hearsEvents(policy string) bool {
+	return viaEPP(policy) && policy != PolicyApproxEPP && !upstreamBinary(policy)
+}
 
-// waitReady waits for the EPP to be ready and to have scraped every engine.
-func (env *Env) waitReady(ctx context.Context) error {
+// waitReady waits for the replicas to be ready.
+func (env *Env) waitReady(ctx context.Context, rs ...Replica) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		ready := env.EPP.Ready()
-		for _, ep := range env.EPP.Datastore().List() {
-			if _, ok := env.EPP.Datastore().Metrics(ep.Name); !ok {
-				ready = false
-			}
+		ready := true
+		for _, r := range rs {
+			ready = ready && r.Ready()
 		}
 		if ready {
 			return nil
@@ -211,46 +355,85 @@ func (env *Env) waitReady(ctx context.Context) error {
 	}
 }
 
-// Close stops the fleet and the EPP and returns the first error either
-// ended with. The fleet and its NATS connection go first: the EPP's
-// embedded server stops with the EPP, and a fleet still publishing then
-// has its writes fail.
+// waitHealthy waits for the gateway to see n healthy ext_proc hosts.
+func (env *Env) waitHealthy(ctx context.Context, n int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		healthy := 0
+		for _, h := range env.Gateway.Hosts() {
+			if h.Healthy {
+				healthy++
+			}
+		}
+		if healthy >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("loadgen: %d of %d EPP replicas passed the gateway's health checks in 10s", healthy, n)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Replicas are the environment's EPP replicas now, stopped ones included.
+func (env *Env) Replicas() []Replica {
+	env.mu.Lock()
+	defer env.mu.Unlock()
+	return slices.Clone(env.replicas)
+}
+
+// Close stops the gateways, the fleet, the EPPs and NATS, and returns the
+// first error any ended with. The fleet and its NATS connection go before
+// the server, so that a fleet still publishing does not see it gone.
 func (env *Env) Close() error {
-	var err error
-	if env.ring != nil {
-		err = env.ring.closeFront()
+	var errs []error
+	for _, g := range []*gateway.Gateway{env.Gateway, env.Bypass} {
+		if g != nil {
+			_ = g.Close()
+		}
 	}
 	if env.Fleet != nil {
-		if e := env.Fleet.Close(); e != nil && err == nil {
-			err = e
-		}
+		errs = append(errs, env.Fleet.Close())
 	}
 	if env.nc != nil {
 		env.nc.Close()
 	}
+	for _, r := range env.Replicas() {
+		errs = append(errs, r.Stop())
+	}
 	env.cancel()
-	if env.eppErr != nil {
-		if e := <-env.eppErr; e != nil && err == nil {
-			err = fmt.Errorf("loadgen: EPP: %w", e)
-		}
+	if env.nats != nil {
+		env.nats.Shutdown()
 	}
-	if env.ring != nil {
-		if e := env.ring.closeBack(); e != nil && err == nil {
-			err = e
-		}
+	if env.onPods != nil {
+		errs = append(errs, env.onPods.close())
 	}
-	return err
+	return errors.Join(errs...)
 }
 
 // Run drives the environment with one open-loop run.
 func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
-	if env.EPP != nil {
-		setObjectives(env.EPP, w)
+	for _, r := range env.Replicas() {
+		if os, ok := r.(objectiveSetter); ok {
+			os.setObjectives(w)
+		}
 	}
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
-	return run(ctx, w, env.router, o)
+	if env.Shape.RestartAt <= 0 {
+		return run(ctx, w, env.router, o)
+	}
+	rs := &restartRun{at: env.Shape.RestartAt, done: make(chan struct{})}
+	o.during = func(start time.Time) { env.restartDuring(ctx, w, start, rs) }
+	res := run(ctx, w, env.router, o)
+	<-rs.done
+	res.Restart = rs.measure(res.Samples)
+	return res
 }
 
 // SamplePrompts returns the token ids of the first n completion prompts a
@@ -320,6 +503,8 @@ func setObjectives(e *epp.EPP, w Workload) {
 // eppConfig is the scheduling configuration of an EPP-routed policy.
 func eppConfig(policy string) string {
 	switch policy {
+	case PolicyKvrouteUpstreamConfig:
+		return upstreamepp.ConfigApprox
 	case PolicyPredicted:
 		return PredictedConfig
 	case policyTrace:

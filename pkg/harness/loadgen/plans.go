@@ -123,7 +123,7 @@ approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoin
 	if o.Virtual {
 		b.WriteString("This run is in **virtual time** (`--virtual`): one simulated clock advances through arrivals, engine steps and think times, with no HTTP, NATS or sleeping. The EPP-routed policies run kvroute's index, PrepareData and scheduler in process; each engine step's KV batch reaches the index as the step ends, and each pick sees the engines' queues and KV usage as they are then, where real time has a NATS hop and a 50ms scrape. It shows what the policies do with exact information, in seconds; the client-side policies give the same result every run (kvroute's pickers break ties at random). The real-time report, `make bench-routing`, is the one that goes through the real transport.\n\n")
 	} else {
-		b.WriteString("The EPP-routed policies run the real request path: the client's HTTP request goes to the EPP's standalone proxy, which tokenizes in process with the engines' tokenizer (as a deployment gives the EPP its model's tokenizer files; an engine's /tokenize is the fallback), runs PrepareData and the scheduler, and forwards to the picked engine; the EPP scrapes every engine's /metrics every 50ms. The client-side policies (the table's \"in the client\") go through the same hop: each names its pick in the subset hint (`x-gateway-destination-endpoint-subset`), and an EPP on upstream's profile, hearing no KV events, tokenizes, schedules over that one endpoint and forwards there, shedding nothing (their requests carry no objective). Every policy's TTFT thus includes the same proxy and request path, and they differ by the picks alone.\n\n")
+		b.WriteString(frontText(o.Shape))
 	}
 	checks := Checks(pts)
 	if len(checks) > 0 {
@@ -137,6 +137,10 @@ approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoin
 		}
 		b.WriteString("\n")
 	}
+	if o.Shape != (Shape{}) {
+		fmt.Fprintf(&b, "Shape of every run: %s.\n\n", o.Shape)
+	}
+	writeRestarts(&b, pts)
 	b.WriteString("## Results\n\n")
 	dir := path[:strings.LastIndexByte(path, '/')+1]
 	for _, wl := range workloads(pts) {

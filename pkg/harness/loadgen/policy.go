@@ -34,21 +34,21 @@ const (
 // AllPolicies lists every policy the benchmark compares.
 var AllPolicies = []string{PolicyRandom, PolicyRoundRobin, PolicyLeastQueue, PolicyApprox, PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyPredicted, PolicyOracle}
 
-// viaEPP says whether a policy routes through kvroute's EPP (its proxy)
+// viaEPP says whether a policy is routed by an EPP behind the gateway
 // rather than choosing the engine in the client.
 func viaEPP(policy string) bool {
 	switch policy {
 	case PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyPredicted, policyTrace:
 		return true
 	}
-	return false
+	return onPods(policy)
 }
 
 // router picks where a request is sent, knowing its prompt (the rendered
-// text, and its tokens): every policy's request goes to the EPP's proxy at
-// base; a policy that chooses the engine in the client names it in
-// endpoint, the EPP's subset hint, so that the EPP forwards it there and
-// every policy pays for the same hop.
+// text, and its tokens): every policy's request goes to the gateway (or
+// the EPP's proxy) at base; a policy that chooses the engine in the client
+// names it in endpoint, the subset hint, so that the EPP routes it there
+// and every policy pays for the same hops.
 type router interface {
 	route(prompt string, tokens []uint32) (base, endpoint string)
 }
@@ -68,14 +68,15 @@ func (d *direct) route(prompt string, tokens []uint32) (base, endpoint string) {
 	return d.proxy, d.replicas[d.choose(tokens)].Engine().Config().Address
 }
 
-// viaProxy sends everything to the EPP's proxy, which picks.
-type viaProxy struct{ url string }
+// viaGateway sends everything to the gateway (or the EPP's proxy), whose
+// EPP picks.
+type viaGateway struct{ url string }
 
-func (v viaProxy) route(string, []uint32) (base, endpoint string) { return v.url, "" }
+func (v viaGateway) route(string, []uint32) (base, endpoint string) { return v.url, "" }
 
 // newDirect builds a client-side policy over replicas, sent through the
-// EPP's proxy at proxy; now is the run's clock (the oracle's estimates
-// need it).
+// gateway (or the EPP's proxy) at proxy; now is the run's clock (the
+// oracle's estimates need it).
 func newDirect(policy string, replicas []*sim.Core, proxy, model string, seed uint64, now func() time.Time) (router, error) {
 	d := &direct{proxy: proxy, replicas: replicas}
 	switch policy {

@@ -259,7 +259,7 @@ func rates(pts []Point, wl string) []float64 {
 
 func policies(pts []Point, wl string) []string {
 	var out []string
-	for _, pol := range slices.Concat(AllPolicies, GatewayPolicies) {
+	for _, pol := range slices.Concat(AllPolicies, UpstreamPolicies) {
 		for _, p := range pts {
 			if p.Workload == wl && p.Policy == pol {
 				out = append(out, pol)
@@ -440,4 +440,50 @@ func axisMS(v float64) string {
 
 func esc(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(s)
+}
+
+// frontText says how a real-time run's requests reach the engines.
+func frontText(s Shape) string {
+	if s.Front == FrontProxy {
+		return "The EPP-routed policies run the request path through the EPP's standalone proxy (`--front proxy`): the client's HTTP request goes to the proxy, which tokenizes in process with the engines' tokenizer, runs PrepareData and the scheduler, and forwards to the picked engine; the EPP scrapes every engine's /metrics every 50ms. The client-side policies (the table's \"in the client\") go through the same hop, naming their pick in the subset hint (`x-gateway-destination-endpoint-subset`), which an EPP on upstream's profile, hearing no KV events, follows.\n\n"
+	}
+	replicas := "one EPP replica"
+	if s.Replicas > 1 {
+		replicas = fmt.Sprintf("%d EPP replicas, each its own EPP fed the KV events over NATS, spread round-robin as Envoy spreads an ext_proc cluster's streams", s.Replicas)
+	}
+	return "Every request passes the gateway (`pkg/harness/gateway`), which does what Envoy does with the inference extension's configuration: one ext_proc stream per request to " + replicas + " (request headers, body FULL_DUPLEX_STREAMED, response headers and body streamed back through the EPP), then the request forwarded to the endpoint the EPP named in `x-gateway-destination-endpoint`, the answer streamed back. The EPP tokenizes in process with the engines' tokenizer (as a deployment gives the EPP its model's tokenizer files; an engine's /tokenize is the fallback), runs PrepareData and the scheduler, and scrapes every engine's /metrics every 50ms. The client-side policies (the table's \"in the client\") go through the same gateway and EPP: the gateway passes the client's subset hint (`x-gateway-destination-endpoint-subset`) to the EPP as `envoy.lb.subset_hint` metadata, as Envoy's route metadata would, and an EPP on upstream's profile, hearing no KV events, tokenizes, schedules over that one endpoint and routes there, shedding nothing (their requests carry no objective). Every policy's TTFT thus includes the same gateway and request path, and they differ by the picks alone.\n\n"
+}
+
+// writeRestarts writes the EPP restarts' table and hit rate over time, if
+// any run had one.
+func writeRestarts(b *strings.Builder, pts []Point) {
+	var with []Point
+	for _, p := range pts {
+		if p.Restart != nil {
+			with = append(with, p)
+		}
+	}
+	if len(with) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "## EPP restart\n\nIn each run the first EPP replica is stopped (its streams in flight cut) and a fresh one started on the same configuration. Steady state is the token hit rate of the requests through an EPP that started in the second half of the time before the stop; the new replica is back at it from the first of its picks that opens %d consecutive picks of its own at %.0f%% of it or more, counted from the new replica's readiness (its first passed health check at the gateway).\n\n", RecoveryWindow, 100*RecoveryShare)
+	b.WriteString("| workload | policy | rate | stop at | ready at | steady hit rate | new replica's picks | back at steady state after readiness | hit rate (%) by second of the run |\n|---|---|---:|---:|---:|---:|---:|---|---|\n")
+	for _, p := range with {
+		r := p.Restart
+		back := "not within the run"
+		if r.Recovered {
+			back = r.Recovery.Round(time.Millisecond).String()
+		}
+		var tl []string
+		for _, h := range r.Timeline {
+			if h.Requests == 0 {
+				tl = append(tl, "–")
+				continue
+			}
+			tl = append(tl, fmt.Sprintf("%.0f", 100*h.HitRate))
+		}
+		fmt.Fprintf(b, "| %s | %s | %g | %s | %s | %.1f%% | %d | %s | %s |\n", p.Workload, p.Policy, p.Rate,
+			r.StopAt.Round(time.Millisecond), r.ReadyAt.Round(time.Millisecond), 100*r.Steady, r.NewPicks, back, strings.Join(tl, " "))
+	}
+	b.WriteString("\n")
 }

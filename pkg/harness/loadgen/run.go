@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/pkg/harness/gateway"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -35,12 +36,17 @@ type RunOptions struct {
 	// Record, in virtual time, is given every response the EPP's latency
 	// predictor learned (a trace); policies without one give none.
 	Record func(predict.Sample)
+	// during, when set, runs beside the run from its start, which it is
+	// given (an EPP restart).
+	during func(start time.Time)
 }
 
 // Result is a run's samples and the time its traffic took.
 type Result struct {
 	Samples  []Sample
 	Makespan time.Duration
+	// Restart is what an EPP restart during the run did (Shape.RestartAt).
+	Restart *Restart
 }
 
 // run drives w through r with Poisson arrivals until o.Duration, then waits
@@ -66,6 +72,10 @@ func run(ctx context.Context, w Workload, r router, o RunOptions) Result {
 		mu.Lock()
 		samples = append(samples, s)
 		mu.Unlock()
+	}
+	if o.during != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); o.during(start) }()
 	}
 	convRate := o.Rate / float64(turns)
 	next := time.Duration(0)
@@ -133,6 +143,7 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 		return s, ""
 	}
 	base, endpoint := r.route(parsed.Prompt, tokens)
+	s.Bypass = isBypass(r, base)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		s.Err = err
@@ -154,6 +165,7 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 		return cut(s, t0, ctx, err), ""
 	}
 	defer resp.Body.Close()
+	s.Replica = resp.Header.Get(gateway.HeaderExtProcHost)
 	if resp.StatusCode == http.StatusTooManyRequests {
 		s.Shed = true
 		return s, ""
@@ -164,6 +176,10 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 		return s, ""
 	}
 	reply, err := readStream(resp.Body, &s, t0)
+	// What follows the stream's last event (the chunked body's end) is
+	// read, so that the connection is kept and the gateway sees the
+	// answer taken whole.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	if err != nil {
 		if errors.Is(err, sim.ErrStreamRead) {
 			return cut(s, t0, ctx, err), ""

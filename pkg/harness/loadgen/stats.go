@@ -21,6 +21,11 @@ type Sample struct {
 	SLO  time.Duration
 	Shed bool
 	Err  error
+	// Replica is the EPP replica (the gateway's ext_proc host) whose
+	// stream the request passed; Bypass marks a request sent past every
+	// EPP (Shape.Bypass).
+	Replica string
+	Bypass  bool
 }
 
 // Summary condenses a run.

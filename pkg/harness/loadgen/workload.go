@@ -2,8 +2,10 @@
 // (Poisson arrivals) through a routing policy, measures what each request
 // saw (time to first token, end-to-end latency, cached tokens), and
 // compares policies: client-side baselines and an oracle that reads the
-// engines' true caches, against kvroute's EPP serving real HTTP through its
-// standalone proxy. It writes the results as Markdown tables and SVG plots.
+// engines' true caches, against kvroute's EPP replicas asked over ext_proc
+// by the gateway every request passes (pkg/harness/gateway), or through
+// the EPP's standalone proxy. It writes the results as Markdown tables and
+// SVG plots.
 package loadgen
 
 import (

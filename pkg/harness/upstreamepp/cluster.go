@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -120,7 +121,8 @@ func (cl *Cluster) setUp(ctx context.Context) error {
 		return err
 	}
 	o := cl.opts
-	if err := cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace}}); err != nil {
+	// "default" and the system namespaces exist already.
+	if err := cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("upstreamepp: create namespace %s: %w", o.Namespace, err)
 	}
 	pool := &inferencev1.InferencePool{
