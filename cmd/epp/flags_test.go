@@ -52,6 +52,16 @@ func TestEachFlagSetsItsOption(t *testing.T) {
 				return x.MaxConns == 32 && x.WindowBytes == 128<<10 && x.MaxMessageBytes == 4<<20 && x.IdleTimeout == 30*time.Second &&
 					x.MaxStreamsPerConn == epp.DefaultOptions().RequestPath.ExtProc.MaxStreamsPerConn
 			}},
+		{"--proxy-prefill-* set what the proxy does with a split request's prefill leg", []string{"--proxy-prefill-failure", "decode-only", "--proxy-prefill-timeout", "45s"}, nil,
+			func(o epp.Options) bool {
+				return o.RequestPath.Proxy.PrefillFailure.String() == "decode-only" && o.RequestPath.Proxy.PrefillTimeout == 45*time.Second
+			}},
+		{"the proxy refuses a split request whose prefill failed by default", nil, nil,
+			func(o epp.Options) bool { return o.RequestPath.Proxy.PrefillFailure.String() == "refuse" }},
+		{"--emit-endpoint-scores adds the scores to ext_proc's metadata", []string{"--emit-endpoint-scores"}, nil,
+			func(o epp.Options) bool { return o.RequestPath.ExtProc.EmitEndpointScores }},
+		{"scores are not emitted by default", nil, nil,
+			func(o epp.Options) bool { return !o.RequestPath.ExtProc.EmitEndpointScores }},
 		{"--secure-serving=false serves ext_proc in plaintext", []string{"--secure-serving=false"}, nil,
 			func(o epp.Options) bool { return o.RequestPath.Plaintext }},
 		{"--cert-path names the key pair's directory", []string{"--cert-path", "/certs"}, nil,
@@ -107,6 +117,7 @@ func TestFlagsThatContradictEachOtherAreRefused(t *testing.T) {
 		{"--config-name", "upstream-weights", "--config-text", "plugins: []"},
 		{"--config-name", "upstream-weights", "--config-file", "/x.yaml"},
 		{"--log-level", "loud"},
+		{"--proxy-prefill-failure", "fallback"},
 		{"--no-such-flag"},
 	} {
 		if _, err := parse(args); err == nil {

@@ -43,10 +43,11 @@ func main() {
 const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
-  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/)
+  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix)
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
   scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
-  predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time`
+  predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time
+  placement  prefix groups against the engines' cache capacity, in virtual time: hit rate, TTFT, requests and evictions per engine`
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -65,6 +66,8 @@ func run(ctx context.Context, args []string) error {
 		return scaleCmd(ctx, args[1:])
 	case "predict-eval":
 		return predictEval(ctx, args[1:])
+	case "placement":
+		return placement(ctx, args[1:])
 	default:
 		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 	}
@@ -74,7 +77,7 @@ func run(ctx context.Context, args []string) error {
 type fleetFlags struct {
 	engines, blockSize, gpuBlocks, cpuBlocks, maxSeqs int
 	prefill, load, decode                             time.Duration
-	encoding, model                                   string
+	encoding, model, family                           string
 }
 
 func (f *fleetFlags) register(fs *flag.FlagSet, engines, gpuBlocks int) {
@@ -89,6 +92,8 @@ func (f *fleetFlags) register(fs *flag.FlagSet, engines, gpuBlocks int) {
 	fs.DurationVar(&f.decode, "decode-step", t.DecodeStep, "time of one decode step")
 	fs.StringVar(&f.encoding, "encoding", "mixed", "KV event encoding: array, map, or mixed (alternating)")
 	fs.StringVar(&f.model, "model", "sim-model", "served model name")
+	fs.StringVar(&f.family, "family", sim.FamilyVLLM, "engine family: "+strings.Join(sim.FamilyNames, ", ")+
+		"; traits may follow after commas: usage=resident (KV usage counts cached blocks no request uses), silent=<duration> (no KV events for that long after start), silent-metrics (nor metrics)")
 }
 
 func (f *fleetFlags) options() (loadgen.FleetOptions, error) {
@@ -97,6 +102,10 @@ func (f *fleetFlags) options() (loadgen.FleetOptions, error) {
 	o := loadgen.FleetOptions{
 		Engines: f.engines, Model: f.model, Timing: t,
 		Pool: blockpool.Config{BlockSize: f.blockSize, GPUBlocks: f.gpuBlocks, CPUBlocks: f.cpuBlocks},
+	}
+	var err error
+	if o.Family, err = sim.ParseFamily(f.family); err != nil {
+		return o, fmt.Errorf("--family: %w", err)
 	}
 	switch f.encoding {
 	case "array":
@@ -156,7 +165,7 @@ func serve(ctx context.Context, args []string) error {
 		return err
 	}
 	fc := sim.FleetConfig{Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing,
-		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Host: *host}
+		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Host: *host, Family: fo.Family}
 	if *out == "nats" || *out == "both" {
 		url := *natsURL
 		if url == "" {
@@ -257,6 +266,10 @@ func bench(ctx context.Context, args []string) error {
 		*outDir = filepath.Join("docs", "results", "routing")
 		if *virtual {
 			*outDir = filepath.Join("docs", "results", "routing-virtual")
+		}
+		if spec := fo.Family.String(); spec != sim.FamilyVLLM {
+			// Each family's report beside vLLM's, not over it.
+			*outDir += "-" + strings.NewReplacer(",", "-", "=", "-").Replace(spec)
 		}
 	}
 	// The upstream EPP's output and metrics; not for git.

@@ -25,6 +25,8 @@ func TestBadCommandLinesAreRefusedClearly(t *testing.T) {
 		{"a fleet needs engines", []string{"demo", "--engines", "0"}, "must be positive"},
 		{"a bad rate is named", []string{"bench", "--rates", "1,x"}, `--rates: "x" is not a positive number`},
 		{"an unknown workload matches nothing", []string{"bench", "--workloads", "nope"}, `--workloads "nope" matches none`},
+		{"a placement study needs groups", []string{"placement", "--groups", "0"}, "must be positive"},
+		{"a placement study names an unknown policy", []string{"placement", "--seeds", "1", "--duration", "1s", "--policies", "nope"}, `"nope"`},
 		{"an unknown front is named", []string{"bench", "--front", "nginx"}, `--front "nginx": gateway or proxy`},
 		{"replicas are real time only", []string{"bench", "--virtual", "--replicas", "2"}, "2 EPP replicas is real time only"},
 		{"a restart is real time only", []string{"bench", "--virtual", "--restart-at", "2s"}, "an EPP restart at 2s is real time only"},

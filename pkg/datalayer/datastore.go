@@ -34,6 +34,9 @@ type StreamInfo struct {
 	// use, 0 before it has published any: the size a request's keys must
 	// be built with to match what the endpoint holds.
 	BlockSize int
+	// GPUBlocks is how many blocks the endpoint's GPU cache holds, by the
+	// index's count of its GPU-tier holdings (0 when unknown).
+	GPUBlocks int
 }
 
 // StreamHandles is a StreamStates that hands out, per address, a handle
@@ -91,13 +94,17 @@ type Datastore struct {
 }
 
 type dsEntry struct {
-	ep      *Endpoint
+	ep *Endpoint
+	// role is ep's Role, parsed once.
+	role    Role
 	metrics atomic.Pointer[Metrics]
 	// load is the EPP's own in-flight accounting, kept across a
 	// replacement at the same address as the metrics are.
 	load *inflight
 	// health is the endpoint's outlier state, kept likewise.
 	health *health
+	// residency is the prefix families sent to the endpoint, kept likewise.
+	residency *Residency
 	// stream is the endpoint's handle from a StreamHandles, nil until one
 	// was had.
 	stream atomic.Pointer[streamRef]
@@ -198,12 +205,12 @@ func (ds *Datastore) Upsert(ep *Endpoint) {
 	if had && prev.ep.Equal(ep) {
 		return
 	}
-	e := &dsEntry{ep: ep, load: &inflight{limits: &ds.limits}, health: &health{}}
+	e := &dsEntry{ep: ep, role: RoleOf(ep.Labels) | roleKnown, load: &inflight{limits: &ds.limits}, health: &health{}, residency: &Residency{}}
 	var removed []*Endpoint
 	if had {
 		if prev.ep.Address == ep.Address {
 			e.metrics.Store(prev.metrics.Load())
-			e.load, e.health = prev.load, prev.health
+			e.load, e.health, e.residency = prev.load, prev.health, prev.residency
 		} else {
 			removed = []*Endpoint{prev.ep}
 			ds.forgetHealth(prev)
@@ -290,6 +297,23 @@ func (ds *Datastore) List() []*Endpoint {
 // changes, and must not be modified. It is for readers behind an interface
 // (the director's), where All's iterator would be allocated per call.
 func (ds *Datastore) Endpoints() []*Endpoint { return ds.snap.Load().eps }
+
+// ReadyPods counts the pods the endpoints belong to (an endpoint without
+// a pod counts alone): what upstream reports as the pool's ready pods,
+// since only ready pods contribute endpoints. It runs at each metrics
+// scrape, not on the request path.
+func (ds *Datastore) ReadyPods() int {
+	eps := ds.snap.Load().eps
+	pods := make(map[string]struct{}, len(eps))
+	for _, e := range eps {
+		key := e.Namespace + "/" + e.Pod
+		if e.Pod == "" {
+			key = "\x00" + e.Name
+		}
+		pods[key] = struct{}{}
+	}
+	return len(pods)
+}
 
 // All yields the endpoints in name order. Unlike List it copies nothing,
 // so the request path can search the pool without allocating.
@@ -466,11 +490,12 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 			// slab first, then filling it, wrote every line twice.
 			slab = slab[:len(slab)+1]
 			c := &slab[len(slab)-1]
-			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set}
+			*c = Candidate{Endpoint: e.ep, Metrics: unscraped, set: set, role: e.role, Residency: e.residency}
 			if streams != nil {
 				var info StreamInfo
 				if info, c.described = e.streamInfo(streams); c.described {
 					c.blockSize, c.bigram, c.describedBy = int32(info.BlockSize), info.Bigram, streams.s
+					c.GPUBlocks = info.GPUBlocks
 				}
 				c.Stream = info.State
 			}

@@ -432,3 +432,33 @@ func TestDatastoreEndpointsAreListsEndpointsAndOutliveAChangeUnchanged(t *testin
 		t.Errorf("after the change Endpoints returned %v, want [b c d]", got)
 	}
 }
+
+func TestReadyPodsCountsPodsNotEndpoints(t *testing.T) {
+	t.Parallel()
+	ds := NewDatastore(nil)
+	if n := ds.ReadyPods(); n != 0 {
+		t.Fatalf("an empty datastore has %d ready pods", n)
+	}
+	for _, ep := range []*Endpoint{
+		{Name: "a-8000", Address: "10.0.0.1:8000", Pod: "a", Namespace: "ns"},
+		{Name: "a-8001", Address: "10.0.0.1:8001", Pod: "a", Namespace: "ns"},
+		{Name: "a-other", Address: "10.0.0.9:8000", Pod: "a", Namespace: "other"},
+		{Name: "static-1", Address: "10.0.0.2:8000"},
+		{Name: "static-2", Address: "10.0.0.3:8000"},
+	} {
+		ds.Upsert(ep)
+	}
+	// a's two ports are one pod; a pod of the same name in another
+	// namespace is another; endpoints without a pod count alone.
+	if n := ds.ReadyPods(); n != 4 {
+		t.Errorf("ready pods = %d, want 4", n)
+	}
+	ds.Remove("a-8000")
+	if n := ds.ReadyPods(); n != 4 {
+		t.Errorf("after one of a's ports left: %d, want 4", n)
+	}
+	ds.Remove("a-8001")
+	if n := ds.ReadyPods(); n != 3 {
+		t.Errorf("after a left: %d, want 3", n)
+	}
+}

@@ -140,9 +140,19 @@ type Candidate struct {
 	// Metrics.
 	Metrics *Metrics
 	Stream  StreamState
+	// role is the endpoint's Role with roleKnown, when the datastore made
+	// the candidate (0: parse the labels).
+	role Role
 	// InFlight is the work this EPP had dispatched to the endpoint and not
 	// seen finish when the request arrived.
 	InFlight InFlight
+	// GPUBlocks is how many blocks the index counted in the endpoint's GPU
+	// cache when the candidate was made (StreamInfo.GPUBlocks; 0 when
+	// unknown).
+	GPUBlocks int
+	// Residency is the prefix families this EPP lately sent the endpoint,
+	// shared with the datastore (nil for a candidate made without one).
+	Residency *Residency
 
 	// mu guards what follows when the candidate is shared. It is a plain
 	// mutex: even then, readers rarely meet, and a read lock costs what a
@@ -186,7 +196,7 @@ func (c *Candidate) StreamInfoFrom(src any) (info StreamInfo, ok bool) {
 	if !c.described || c.describedBy == nil || any(c.describedBy) != src {
 		return StreamInfo{}, false
 	}
-	return StreamInfo{State: c.Stream, Bigram: c.bigram, BlockSize: int(c.blockSize)}, true
+	return StreamInfo{State: c.Stream, Bigram: c.bigram, BlockSize: int(c.blockSize), GPUBlocks: c.GPUBlocks}, true
 }
 
 type attr struct {
@@ -196,7 +206,7 @@ type attr struct {
 
 // NewCandidate makes a candidate from an endpoint snapshot.
 func NewCandidate(ep *Endpoint, m Metrics, s StreamState) *Candidate {
-	return &Candidate{Endpoint: ep, Metrics: &m, Stream: s}
+	return &Candidate{Endpoint: ep, Metrics: &m, Stream: s, role: RoleOf(ep.Labels) | roleKnown}
 }
 
 // unscraped is the Metrics of every candidate whose endpoint was never
@@ -306,7 +316,7 @@ func (c *Candidate) truncate(m int) {
 func (c *Candidate) StageInto(v *Candidate) {
 	// Whole, so that a view used by an earlier run starts empty. A view
 	// is shared, as its candidate must be.
-	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, InFlight: c.InFlight, base: c, shared: true,
+	*v = Candidate{Endpoint: c.Endpoint, Metrics: c.Metrics, Stream: c.Stream, role: c.role, InFlight: c.InFlight, base: c, shared: true,
 		described: c.described, bigram: c.bigram, blockSize: c.blockSize, describedBy: c.describedBy}
 }
 

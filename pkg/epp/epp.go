@@ -36,6 +36,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/selfcheck"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
@@ -258,6 +259,12 @@ func New(opts Options) (*EPP, error) {
 
 	e.ds = datalayer.NewDatastore(e.reg)
 	e.ds.SetEngineLimits(opts.Engine)
+	// Upstream's name and label, which its dashboards and tests read.
+	e.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "inference_pool_ready_pods",
+		Help:        "The number of ready pods in the inference server pool.",
+		ConstLabels: prometheus.Labels{"name": opts.Pool},
+	}, func() float64 { return float64(e.ds.ReadyPods()) }))
 	od := opts.OutlierDetection
 	if od.Now == nil {
 		od.Now = opts.Now
@@ -515,6 +522,7 @@ func (e *EPP) buildScheduling() error {
 	}
 	so := loaded.SchedulerOptions()
 	so.Registerer = e.reg
+	so.KeepScores = e.opts.RequestPath.ExtProc.EmitEndpointScores
 	if e.opts.Seed != 0 {
 		so.Rand = rand.New(rand.NewPCG(e.opts.Seed, e.opts.Seed^0x9e3779b97f4a7c15))
 	}
@@ -545,6 +553,7 @@ func (e *EPP) buildScheduling() error {
 		InFlight:           e.ds,
 		PrepareDataTimeout: e.prepareDataTimeout(),
 		Tokenizer:          e.tokenizer,
+		Parse:              openai.ParseOptions{KeepBillingHeader: e.opts.RequestPath.KeepBillingHeader},
 		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,
 		PassUnknownModels:  e.opts.RequestPath.PassUnknownModels,
 		Metrics:            director.NewMetrics(e.reg),

@@ -56,6 +56,13 @@ type RequestPathOptions struct {
 	// PassUnknownModels routes requests for models no endpoint serves or
 	// reports as a loaded adapter; by default they are refused with 404.
 	PassUnknownModels bool
+	// KeepBillingHeader: the model servers render the system block of a
+	// Messages request that begins with x-anthropic-billing-header
+	// (Claude Code's per-request attribution line), as vLLM did before
+	// its Messages endpoint dropped that block; the request path then
+	// renders it too. Off (the default), it is dropped before rendering,
+	// as current vLLM drops it.
+	KeepBillingHeader bool
 	// Tokenize asks a model server's /tokenize for the token ids of
 	// requests that carry text, so that their prefix answers are exact.
 	Tokenize        bool

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,9 +104,27 @@ func benchmarkRoute(b *testing.B, configText string, endpoints, tokens int) {
 // the 64 endpoints holds its own prompt whole (as BenchmarkExtProcFloor's
 // fleet does), and requests cycle through the prompts. It reports CPU µs
 // and allocations per request.
-func BenchmarkHandleRequest(b *testing.B) {
+func BenchmarkHandleRequest(b *testing.B) { benchHandleRequest(b, "", 0) }
+
+// BenchmarkHandleRequestEviction is BenchmarkHandleRequest on endpoints
+// whose GPU caches are full (num_gpu_blocks is what each holds), so that
+// the latency-scorer's eviction term is computed for every candidate but
+// the one holding the prompt: with the term off, and with the default
+// configuration, in one run, for their ratio.
+func BenchmarkHandleRequestEviction(b *testing.B) {
+	off := strings.Replace(config.DefaultConfigText, "    use: quantile\n", "    use: quantile\n    evictionWeight: 0\n", 1)
+	if off == config.DefaultConfigText {
+		b.Fatal("the default configuration's latency-scorer parameters moved")
+	}
+	b.Run("term-off", func(b *testing.B) { benchHandleRequest(b, off, 8192/16) })
+	b.Run("default", func(b *testing.B) { benchHandleRequest(b, "", 8192/16) })
+}
+
+// benchHandleRequest runs BenchmarkHandleRequest under config (empty: the
+// default), with num_gpu_blocks gpuBlocks on every endpoint (0: unknown).
+func benchHandleRequest(b *testing.B, cfg string, gpuBlocks int) {
 	const endpoints, tokens, bs = 64, 8192, 16
-	e, err := New(Options{Pool: "bench", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+	e, err := New(Options{Pool: "bench", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigText: cfg})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -123,6 +142,7 @@ func BenchmarkHandleRequest(b *testing.B) {
 		e.Datastore().Upsert(&datalayer.Endpoint{Name: fmt.Sprintf("pod-%d", i), Address: addrs[i], Model: "m"})
 		e.Datastore().SetMetrics(fmt.Sprintf("pod-%d", i), datalayer.Metrics{
 			WaitingQueueSize: r.IntN(4), RunningRequests: r.IntN(16), KVCacheUsage: r.Float64() * 0.7, UpdateTime: now.Add(time.Hour),
+			BlockSize: bs, NumGPUBlocks: gpuBlocks,
 		})
 		hashes := make([]uint64, tokens/bs)
 		for k := range hashes {

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// API says which OpenAI-compatible API a request uses.
+// API says which of the model server's HTTP APIs a request uses.
 type API uint8
 
 // The APIs the request path understands; others are routed without a prefix.
@@ -16,6 +16,18 @@ const (
 	APIOther API = iota
 	APICompletions
 	APIChatCompletions
+	// APIMessages is Anthropic's Messages API (/v1/messages), which vLLM
+	// serves by converting the request into a chat completion.
+	APIMessages
+	// APIMessagesCountTokens is /v1/messages/count_tokens: the same
+	// rendering, no generation.
+	APIMessagesCountTokens
+	// APIResponses is OpenAI's Responses API (/v1/responses).
+	APIResponses
+	// APIGenerate is vLLM's /inference/v1/generate: token ids in.
+	APIGenerate
+	// APIEmbeddings is /v1/embeddings.
+	APIEmbeddings
 )
 
 func (a API) String() string {
@@ -24,6 +36,16 @@ func (a API) String() string {
 		return "completions"
 	case APIChatCompletions:
 		return "chat_completions"
+	case APIMessages:
+		return "messages"
+	case APIMessagesCountTokens:
+		return "messages_count_tokens"
+	case APIResponses:
+		return "responses"
+	case APIGenerate:
+		return "generate"
+	case APIEmbeddings:
+		return "embeddings"
 	}
 	return "other"
 }
@@ -76,7 +98,9 @@ type Request struct {
 	// TokenIDs are the prompt's token ids as the model server computes them,
 	// when known (given in the request, or from a tokenizer).
 	TokenIDs []uint32
-	// Chat is set for chat completions.
+	// Chat is set for chat completions, and for the APIs the model server
+	// renders as one (Messages, Responses): their messages as vLLM
+	// converts them, not as the client sent them.
 	Chat *Chat
 	// AddSpecialTokens says whether the model server adds special tokens
 	// (BOS) when it tokenizes Prompt: true for completions by default.
@@ -88,6 +112,11 @@ type Request struct {
 	// from text or tokens alone (images and other multimodal parts): they are
 	// routed, but never matched against the index.
 	NoReproduciblePrefix bool
+	// InexactPrefix, when set, says why the request's prompt cannot be
+	// known in full (a Responses request continuing a response the model
+	// server stored): it is not tokenized, and its prefix is matched
+	// approximately from Prompt.
+	InexactPrefix string
 
 	// Headers are the request headers, lower-cased names.
 	Headers map[string]string
@@ -139,12 +168,16 @@ type Response struct {
 	// Picked is what PrepareData published on the endpoint that was picked
 	// and served it (nil when nothing was, or a fallback served instead).
 	Picked Attributes
+	// PrefilledBy is the endpoint that prefilled the request when another
+	// one decoded it (disaggregated serving): the first token then waited
+	// on that prefill and the KV transfer, so it is not Endpoint's TTFT.
+	PrefilledBy string
 }
 
-// TTFT is the time to the first token, when the answer was streamed and
-// its first byte came.
+// TTFT is the time to the first token, when the answer was streamed, its
+// first byte came, and the endpoint prefilled the request itself.
 func (r *Response) TTFT() (time.Duration, bool) {
-	if !r.Streamed || r.FirstByte.IsZero() || r.Start.IsZero() {
+	if !r.Streamed || r.FirstByte.IsZero() || r.Start.IsZero() || r.PrefilledBy != "" {
 		return 0, false
 	}
 	return r.FirstByte.Sub(r.Start), true

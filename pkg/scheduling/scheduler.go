@@ -57,6 +57,10 @@ type Options struct {
 	Now func() time.Time
 	// Registerer takes the scheduler's metrics; nil means don't register.
 	Registerer prometheus.Registerer
+	// KeepScores keeps every scored candidate's weighted score in its
+	// profile's result (ProfileResult.Scored), at an allocation a profile
+	// run: for --emit-endpoint-scores.
+	KeepScores bool
 }
 
 // Scheduler runs scheduling cycles. It is safe for concurrent use.
@@ -70,6 +74,7 @@ type Scheduler struct {
 	// now is Options.Now, nil for time.Now: a cycle then reads the clock
 	// it times itself by.
 	now      func() time.Time
+	keep     bool
 	metrics  *metrics
 	handlerT prometheus.Observer
 
@@ -103,6 +108,7 @@ func New(opts Options) (*Scheduler, error) {
 		detector: opts.Detector,
 		admit:    opts.Admitters,
 		now:      opts.Now,
+		keep:     opts.KeepScores,
 		metrics:  m,
 		rng:      opts.Rand,
 	}
@@ -204,6 +210,7 @@ func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []
 	seed1, seed2 := s.rng.Uint64(), s.rng.Uint64()
 	s.rngMu.Unlock()
 	cs := framework.NewCycleState(now, seed1, seed2)
+	cs.SetCandidates(cands)
 
 	results := make(map[string]*framework.ProfileResult, len(s.profiles))
 	// A profile runs at most once per cycle, so a handler that keeps asking
@@ -295,6 +302,10 @@ func (s *Scheduler) runProfile(ctx context.Context, cs *framework.CycleState, re
 	}
 	if err := checkPicks(res.Picked, cands); err != nil {
 		return nil, fmt.Errorf("profile %q, picker %s: %w", p.Name, p.Picker.TypedName(), err)
+	}
+	if s.keep {
+		// A copy: scored goes back to the pool.
+		res.Scored = slices.Clone(scored)
 	}
 	for i, pp := range p.PostPicks {
 		t := time.Now()

@@ -33,6 +33,13 @@ type EngineConfig struct {
 	Sink events.Sink
 	// Tokenizer is the model's tokenizer (nil: Words).
 	Tokenizer Tokenizer
+	// Family gives the engine's metric and event traits (its scheduling
+	// is the core's Timing).
+	Family Family
+	// Role is the engine's llm-d.ai/role label value (RolePrefill,
+	// RoleDecode, RoleBoth; "" for none); Transfer its KV transfer (pd.go).
+	Role     string
+	Transfer Transfer
 }
 
 // Engine is one simulated vLLM engine. Its methods are safe for concurrent
@@ -41,6 +48,9 @@ type Engine struct {
 	cfg      EngineConfig
 	pub      *events.Publisher
 	instance string
+	// start is when the engine started, by its pool's clock, from which
+	// its family's silence is counted.
+	start time.Time
 
 	mu   sync.Mutex
 	pool *blockpool.Pool
@@ -60,8 +70,25 @@ func NewEngine(cfg EngineConfig, pub *events.Publisher) *Engine {
 		pub:      pub,
 		pool:     blockpool.New(cfg.Pool),
 		instance: fmt.Sprintf("%s-%d", cfg.Pod, time.Now().UnixNano()),
+		start:    cfg.now(),
 	}
 }
+
+func (cfg EngineConfig) now() time.Time {
+	if cfg.Pool.Now != nil {
+		return cfg.Pool.Now()
+	}
+	return time.Now()
+}
+
+// silent says whether the engine is still in its family's silence.
+func (e *Engine) silent() bool {
+	return e.cfg.Family.Silence > 0 && e.cfg.now().Sub(e.start) < e.cfg.Family.Silence
+}
+
+// MetricsSilent says whether the engine serves no metrics yet (its
+// family's silence, with SilentMetrics).
+func (e *Engine) MetricsSilent() bool { return e.cfg.Family.SilentMetrics && e.silent() }
 
 func (e *Engine) tokenizer() Tokenizer {
 	if e.cfg.Tokenizer == nil {
@@ -123,10 +150,14 @@ func (e *Engine) blocks(req blockpool.Request) ([]uint64, []events.Tier) {
 	return h, e.pool.TiersOf(h)
 }
 
-// Usage is the share of GPU blocks in use by running requests.
+// Usage is the KV usage the engine reports: the share of GPU blocks in
+// use by running requests, or (UsageResident) holding any KV.
 func (e *Engine) Usage() float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.cfg.Family.Usage == UsageResident {
+		return e.pool.ResidentUsage()
+	}
 	return e.pool.Usage()
 }
 
@@ -134,6 +165,11 @@ func (e *Engine) Usage() float64 {
 func (e *Engine) step() error {
 	b, seq, ok := e.pool.Step()
 	if !ok || (e.pub == nil && e.zmq == nil && e.cfg.Sink == nil) {
+		return nil
+	}
+	if e.silent() {
+		// Lost, as events sent before anyone listens are; the sequence
+		// numbers go on, so the first batch heard shows the gap.
 		return nil
 	}
 	e.last, e.emitted = seq, true

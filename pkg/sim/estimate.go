@@ -22,6 +22,7 @@ type estSeq struct {
 	chunk      int
 	decodeLeft int
 	target     bool
+	idle       bool
 }
 
 // EstimateTTFT is how long a request with these tokens, arriving at now,
@@ -41,8 +42,9 @@ func (r *Core) EstimateTTFT(tokens []uint32, now time.Time) time.Duration {
 	running := make([]*estSeq, 0, len(r.running)+len(r.waiting)+1)
 	for _, s := range r.running {
 		e := &estSeq{left: s.prefillLeft, ctx: s.ctx, decodeLeft: s.maxTokens - s.generated}
-		if r.inStep {
-			// The step under way ends first; the replay starts after it.
+		if r.inStep && !s.idle {
+			// The step under way ends first; the replay starts after it
+			// (a sequence sitting it out stays as it is).
 			if e.left > 0 {
 				e.left -= s.chunk
 				e.ctx += s.chunk
@@ -101,34 +103,60 @@ func (r *Core) EstimateTTFT(tokens []uint32, now time.Time) time.Duration {
 	for range maxEstimateSteps {
 		var w StepWork
 		b := newBudget(r.timing)
-		for _, s := range running {
-			if s.left == 0 {
-				w.Decoding++
-				w.DecodeContext += int64(s.ctx)
-				b.take(1)
-			}
-		}
-		for _, s := range running {
-			if s.left > 0 {
-				if s.chunk = b.take(s.left); s.chunk == 0 {
-					break
-				}
+		admitAll := func() int {
+			n := 0
+			for len(waiting) > 0 && len(running) < r.timing.MaxSeqs && b.left() {
+				s := waiting[0]
+				waiting = waiting[1:]
+				cached, loaded := admit(s)
+				s.left, s.ctx = s.promptLen-cached, cached
+				s.chunk = b.take(s.left)
 				w.addChunk(s.chunk, s.ctx)
+				w.Loaded += loaded
+				w.Admitted++
+				running = append(running, s)
+				n++
 			}
+			return n
 		}
-		for len(waiting) > 0 && len(running) < r.timing.MaxSeqs && b.left() {
-			s := waiting[0]
-			waiting = waiting[1:]
-			cached, loaded := admit(s)
-			s.left, s.ctx = s.promptLen-cached, cached
-			s.chunk = b.take(s.left)
-			w.addChunk(s.chunk, s.ctx)
-			w.Loaded += loaded
-			running = append(running, s)
+		if r.timing.Scheduler == SchedPrefillFirst {
+			decoding := len(running)
+			if admitAll() > 0 {
+				for _, s := range running[:decoding] {
+					s.idle = true
+				}
+			} else {
+				for _, s := range running {
+					w.Decoding++
+					w.DecodeContext += int64(s.ctx)
+				}
+			}
+		} else {
+			for _, s := range running {
+				if s.left == 0 {
+					w.Decoding++
+					w.DecodeContext += int64(s.ctx)
+					b.take(1)
+				}
+			}
+			for _, s := range running {
+				if s.left > 0 {
+					if s.chunk = b.take(s.left); s.chunk == 0 {
+						break
+					}
+					w.addChunk(s.chunk, s.ctx)
+				}
+			}
+			admitAll()
 		}
 		elapsed += r.timing.Step(w)
 		kept := running[:0]
 		for _, s := range running {
+			if s.idle {
+				s.idle = false
+				kept = append(kept, s)
+				continue
+			}
 			if s.left > 0 {
 				s.left -= s.chunk
 				s.ctx += s.chunk

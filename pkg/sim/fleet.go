@@ -46,6 +46,12 @@ type FleetConfig struct {
 	Listen func(i int) (net.Listener, error)
 	// ZMQ, when set, gives engine i's ZeroMQ output (nil: none).
 	ZMQ func(i int) *ZMQConfig
+	// Family is every engine's family (zero: vLLM's).
+	Family Family
+	// Roles, when set, gives engine i the role Roles[i%len(Roles)]; every
+	// engine transfers KV as Transfer says.
+	Roles    []string
+	Transfer Transfer
 }
 
 // Fleet is a running set of cores and their servers. Close stops them.
@@ -72,7 +78,12 @@ func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
 	if cfg.MixedEncodings && i%2 == 1 {
 		enc = events.EncodingMap
 	}
-	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer}
+	role := ""
+	if len(cfg.Roles) > 0 {
+		role = cfg.Roles[i%len(cfg.Roles)]
+	}
+	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer,
+		Family: cfg.Family, Role: role, Transfer: cfg.Transfer}
 }
 
 // Sidecar is what runs beside one engine of a fleet.
@@ -82,12 +93,14 @@ type Sidecar interface {
 	Run(ctx context.Context) error
 }
 
-// TimingOf is engine i's timing: the fleet's, scaled by its speed.
+// TimingOf is engine i's timing: the fleet's, as its family runs it (a
+// drawn family's costs drawn from the pools' seed), scaled by its speed.
 func (cfg FleetConfig) TimingOf(i int) Timing {
+	t := cfg.Family.Timing(cfg.Timing, cfg.Pool.Seed, i)
 	if len(cfg.Speeds) == 0 {
-		return cfg.Timing
+		return t
 	}
-	return cfg.Timing.Scaled(cfg.Speeds[i%len(cfg.Speeds)])
+	return t.Scaled(cfg.Speeds[i%len(cfg.Speeds)])
 }
 
 // StartFleet starts the fleet's scheduler loops and servers; they run until

@@ -32,6 +32,8 @@ type genRequest struct {
 	MaxTokens    int
 	Stream       bool
 	IncludeUsage bool
+	// KVTransfer is the request's kv_transfer_params (nil: none).
+	KVTransfer *KVTransferParams
 }
 
 // wireRequest is the JSON of both APIs; what one API does not read is
@@ -54,6 +56,7 @@ type wireRequest struct {
 	StreamOptions        *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 // parseRequest reads body as a request to the chat API (chat) or the
@@ -81,6 +84,11 @@ func parseRequest(body []byte, chat bool) (*genRequest, error) {
 		}
 		r.IncludeUsage = w.StreamOptions.IncludeUsage
 	}
+	kv, err := ParseKVTransferParams(w.KVTransferParams)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadRequest, err)
+	}
+	r.KVTransfer = kv
 	for _, m := range []struct {
 		v    *int64
 		name string

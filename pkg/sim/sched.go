@@ -84,6 +84,12 @@ type Seq struct {
 	// the tokens already in its KV cache (cached, computed, generated),
 	// chunk the prefill tokens planned for the current step.
 	prefillLeft, ctx, chunk int
+	// idle marks a decoding sequence that sits out the current step:
+	// one without chunked prefill that prefills others.
+	idle bool
+	// keep: the sequence's blocks stay allocated when it ends, for a
+	// remote decode to pull (a prefill-only request's).
+	keep bool
 
 	mu     sync.Mutex
 	cached int
@@ -168,11 +174,15 @@ func (r *Core) Timing() Timing { return r.timing }
 
 // Submit queues a request generating maxTokens output tokens.
 func (r *Core) Submit(req blockpool.Request, maxTokens int) (*Seq, error) {
+	return r.submit(req, maxTokens, false)
+}
+
+func (r *Core) submit(req blockpool.Request, maxTokens int, keep bool) (*Seq, error) {
 	if maxTokens <= 0 {
 		maxTokens = 1
 	}
 	ch := make(chan Token, maxTokens+1)
-	s := &Seq{Tokens: ch, tokens: ch, req: req, maxTokens: maxTokens}
+	s := &Seq{Tokens: ch, tokens: ch, req: req, maxTokens: maxTokens, keep: keep}
 	r.mu.Lock()
 	if r.stopped {
 		r.mu.Unlock()
@@ -206,29 +216,60 @@ func (r *Core) Stats() CoreStats {
 // Plan starts a step: it gives each decoding sequence its token, continues
 // the prefills already under way, then admits waiting sequences in arrival
 // order while the batch has seats, the step's token budget lasts and their
-// blocks fit, and returns the step's work. ok is false when there is
-// nothing to do. Plan and Finish are the loop's two halves; Run drives them
-// in real time, tests and virtual time call them directly.
+// blocks fit, and returns the step's work (SchedPrefillFirst: a step that
+// admits prefills only, and the running sequences decode in steps that
+// admit nothing). ok is false when there is nothing to do. Plan and Finish
+// are the loop's two halves; Run drives them in real time, tests and
+// virtual time call them directly.
 func (r *Core) Plan() (w StepWork, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b := newBudget(r.timing)
-	for _, s := range r.running {
-		if s.prefillLeft == 0 {
-			w.Decoding++
-			w.DecodeContext += int64(s.ctx)
-			b.take(1)
-		}
-	}
-	for _, s := range r.running {
-		if s.prefillLeft > 0 {
-			if s.chunk = b.take(s.prefillLeft); s.chunk == 0 {
-				break
+	if r.timing.Scheduler == SchedPrefillFirst {
+		decoding := len(r.running)
+		if r.admit(&b, &w) > 0 {
+			for _, s := range r.running[:decoding] {
+				s.idle = true
 			}
-			w.addChunk(s.chunk, s.ctx)
+		} else {
+			for _, s := range r.running {
+				w.Decoding++
+				w.DecodeContext += int64(s.ctx)
+			}
 		}
+	} else {
+		for _, s := range r.running {
+			if s.prefillLeft == 0 {
+				w.Decoding++
+				w.DecodeContext += int64(s.ctx)
+				b.take(1)
+			}
+		}
+		for _, s := range r.running {
+			if s.prefillLeft > 0 {
+				if s.chunk = b.take(s.prefillLeft); s.chunk == 0 {
+					break
+				}
+				w.addChunk(s.chunk, s.ctx)
+			}
+		}
+		r.admit(&b, &w)
 	}
+	for _, s := range r.waiting {
+		s.mu.Lock()
+		s.steps++
+		s.mu.Unlock()
+	}
+	r.inStep = len(r.running) > 0
+	return w, r.inStep
+}
+
+// admit moves waiting sequences into the running batch in arrival order
+// while it has seats, b lasts and their blocks fit, adding their prefill
+// chunks to w; it returns how many it admitted.
+func (r *Core) admit(b *budget, w *StepWork) int {
 	bs := r.eng.cfg.Pool.BlockSize
+	n := 0
 	for len(r.waiting) > 0 && len(r.running) < r.timing.MaxSeqs && b.left() {
 		s := r.waiting[0]
 		gpu, cpu, err := r.eng.admit(s.req)
@@ -254,19 +295,15 @@ func (r *Core) Plan() (w StepWork, ok bool) {
 		s.chunk = b.take(s.prefillLeft)
 		w.addChunk(s.chunk, s.ctx)
 		w.Loaded += cpu * bs
+		w.Admitted++
+		n++
 		r.running = append(r.running, s)
 		r.stats.Requests++
 		r.stats.PromptTokens += int64(len(s.req.Tokens))
 		r.stats.PrefixQueries += int64(len(s.req.Tokens))
 		r.stats.PrefixHits += int64(cached)
 	}
-	for _, s := range r.waiting {
-		s.mu.Lock()
-		s.steps++
-		s.mu.Unlock()
-	}
-	r.inStep = len(r.running) > 0
-	return w, r.inStep
+	return n
 }
 
 // budget is a step's token budget (vLLM's max_num_batched_tokens).
@@ -276,7 +313,7 @@ type budget struct {
 }
 
 func newBudget(t Timing) budget {
-	return budget{n: t.MaxBatchedTokens, unlimited: t.MaxBatchedTokens <= 0}
+	return budget{n: t.MaxBatchedTokens, unlimited: t.MaxBatchedTokens <= 0 || t.Scheduler == SchedPrefillFirst}
 }
 
 // take spends up to want tokens and returns how many it got.
@@ -312,6 +349,12 @@ func (r *Core) Finish(d time.Duration) error {
 	kept := r.running[:0]
 	var firstErr error
 	for _, s := range r.running {
+		if s.idle {
+			// It sat out a prefill step.
+			s.idle = false
+			kept = append(kept, s)
+			continue
+		}
 		if s.prefillLeft > 0 {
 			s.prefillLeft -= s.chunk
 			s.ctx += s.chunk
@@ -329,8 +372,12 @@ func (r *Core) Finish(d time.Duration) error {
 			kept = append(kept, s)
 			continue
 		}
-		if err := r.eng.release(s.req.ID); err != nil && firstErr == nil {
-			firstErr = err
+		// A kept sequence's blocks are released by whoever reads its
+		// Done token (Server.hold).
+		if !s.keep {
+			if err := r.eng.release(s.req.ID); err != nil && firstErr == nil {
+				firstErr = err
+			}
 		}
 		s.tokens <- Token{Index: s.generated, Done: true}
 		close(s.tokens)

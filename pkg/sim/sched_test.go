@@ -299,51 +299,61 @@ func TestEstimateTTFTIsWhatTheSchedulerThenDoes(t *testing.T) {
 		{"a small token budget, so prefills are chunked", 4, 700, 4},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			r := testReplica(4096, 0, tt.maxSeqs)
-			r.timing.MaxBatchedTokens = tt.budget
-			shared := prompt(7, 512)
-			for i := range tt.queued {
-				if _, err := r.Submit(blockpool.Request{Tokens: append(append([]uint32{}, shared...), prompt(i, 300)...)}, 6); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// A step under way: the estimate starts from its end.
-			now := time.Unix(1000, 0)
-			var first time.Duration
-			if w, ok := r.Plan(); ok {
-				first = r.Timing().Step(w)
-				r.Stepping(now.Add(first))
-			}
-			target := append(append([]uint32{}, shared...), prompt(99, 200)...)
-			est := r.EstimateTTFT(target, now)
+		for _, family := range FamilyNames {
+			t.Run(family+"/"+tt.name, func(t *testing.T) {
+				t.Parallel()
+				r := testReplica(4096, 0, tt.maxSeqs)
+				r.timing.MaxBatchedTokens = tt.budget
+				r.timing = Family{Name: family}.Timing(r.timing, 3, 0)
+				estimateIsWhatTheSchedulerDoes(t, r, tt.queued)
+			})
+		}
+	}
+}
 
-			if first > 0 {
-				if err := r.Finish(first); err != nil {
-					t.Fatal(err)
-				}
-			}
-			s, _ := r.Submit(blockpool.Request{Tokens: target}, 1)
-			elapsed := first
-			for range 10000 {
-				w, ok := r.Plan()
-				if !ok {
-					t.Fatal("the core went idle before the request's first token")
-				}
-				d := r.Timing().Step(w)
-				elapsed += d
-				if err := r.Finish(d); err != nil {
-					t.Fatal(err)
-				}
-				if len(s.Tokens) > 0 {
-					break
-				}
-			}
-			if est != elapsed {
-				t.Errorf("estimated %v, the scheduler took %v", est, elapsed)
-			}
-		})
+// estimateIsWhatTheSchedulerDoes queues queued requests on r, starts a
+// step, and checks that EstimateTTFT then is what r's scheduler takes.
+func estimateIsWhatTheSchedulerDoes(t *testing.T, r *Core, queued int) {
+	t.Helper()
+	shared := prompt(7, 512)
+	for i := range queued {
+		if _, err := r.Submit(blockpool.Request{Tokens: append(append([]uint32{}, shared...), prompt(i, 300)...)}, 6); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A step under way: the estimate starts from its end.
+	now := time.Unix(1000, 0)
+	var first time.Duration
+	if w, ok := r.Plan(); ok {
+		first = r.Timing().Step(w)
+		r.Stepping(now.Add(first))
+	}
+	target := append(append([]uint32{}, shared...), prompt(99, 200)...)
+	est := r.EstimateTTFT(target, now)
+
+	if first > 0 {
+		if err := r.Finish(first); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _ := r.Submit(blockpool.Request{Tokens: target}, 1)
+	elapsed := first
+	for range 10000 {
+		w, ok := r.Plan()
+		if !ok {
+			t.Fatal("the core went idle before the request's first token")
+		}
+		d := r.Timing().Step(w)
+		elapsed += d
+		if err := r.Finish(d); err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Tokens) > 0 {
+			break
+		}
+	}
+	if est != elapsed {
+		t.Errorf("estimated %v, the scheduler took %v", est, elapsed)
 	}
 }
 

@@ -48,6 +48,8 @@ type Server struct {
 	ln        net.Listener
 	listening chan struct{}
 	stopped   chan struct{}
+	// pd is the server's side of the P/D contract (pd.go).
+	pd pdState
 }
 
 // Fault is how a server fails its generation requests (/v1/completions
@@ -154,6 +156,7 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	close(s.stopped)
+	defer s.pd.closeIdle()
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := s.srv.Shutdown(sctx); err != nil {
@@ -169,11 +172,20 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if s.r.eng.MetricsSilent() {
+			writeError(w, http.StatusServiceUnavailable, "metrics not ready")
+			return
+		}
+		metrics.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /tokenize", s.tokenize)
 	mux.HandleFunc("POST /v1/completions", s.complete)
 	mux.HandleFunc("POST /v1/chat/completions", s.complete)
+	s.pdRoutes(mux)
+	s.apiRoutes(mux)
 	return mux
 }
 
@@ -264,6 +276,11 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	if kv := req.KVTransfer; kv != nil && kv.DoRemotePrefill {
+		// A decode request refused before it pulls: the prefill engine
+		// is told, as vLLM's connector tells it, rather than left holding.
+		w = &refusalNotifier{ResponseWriter: w, notify: func() { _ = s.notifyPrefill(kv, "abort", 0) }}
+	}
 	if req.Model != s.model() {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("the model `%s` does not exist", req.Model))
 		return
@@ -309,7 +326,22 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 			MaxModelLen-len(tokens), len(tokens), MaxModelLen))
 		return
 	}
-	seq, err := s.r.Submit(blockpool.Request{Tokens: tokens, Salt: req.CacheSalt}, maxTokens)
+	breq := blockpool.Request{Tokens: tokens, Salt: req.CacheSalt}
+	kv := req.KVTransfer
+	keep := kv != nil && kv.DoRemoteDecode
+	if keep && req.Stream {
+		writeError(w, http.StatusBadRequest, "kv_transfer_params: do_remote_decode needs stream false: the answer carries the transfer's parameters")
+		return
+	}
+	if kv != nil && kv.DoRemotePrefill {
+		if rn, ok := w.(*refusalNotifier); ok {
+			w = rn.ResponseWriter // from here the pull tells the prefill engine
+		}
+		if !s.remotePrefill(r.Context(), kv, breq) {
+			return
+		}
+	}
+	seq, err := s.r.submit(breq, maxTokens, keep)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
@@ -319,6 +351,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		id = "chat" + id
 	}
 	e := emitter{w: w, id: id, model: req.Model, chat: chat, created: time.Now().Unix()}
+	if keep {
+		e.done = func() map[string]any { return map[string]any{"kv_transfer_params": s.hold(seq)} }
+		e.gone = func() { s.releaseKept(seq) }
+	}
 	if req.Stream {
 		e.stream(r.Context(), seq, req.IncludeUsage)
 		return
@@ -377,6 +413,10 @@ type emitter struct {
 	model   string
 	chat    bool
 	created int64
+	// done, when set, gives fields the whole answer adds; gone is called
+	// when the client leaves before the end.
+	done func() map[string]any
+	gone func()
 }
 
 func (e *emitter) usage(seq *Seq, generated int) map[string]any {
@@ -400,6 +440,9 @@ func (e *emitter) whole(ctx context.Context, seq *Seq) {
 	for {
 		select {
 		case <-ctx.Done():
+			if e.gone != nil {
+				e.gone()
+			}
 			return
 		case t := <-seq.Tokens:
 			if t.Err != nil {
@@ -417,10 +460,16 @@ func (e *emitter) whole(ctx context.Context, seq *Seq) {
 			} else {
 				choice["text"] = string(text)
 			}
-			writeJSON(e.w, http.StatusOK, map[string]any{
+			resp := map[string]any{
 				"id": e.id, "object": e.object(), "created": e.created, "model": e.model,
 				"choices": []any{choice}, "usage": e.usage(seq, n),
-			})
+			}
+			if e.done != nil {
+				for k, v := range e.done() {
+					resp[k] = v
+				}
+			}
+			writeJSON(e.w, http.StatusOK, resp)
 			return
 		}
 	}

@@ -36,9 +36,28 @@ type Timing struct {
 	// MaxBatchedTokens is the step's token budget (vLLM's
 	// max_num_batched_tokens): one per decoding sequence, the rest for
 	// prefill chunks. 0 means no budget: every admitted prompt is
-	// prefilled whole in its first step.
+	// prefilled whole in its first step, beside the others' decodes.
 	MaxBatchedTokens int
+	// Scheduler is how steps are composed (zero: SchedChunked).
+	Scheduler Scheduler
+	// RequestOverhead is a fixed cost paid once per request, in the step
+	// that admits it (tokenization, sampling set-up, a host round trip).
+	RequestOverhead time.Duration
 }
+
+// Scheduler is how an engine composes its steps.
+type Scheduler int
+
+const (
+	// SchedChunked is vLLM's: each step decodes every running sequence
+	// and spends the rest of its token budget on prefills, chunking them.
+	SchedChunked Scheduler = iota
+	// SchedPrefillFirst is a scheduler without chunked prefill: a step
+	// admits waiting prompts and prefills them whole, and running
+	// sequences decode only in steps that admit nothing. It has no token
+	// budget: MaxBatchedTokens is not used.
+	SchedPrefillFirst
+)
 
 // DefaultTiming is the model the benchmark and demo run.
 func DefaultTiming() Timing {
@@ -63,6 +82,7 @@ func (t Timing) Scaled(speed float64) Timing {
 	s := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speed) }
 	t.PrefillPerToken, t.PrefillAttention, t.LoadPerToken = s(t.PrefillPerToken), s(t.PrefillAttention), s(t.LoadPerToken)
 	t.DecodeStep, t.DecodePerSeq, t.DecodePerKToken = s(t.DecodeStep), s(t.DecodePerSeq), s(t.DecodePerKToken)
+	t.RequestOverhead = s(t.RequestOverhead)
 	return t
 }
 
@@ -76,6 +96,9 @@ type StepWork struct {
 	PrefillContext int64
 	// DecodeContext sums the decoding sequences' context lengths.
 	DecodeContext int64
+	// Admitted is the requests the step admits, each paying the
+	// request overhead.
+	Admitted int
 }
 
 // addChunk records a prefill chunk of n tokens computed after ctx tokens
@@ -89,6 +112,7 @@ func (w *StepWork) addChunk(n, ctx int) {
 func (t Timing) Step(w StepWork) time.Duration {
 	d := time.Duration(w.Prefill)*t.PrefillPerToken + time.Duration(w.Loaded)*t.LoadPerToken
 	d += time.Duration(w.PrefillContext / 1024 * int64(t.PrefillAttention))
+	d += time.Duration(w.Admitted) * t.RequestOverhead
 	if w.Decoding > 0 {
 		d += t.DecodeStep + time.Duration(w.Decoding)*t.DecodePerSeq
 		d += time.Duration(w.DecodeContext / 1024 * int64(t.DecodePerKToken))

@@ -11,44 +11,16 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { gzipSync } from "node:zlib";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { patchStringStrip } from "./jinja-python.mjs";
 
 const require = createRequire(import.meta.url);
 const { Tokenizer } = require("@anush008/tokenizers");
-const { Template, Environment } = require("@huggingface/jinja");
+const { Template } = require("@huggingface/jinja");
 
 // The model server renders with Python's Jinja2, whose str.strip, lstrip and
-// rstrip take the characters to remove (Qwen3's template strips only
-// newlines). @huggingface/jinja ignores that argument and strips all
-// whitespace, so those three methods are given Python's meaning here.
+// rstrip take the characters to remove; jinja-python.mjs gives
+// @huggingface/jinja that meaning.
 patchStringStrip();
-
-function patchStringStrip() {
-  const env = new Environment();
-  env.set("probe", "x");
-  const proto = Object.getPrototypeOf(env.lookupVariable("probe"));
-  const desc = Object.getOwnPropertyDescriptor(proto, "builtins");
-  const FunctionValue = desc.get.call(env.lookupVariable("probe")).get("upper").constructor;
-  const StringValue = proto.constructor;
-  const strip = (s, chars, left, right) => {
-    const set = chars == null ? null : new Set(Array.from(chars));
-    const drop = (c) => (set ? set.has(c) : /[\s\u001c-\u001f\u0085]/u.test(c));
-    const cs = Array.from(s);
-    let a = 0, b = cs.length;
-    while (left && a < b && drop(cs[a])) a++;
-    while (right && b > a && drop(cs[b - 1])) b--;
-    return cs.slice(a, b).join("");
-  };
-  Object.defineProperty(proto, "builtins", {
-    get() {
-      const m = desc.get.call(this);
-      const arg = (args) => (args.length > 0 && args[0].type === "StringValue" ? args[0].value : null);
-      m.set("strip", new FunctionValue((args) => new StringValue(strip(this.value, arg(args), true, true))));
-      m.set("lstrip", new FunctionValue((args) => new StringValue(strip(this.value, arg(args), true, false))));
-      m.set("rstrip", new FunctionValue((args) => new StringValue(strip(this.value, arg(args), false, true))));
-      return m;
-    },
-  });
-}
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const outDir = path.join(here, "..", "..", "pkg", "tokenizer", "testdata");

@@ -111,7 +111,7 @@ func (ix *Index) Apply(o events.Origin, b *events.Batch) {
 		st.state = datalayer.StreamUncertain
 	}
 	ix.expireAged(ep, st, now, &d)
-	ep.held += d.held()
+	ep.addHeld(&d)
 	ep.refreshState()
 	ep.last.Store(now.UnixNano())
 	ep.mu.Unlock()
@@ -632,7 +632,7 @@ func (ix *Index) Restart(s events.Stream) {
 	if !ep.gone {
 		st := ep.stream(s.DPRank)
 		ix.clearStream(ep, st, &d)
-		ep.held += d.held()
+		ep.addHeld(&d)
 		st.hasSeq, st.instance = false, ""
 		st.state = datalayer.StreamExact
 		ep.refreshState()

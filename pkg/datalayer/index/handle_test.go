@@ -58,14 +58,14 @@ func TestCandidatesCarryWhatTheIndexSaysOfEachEndpointUntilItLeaves(t *testing.T
 	ix.AddEndpoint(addr)
 	check("a member with no events", datalayer.StreamNone, datalayer.StreamInfo{}, true)
 	storeAt(ix, addr, 16, 2)
-	check("after its first store", datalayer.StreamExact, datalayer.StreamInfo{State: datalayer.StreamExact, BlockSize: 16}, true)
+	check("after its first store", datalayer.StreamExact, datalayer.StreamInfo{State: datalayer.StreamExact, BlockSize: 16, GPUBlocks: 2}, true)
 	ix.SetStreamState(events.Stream{Endpoint: addr}, datalayer.StreamUncertain)
-	check("once its stream is in doubt", datalayer.StreamUncertain, datalayer.StreamInfo{State: datalayer.StreamUncertain, BlockSize: 16}, true)
+	check("once its stream is in doubt", datalayer.StreamUncertain, datalayer.StreamInfo{State: datalayer.StreamUncertain, BlockSize: 16, GPUBlocks: 2}, true)
 	ix.RemoveEndpoint(addr)
 	check("once it left the index", datalayer.StreamNone, datalayer.StreamInfo{}, false)
 	ix.AddEndpoint(addr)
 	storeAt(ix, addr, 32, 1)
-	check("back, with another block size", datalayer.StreamExact, datalayer.StreamInfo{State: datalayer.StreamExact, BlockSize: 32}, true)
+	check("back, with another block size (what it held before is forgotten)", datalayer.StreamExact, datalayer.StreamInfo{State: datalayer.StreamExact, BlockSize: 32, GPUBlocks: 1}, true)
 	ds.SetStreamStates(nil)
 	check("with no stream states", datalayer.StreamNone, datalayer.StreamInfo{}, false)
 }
@@ -112,5 +112,41 @@ func BenchmarkDatastoreCandidatesFromIndex(b *testing.B) {
 			}
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/request")
 		})
+	}
+}
+
+func TestTheGPUBlocksCountFollowsStoresRemovalsRestartsAndAges(t *testing.T) {
+	t.Parallel()
+	const addr = "10.0.0.1:8000"
+	now := time.Unix(1000, 0)
+	var opts Options
+	opts.TierMaxAge[events.TierGPU] = time.Minute
+	opts.Now = func() time.Time { return now }
+	ix := New(opts, nil)
+	ix.AddEndpoint(addr)
+	gpu := func() int {
+		var d [1]EndpointInfo
+		ix.Describe([]string{addr}, d[:])
+		return d[0].GPUBlocks
+	}
+	o := events.Origin{Stream: events.Stream{Endpoint: addr}, Model: "m", Instance: "i", BlockSize: 16}
+	storeAt(ix, addr, 16, 4)
+	if got := gpu(); got != 4 {
+		t.Fatalf("after 4 stored: %d GPU blocks", got)
+	}
+	o.Seq = 1 // the batch after storeAt's
+	ix.Apply(o, &events.Batch{Events: []events.Event{{Kind: events.KindBlockRemoved, BlockHashes: []uint64{4}, Medium: events.TierGPU}}})
+	if got := gpu(); got != 3 {
+		t.Errorf("after one removed: %d GPU blocks, want 3", got)
+	}
+	ix.Restart(o.Stream)
+	if got := gpu(); got != 0 {
+		t.Errorf("after the engine restarted: %d GPU blocks, want 0", got)
+	}
+	storeAt(ix, addr, 16, 2)
+	now = now.Add(2 * time.Minute)
+	ix.Expire()
+	if got := gpu(); got != 0 {
+		t.Errorf("after the GPU tier's holdings aged out: %d GPU blocks, want 0", got)
 	}
 }

@@ -113,6 +113,11 @@ type ixEndpoint struct {
 	// held counts the endpoint's holdings, all streams and tiers, for
 	// MaxHoldingsPerEndpoint. Guarded by mu.
 	held int64
+	// gpuHeld counts the endpoint's GPU-tier holdings, all streams: what
+	// its GPU cache holds, against the capacity its metrics give, for the
+	// placement that weighs what a pick would evict (StreamInfo.GPUBlocks).
+	// Written under mu, read without it.
+	gpuHeld atomic.Int64
 
 	// layout is the engine's KV-cache groups (nil until a store names
 	// one); bigram is set once its stores key blocks by token pairs.
@@ -275,7 +280,22 @@ func (ep *ixEndpoint) info() EndpointInfo {
 		State:     datalayer.StreamState(ep.state.Load()),
 		BlockSize: int(ep.blockSize.Load()),
 		Bigram:    ep.bigram.Load(),
+		GPUBlocks: int(max(ep.gpuHeld.Load(), 0)),
 	}
+}
+
+// addHeld adds d's changes to the endpoint's holdings counts. Called with
+// mu held.
+func (ep *ixEndpoint) addHeld(d *delta) {
+	ep.held += d.held()
+	ep.gpuHeld.Add(d.holdings[events.TierGPU])
+}
+
+// subHeld takes back changes added by addHeld: Expire shares one delta
+// across endpoints, so each endpoint adds only what its own pass added.
+func (ep *ixEndpoint) subHeld(d *delta) {
+	ep.held -= d.held()
+	ep.gpuHeld.Add(-d.holdings[events.TierGPU])
 }
 
 // StreamHandle returns addr's handle (nil when addr is not a member), which
@@ -411,11 +431,12 @@ func (ix *Index) Expire() {
 	for _, ep := range *ix.members.Load() {
 		ep.mu.Lock()
 		if !ep.gone {
-			before := d.held()
+			before := d
 			for _, st := range ep.streams {
 				ix.expireAged(ep, st, now, &d)
 			}
-			ep.held += d.held() - before
+			ep.addHeld(&d)
+			ep.subHeld(&before)
 		}
 		ep.mu.Unlock()
 	}

@@ -66,7 +66,7 @@ func (ix *Index) InstallSnapshot(o events.Origin, chunks []*events.Batch) error 
 		}
 	}
 	full := st.state == datalayer.StreamUncertain
-	ep.held += d.held()
+	ep.addHeld(&d)
 	st.instance, st.seq, st.hasSeq = o.Instance, o.Seq, true
 	st.state = datalayer.StreamRecovering
 	ep.refreshState()

@@ -7,7 +7,6 @@ import (
 type metrics struct {
 	synced     prometheus.Gauge
 	leader     prometheus.Gauge
-	pods       prometheus.Gauge
 	reconciles *prometheus.CounterVec
 	changes    *prometheus.CounterVec
 	poolInfo   *prometheus.GaugeVec
@@ -22,10 +21,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_k8s_leader",
 			Help: "1 while this replica holds the leader lease (always 0 without leader election).",
-		}),
-		pods: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "kvroute_k8s_pods",
-			Help: "Pods of the pool that are ready and contribute endpoints.",
 		}),
 		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_k8s_reconciles_total",
@@ -46,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.synced, m.leader, m.pods, m.reconciles, m.changes, m.poolInfo)
+		reg.MustRegister(m.synced, m.leader, m.reconciles, m.changes, m.poolInfo)
 	}
 	return m
 }

@@ -168,5 +168,4 @@ func (s *syncer) applyLocked(pod string, eps []*datalayer.Endpoint) {
 	} else {
 		s.owned[pod] = names
 	}
-	s.m.pods.Set(float64(len(s.owned)))
 }

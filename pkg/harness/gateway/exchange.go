@@ -97,8 +97,11 @@ type Result struct {
 	// MetadataDestination the envoy.lb dynamic metadata's value.
 	Destination         string
 	MetadataDestination string
-	// SetHeaders are every header the server set on the request.
+	// SetHeaders are every header the server set on the request;
+	// RemovedHeaders those it removed (Envoy sends neither the client's
+	// value nor any).
 	SetHeaders      map[string]string
+	RemovedHeaders  []string
 	ClearRouteCache bool
 	// Body is the request body as the server passed it on.
 	Body []byte
@@ -186,6 +189,9 @@ func (ex *exchange) forward(ctx context.Context, up Upstream) *Response {
 	headers := requestHeaders(ex.req)
 	for k, v := range ex.res.SetHeaders {
 		headers[k] = v
+	}
+	for _, k := range ex.res.RemovedHeaders {
+		delete(headers, k)
 	}
 	targets := Targets(ex.res.Destination)
 	if len(targets) == 0 {
@@ -425,6 +431,13 @@ func (ex *exchange) takeBufferedBody(r *extprocv3.ProcessingResponse) error {
 func (ex *exchange) takeCommon(cr *extprocv3.CommonResponse, md *structpb.Struct) error {
 	for _, h := range cr.GetHeaderMutation().GetSetHeaders() {
 		ex.res.SetHeaders[strings.ToLower(h.GetHeader().GetKey())] = headerValue(h.GetHeader())
+	}
+	for _, k := range cr.GetHeaderMutation().GetRemoveHeaders() {
+		k = strings.ToLower(k)
+		if _, set := ex.res.SetHeaders[k]; set {
+			return fmt.Errorf("%w: header %s both set and removed", ErrEnvoyWouldReject, k)
+		}
+		ex.res.RemovedHeaders = append(ex.res.RemovedHeaders, k)
 	}
 	ex.res.Destination = ex.res.SetHeaders[director.HeaderDestination]
 	ex.res.ClearRouteCache = cr.GetClearRouteCache()

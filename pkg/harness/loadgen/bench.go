@@ -19,6 +19,9 @@ type Plan struct {
 	// Speeds, when set, makes this workload's fleet heterogeneous
 	// (sim.FleetConfig.Speeds).
 	Speeds []float64
+	// CPUBlocks, when set, gives every engine a CPU tier of that many
+	// blocks for this workload.
+	CPUBlocks int
 }
 
 // BenchOptions shape a routing benchmark: every plan's workload at each of
@@ -58,6 +61,9 @@ type Point struct {
 	Policy   string
 	Rate     float64
 	Summary
+	// Predictor is the EPP's latency predictor's TTFT accuracy in the
+	// run, for a policy with one.
+	Predictor *PredictorAccuracy `json:",omitempty"`
 	// Restart is what the run's EPP restart did (Shape.RestartAt).
 	Restart *Restart `json:",omitempty"`
 }
@@ -85,9 +91,13 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 					}
 					runs = append(runs, pt)
 					if o.Progress != nil {
-						fmt.Fprintf(o.Progress, "%-13s %-25s %5.1f req/s  seed %-4d TTFT p50 %7s p90 %7s p99 %7s  hit %5.1f%%  SLO %5.1f%%  goodput %5.1f/s  (%d req, %d shed, %d err, %d cut)\n",
+						pred := ""
+						if a := pt.Predictor; a != nil {
+							pred = fmt.Sprintf("  predicted TTFT: MAPE %.1f%%, p90 coverage %.1f%%", 100*a.MAPE, 100*a.Coverage)
+						}
+						fmt.Fprintf(o.Progress, "%-13s %-25s %5.1f req/s  seed %-4d TTFT p50 %7s p90 %7s p99 %7s  hit %5.1f%%  SLO %5.1f%%  goodput %5.1f/s  (%d req, %d shed, %d err, %d cut)%s\n",
 							p.Workload.Name, pol, rate, one.Seed, ms(pt.TTFTp50), ms(pt.TTFTp90), ms(pt.TTFTp99), 100*pt.HitRate,
-							100*pt.SLOAttainment, pt.Goodput, pt.Requests, pt.Shed, pt.Errors, pt.Cut)
+							100*pt.SLOAttainment, pt.Goodput, pt.Requests, pt.Shed, pt.Errors, pt.Cut, pred)
 						if r := pt.Restart; r != nil {
 							fmt.Fprintf(o.Progress, "%-13s restart: stopped %s at %s, %s ready at %s; steady hit rate %.1f%%; %s\n",
 								"", r.Old, r.StopAt.Round(time.Millisecond), r.New, r.ReadyAt.Round(time.Millisecond), 100*r.Steady, r.Verdict())
@@ -118,6 +128,9 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	if len(p.Speeds) > 0 {
 		fleet.Speeds = p.Speeds
 	}
+	if p.CPUBlocks > 0 {
+		fleet.Pool.CPUBlocks = p.CPUBlocks
+	}
 	ro := RunOptions{
 		Model: o.Fleet.Model, Rate: rate, Duration: o.runDuration(rate), Drain: o.Drain,
 		MaxTokens: o.MaxTokens, ThinkTime: o.ThinkTime, Seed: o.Seed,
@@ -127,7 +140,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 		if err != nil {
 			return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 		}
-		return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan)}, nil
+		return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Predictor: res.Predictor}, nil
 	}
 	env, err := StartEnvShaped(ctx, policy, fleet, o.Seed, o.Shape)
 	if err != nil {
@@ -137,7 +150,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	if err := env.Close(); err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}
-	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Restart: res.Restart}, nil
+	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Predictor: res.Predictor, Restart: res.Restart}, nil
 }
 
 // runDuration is how long arrivals run at rate: Duration, or longer for

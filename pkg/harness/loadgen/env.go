@@ -102,6 +102,8 @@ type FleetOptions struct {
 	// output, its metrics at stop, the report of what ran); empty, a
 	// temporary folder removed with the run.
 	OutDir string
+	// Family is the engines' family (zero: vLLM's).
+	Family sim.Family
 }
 
 // Front is how an environment's requests reach the EPP.
@@ -425,14 +427,23 @@ func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
 	if o.Client == nil {
 		o.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	}
+	var res Result
 	if env.Shape.RestartAt <= 0 {
-		return run(ctx, w, env.router, o)
+		res = run(ctx, w, env.router, o)
+	} else {
+		rs := &restartRun{at: env.Shape.RestartAt, done: make(chan struct{})}
+		o.during = func(start time.Time) { env.restartDuring(ctx, w, start, rs) }
+		res = run(ctx, w, env.router, o)
+		<-rs.done
+		res.Restart = rs.measure(res.Samples)
 	}
-	rs := &restartRun{at: env.Shape.RestartAt, done: make(chan struct{})}
-	o.during = func(start time.Time) { env.restartDuring(ctx, w, start, rs) }
-	res := run(ctx, w, env.router, o)
-	<-rs.done
-	res.Restart = rs.measure(res.Samples)
+	// The first replica's predictor speaks for the run (after a restart,
+	// the replica that replaced it).
+	if env.EPP != nil {
+		if a, ok := predictorAccuracy(env.EPP.Registry()); ok {
+			res.Predictor = &a
+		}
+	}
 	return res
 }
 
@@ -527,7 +538,8 @@ func eppConfig(policy string) string {
 // engineLimits are the fleet's scheduler limits, as a user of vLLM gives
 // the EPP the --max-num-seqs and --max-num-batched-tokens the engines run.
 func (fo FleetOptions) engineLimits() enginesched.Limits {
-	return enginesched.Limits{MaxNumSeqs: fo.Timing.MaxSeqs, MaxBatchedTokens: fo.Timing.MaxBatchedTokens}
+	t := fo.Family.Timing(fo.Timing, 0, 0)
+	return enginesched.Limits{MaxNumSeqs: t.MaxSeqs, MaxBatchedTokens: t.MaxBatchedTokens}
 }
 
 // fleetConfig is the simulated fleet the options describe, its pools
@@ -535,7 +547,7 @@ func (fo FleetOptions) engineLimits() enginesched.Limits {
 func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	fc := sim.FleetConfig{
 		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing, Speeds: fo.Speeds,
-		Encoding: fo.Encoding, MixedEncodings: fo.Mixed,
+		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Family: fo.Family,
 	}
 	fc.Pool.Seed = seed
 	return fc

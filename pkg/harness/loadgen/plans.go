@@ -28,6 +28,20 @@ import (
 //     engines at full speed, two at half), so that where a request goes
 //     and whether it is served at all both matter.
 //   - unrelated: nothing to reuse, the control.
+//   - cache-pressure: llm-d's "KV-cache wins you can see" shape (8 pods,
+//     150 customers with 6,000-token contexts, demand about 73% of the
+//     cluster's KV capacity) scaled to 4 engines: 24 customers, each a
+//     4096-token context (256 blocks of 16 tokens) with 128-token
+//     questions, drawn uniformly so that a customer returns after others
+//     may have evicted it; engines of 2048 GPU blocks, 8192 in the fleet,
+//     so demand is 24 × 256 = 6144 blocks, 0.75× the fleet's GPU cache:
+//     it fits only if each customer stays on few engines.
+//   - cache-pressure-cpu: the same with 48 customers, 12288 blocks, 1.5×
+//     the fleet's GPU cache, and a CPU tier of 2048 blocks per engine, so
+//     that GPU and CPU together (16384 blocks) hold it at 0.75×.
+//     In real time a point costs about its arrivals (240 requests, at
+//     least 8s) plus a second, per policy: these two ladders add about
+//     10 minutes to the benchmark.
 func DefaultPlans(quick bool) []Plan {
 	plans := []Plan{
 		{Workload: Workload{Name: "shared-prefix", Kind: KindSharedPrefix, Groups: 8, SystemTokens: 2048, QuestionTokens: 64, SLO: 250 * time.Millisecond},
@@ -44,6 +58,10 @@ func DefaultPlans(quick bool) []Plan {
 			Speeds: []float64{1, 1, 0.5, 0.5}, Rates: []float64{12, 24, 36, 48, 60}},
 		{Workload: Workload{Name: "unrelated", Kind: KindUnrelated, SystemTokens: 1024, QuestionTokens: 64, SLO: 250 * time.Millisecond},
 			Rates: []float64{6, 12, 18}},
+		{Workload: Workload{Name: "cache-pressure", Kind: KindSharedPrefix, Groups: 24, SystemTokens: 4096, QuestionTokens: 128, SLO: 400 * time.Millisecond},
+			GPUBlocks: 2048, Rates: []float64{12, 24, 36}},
+		{Workload: Workload{Name: "cache-pressure-cpu", Kind: KindSharedPrefix, Groups: 48, SystemTokens: 4096, QuestionTokens: 128, SLO: 400 * time.Millisecond},
+			GPUBlocks: 2048, CPUBlocks: 2048, Rates: []float64{24, 36}},
 	}
 	if quick {
 		for i := range plans {
@@ -87,6 +105,8 @@ func WriteReport(path string, o BenchOptions, pts []Point, command string, took 
 	}
 	fmt.Fprintf(&b, ", %s, with vLLM's scheduler loop (at most %d running sequences, a step budget of %d tokens shared by decodes and chunked prefills; prefill %s per uncached token plus %s per token per 1024 tokens of context, CPU-tier load %s per token, decode step %s + %s per running sequence + %s per 1024 tokens each reads). Workloads that say so run on a heterogeneous fleet (engines at fractions of that speed). %s\n\n",
 		serving, t.MaxSeqs, t.MaxBatchedTokens, t.PrefillPerToken, t.PrefillAttention, t.LoadPerToken, t.DecodeStep, t.DecodePerSeq, t.DecodePerKToken, eventsGo)
+	fmt.Fprintf(&b, "Engine family: `%s`, %s. The EPP is given the family's limits as a user gives it an engine's flags (max_num_seqs %d, max_num_batched_tokens %d; 0, a family without a token budget, leaves the EPP its default budget); its predictor replays vLLM's chunked scheduler whatever the family.\n\n",
+		o.Fleet.Family, o.Fleet.Family.Describe(), o.Fleet.engineLimits().MaxNumSeqs, o.Fleet.engineLimits().MaxBatchedTokens)
 	ttftNote := "TTFT is measured by the client at the first streamed token."
 	if o.Virtual {
 		ttftNote = "TTFT runs from a request's arrival to the end of the engine step that made its first token."
@@ -116,7 +136,7 @@ Workloads:
 | workload | shape | groups | system prompt (tokens) | question or turn (tokens) | turns | GPU blocks per engine | engine speeds | TTFT SLO | rates (req/s) |
 |---|---|---:|---:|---:|---:|---:|---|---|---|
 ` + workloadRows(o) + `
-approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoint without KV events takes; approx-prefix is the faithful upstream algorithm, run in the client, which the checks compare against.
+` + demandNotes(o) + `approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoint without KV events takes; approx-prefix is the faithful upstream algorithm, run in the client, which the checks compare against.
 
 `)
 	b.WriteString(gatewayPoliciesNote(o))
@@ -170,6 +190,7 @@ approx-prefix-epp is kvroute's own routing-history fallback, the path an endpoin
 	fmt.Fprintf(&b, "Raw numbers: [routing-benchmark.json](routing-benchmark.json). In the tables, *p90 vs oracle* is each policy's TTFT p90 over the oracle's at the same rate (below 1: the policy beat the greedy oracle).\n\n")
 	var tb strings.Builder
 	WriteTables(&tb, pts)
+	WritePredictorTable(&tb, pts)
 	b.WriteString(tb.String())
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("loadgen: %w", err)
@@ -189,9 +210,12 @@ func workloadRows(o BenchOptions) string {
 	var b strings.Builder
 	for _, p := range o.Plans {
 		w := p.Workload
-		blocks := o.Fleet.Pool.GPUBlocks
+		blocks := strconv.Itoa(o.Fleet.Pool.GPUBlocks)
 		if p.GPUBlocks > 0 {
-			blocks = p.GPUBlocks
+			blocks = strconv.Itoa(p.GPUBlocks)
+		}
+		if cpu := max(p.CPUBlocks, o.Fleet.Pool.CPUBlocks); cpu > 0 {
+			blocks += fmt.Sprintf(" (+ %d CPU)", cpu)
 		}
 		rates := make([]string, len(p.Rates))
 		for i, r := range p.Rates {
@@ -213,8 +237,43 @@ func workloadRows(o BenchOptions) string {
 			}
 			slo = strings.Join(cs, ", ")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %s | %s | %s | %s |\n",
 			w.Name, w.Kind, max(w.Groups, 1), w.SystemTokens, w.QuestionTokens, max(w.Turns, 1), blocks, speeds, slo, strings.Join(rates, ", "))
+	}
+	return b.String()
+}
+
+// demandNotes states, for each shared-prefix workload whose contexts
+// would fill more than half the fleet's GPU cache, the arithmetic of its
+// demand on the cache.
+func demandNotes(o BenchOptions) string {
+	var b strings.Builder
+	bs := max(o.Fleet.Pool.BlockSize, 1)
+	for _, p := range o.Plans {
+		w := p.Workload
+		if w.Kind != KindSharedPrefix {
+			continue
+		}
+		gpu := o.Fleet.Pool.GPUBlocks
+		if p.GPUBlocks > 0 {
+			gpu = p.GPUBlocks
+		}
+		cpu := max(p.CPUBlocks, o.Fleet.Pool.CPUBlocks)
+		engines := max(o.Fleet.Engines, 1)
+		per := w.SystemTokens / bs
+		demand, fleet := max(w.Groups, 1)*per, engines*gpu
+		if 2*demand <= fleet {
+			continue
+		}
+		fmt.Fprintf(&b, "%s's demand on the KV cache: %d contexts × %d blocks (%d tokens of %d) = %d blocks, %.2f× the fleet's GPU cache (%d engines × %d = %d blocks)",
+			w.Name, max(w.Groups, 1), per, w.SystemTokens, bs, demand, float64(demand)/float64(fleet), engines, gpu, fleet)
+		if cpu > 0 {
+			fmt.Fprintf(&b, ", %.2f× its GPU and CPU tiers together (%d blocks)", float64(demand)/float64(engines*(gpu+cpu)), engines*(gpu+cpu))
+		}
+		b.WriteString(".\n")
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
 	}
 	return b.String()
 }

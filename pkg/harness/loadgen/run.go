@@ -45,6 +45,12 @@ type RunOptions struct {
 type Result struct {
 	Samples  []Sample
 	Makespan time.Duration
+	// Predictor is the EPP's latency predictor's TTFT accuracy over the
+	// run, from its own metrics; nil for a policy without one.
+	Predictor *PredictorAccuracy
+	// Evicted counts, in virtual time, the GPU blocks each engine evicted
+	// (its BlockRemoved events), by engine; nil in real time.
+	Evicted []int
 	// Restart is what an EPP restart during the run did (Shape.RestartAt).
 	Restart *Restart
 }
@@ -126,7 +132,7 @@ func run(ctx context.Context, w Workload, r router, o RunOptions) Result {
 // send runs one request as a streaming client and times it.
 func send(ctx context.Context, r router, conv Conversation, turn int, replies []string, o RunOptions, start time.Time) (Sample, string) {
 	t0 := time.Now()
-	s := Sample{Start: t0.Sub(start)}
+	s := Sample{Start: t0.Sub(start), Engine: -1}
 	path, body, err := conv.body(o.Model, turn, replies, o.MaxTokens)
 	if err != nil {
 		s.Err = err

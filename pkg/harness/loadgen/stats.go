@@ -21,6 +21,9 @@ type Sample struct {
 	SLO  time.Duration
 	Shed bool
 	Err  error
+	// Engine is the index of the engine that served the request, in
+	// virtual time; -1 where none did or it is not known.
+	Engine int
 	// Replica is the EPP replica (the gateway's ext_proc host) whose
 	// stream the request passed; Bypass marks a request sent past every
 	// EPP (Shape.Bypass).

@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
@@ -47,7 +48,13 @@ func RunVirtual(ctx context.Context, policy string, fo FleetOptions, w Workload,
 	if v.eppSrv != nil {
 		setObjectives(v.eppSrv, w)
 	}
-	return v.run(ctx, w, o)
+	res, err := v.run(ctx, w, o)
+	if err == nil && v.eppSrv != nil {
+		if a, ok := predictorAccuracy(v.eppSrv.Registry()); ok {
+			res.Predictor = &a
+		}
+	}
+	return res, err
 }
 
 type virtualRun struct {
@@ -58,6 +65,8 @@ type virtualRun struct {
 	router router
 	eppSrv *epp.EPP
 	dir    director.Handler
+	// evictions sits between each engine and the index.
+	evictions []*evictionCounter
 }
 
 // virtualClock is the run's time: a fixed origin plus the simulated time
@@ -104,16 +113,21 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 		v.eppSrv, v.dir = e, e.Director()
 	}
 	fc := fo.fleetConfig(seed)
+	// The engines' clock, by which a family's silence ends.
+	fc.Pool.Now = v.clock.Now
 	for i := range max(fo.Engines, 1) {
 		// The real-time fleet's engines, at addresses nothing listens on.
 		ec := fc.EngineConfig(i, fmt.Sprintf("10.0.0.%d:8000", i+1))
+		ev := &evictionCounter{}
 		if v.eppSrv != nil {
 			if policy != PolicyApproxEPP {
 				// The approximate policy's EPP hears no events: that is the point.
-				ec.Sink = v.eppSrv.Index()
+				ev.next = v.eppSrv.Index()
 			}
 			v.eppSrv.Datastore().Upsert(&datalayer.Endpoint{Name: ec.Pod, Address: ec.Address, Pod: ec.Pod, Model: fo.Model})
 		}
+		ec.Sink = ev
+		v.evictions = append(v.evictions, ev)
 		v.replicas = append(v.replicas, sim.NewCore(sim.NewEngine(ec, nil), fc.TimingOf(i)))
 		v.addrs[ec.Address] = i
 	}
@@ -150,6 +164,9 @@ func (v *virtualRun) pick(ctx context.Context, path string, body []byte, headers
 	}
 	ds := v.eppSrv.Datastore()
 	for _, r := range v.replicas {
+		if r.Engine().MetricsSilent() {
+			continue // as a scrape would find nothing
+		}
 		waiting, running := r.Load()
 		cfg := r.Engine().Config()
 		// Wall-clock stamped: the scorers judge staleness by the wall clock.
@@ -289,7 +306,7 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 			return Result{}, err
 		}
 		i, tokens, pick, err := v.pick(ctx, path, body, c.conv.headers())
-		r := &vreq{conv: c, started: now, pick: pick, sample: Sample{Start: now, PromptTokens: len(tokens), SLO: c.conv.SLO}}
+		r := &vreq{conv: c, started: now, pick: pick, sample: Sample{Start: now, PromptTokens: len(tokens), SLO: c.conv.SLO, Engine: -1}}
 		if err != nil {
 			if director.StatusOf(err) == http.StatusTooManyRequests {
 				r.sample.Shed = true
@@ -303,6 +320,7 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 		if err != nil {
 			return Result{}, fmt.Errorf("loadgen: %w", err)
 		}
+		r.sample.Engine = i
 		flight[i] = append(flight[i], r)
 		step(i)
 	}
@@ -317,7 +335,41 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 			samples = append(samples, r.sample)
 		}
 	}
-	return Result{Samples: samples, Makespan: min(now, end)}, nil
+	evicted := make([]int, len(v.evictions))
+	for i, e := range v.evictions {
+		evicted[i] = e.n
+	}
+	return Result{Samples: samples, Makespan: min(now, end), Evicted: evicted}, nil
+}
+
+// evictionCounter counts the GPU blocks an engine's batches remove, and
+// passes every batch on.
+type evictionCounter struct {
+	next events.Sink
+	n    int
+}
+
+func (c *evictionCounter) Apply(o events.Origin, b *events.Batch) {
+	for i := range b.Events {
+		if e := &b.Events[i]; e.Kind == events.KindBlockRemoved && e.Medium == events.TierGPU {
+			c.n += len(e.BlockHashes)
+		}
+	}
+	if c.next != nil {
+		c.next.Apply(o, b)
+	}
+}
+
+func (c *evictionCounter) Uncertain(s events.Stream, r events.Reason) {
+	if c.next != nil {
+		c.next.Uncertain(s, r)
+	}
+}
+
+func (c *evictionCounter) Restart(s events.Stream) {
+	if c.next != nil {
+		c.next.Restart(s)
+	}
 }
 
 // collect takes the tokens replica i's sequences produced, records the

@@ -31,16 +31,29 @@ import (
 // Headers the request path reads and writes, as the Gateway API Inference
 // Extension's endpoint picker protocol names them.
 const (
-	HeaderRequestID     = "x-request-id"
-	HeaderModelRewrite  = "x-gateway-model-name-rewrite"
-	HeaderObjective     = "x-gateway-inference-objective"
-	HeaderDestination   = "x-gateway-destination-endpoint"
-	HeaderSubsetHint    = "x-gateway-destination-endpoint-subset"
-	HeaderServed        = "x-gateway-destination-endpoint-served"
+	HeaderRequestID    = "x-request-id"
+	HeaderModelRewrite = "x-gateway-model-name-rewrite"
+	HeaderObjective    = "x-gateway-inference-objective"
+	HeaderDestination  = "x-gateway-destination-endpoint"
+	HeaderSubsetHint   = "x-gateway-destination-endpoint-subset"
+	HeaderServed       = "x-gateway-destination-endpoint-served"
+	// MetadataScores is the envoy.lb key of every scored endpoint's score
+	// (upstream's --emit-endpoint-scores).
+	MetadataScores      = "x-gateway-destination-endpoint-scores"
 	HeaderSLOTTFT       = "x-slo-ttft-ms"
 	HeaderSLOTPOT       = "x-slo-tpot-ms"
 	MetadataDestination = "envoy.lb"
 	MetadataSubsetHint  = "envoy.lb.subset_hint"
+)
+
+// Headers of disaggregated serving, as llm-d names them: set on the request
+// sent to the decode pod, whose P/D sidecar sends the prefill (and encode)
+// work to the pods they name before decoding.
+const (
+	// HeaderPrefiller is the prefill pod's ip:port.
+	HeaderPrefiller = "x-prefiller-host-port"
+	// HeaderEncoders are the encode pods' ip:ports, comma-separated.
+	HeaderEncoders = "x-encoder-hosts-ports"
 )
 
 // Error is a request-path failure with the HTTP status the client gets.
@@ -98,13 +111,23 @@ type Pick struct {
 	Request *request.Request
 	// RequestedModel is the model the client named, before any rewrite.
 	RequestedModel string
-	Result         *framework.Result
+	// Body, when not nil, is the body to forward instead of the client's:
+	// the same bytes with the model rewritten (x-gateway-model-name-rewrite).
+	Body   []byte
+	Result *framework.Result
 	// Targets are the picked endpoints' ip:port addresses, primary first,
 	// then fallbacks.
 	Targets []string
 	// Candidates are the request's candidates with what PrepareData put on them.
 	Candidates []*datalayer.Candidate
-	Start      time.Time
+	// Prefill is the ip:port of the pod that prefills the request before
+	// Targets[0] decodes it (HeaderPrefiller); empty when Targets[0]
+	// prefills it itself.
+	Prefill string
+	// Encoders are the ip:ports of the pods that encode the request's
+	// multimodal parts (HeaderEncoders); empty when none do.
+	Encoders []string
+	Start    time.Time
 	// labels are the requested and target models as metric label values;
 	// series their series.
 	labels [2]string
@@ -122,6 +145,8 @@ type Pick struct {
 	// held: a PrepareData producer ran on a goroutine of its own, and may
 	// still use the request after the response is handled.
 	held bool
+	// pd is a split pick's prefill leg (pd.go); nil when not split.
+	pd *pdLegs
 }
 
 // HeldAfterResponse reports whether something the director ran for the
@@ -200,6 +225,9 @@ type Options struct {
 	// scorers and the latency predictor, which read it back through the
 	// candidates.
 	InFlight InFlight
+	// Parse says how the model servers read what requests leave to them
+	// (whether they drop Claude Code's billing header block).
+	Parse openai.ParseOptions
 	// Tokenizer finds token ids for requests that carry none; nil means
 	// such requests are matched approximately.
 	Tokenizer tokenize.Tokenizer
@@ -298,7 +326,7 @@ func New(o Options) (*Director, error) {
 // can serve it, 429 when it is shed, 500 otherwise.
 func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) {
 	start := d.o.Now()
-	req, err := openai.ParseRequestInto(in.Path, in.Body, in.IDBuf)
+	req, err := openai.ParseRequestWith(in.Path, in.Body, in.IDBuf, d.o.Parse)
 	if err != nil {
 		d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
 		return nil, &Error{Status: http.StatusBadRequest, Err: err}
@@ -312,8 +340,17 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 	if m := in.Headers[HeaderModelRewrite]; m != "" {
 		req.Model = m
 	}
+	if req.Model == "" && req.API != request.APIOther {
+		// An API that lets the model server pick its model (generate,
+		// embeddings, Responses): the pool's one model, when it has one.
+		// A request on a path kvroute does not parse keeps no model, as
+		// upstream's passthrough parser counts it.
+		req.Model = d.soleModel()
+	}
 	known := d.known(req.Model)
-	if !known.base && !known.adapter && !d.o.PassUnknownModels {
+	// A request kvroute does not parse and that names no model is routed
+	// as upstream's passthrough parser routes it: on load alone.
+	if req.Model != "" && !known.base && !known.adapter && !d.o.PassUnknownModels {
 		d.o.Metrics.errors.WithLabelValues(labelOther, labelOther, "404").Inc()
 		return nil, &Error{Status: http.StatusNotFound, Param: "model",
 			Err: fmt.Errorf("%w: the model `%s` does not exist", ErrUnknownModel, Echo(req.Model))}
@@ -323,7 +360,22 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 		// adapter: vLLM keys the adapter's blocks by its name.
 		req.LoRA = req.Model
 	}
-	return d.route(ctx, req, in.Subset, requested, in.Candidates, start, d.o.Now())
+	var body []byte
+	if requested != "" && req.Model != requested {
+		// The model server is asked for the model the request is routed
+		// for, not the one the client named. A body that names none (an
+		// API whose model server picks its one model) is passed on as it
+		// is.
+		if body, err = openai.ReplaceModel(in.Body, req.Model); err != nil {
+			d.o.Metrics.errors.WithLabelValues("", "", "400").Inc()
+			return nil, &Error{Status: http.StatusBadRequest, Param: "model", Err: err}
+		}
+	}
+	p, err := d.route(ctx, req, in.Subset, requested, in.Candidates, start, d.o.Now())
+	if p != nil {
+		p.Body = body
+	}
+	return p, err
 }
 
 // Route schedules an already parsed request: it reads the objective and
@@ -392,8 +444,16 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], "503").Inc()
 		return nil, &Error{Status: http.StatusServiceUnavailable, Err: errors.New("scheduler picked no endpoint")}
 	}
+	if c := res.Prefill(); c != nil {
+		p.Prefill = c.Address
+	}
+	for _, c := range res.Encoders() {
+		p.Encoders = append(p.Encoders, c.Address)
+	}
 	d.o.Metrics.observePick(p)
-	if d.dispatch(&p.disp, req, res.Targets()[0]) {
+	if pc := res.Prefill(); pc != nil {
+		d.dispatchSplit(p, req, res.Targets()[0], pc)
+	} else if d.dispatch(&p.disp, req, res.Targets()[0]) {
 		p.dispatch = &p.disp
 	}
 	return p, nil
@@ -428,6 +488,12 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 	}
 	if !d.o.InFlight.DispatchInto(dp, c.Name, req.Arrival, prompt-info.MatchTokens, prompt, req.MaxTokens) {
 		return false
+	}
+	if v, ok := c.Get(framework.RequestBlockKeysKey); ok {
+		// Its prefix family is the endpoint's most recently used now.
+		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
+			c.Residency.Touch(keys[0], len(keys), req.Arrival.UnixNano())
+		}
 	}
 	if lat, ok := datalayer.LatencyPredictionOf(c); ok {
 		if lat.TTFTValid {
@@ -480,6 +546,14 @@ func (d *Director) objective(req *request.Request, h map[string]string) error {
 // and a tokenizer is configured. A failure leaves them unknown: the request
 // is still routed, with approximate prefix answers.
 func (d *Director) tokenize(ctx context.Context, req *request.Request) {
+	if req.InexactPrefix != "" {
+		// The prompt's head is what the model server stored, unseen here:
+		// tokens of the rest alone would match nothing that is cached.
+		d.o.Metrics.inexact.WithLabelValues(req.API.String(), req.InexactPrefix).Inc()
+		d.o.Logger.LogAttrs(ctx, slog.LevelDebug, "prompt not known in full; routing approximately",
+			slog.String("request", req.ID), slog.String("reason", req.InexactPrefix))
+		return
+	}
 	if req.TokensKnown() || req.NoReproduciblePrefix || d.o.Tokenizer == nil || req.API == request.APIOther {
 		return
 	}
@@ -561,6 +635,7 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 	} else {
 		p.dispatch.DoneAt(s.End)
 	}
+	d.endSplit(p, s)
 	d.o.Metrics.observeResponse(p, s)
 	if outcome != datalayer.OutcomeNone && d.o.Outliers != nil {
 		d.o.Outliers.ReportOutcome(servedBy(p, s), outcome)
@@ -577,6 +652,9 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 		Start: p.Start, FirstByte: s.FirstByte, End: s.End,
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
 		RequestedModel: p.RequestedModel,
+	}
+	if p.Prefill != "" {
+		resp.PrefilledBy = p.Prefill
 	}
 	if t := p.Result.Targets(); len(t) > 0 && t[0].Address == s.Endpoint {
 		// What was predicted of the primary pick says nothing of a
@@ -620,12 +698,29 @@ func (d *Director) known(model string) knownModel {
 	return knownModel{}
 }
 
+// soleModel is the base model every endpoint that says serves, "" when
+// they name none or several.
+func (d *Director) soleModel() string {
+	model := ""
+	for _, ep := range d.o.Datastore.Endpoints() {
+		switch {
+		case ep.Model == "" || ep.Model == model:
+		case model == "":
+			model = ep.Model
+		default:
+			return ""
+		}
+	}
+	return model
+}
+
 // labelOther is the label value every model name the pool does not know
 // folds into.
 const labelOther = "other"
 
 // modelLabel is model as a metric label value: the name when an endpoint
-// serves it or reports it as an adapter, else labelOther. A label value
+// serves it or reports it as an adapter, or an objective is named so,
+// else labelOther. A label value
 // is a series for good, and a model name is the client's text.
 func (d *Director) modelLabel(model string) string {
 	for _, ep := range d.o.Datastore.Endpoints() {
@@ -635,6 +730,11 @@ func (d *Director) modelLabel(model string) string {
 	}
 	if model != "" {
 		if k := d.known(model); k.adapter {
+			return model
+		}
+		// An objective's name is the operator's, so as bounded a label as
+		// the pool's models: upstream's dashboards break requests down by it.
+		if _, ok := d.o.Objectives.Get(model); ok {
 			return model
 		}
 	}

@@ -5,9 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/enginesched"
@@ -359,6 +364,133 @@ func TestADirectorNeedsEachOfItsRequiredParts(t *testing.T) {
 	} {
 		if _, err := director.New(tt.o); err == nil {
 			t.Errorf("%s: New succeeded", tt.name)
+		}
+	}
+}
+
+// splitPicker is a scheduler of the test's own that splits every request:
+// decode on the last candidate, prefill on the first, encode on both.
+type splitPicker struct{}
+
+func (splitPicker) Schedule(_ context.Context, _ *request.Request, cands []*datalayer.Candidate) (*framework.Result, error) {
+	return &framework.Result{
+		PrimaryProfile: "decode", PrefillProfile: "prefill", EncodeProfile: "encode",
+		Decision: framework.EncodePrefillDecode,
+		Profiles: map[string]*framework.ProfileResult{
+			"decode":  {Picked: cands[len(cands)-1:]},
+			"prefill": {Picked: cands[:1]},
+			"encode":  {Picked: cands},
+		},
+	}, nil
+}
+
+func TestASplitPickNamesTheDecodeTargetAndThePodsThatPrefillAndEncode(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	ds.Upsert(&datalayer.Endpoint{Name: "b", Address: "10.0.0.2:8000", Model: "m"})
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: splitPicker{}, InFlight: ds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.HandleRequest(context.Background(), &director.Input{
+		Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":[1,2,3,4]}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Targets) != 1 || p.Targets[0] != "10.0.0.2:8000" || p.Prefill != "10.0.0.1:8000" ||
+		len(p.Encoders) != 2 || p.Encoders[0] != "10.0.0.1:8000" || p.Encoders[1] != "10.0.0.2:8000" {
+		t.Errorf("targets %v, prefill %q, encoders %v; want decode on b, prefill on a, encode on both", p.Targets, p.Prefill, p.Encoders)
+	}
+	d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200})
+}
+
+func TestASplitWithoutAPrefillPodIsRefusedWith503SayingWhy(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "d", Address: "10.0.0.1:8000", Model: "m", Labels: map[string]string{datalayer.RoleLabel: "decode"}})
+	l, err := config.NewInTreeRegistry().Load([]byte(`
+plugins:
+- type: decode-filter
+- type: prefill-filter
+- type: always-disagg-pd-decider
+- {type: disagg-profile-handler, parameters: {deciders: {prefill: always-disagg-pd-decider}, fallback: refuse}}
+schedulingProfiles:
+- {name: decode, plugins: [{pluginRef: decode-filter}]}
+- {name: prefill, plugins: [{pluginRef: prefill-filter}]}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched, err := scheduling.New(l.SchedulerOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: sched, InFlight: ds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.HandleRequest(context.Background(), &director.Input{Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":[1,2,3,4]}`)})
+	if director.StatusOf(err) != http.StatusServiceUnavailable || !strings.Contains(err.Error(), "no prefill pod is ready") {
+		t.Fatalf("err = %v (status %d), want 503 saying no prefill pod is ready", err, director.StatusOf(err))
+	}
+	if got := inFlightNow(ds.InFlight("d")); got != (datalayer.InFlight{}) {
+		t.Errorf("%+v in flight on the decode pod after the refusal", got)
+	}
+}
+
+// countingTokenizer tokenizes every request as one token and counts calls.
+type countingTokenizer struct{ calls atomic.Int64 }
+
+func (c *countingTokenizer) Tokenize(context.Context, *request.Request) ([]uint32, error) {
+	c.calls.Add(1)
+	return []uint32{1}, nil
+}
+
+func TestAPreviousResponseIsRoutedApproximatelyAndCounted(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	ds.SetMetrics("a", datalayer.Metrics{UpdateTime: time.Now().Add(time.Hour)})
+	reg := prometheus.NewRegistry()
+	tok := &countingTokenizer{}
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds,
+		Metrics: director.NewMetrics(reg), Tokenizer: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{
+		`{"model":"m","previous_response_id":"resp_1","input":"and then?"}`,
+		`{"model":"m","input":"a conversation of its own"}`,
+	} {
+		if _, err := d.HandleRequest(context.Background(), &director.Input{Path: "/v1/responses", Headers: map[string]string{}, Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := tok.calls.Load(); n != 1 {
+		t.Fatalf("tokenized %d requests; want only the one whose prompt is known in full", n)
+	}
+	want := `
+# HELP kvroute_inexact_prefix_requests_total Requests whose prompt the model server completes from state the EPP cannot see (a Responses request's previous_response_id), by API and reason; they were routed with approximate prefix answers.
+# TYPE kvroute_inexact_prefix_requests_total counter
+kvroute_inexact_prefix_requests_total{api="responses",reason="previous_response_id"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvroute_inexact_prefix_requests_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestARequestThatNamesNoModelGoesToThePoolsModel(t *testing.T) {
+	t.Parallel()
+	d, _, _ := newDirector(t, nil)
+	for _, tc := range []struct{ path, body string }{
+		{"/inference/v1/generate", `{"token_ids":[1,2,3],"sampling_params":{"max_tokens":4}}`},
+		{"/v1/embeddings", `{"input":"some text"}`},
+	} {
+		p, err := d.HandleRequest(context.Background(), &director.Input{Path: tc.path, Headers: map[string]string{}, Body: []byte(tc.body)})
+		if err != nil || p.Request.Model != "m" {
+			t.Fatalf("%s: %v; want it routed as model m", tc.path, err)
 		}
 	}
 }

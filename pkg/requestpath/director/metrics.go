@@ -2,6 +2,7 @@ package director
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,7 @@ type Metrics struct {
 	matchedTokens    *prometheus.CounterVec
 	tokenizeFailures prometheus.Counter
 	prepareFailures  prometheus.Counter
+	inexact          *prometheus.CounterVec
 
 	// What every routed request counts, resolved once: a label lookup
 	// (hashing and checking the values) cost more than the count.
@@ -37,12 +39,16 @@ type Metrics struct {
 	byTier                          [events.NumTiers]prometheus.Counter
 	speculative                     prometheus.Counter
 	byModel                         *memo.Map[[2]string, *modelSeries]
+	// pd measures split picks' legs (pd.go).
+	pd pdMetrics
+	// byPriority resolves inference_objective_request_total, whose series
+	// also carry the request's priority, as upstream's do.
+	byPriority *memo.Map[[3]string, prometheus.Counter]
 }
 
 // modelSeries are the series of one pair of requested and target model
 // label values.
 type modelSeries struct {
-	requests                                                      prometheus.Counter
 	duration, ttft, tpot, inputTokens, outputTokens, cachedTokens prometheus.Observer
 }
 
@@ -57,8 +63,8 @@ func (m *Metrics) series(labels [2]string) *modelSeries { return m.byModel.Get(l
 func (m *Metrics) makeSeries(labels [2]string) *modelSeries {
 	l := labels[:]
 	return &modelSeries{
-		requests: m.requests.WithLabelValues(l...), duration: m.duration.WithLabelValues(l...),
-		ttft: m.ttft.WithLabelValues(l...), tpot: m.tpot.WithLabelValues(l...),
+		duration: m.duration.WithLabelValues(l...),
+		ttft:     m.ttft.WithLabelValues(l...), tpot: m.tpot.WithLabelValues(l...),
 		inputTokens: m.inputTokens.WithLabelValues(l...), outputTokens: m.outputTokens.WithLabelValues(l...),
 		cachedTokens: m.cachedTokens.WithLabelValues(l...),
 	}
@@ -67,12 +73,15 @@ func (m *Metrics) makeSeries(labels [2]string) *modelSeries {
 // NewMetrics makes the metrics and registers them with reg unless it is nil.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	model := []string{"model_name", "target_model_name"}
-	tokenBuckets := prometheus.ExponentialBuckets(16, 2, 14) // 16 .. 131072 tokens
+	// Upstream's token buckets, so that its dashboards' quantiles read
+	// the same: prompts up to a million tokens, outputs up to 8192.
+	promptBuckets := []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144, 524288, 1048576}
+	outputBuckets := []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inference_objective_request_total",
-			Help: "Requests routed, by requested and target model.",
-		}, model),
+			Help: "Requests routed, by requested and target model and the request's priority.",
+		}, append(model, "priority")),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inference_objective_request_error_total",
 			Help: "Requests refused by the request path, by HTTP status.",
@@ -93,13 +102,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, model),
 		inputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "inference_objective_input_tokens", Help: "Prompt tokens per request, from the response's usage.", Buckets: tokenBuckets,
+			Name: "inference_objective_input_tokens", Help: "Prompt tokens per request, from the response's usage.", Buckets: promptBuckets,
 		}, model),
 		outputTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "inference_objective_output_tokens", Help: "Completion tokens per request, from the response's usage.", Buckets: tokenBuckets,
+			Name: "inference_objective_output_tokens", Help: "Completion tokens per request, from the response's usage.", Buckets: outputBuckets,
 		}, model),
 		cachedTokens: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "inference_objective_prompt_cached_tokens", Help: "Prompt tokens the model server found cached, from the response's usage.", Buckets: tokenBuckets,
+			Name: "inference_objective_prompt_cached_tokens", Help: "Prompt tokens the model server found cached, from the response's usage.", Buckets: promptBuckets,
 		}, model),
 		hitRatio: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "inference_extension_prefix_indexer_hit_ratio",
@@ -126,11 +135,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_prepare_data_failed_requests_total",
 			Help: "Requests for which at least one PrepareData producer failed or timed out.",
 		}),
+		inexact: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_inexact_prefix_requests_total",
+			Help: "Requests whose prompt the model server completes from state the EPP cannot see (a Responses request's previous_response_id), by API and reason; they were routed with approximate prefix answers.",
+		}, []string{"api", "reason"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.errors, m.duration, m.ttft, m.tpot, m.inputTokens, m.outputTokens, m.cachedTokens,
-			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures)
+			m.hitRatio, m.picks, m.pickStates, m.matchedTokens, m.tokenizeFailures, m.prepareFailures, m.inexact)
 	}
+	m.pd = newPDMetrics(reg)
 	for _, s := range datalayer.AllStreamStates {
 		m.byState[s] = m.pickStates.WithLabelValues(s.String())
 	}
@@ -140,12 +154,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.speculative = m.matchedTokens.WithLabelValues("speculative")
 	m.byModel = memo.New(maxModelSeries, m.makeSeries)
+	m.byPriority = memo.New(maxModelSeries, func(l [3]string) prometheus.Counter { return m.requests.WithLabelValues(l[:]...) })
 	return m
 }
 
 func (m *Metrics) observePick(p *Pick) {
 	p.series = m.series(p.labels)
-	p.series.requests.Inc()
+	prio := 0
+	if p.Request != nil {
+		prio = p.Request.Priority
+	}
+	m.byPriority.Get([3]string{p.labels[0], p.labels[1], strconv.Itoa(prio)}).Inc()
 	picked := p.Result.Targets()
 	if len(picked) == 0 {
 		return

@@ -28,6 +28,19 @@ func BenchmarkDecodedBytesPerBodyByte(b *testing.B) {
 	for i := range 2000 {
 		msgs = append(msgs, map[string]string{"role": []string{"user", "assistant"}[i%2], "content": words[:400]})
 	}
+	// Messages and Responses bodies become chat messages as well: Anthropic
+	// content blocks and Responses items, the shapes agents send.
+	blocks := make([]map[string]any, 0, 2000)
+	items := make([]map[string]any, 0, 2000)
+	for i := range 2000 {
+		text := []map[string]string{{"type": "text", "text": words[:400]}}
+		blocks = append(blocks, map[string]any{"role": []string{"user", "assistant"}[i%2], "content": text})
+		if i%2 == 0 {
+			items = append(items, map[string]any{"role": "user", "content": words[:400]})
+		} else {
+			items = append(items, map[string]any{"type": "message", "role": "assistant", "content": []map[string]string{{"type": "output_text", "text": words[:400]}}})
+		}
+	}
 	shapes := []struct {
 		name, path string
 		body       any
@@ -36,6 +49,9 @@ func BenchmarkDecodedBytesPerBodyByte(b *testing.B) {
 		{"token-ids", "/v1/completions", map[string]any{"model": "m", "prompt": ids}},
 		{"one-digit-token-ids", "/v1/completions", map[string]any{"model": "m", "prompt": shortIDs}},
 		{"chat", "/v1/chat/completions", map[string]any{"model": "m", "messages": msgs}},
+		{"messages", "/v1/messages", map[string]any{"model": "m", "max_tokens": 8, "messages": blocks}},
+		{"responses", "/v1/responses", map[string]any{"model": "m", "input": items}},
+		{"generate", "/inference/v1/generate", map[string]any{"token_ids": ids}},
 	}
 	for _, s := range shapes {
 		b.Run(s.name, func(b *testing.B) {

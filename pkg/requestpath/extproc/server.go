@@ -123,6 +123,12 @@ type Options struct {
 	// IdleTimeout closes a connection that has had no stream open for
 	// that long (HTTP/2 GOAWAY; DefaultIdleTimeout when zero).
 	IdleTimeout time.Duration
+	// EmitEndpointScores adds every scored endpoint's weighted score to
+	// the envoy.lb dynamic metadata, under
+	// x-gateway-destination-endpoint-scores (address → score), as
+	// upstream's --emit-endpoint-scores does. The scheduler must keep its
+	// scores (scheduling.Options.KeepScores).
+	EmitEndpointScores bool
 	// DefaultMode is the body mode assumed when Envoy's first message
 	// carries no protocol_config (older Envoys).
 	DefaultMode BodyMode

@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
 
 // maxUsageBody bounds how much of a non-streamed response is kept to read
@@ -95,9 +96,9 @@ type answer struct {
 	hr      extprocv3.HeadersResponse
 	cr      extprocv3.CommonResponse
 	mut     extprocv3.HeaderMutation
-	set     [3]*corev3.HeaderValueOption
-	opts    [2]corev3.HeaderValueOption
-	vals    [2]corev3.HeaderValue
+	set     [5]*corev3.HeaderValueOption
+	opts    [4]corev3.HeaderValueOption
+	vals    [4]corev3.HeaderValue
 	// raw holds the request id's and the Content-Length's bytes.
 	raw [64]byte
 	// body passes the body's first chunk on (most bodies are one).
@@ -385,15 +386,20 @@ func (st *stream) route(eos bool) (bool, error) {
 		return st.refuse(director.StatusOf(err), err)
 	}
 	body := st.body
+	if pick.Body != nil {
+		body = pick.Body // the model rewritten
+	}
 	st.picked(pick)
 	if st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Buffered: exactly one answer per message; headers are still held,
 		// so the body's answer may mutate them.
 		mut, md := st.mutation(pick, len(body))
+		cr := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true}
+		if pick.Body != nil {
+			cr.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+		}
 		return false, st.send(&extprocv3.ProcessingResponse{
-			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-				Response: &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true},
-			}},
+			Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: cr}},
 			DynamicMetadata: md,
 		})
 	}
@@ -437,11 +443,14 @@ func (st *stream) refuse(code int, err error) (bool, error) {
 	st.body = nil
 	st.s.log.LogAttrs(st.ctx, slog.LevelDebug, "request refused",
 		slog.Int("status", code), slog.String("path", st.in.Path), slog.Any("error", err))
-	return true, st.send(immediate(code, err))
+	return true, st.send(immediateFor(st.in.Path, code, err))
 }
 
 // immediate is the ImmediateResponse refusing a request with code.
-func immediate(code int, err error) *extprocv3.ProcessingResponse {
+func immediate(code int, err error) *extprocv3.ProcessingResponse { return immediateFor("", code, err) }
+
+// immediateFor is immediate in the error shape of the API path names.
+func immediateFor(path string, code int, err error) *extprocv3.ProcessingResponse {
 	hs := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
 	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
 		hs = append(hs, setHeader("retry-after", "1"))
@@ -450,7 +459,7 @@ func immediate(code int, err error) *extprocv3.ProcessingResponse {
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(code)},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: hs},
-			Body:    director.ErrorBody(code, err),
+			Body:    director.ErrorBodyFor(path, code, err),
 			Details: "kvroute_" + strings.ReplaceAll(strings.ToLower(http.StatusText(code)), " ", "_"),
 		},
 	}}
@@ -648,7 +657,84 @@ func (st *stream) mutation(p *director.Pick, bodyLen int) (mut *extprocv3.Header
 		a.set[2] = &a.opts[1]
 		a.mut.SetHeaders = a.set[:3]
 	}
+	st.disaggregation(p)
+	if st.s.o.EmitEndpointScores {
+		if scored := primaryScores(p); len(scored) > 0 {
+			return &a.mut, scoresMetadata(dest.metadata, scored)
+		}
+	}
 	return &a.mut, dest.metadata
+}
+
+// primaryScores are the scores of the primary profile's candidates.
+func primaryScores(p *director.Pick) []framework.ScoredCandidate {
+	if p.Result == nil {
+		return nil
+	}
+	if r := p.Result.Profiles[p.Result.PrimaryProfile]; r != nil {
+		return r.Scored
+	}
+	return nil
+}
+
+// scoresMetadata is the destination's envoy.lb metadata with
+// x-gateway-destination-endpoint-scores added: each scored endpoint's
+// address and weighted score. It is made anew for each request; dest is
+// shared and left as it is.
+func scoresMetadata(dest *structpb.Struct, scored []framework.ScoredCandidate) *structpb.Struct {
+	lb := dest.GetFields()[director.MetadataDestination].GetStructValue()
+	fields := make(map[string]*structpb.Value, len(lb.GetFields())+1)
+	for k, v := range lb.GetFields() {
+		fields[k] = v
+	}
+	scores := make(map[string]*structpb.Value, len(scored))
+	for _, c := range scored {
+		scores[c.Address] = structpb.NewNumberValue(c.Score)
+	}
+	fields[director.MetadataScores] = structpb.NewStructValue(&structpb.Struct{Fields: scores})
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		director.MetadataDestination: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
+	}}
+}
+
+// Which of the disaggregation headers a request goes without, removed so
+// that a client cannot name the pods the decode pod's sidecar sends its
+// prefill or encoding to (read only: shared by every stream).
+var (
+	removeBoth      = []string{director.HeaderPrefiller, director.HeaderEncoders}
+	removePrefiller = []string{director.HeaderPrefiller}
+	removeEncoders  = []string{director.HeaderEncoders}
+)
+
+// disaggregation adds to st.ans's mutation the pods that prefill and
+// encode the request for its decode pod (llm-d's P/D sidecar reads them),
+// and removes whichever of those headers the pick does not set.
+func (st *stream) disaggregation(p *director.Pick) {
+	a := &st.ans
+	n := len(a.mut.SetHeaders)
+	if p.Prefill != "" {
+		a.vals[2].Key, a.vals[2].RawValue = director.HeaderPrefiller, []byte(p.Prefill)
+		a.opts[2].Header, a.opts[2].AppendAction = &a.vals[2], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		a.set[n] = &a.opts[2]
+		n++
+	}
+	if len(p.Encoders) > 0 {
+		a.vals[3].Key, a.vals[3].RawValue = director.HeaderEncoders, []byte(strings.Join(p.Encoders, ","))
+		a.opts[3].Header, a.opts[3].AppendAction = &a.vals[3], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		a.set[n] = &a.opts[3]
+		n++
+	}
+	a.mut.SetHeaders = a.set[:n]
+	switch {
+	case p.Prefill == "" && len(p.Encoders) == 0:
+		a.mut.RemoveHeaders = removeBoth
+	case p.Prefill == "":
+		a.mut.RemoveHeaders = removePrefiller
+	case len(p.Encoders) == 0:
+		a.mut.RemoveHeaders = removeEncoders
+	default:
+		a.mut.RemoveHeaders = nil
+	}
 }
 
 // headersAnswer is the request headers' answer carrying the destination

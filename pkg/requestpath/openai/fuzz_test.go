@@ -82,8 +82,8 @@ func FuzzParseRequest(f *testing.F) {
 		if req.Chat != nil && len(req.Chat.Messages) == 0 {
 			t.Fatal("a chat request without messages was accepted")
 		}
-		if req.API != 0 && req.Model == "" {
-			t.Fatal("a completions or chat request without a model was accepted")
+		if modelRequired(req.API) && req.API != 0 && req.Model == "" {
+			t.Fatalf("a %s request without a model was accepted", req.API)
 		}
 		// Token ids read from a flat prompt array must be encoding/json's.
 		var fields map[string]json.RawMessage

@@ -23,8 +23,13 @@ var ErrBadRequest = errors.New("bad request")
 // Paths of the APIs whose prompt is understood, matched as suffixes so that a
 // gateway prefix in front of /v1 does not matter.
 const (
-	pathCompletions     = "/v1/completions"
-	pathChatCompletions = "/v1/chat/completions"
+	pathCompletions         = "/v1/completions"
+	pathChatCompletions     = "/v1/chat/completions"
+	pathMessages            = "/v1/messages"
+	pathMessagesCountTokens = "/v1/messages/count_tokens"
+	pathResponses           = "/v1/responses"
+	pathGenerate            = "/inference/v1/generate"
+	pathEmbeddings          = "/v1/embeddings"
 )
 
 // ParseRequest reads an OpenAI-compatible request body sent to path. For the
@@ -44,6 +49,22 @@ func ParseRequest(path string, body []byte) (*request.Request, error) {
 // any more. All of that array, up to idBuf's capacity, is scratch to it.
 // A nil idBuf is ParseRequest.
 func ParseRequestInto(path string, body []byte, idBuf []uint32) (*request.Request, error) {
+	return ParseRequestWith(path, body, idBuf, ParseOptions{})
+}
+
+// ParseOptions say how the model servers behind the request path read
+// what a request leaves to them. The zero value is current vLLM's reading.
+type ParseOptions struct {
+	// KeepBillingHeader: the model servers render a Messages request's
+	// system block that begins with x-anthropic-billing-header (Claude
+	// Code's per-request attribution line), as vLLM did before its
+	// Messages endpoint dropped that block. Off, the block is dropped
+	// before rendering, as vLLM drops it.
+	KeepBillingHeader bool
+}
+
+// ParseRequestWith is ParseRequestInto under o.
+func ParseRequestWith(path string, body []byte, idBuf []uint32, o ParseOptions) (*request.Request, error) {
 	req := &request.Request{API: apiOf(path), Body: body}
 	if req.API == request.APIOther {
 		parseOther(req, body)
@@ -54,7 +75,12 @@ func ParseRequestInto(path string, body []byte, idBuf []uint32) (*request.Reques
 		return nil, err
 	}
 	f := &obj.fields
-	if req.Model, err = requiredString(f[fieldModel], "model"); err != nil {
+	if modelRequired(req.API) {
+		req.Model, err = requiredString(f[fieldModel], "model")
+	} else {
+		req.Model, err = optionalString(f[fieldModel], "model")
+	}
+	if err != nil {
 		return nil, err
 	}
 	if req.Stream, err = optionalBool(f[fieldStream], "stream", false); err != nil {
@@ -64,10 +90,19 @@ func ParseRequestInto(path string, body []byte, idBuf []uint32) (*request.Reques
 		return nil, err
 	}
 	req.MaxTokens = maxTokens(f)
-	if req.API == request.APICompletions {
+	switch req.API {
+	case request.APICompletions:
 		err = parseCompletions(req, &obj)
-	} else {
+	case request.APIChatCompletions:
 		err = parseChat(req, f)
+	case request.APIMessages, request.APIMessagesCountTokens:
+		err = parseMessages(req, f, o)
+	case request.APIResponses:
+		err = parseResponses(req, f)
+	case request.APIGenerate:
+		err = parseGenerate(req, &obj)
+	case request.APIEmbeddings:
+		err = parseEmbeddings(req, f)
 	}
 	if err != nil {
 		return nil, err
@@ -84,6 +119,16 @@ func apiOf(path string) request.API {
 		return request.APIChatCompletions
 	case strings.HasSuffix(path, pathCompletions):
 		return request.APICompletions
+	case strings.HasSuffix(path, pathMessages):
+		return request.APIMessages
+	case strings.HasSuffix(path, pathMessagesCountTokens):
+		return request.APIMessagesCountTokens
+	case strings.HasSuffix(path, pathResponses):
+		return request.APIResponses
+	case strings.HasSuffix(path, pathGenerate):
+		return request.APIGenerate
+	case strings.HasSuffix(path, pathEmbeddings):
+		return request.APIEmbeddings
 	}
 	return request.APIOther
 }
@@ -257,6 +302,13 @@ func parseChat(req *request.Request, f *[numFields]json.RawMessage) error {
 	if len(list) == 0 {
 		return fmt.Errorf("%w: messages is an empty array", ErrBadRequest)
 	}
+	chat.Messages = messages
+	return setChat(req, chat, list)
+}
+
+// setChat makes chat, whose messages are list, req's, with the text form
+// of its messages that approximate matching reads.
+func setChat(req *request.Request, chat *request.Chat, list []json.RawMessage) error {
 	var prompt strings.Builder
 	if chat.Tools != nil {
 		prompt.WriteString("<tools>\n")
@@ -270,7 +322,6 @@ func parseChat(req *request.Request, f *[numFields]json.RawMessage) error {
 		}
 		req.NoReproduciblePrefix = req.NoReproduciblePrefix || multimodal
 	}
-	chat.Messages = messages
 	req.Chat = chat
 	req.AddSpecialTokens = chat.AddSpecialTokens
 	req.Prompt = prompt.String()
@@ -404,9 +455,11 @@ func describe(raw []byte) string {
 		return "an object"
 	case k == '[':
 		return "an array"
-	case k == 't' || k == 'f':
+	// A letter only starts a literal if the literal follows: a body of
+	// text ("no healthy upstream") is not null.
+	case k == 't' && bytes.HasPrefix(trimmedValue(raw), []byte("true")), k == 'f' && bytes.HasPrefix(trimmedValue(raw), []byte("false")):
 		return "a boolean"
-	case k == 'n':
+	case k == 'n' && bytes.HasPrefix(trimmedValue(raw), []byte("null")):
 		return "null"
 	case k == '-':
 		return "a negative number"
@@ -415,6 +468,9 @@ func describe(raw []byte) string {
 	}
 	return "not valid JSON"
 }
+
+// trimmedValue is raw without its leading whitespace.
+func trimmedValue(raw []byte) []byte { return raw[jsonscan.SkipSpace(raw, 0):] }
 
 // firstElement returns the start of a JSON array's first element, or nil
 // when the array is empty.
@@ -432,7 +488,7 @@ func firstElement(array []byte) []byte {
 // validates: a value that is not a non-negative integer reads as 0 and is
 // left for the model server to refuse.
 func maxTokens(f *[numFields]json.RawMessage) int {
-	for _, raw := range []json.RawMessage{f[fieldMaxCompletionTokens], f[fieldMaxTokens]} {
+	for _, raw := range []json.RawMessage{f[fieldMaxCompletionTokens], f[fieldMaxTokens], f[fieldMaxOutputTokens], samplingMaxTokens(f[fieldSamplingParams])} {
 		// What encoding/json reads into an int: an integer literal within
 		// int64's range (raw is valid JSON, so without a '+' or leading
 		// zeros, which ParseInt would also take).

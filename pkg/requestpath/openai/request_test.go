@@ -135,8 +135,8 @@ func TestParseRequestReadsEachForm(t *testing.T) {
 		},
 		{
 			name: "another API is routed with its model and no prompt",
-			path: "/v1/embeddings",
-			body: `{"model":"emb","input":"x","stream":false}`,
+			path: "/v1/rerank",
+			body: `{"model":"emb","query":"x","stream":false}`,
 			want: request.Request{API: request.APIOther, Model: "emb"},
 		},
 		{

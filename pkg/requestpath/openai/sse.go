@@ -197,7 +197,7 @@ func (s *SSEUsageScanner) dispatch() {
 	case err != nil:
 		s.errs++
 	case found:
-		s.usage, s.seen = u, true
+		s.usage, s.seen = u.merge(s.usage), true
 	}
 }
 

@@ -23,9 +23,11 @@ import (
 type body struct {
 	fields [numFields]json.RawMessage // nil when absent
 	// promptIDs is the prompt member read as token ids, set only when the
-	// prompt is a flat array of them. The ids are read while validating,
+	// prompt is a flat array of them (tokenIDs likewise for generate's
+	// token_ids). The ids are read while validating,
 	// so that the body's largest part is scanned once, not twice.
 	promptIDs []uint32
+	tokenIDs  []uint32
 }
 
 // field is a member of a request body that is read.
@@ -46,6 +48,13 @@ const (
 	fieldChatTemplate
 	fieldChatTemplateKwargs
 	fieldTools
+	fieldSystem
+	fieldInput
+	fieldInstructions
+	fieldTokenIDs
+	fieldSamplingParams
+	fieldPreviousResponseID
+	fieldMaxOutputTokens
 	numFields
 )
 
@@ -53,6 +62,7 @@ var fieldNames = [numFields]string{
 	"model", "stream", "cache_salt", "max_completion_tokens", "max_tokens", "add_special_tokens",
 	"prompt", "prompt_embeds", "messages", "add_generation_prompt", "continue_final_message",
 	"chat_template", "chat_template_kwargs", "tools",
+	"system", "input", "instructions", "token_ids", "sampling_params", "previous_response_id", "max_output_tokens",
 }
 
 // fieldOf returns the field a member's decoded key names; ok is false for
@@ -77,6 +87,7 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 	if i < len(b) && b[i] == '}' {
 		return out, jsonscan.SkipSpace(b, i+1) == len(b), nil
 	}
+	bufField := field(-1) // the member whose ids idBuf holds
 	for {
 		if i >= len(b) || b[i] != '"' {
 			return out, false, nil
@@ -104,8 +115,17 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 		i = jsonscan.SkipSpace(b, i+1)
 		start := i
 		var ids []uint32
-		if read && f == fieldPrompt && i < len(b) && b[i] == '[' {
-			ids, i, ok = scanTokenIDs(b, i, idBuf)
+		if read && (f == fieldPrompt || f == fieldTokenIDs) && i < len(b) && b[i] == '[' {
+			// The ids of prompt and of token_ids, when a body has both,
+			// must not share memory; a key given twice keeps its last.
+			dst := idBuf
+			if bufField >= 0 && bufField != f {
+				dst = nil
+			}
+			ids, i, ok = scanTokenIDs(b, i, dst)
+			if ok && bufField < 0 {
+				bufField = f
+			}
 		} else {
 			ok = false
 		}
@@ -118,8 +138,11 @@ func splitBody(b []byte, idBuf []uint32) (out body, ok bool, err error) {
 		}
 		if read {
 			out.fields[f] = b[start:i:i]
-			if f == fieldPrompt {
+			switch f {
+			case fieldPrompt:
 				out.promptIDs = ids
+			case fieldTokenIDs:
+				out.tokenIDs = ids
 			}
 		}
 		i = jsonscan.SkipSpace(b, i)

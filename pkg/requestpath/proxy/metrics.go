@@ -9,6 +9,8 @@ type metrics struct {
 	refused   *prometheus.CounterVec
 	// bytesInFlight is the body budget's charge now.
 	bytesInFlight prometheus.Gauge
+	// pd counts split requests' legs (pd.go).
+	pd pdMetrics
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -40,5 +42,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.requests, m.active, m.fallbacks, m.refused, m.bytesInFlight)
 	}
+	m.pd = newPDMetrics(reg)
 	return m
 }

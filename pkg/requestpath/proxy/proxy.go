@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 )
@@ -68,7 +69,13 @@ type Options struct {
 	// parsed and routed, its size after; the limit must hold one body of
 	// MaxBodyBytes at its decoded size.
 	MaxInFlightBytes int64
-	Logger           *slog.Logger
+	// PrefillFailure is what a split request (one the director gives a
+	// prefill pod) gets when its prefill leg fails: refused (the zero
+	// value), or served decode-only; either is counted. PrefillTimeout
+	// bounds the prefill leg (DefaultPrefillTimeout when zero).
+	PrefillFailure PrefillFailure
+	PrefillTimeout time.Duration
+	Logger         *slog.Logger
 	// Registerer takes the proxy's metrics; nil means don't register.
 	Registerer prometheus.Registerer
 }
@@ -115,6 +122,9 @@ func New(d director.Handler, o Options) (*Server, error) {
 	}
 	if o.MaxInFlightBytes <= 0 {
 		o.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
+	if o.PrefillTimeout <= 0 {
+		o.PrefillTimeout = DefaultPrefillTimeout
 	}
 	if o.MaxBodyBytes*openai.DecodedBytesPerBodyByte > o.MaxInFlightBytes {
 		return nil, fmt.Errorf("proxy: a body of %d bytes (the body limit) is charged %d bytes while routed, more than the in-flight limit of %d: raise the limit or lower the body limit",
@@ -200,6 +210,13 @@ type exchange struct {
 	sse      *openai.SSEUsageScanner
 	respBuf  []byte
 	overflow bool
+	// transfer names the prefill pod's hold of a split request, released
+	// if the decode leg gets no answer; answered is set once it does.
+	// refusedCode is what a split request was answered with when it got
+	// no decode leg.
+	transfer    *transferParams
+	answered    bool
+	refusedCode int
 }
 
 type exchangeKey struct{}
@@ -213,27 +230,27 @@ func exchangeOf(ctx context.Context) *exchange {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.m.active.Inc()
 	defer s.m.active.Dec()
-	if !strings.HasPrefix(r.URL.Path, "/v1/") {
-		s.refuse(w, http.StatusNotFound, fmt.Errorf("no route for %s: kvroute serves the OpenAI API under /v1/", truncate(r.URL.Path)))
+	if !strings.HasPrefix(r.URL.Path, "/v1/") && !strings.HasPrefix(r.URL.Path, "/inference/v1/") {
+		s.refuse(w, r, http.StatusNotFound, fmt.Errorf("no route for %s: kvroute serves the model server's API under /v1/ and /inference/v1/", truncate(r.URL.Path)))
 		return
 	}
 	if allow, ok := admitMethod(r); !ok {
 		w.Header().Set("Allow", allow)
 		s.m.refused.WithLabelValues(refusedMethod).Inc()
-		s.refuse(w, http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed on %s: use %s", truncate(r.Method), truncate(r.URL.Path), allow))
+		s.refuse(w, r, http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed on %s: use %s", truncate(r.Method), truncate(r.URL.Path), allow))
 		return
 	}
 	if r.Method == http.MethodPost {
 		if err := admitContentType(r); err != nil {
 			s.m.refused.WithLabelValues(refusedContentType).Inc()
-			s.refuse(w, http.StatusUnsupportedMediaType, err)
+			s.refuse(w, r, http.StatusUnsupportedMediaType, err)
 			return
 		}
 	}
 	if !s.lim.enter() {
 		s.m.refused.WithLabelValues(refusedConcurrency).Inc()
 		w.Header().Set("Retry-After", "1")
-		s.refuse(w, http.StatusTooManyRequests, fmt.Errorf("the proxy is serving its limit of %d concurrent requests; retry", s.o.MaxConcurrent))
+		s.refuse(w, r, http.StatusTooManyRequests, fmt.Errorf("the proxy is serving its limit of %d concurrent requests; retry", s.o.MaxConcurrent))
 		return
 	}
 	defer s.lim.leave()
@@ -245,11 +262,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			s.refuse(w, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
+			s.refuse(w, r, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", tooBig.Limit))
 		case errors.Is(err, errBudget):
-			s.refuseBudget(w)
+			s.refuseBudget(w, r)
 		default:
-			s.refuse(w, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
+			s.refuse(w, r, http.StatusBadRequest, fmt.Errorf("read request body: %w", err))
 		}
 		return
 	}
@@ -276,14 +293,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// while it runs; the body alone stays held to be forwarded.
 		decoded := int64(len(body)) * (openai.DecodedBytesPerBodyByte - 1)
 		if !ex.hold(decoded) {
-			s.refuseBudget(w)
+			s.refuseBudget(w, r)
 			return
 		}
 		pick, err = s.d.HandleRequest(r.Context(), in)
 		ex.unhold(decoded)
 	}
 	if err != nil {
-		s.refuse(w, director.StatusOf(err), err)
+		s.refuse(w, r, director.StatusOf(err), err)
 		return
 	}
 	if pick.Request != nil && pick.Request.Stream {
@@ -291,29 +308,52 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		_ = rc.SetWriteDeadline(time.Now().Add(s.o.WriteTimeout))
 	}
+	if pick.Body != nil {
+		body = pick.Body // the model rewritten
+	}
 	ex.pick, ex.body = pick, body
 	ex.served.Endpoint = pick.Targets[0]
 	defer s.finish(ex)
+	if pick.Prefill != "" && pick.Request != nil &&
+		(pick.Request.API == request.APICompletions || pick.Request.API == request.APIChatCompletions) {
+		// A split pick: the proxy runs the prefill leg, then sends the
+		// decode leg as it sends any request. Other APIs have no legs to
+		// split: the decode pod serves them whole.
+		var ok bool
+		if body, ok = s.split(w, r, ex); !ok {
+			return
+		}
+		ex.body = body
+	}
 	r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex))
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	s.rp.ServeHTTP(w, r)
+	ex.mu.Lock()
+	unpulled := ex.transfer != nil && (!ex.answered || ex.served.Status >= 400)
+	ex.mu.Unlock()
+	if unpulled {
+		// No decode pod served the request: none may have pulled the
+		// blocks. (One that did leaves nothing to release, and the
+		// release is refused harmlessly.)
+		s.releaseHold(ex.transfer)
+	}
 }
 
 // refuseBudget refuses a request whose body the budget cannot hold now.
-func (s *Server) refuseBudget(w http.ResponseWriter) {
+func (s *Server) refuseBudget(w http.ResponseWriter, r *http.Request) {
 	s.m.refused.WithLabelValues(refusedBodyBytes).Inc()
 	w.Header().Set("Retry-After", "1")
-	s.refuse(w, http.StatusServiceUnavailable, fmt.Errorf("%w: the proxy holds its limit of %d bytes of bodies (charged at %d× their size while routed); retry",
+	s.refuse(w, r, http.StatusServiceUnavailable, fmt.Errorf("%w: the proxy holds its limit of %d bytes of bodies (charged at %d× their size while routed); retry",
 		errBudget, s.lim.maxBytes, openai.DecodedBytesPerBodyByte))
 }
 
-func (s *Server) refuse(w http.ResponseWriter, code int, err error) {
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, code int, err error) {
 	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
 	s.log.LogAttrs(context.Background(), slog.LevelDebug, "request refused", slog.Int("status", code), slog.Any("error", err))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_, _ = w.Write(director.ErrorBody(code, err))
+	_, _ = w.Write(director.ErrorBodyFor(r.URL.Path, code, err))
 }
 
 // hold charges n more bytes to the exchange, without waiting.
@@ -358,7 +398,10 @@ func (s *Server) finish(ex *exchange) {
 	}
 	ex.respBuf = nil
 	code := ex.served.Status
-	if code == 0 {
+	switch {
+	case ex.refusedCode != 0:
+		code = ex.refusedCode
+	case code == 0:
 		code = 499 // the client went away before any answer
 	}
 	s.m.requests.WithLabelValues(strconv.Itoa(code)).Inc()
@@ -377,6 +420,7 @@ func (s *Server) modifyResponse(resp *http.Response) error {
 	ex := exchangeOf(resp.Request.Context())
 	ex.mu.Lock()
 	ex.served.Status = resp.StatusCode
+	ex.answered = true
 	s.d.HandleHeaders(ex.pick, resp.StatusCode)
 	if strings.HasPrefix(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream") {
 		ex.sse = &openai.SSEUsageScanner{}
@@ -407,7 +451,7 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_, _ = w.Write(director.ErrorJSON(code, err.Error()))
+	_, _ = w.Write(director.ErrorBodyFor(r.URL.Path, code, err))
 }
 
 // observedBody reads the usage and the first byte's time off a response

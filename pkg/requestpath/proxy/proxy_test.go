@@ -331,3 +331,46 @@ func checkError(t *testing.T, resp *http.Response, status int, reason string) {
 		t.Errorf("error body %s: want code %d, a type, and a message mentioning %q", b, status, reason)
 	}
 }
+
+func TestMessagesRefusalsAreAnsweredAsAnthropicErrors(t *testing.T) {
+	t.Parallel()
+	f := fleet.Start(t, fleet.Options{NoTokenizer: true})
+	base, _ := startProxy(t, f.Director, proxy.Options{MaxBodyBytes: 2048})
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		errType, reason  string
+	}{
+		{"a Messages body that is not JSON", "/v1/messages", "hi", 400, "invalid_request_error", "JSON"},
+		{"Messages without messages", "/v1/messages", `{"model":"m","max_tokens":8}`, 400, "invalid_request_error", "messages"},
+		{"count_tokens for a model no endpoint serves", "/v1/messages/count_tokens", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404, "not_found_error", "nope"},
+		{"a Messages body over the limit", "/v1/messages", `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`, 413, "request_too_large", "2048"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			resp, body := post(t, base+tc.path, tc.body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d (%s), want %d", resp.StatusCode, body, tc.status)
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct {
+					Type    string `json:"type"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Type != "error" || e.Error.Type != tc.errType || !strings.Contains(e.Error.Message, tc.reason) {
+				t.Fatalf("body %s (%v): want Anthropic's error shape, type %s, a message mentioning %q", body, err, tc.errType, tc.reason)
+			}
+		})
+	}
+	// The OpenAI paths keep OpenAI's shape.
+	req, _ := http.NewRequest("POST", base+"/v1/responses", strings.NewReader("hi"))
+	req.Header.Set("Content-Type", "application/json")
+	r2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Body.Close()
+	checkError(t, r2, 400, "JSON")
+}

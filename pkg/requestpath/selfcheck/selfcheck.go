@@ -232,6 +232,11 @@ func (c *Checker) Judge(p *director.Pick, s director.Served) Verdict {
 	if p == nil || p.Request == nil || s.Status >= 400 || s.Usage.PromptTokens <= 0 || !s.Usage.CachedTokensKnown {
 		return v
 	}
+	if p.Prefill != "" {
+		// The decode pod's cached tokens count the blocks it pulled from
+		// the prefill pod, which the index could not know at the pick.
+		return v
+	}
 	cand := served(p, s.Endpoint)
 	if cand == nil || !p.Request.TokensKnown() {
 		return v

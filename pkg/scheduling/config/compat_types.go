@@ -24,12 +24,17 @@ const (
 	whyTokenizer     = "kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize"
 	whyScrape        = "kvroute scrapes each endpoint's metrics itself (--scrape-metrics, --refresh-metrics-interval)"
 	whyDiscovery     = "kvroute discovers endpoints from the InferencePool or a pod selector (--kubernetes, --endpoint-selector)"
-	whyNoPD          = "kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)"
+	whyNoPD          = "kvroute does not roll out disaggregated sets; the P/D handlers and deciders split a pool's requests by its pods' roles"
+	whyNoDP          = "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them"
+	whyPDBlocks      = "the decider reads the decode pod's exact prefix match, in the block size its KV events name"
+	whyPDPrefix      = "kvroute's prefix producer publishes the one PrefixCacheMatchInfo the decider reads"
+	whyPDHeaders     = "the ext_proc server sets x-prefiller-host-port and x-encoder-hosts-ports from the profile handler's prefill and encode picks"
 	whyNoFlowControl = "kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission"
 	whySLOAware      = "use predicted-latency-producer, latency-scorer, slo-headroom-tier-filter and latency-slo-admitter in one profile (kvroute's default)"
 	whyMulticluster  = "kvroute routes one pool; run one EPP per cluster"
 	whySpecTTL       = "kvroute's index holds speculative entries for 2s, upstream's default; another TTL cannot be set"
 	whyNoSession     = "kvroute keeps a conversation's turns together through the prefix they share, which the exact index sees"
+	whyInFlight      = "kvroute's datastore keeps every endpoint's in-flight requests and prompt tokens still to prefill, from each pick to its response's end; no producer is configured"
 )
 
 func honoured(name, seen string, params map[string]paramRule) upstreamType {
@@ -219,14 +224,23 @@ var upstreamTypes = func() map[string]upstreamType {
 			"prefixPluginType":            drop("kvroute's prefix producer publishes the one PrefixCacheMatchInfo it reads"),
 			"prefixMatchInfoProducerName": drop("kvroute's prefix producer publishes the one PrefixCacheMatchInfo it reads"),
 		}),
-		refused("active-request-scorer", "llm-d v0.3–v0.8; llm-d-router v0.9–main", "kvroute does not count its own in-flight requests; running-requests-size-scorer weighs the requests each engine reports running"),
-		refused("token-load-scorer", "GIE v1.5; llm-d-router v0.9–main", "use prefill-cost-scorer, which weighs queued prefill work against cached tokens"),
+		honoured("active-request-scorer", "llm-d v0.3–v0.8; llm-d-router v0.9–main", map[string]paramRule{
+			"idleThreshold": keep("endpoints with at most this many requests in flight score 1"),
+			"maxBusyScore":  keep("the highest score a busy endpoint gets"),
+			"requestTimeout": drop("a request leaves the in-flight count when its response ends or its stream closes, which every request does; " +
+				"no timeout is needed to forget lost ones (llm-d-router ignores it too)"),
+			"inFlightLoadProducerName": drop(whyInFlight),
+		}),
+		honoured("token-load-scorer", "GIE v1.5; llm-d-router v0.9–main", map[string]paramRule{
+			"queueThresholdTokens":     keep("the prompt tokens in flight that score 0"),
+			"inFlightLoadProducerName": drop(whyInFlight),
+		}),
 		refused("session-affinity-scorer", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoSession),
 		refused("context-length-aware", "llm-d v0.7–v0.8; llm-d-router v0.9–main", "kvroute does not route by prompt length; split such pools into InferencePools of their own"),
 		refused("header-label-affinity-scorer", "llm-d-router v0.10–main", "kvroute does not score by request headers"),
 		refused("endpoint-attribute-scorer", "llm-d-router v0.10–main", "kvroute scores from vLLM's metrics and its index, not arbitrary endpoint attributes"),
 		refused("topology-affinity-scorer", "llm-d-router v0.10–main", "kvroute has no topology data"),
-		refused("mm-embeddings-cache-scorer", "llm-d-router v0.9–main", "kvroute does not track multimodal encoder caches; requests with multimodal parts are routed on load alone"),
+		refused("mm-embeddings-cache-scorer", "llm-d-router v0.9–main", "kvroute does not track multimodal encoder caches; requests with multimodal parts are never matched against the index, and the other scorers route them"),
 		honoured("latency-scorer", "GIE v1.5; llm-d-router v0.9–main", nil),
 		refused("predicted-latency-scorer", "GIE v1.3–v1.5", "use latency-scorer, which scores the predicted-latency-producer's predictions"),
 		refused("slo-aware-routing", "GIE v1.2", whySLOAware),
@@ -258,24 +272,69 @@ var upstreamTypes = func() map[string]upstreamType {
 		refused("endpoint-attribute-filter", "llm-d-router v0.10–main", "kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes"),
 		refused("utilization-filter", "llm-d-router v0.10–main", "use saturation-filter, which drops endpoints whose queue or KV usage reaches a threshold"),
 		refused("topology-affinity-filter", "llm-d-router v0.10–main", "kvroute has no topology data"),
-		refused("prefix-cache-affinity-filter", "GIE v1.5; llm-d-router v0.9–main", "kvroute has no prefix affinity filter; weight precise-prefix-cache-scorer for affinity, or let the latency-scorer weigh the cache in its predictions"),
+		honoured("prefix-cache-affinity-filter", "GIE v1.5; llm-d-router v0.9–main", map[string]paramRule{
+			"affinityThreshold":                 keep("the share of the request's blocks an endpoint must hold to be sticky"),
+			"explorationProbability":            keep("the chance of keeping every candidate (llm-d-router's default, 0; GIE v1.5's was 0.01)"),
+			"maxTTFTPenaltyMs":                  keep("how much later a sticky endpoint may start the request than the best other before every candidate is kept (llm-d-router's default, 18000; GIE v1.5's was 5000)"),
+			"ttftSource":                        keep("prefillThroughput (the default: prefill tokens in flight over peakPrefillThroughput) or latencyPredictor (the predicted-latency-producer's TTFT)"),
+			"peakPrefillThroughput":             keep("an endpoint's prefill rate in tokens a second, for ttftSource prefillThroughput"),
+			"maxTokensInFlightPenalty":          keep("how many more prefill tokens in flight a sticky endpoint may have than the best other before every candidate is kept"),
+			"prefixMatchInfoProducerName":       drop("kvroute's prefix producer publishes the one PrefixCacheMatchInfo it reads"),
+			"latencyPredictionInfoProducerName": drop("kvroute's predicted-latency-producer publishes the one prediction it reads"),
+			"inFlightLoadProducerName":          drop(whyInFlight),
+		}),
 		honoured("slo-headroom-tier-filter", "GIE v1.5; llm-d-router v0.9–main", nil),
 		// Pickers and profile handlers.
 		honoured("max-score-picker", "GIE v0.5–v1.5; llm-d-router v0.9–main", pickerParams),
 		honoured("random-picker", "GIE v0.5–v1.5; llm-d-router v0.9–main", pickerParams),
 		honoured("weighted-random-picker", "GIE v1.0–v1.5; llm-d-router v0.9–main", pickerParams),
 		honoured("single-profile-handler", "GIE v0.5–v1.5; llm-d-router v0.9–main", nil),
-		refused("pd-profile-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("disagg-profile-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("prefill-header-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("disagg-headers-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("prefix-based-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("always-disagg-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("always-disagg-multimodal-decider", "llm-d v0.7–v0.8; llm-d-router v0.9–main", whyNoPD),
-		refused("p2p-source-producer", "llm-d-router v0.10–main", whyNoPD),
+		honoured("pd-profile-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main (deprecated there)", map[string]paramRule{
+			"decodeProfile":               keep("the decode profile's name"),
+			"prefillProfile":              keep("the prefill profile's name"),
+			"threshold":                   keep("llm-d v0.2–v0.5: split when the decode pod lacks this many prompt tokens (upstream counted the prompt's characters); 0 splits every request"),
+			"deciderPluginName":           keep("llm-d v0.6 on: the decider"),
+			"hashBlockSize":               drop(whyPDBlocks),
+			"prefixPluginName":            drop(whyPDPrefix),
+			"prefixPluginType":            drop(whyPDPrefix),
+			"prefixMatchInfoProducerName": drop(whyPDPrefix),
+			"primaryPort":                 only("data parallelism by port rewrite: "+whyNoDP, isNullOrEmpty),
+		}),
+		honoured("disagg-profile-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", map[string]paramRule{
+			"profiles":                 keep("the decode, prefill and encode profiles' names"),
+			"deciders":                 keep("the prefill and encode deciders"),
+			"stageOrder":               keep("decode-first or prefill-first"),
+			"decodeProfile":            keep("deprecated flat form of profiles.decode"),
+			"prefillProfile":           keep("deprecated flat form of profiles.prefill"),
+			"encodeProfile":            keep("deprecated flat form of profiles.encode"),
+			"prefillDeciderPluginName": keep("deprecated flat form of deciders.prefill"),
+			"encodeDeciderPluginName":  keep("deprecated flat form of deciders.encode"),
+			"deciderPluginName":        keep("deprecated alias of deciders.prefill"),
+		}),
+		superseded("prefill-header-handler", "llm-d v0.2–v0.8; llm-d-router v0.9–main (deprecated there)", inertType, whyPDHeaders, map[string]paramRule{
+			"prefillProfile": drop(whyPDHeaders),
+		}),
+		superseded("disagg-headers-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main (deprecated there)", inertType, whyPDHeaders, map[string]paramRule{
+			"prefillProfile": drop(whyPDHeaders), "encodeProfile": drop(whyPDHeaders),
+		}),
+		honoured("prefix-based-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", map[string]paramRule{
+			"nonCachedTokens": keep("split when the decode pod lacks at least this many prompt tokens, every tier's blocks counted as cached; 0 never splits"),
+			"promptTokens":    keep("the shortest prompt split; 0 sets none"),
+		}),
+		honoured("always-disagg-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", nil),
+		honoured("always-disagg-multimodal-decider", "llm-d v0.7–v0.8; llm-d-router v0.9–main", nil),
+		refused("p2p-source-producer", "llm-d-router v0.10–main", "kvroute does not name a pod to pull cached KV from (x-kv-cache-source-host-port); the exact index sends a request to the pod that holds its prefix"),
 		refused("data-parallel-profile-handler", "llm-d v0.4–v0.8; llm-d-router v0.9–main", "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events"),
-		refused("header-profile-handler", "llm-d-router v0.10–main", "kvroute picks profiles with single-profile-handler"),
-		refused("slo-aware-profile-handler", "GIE v1.2", whySLOAware),
+		refused("header-profile-handler", "llm-d-router v0.10–main", "kvroute picks a profile with single-profile-handler (one profile), or slo-aware-profile-handler (by x-prediction-based-scheduling); not by an arbitrary header"),
+		honoured("slo-aware-profile-handler", "GIE v1.2; GIE's slo-prediction-experimental branch (llm-d's SLO guide)", nil),
+		superseded("slo-request-tracker", "GIE's slo-prediction-experimental branch (llm-d's SLO guide)", "predicted-latency-producer",
+			"kvroute's predicted-latency-producer reads each request's SLO headers, predicts every candidate's TTFT and TPOT, and learns from each response in process", nil),
+		{name: "slo-scorer", seen: "GIE's slo-prediction-experimental branch (llm-d's SLO guide)", class: Superseded, target: "latency-scorer",
+			why: "kvroute's latency-scorer with strategy least-headroom, upstream's default (HEADROOM_SELECTION_STRATEGY=least): candidates predicted to meet the request's SLO first, the least headroom highest, " +
+				"and the least latency for a request without one; it weighs the picks instead of drawing among buckets at random (add slo-headroom-tier-filter to keep only those predicted to meet it)",
+			translate: func(string, map[string]json.RawMessage) (json.RawMessage, error) {
+				return json.RawMessage(`{"strategy":"least-headroom"}`), nil
+			}},
 		// Data producers.
 		{name: "approx-prefix-cache-producer", seen: "GIE v1.5; llm-d-router v0.9–main", class: Superseded, target: "precise-prefix-cache-producer",
 			why:    "kvroute's precise-prefix-cache-producer publishes the same PrefixCacheMatchInfo, exactly from KV events where an endpoint's stream is in order and by upstream's approximation elsewhere",
@@ -284,10 +343,12 @@ var upstreamTypes = func() map[string]upstreamType {
 			why: "kvroute's precise-prefix-cache-producer reads its exact index, fed by the relays over NATS", params: producerParams, speculates: true},
 		superseded("token-producer", "llm-d-router v0.9–main", inertType, whyTokenizer, tokenizerParams),
 		superseded("tokenizer", "llm-d v0.7–v0.8; llm-d-router v0.9–main (deprecated there)", inertType, whyTokenizer, tokenizerParams),
-		superseded("inflight-load-producer", "GIE v1.5; llm-d-router v0.9–main", inertType, "nothing kvroute runs reads in-flight load; its load scorers read the engines' own queue and running counts", map[string]paramRule{
-			"addEstimatedOutputTokens": drop("nothing reads in-flight load here"), "maxEstimatedOutputTokens": drop("nothing reads in-flight load here"),
-			"outputRatio": drop("nothing reads in-flight load here"), "prefixMatchInfoProducerName": drop("nothing reads in-flight load here"),
-			"syncCrossReplicaState": drop("nothing reads in-flight load here"),
+		superseded("inflight-load-producer", "GIE v1.5; llm-d-router v0.9–main", inertType, whyInFlight, map[string]paramRule{
+			"addEstimatedOutputTokens":    only("kvroute's token load is the prompt tokens still to prefill; no estimate of output tokens is added", isNullOrEmpty),
+			"maxEstimatedOutputTokens":    drop("read only with addEstimatedOutputTokens, which kvroute does not do"),
+			"outputRatio":                 drop("read only with addEstimatedOutputTokens, which kvroute does not do"),
+			"prefixMatchInfoProducerName": drop("kvroute takes each request's uncached tokens from its exact prefix match"),
+			"syncCrossReplicaState":       only("each kvroute replica counts the requests it routed; no state is synced between replicas", isNullOrEmpty),
 		}),
 		superseded("session-id-producer", "llm-d-router v0.9–main", inertType, "nothing kvroute runs reads session ids: "+whyNoSession, map[string]paramRule{
 			"headerName": drop("nothing reads session ids here"), "cookieName": drop("nothing reads session ids here"),
@@ -348,12 +409,12 @@ var upstreamTypes = func() map[string]upstreamType {
 		superseded("openai-parser", "GIE v1.5; llm-d-router v0.9–main", inertType, "kvroute parses OpenAI-compatible requests natively", nil),
 		superseded("passthrough-parser", "GIE v1.5; llm-d-router v0.9–main", inertType, "kvroute routes requests it does not parse without prefix information, as passthrough does", nil),
 		refused("vllmgrpc-parser", "GIE v1.5; llm-d-router v0.9–main", "kvroute parses OpenAI-compatible HTTP requests; vLLM's gRPC API is not parsed"),
-		refused("vllmhttp-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible requests; vLLM's /inference/v1/generate is not parsed"),
+		superseded("vllmhttp-parser", "llm-d-router v0.9–main", inertType, "kvroute parses vLLM's HTTP APIs natively, /inference/v1/generate's token ids included", nil),
 		refused("sglanghttp-parser", "llm-d-router main", "kvroute parses OpenAI-compatible requests; SGLang's /generate is not parsed"),
-		refused("anthropic-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible requests; Anthropic's Messages API is not parsed"),
+		superseded("anthropic-parser", "llm-d-router v0.9–main", inertType, "kvroute parses Anthropic's Messages API natively and renders it as vLLM does", nil),
 		refused("vertexai-parser", "llm-d-router v0.9–main", "kvroute parses OpenAI-compatible HTTP requests; Vertex AI's gRPC API is not parsed"),
-		refused("request-attribute-reporter", "GIE v1.4–v1.5; llm-d-router v0.9–main", "kvroute reports no request attributes to the gateway"),
-		refused("destination-endpoint-served-verifier", "GIE v1.2–v1.5; llm-d-router v0.9–main", "kvroute does not echo the served endpoint back to the client"),
+		refused("request-attribute-reporter", "GIE v1.4–v1.5; llm-d-router v0.9–main", "kvroute writes no CEL-computed attributes of the response's usage into the gateway's dynamic metadata; its usage metrics are on /metrics"),
+		refused("destination-endpoint-served-verifier", "GIE v1.2–v1.5; llm-d-router v0.9–main", "the conformance tests' echo of the served endpoint in a response header of its own; kvroute's standalone proxy returns x-gateway-destination-endpoint-served itself, and its ext_proc server sets no response headers"),
 		refused("agent-identity", "llm-d-router v0.9–main", "kvroute reads no agent identity headers"),
 		refused("disaggregatedset-rollout-screener", "llm-d-router v0.10–main", whyNoPD),
 		refused("disaggregatedset-rollout-pod-extractor", "llm-d-router v0.10–main", whyNoPD),

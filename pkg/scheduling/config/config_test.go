@@ -117,20 +117,26 @@ func TestLoadGoodConfigs(t *testing.T) {
 		wantHandler string
 	}{
 		{
-			name: "no config gives the predicted-latency profile, its producers added as defaults",
+			name: "no config gives the predicted-latency profile, with a prefill profile for pools that have prefill pods, its producers added as defaults",
 			text: "",
 			wantPlugins: []string{
+				"decode-filter/decode-filter", "prefill-filter/prefill-filter",
 				"slo-headroom-tier-filter/slo-headroom-tier-filter", "latency-scorer/latency-scorer",
 				"latency-slo-admitter/latency-slo-admitter",
-				"speculative-prefix-recorder/speculative-prefix-recorder", "max-score-picker/max-score-picker",
-				"single-profile-handler/single-profile-handler", "predicted-latency-producer/predicted-latency-producer",
+				"speculative-prefix-recorder/speculative-prefix-recorder",
+				"predicted-latency-pd-decider/predicted-latency-pd-decider", "disagg-profile-handler/disagg-profile-handler",
+				"max-score-picker/max-score-picker",
+				"predicted-latency-producer/predicted-latency-producer",
 				"precise-prefix-cache-producer/precise-prefix-cache-producer",
 			},
 			wantProfile: map[string][]string{"default": {
-				"filter:slo-headroom-tier-filter/slo-headroom-tier-filter", "scorer:latency-scorer/latency-scorer*1",
+				"filter:decode-filter/decode-filter", "filter:slo-headroom-tier-filter/slo-headroom-tier-filter", "scorer:latency-scorer/latency-scorer*1",
+				"picker:max-score-picker/max-score-picker", "postpick:speculative-prefix-recorder/speculative-prefix-recorder",
+			}, "prefill": {
+				"filter:prefill-filter/prefill-filter", "scorer:latency-scorer/latency-scorer*1",
 				"picker:max-score-picker/max-score-picker", "postpick:speculative-prefix-recorder/speculative-prefix-recorder",
 			}},
-			wantHandler: "single-profile-handler/single-profile-handler",
+			wantHandler: "disagg-profile-handler/disagg-profile-handler",
 		},
 		{
 			name: "upstream's weights stay available by name",
@@ -308,9 +314,9 @@ func TestLoadRefusesBadConfigs(t *testing.T) {
 		wantMsg string
 	}{
 		{"an unknown type is named with the known ones", "plugins: [{name: x, type: magic-scorer}]", true, config.ErrUnknownType,
-			`load config: plugin "x": unknown plugin type "magic-scorer" (known types: [by-label decision-tree-filter decode-filter encode-filter header-based-testing-filter kv-cache-utilization-scorer label-selector-filter latency-scorer latency-slo-admitter least-kv-cache-filter least-queue-filter load-aware-scorer lora-affinity-filter lora-affinity-scorer low-queue-filter max-score-picker no-hit-lru-scorer precise-prefix-cache-scorer prefill-cost-scorer prefill-filter prefix-cache-scorer queue-scorer random-picker running-requests-size-scorer saturation-filter single-profile-handler slo-headroom-tier-filter softmax-picker speculative-prefix-recorder utilization-detector weighted-random-picker])`},
-		{"an upstream type without an equivalent says why", "plugins: [{type: pd-profile-handler}]", false, config.ErrUnsupportedType,
-			`load config: plugin "pd-profile-handler": unsupported upstream plugin type "pd-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
+			`load config: plugin "x": unknown plugin type "magic-scorer" (known types: [active-request-scorer always-disagg-multimodal-decider always-disagg-pd-decider by-label decision-tree-filter decode-filter disagg-profile-handler encode-filter header-based-testing-filter kv-cache-utilization-scorer label-selector-filter latency-scorer latency-slo-admitter least-kv-cache-filter least-queue-filter load-aware-scorer lora-affinity-filter lora-affinity-scorer low-queue-filter max-score-picker no-hit-lru-scorer pd-profile-handler precise-prefix-cache-scorer predicted-latency-pd-decider prefill-cost-scorer prefill-filter prefix-based-pd-decider prefix-cache-affinity-filter prefix-cache-scorer queue-scorer random-picker running-requests-size-scorer saturation-filter single-profile-handler slo-aware-profile-handler slo-headroom-tier-filter softmax-picker speculative-prefix-recorder token-load-scorer utilization-detector weighted-random-picker])`},
+		{"an upstream type without an equivalent says why", "plugins: [{type: data-parallel-profile-handler}]", false, config.ErrUnsupportedType,
+			`load config: plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
 		{"an upstream parameter that would change behaviour is refused with the reason", "plugins: [{name: m, type: metrics-data-source, parameters: {scheme: https}}]", false, framework.ErrInvalidParams,
 			`load config: invalid plugin parameters: plugin "m" (type metrics-data-source): parameter scheme: kvroute scrapes http://<endpoint>/metrics; another scheme cannot be set`},
 		{"an unknown parameter of the approximate producer is still refused", "plugins: [{type: approx-prefix-cache-producer, parameters: {hashSeed: 1}}]", false, framework.ErrInvalidParams,
@@ -335,10 +341,10 @@ schedulingProfiles:
 plugins: [{type: queue-scorer}]
 schedulingProfiles: [{name: p, plugins: [{pluginRef: queue}]}]`, false, config.ErrDanglingRef,
 			`load config: scheduling profile "p": reference to an undefined plugin "queue"`},
-		{"a profile without a picker is named when pickers exist", `
-plugins: [{type: queue-scorer}, {type: random-picker}]
-schedulingProfiles: [{name: p, plugins: [{pluginRef: queue-scorer}]}]`, false, config.ErrNoPicker,
-			`load config: scheduling profile "p": profile has no picker (the config defines pickers, so none is assumed)`},
+		{"a profile without a picker is named when several pickers exist", `
+plugins: [{type: queue-scorer}, {type: random-picker}, {type: max-score-picker}]
+schedulingProfiles: [{name: p, plugins: [{pluginRef: queue-scorer}]}, {name: q, plugins: [{pluginRef: random-picker}, {pluginRef: queue-scorer}]}]`, false, config.ErrNoPicker,
+			`load config: scheduling profile "p": profile has no picker (the config defines several pickers, so none is assumed)`},
 		{"a profile with two pickers is refused", `
 plugins: [{type: random-picker}, {type: max-score-picker}]
 schedulingProfiles: [{name: p, plugins: [{pluginRef: random-picker}, {pluginRef: max-score-picker}]}]`, false, config.ErrInvalid,
@@ -366,7 +372,7 @@ schedulingProfiles:
 		{"a plugin without a type is refused", "plugins: [{name: x}]", false, config.ErrInvalid,
 			`load config: invalid configuration: plugin "x" has no type`},
 		{"another apiVersion is refused", "apiVersion: inference.networking.x-k8s.io/v2", false, config.ErrInvalid,
-			`load config: invalid configuration: apiVersion "inference.networking.x-k8s.io/v2", want "inference.networking.x-k8s.io/v1alpha1" or "llm-d.ai/v1alpha1"`},
+			`load config: invalid configuration: apiVersion "inference.networking.x-k8s.io/v2", want "inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1" or "llm-d.ai/v1"`},
 		{"another kind is refused", "kind: InferencePool", false, config.ErrInvalid,
 			`load config: invalid configuration: kind "InferencePool", want "EndpointPickerConfig"`},
 		{"a dataLayer discovery plugin is refused with the reason", "dataLayer: {discovery: {pluginRef: files}}", false, config.ErrInvalid,

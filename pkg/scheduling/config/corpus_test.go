@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/prepare"
+	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
@@ -92,15 +95,32 @@ var upstreamCorpus = map[string]corpusCase{
 	"llmd-v0.8.0-epp-precise-prefix-cache-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
 	}},
-	"refused-gie-v1.5.0-chart-latency-predictor.yaml":                {refusal: `plugin "strict-affinity-filter": unsupported upstream plugin type "prefix-cache-affinity-filter": kvroute has no prefix affinity filter; weight precise-prefix-cache-scorer for affinity, or let the latency-scorer weigh the cache in its predictions`},
-	"refused-gie-v1.5.0-conformance-plugins.yaml":                    {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": kvroute does not echo the served endpoint back to the client`},
-	"refused-llmd-v0.2.1-pd-epp-config.yaml":                         {refusal: `plugin "prefill-header-handler": unsupported upstream plugin type "prefill-header-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
-	"refused-llmd-v0.8.0-dp-epp-config.yaml":                         {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
-	"refused-router-main-chart-triton.yaml":                          {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
-	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":      {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
-	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml":     {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},
-	"refused-router-v0.10.0-pd-epp-config.yaml":                      {refusal: `plugin "disagg-profile-handler": unsupported upstream plugin type "disagg-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
-	"refused-router-v0.10.0-perf-precise-prefix.yaml":                {refusal: `plugin "active-request-scorer": unsupported upstream plugin type "active-request-scorer": kvroute does not count its own in-flight requests; running-requests-size-scorer weighs the requests each engine reports running`},
+	"gie-v1.5.0-chart-latency-predictor.yaml": {profiles: map[string][]string{
+		"default": {"filter:strict-affinity-filter/prefix-cache-affinity-filter", "filter:slo-headroom-tier-filter/slo-headroom-tier-filter", "filter:loose-affinity-filter/prefix-cache-affinity-filter",
+			"scorer:latency-scorer/latency-scorer*1", "picker:weighted-random-picker/weighted-random-picker"},
+	}},
+	"llmd-main-guide-precise-disaggregated-tokenization.yaml": {profiles: map[string][]string{
+		"default": {"scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*3", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:active-request-scorer/active-request-scorer*2", "picker:max-score-picker/max-score-picker"},
+	}},
+	"llmd-main-guide-optimized-baseline.yaml": {profiles: map[string][]string{
+		"default": {"filter:prefix-cache-affinity-filter/prefix-cache-affinity-filter", "scorer:token-load-scorer/token-load-scorer*1", "picker:max-score-picker/max-score-picker"},
+	}},
+	"llmd-main-guide-slo-aware.yaml": {profiles: map[string][]string{
+		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"slo":     {"scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:slo-scorer/latency-scorer*1", "picker:max-score-picker/max-score-picker"},
+	}, check: func(t *testing.T, l *config.Loaded) {
+		wantHandler("slo-aware-profile-handler")(t, l)
+		wantLeastHeadroom(t, l, "slo", "slo-scorer")
+	}},
+	"refused-gie-v1.5.0-conformance-plugins.yaml":                {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": the conformance tests' echo of the served endpoint in a response header of its own; kvroute's standalone proxy returns x-gateway-destination-endpoint-served itself, and its ext_proc server sets no response headers`},
+	"refused-llmd-v0.8.0-dp-epp-config.yaml":                     {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
+	"refused-router-main-chart-triton.yaml":                      {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
+	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":  {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
+	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml": {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},
+	"router-v0.10.0-perf-precise-prefix.yaml": {profiles: map[string][]string{
+		"default": {"scorer:active-request-scorer/active-request-scorer*4", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*2", "picker:max-score-picker/max-score-picker",
+			"postpick:no-hit-lru-scorer/no-hit-lru-scorer", "postpick:speculative-prefix-recorder/speculative-prefix-recorder"},
+	}},
 	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml":  {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
 	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                 {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
 	"refused-router-v0.10.0-soft-reflective-ceiling-epp-config.yaml": {refusal: `invalid configuration: feature gate "flowControl": kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission`},
@@ -140,6 +160,9 @@ func TestUpstreamCorpusLoadsAsWritten(t *testing.T) {
 	for _, f := range files {
 		name := filepath.Base(f)
 		tc, ok := upstreamCorpus[name]
+		if pd, isPD := pdCorpus[name]; isPD && !ok {
+			tc, ok = pd, true
+		}
 		if !ok {
 			t.Errorf("%s has no expectation", name)
 			continue
@@ -193,6 +216,11 @@ func TestUpstreamCorpusLoadsAsWritten(t *testing.T) {
 			loadable++
 		}
 	}
+	for name := range pdCorpus {
+		if _, err := os.Stat(filepath.Join("testdata/upstream", name)); err != nil {
+			t.Errorf("expectation for a missing file: %v", err)
+		}
+	}
 	for name := range upstreamCorpus {
 		if _, err := os.Stat(filepath.Join("testdata/upstream", name)); err != nil {
 			t.Errorf("expectation for a missing file: %v", err)
@@ -204,6 +232,45 @@ func TestUpstreamCorpusLoadsAsWritten(t *testing.T) {
 	if len(sources) < 10 {
 		t.Errorf("sources %v: want several releases of each upstream project", sources)
 	}
+}
+
+// wantHandler checks the profile handler the file names.
+func wantHandler(typ string) func(t *testing.T, l *config.Loaded) {
+	return func(t *testing.T, l *config.Loaded) {
+		t.Helper()
+		if got := l.Handler.TypedName().Type; got != typ {
+			t.Errorf("profile handler %s, want %s", got, typ)
+		}
+	}
+}
+
+// wantLeastHeadroom checks that the scorer called name in profile scores
+// as upstream's slo-scorer by default: of two candidates predicted to
+// meet the request's SLO, the one with less headroom higher, though the
+// other is faster.
+func wantLeastHeadroom(t *testing.T, l *config.Loaded, profile, name string) {
+	t.Helper()
+	for _, p := range l.Profiles {
+		if p.Name != profile {
+			continue
+		}
+		for _, ws := range p.Scorers {
+			if ws.TypedName().Name != name {
+				continue
+			}
+			tight, fast := schedtest.C{Name: "tight"}.Build(), schedtest.C{Name: "fast"}.Build()
+			tight.Put(datalayer.LatencyPredictionInfoKey, &datalayer.LatencyPredictionInfo{TTFTValid: true, HasTTFTSLO: true, TTFT: 90, TTFTMean: 80, TTFTHeadroom: 10})
+			fast.Put(datalayer.LatencyPredictionInfoKey, &datalayer.LatencyPredictionInfo{TTFTValid: true, HasTTFTSLO: true, TTFT: 20, TTFTMean: 15, TTFTHeadroom: 80})
+			out := make([]float64, 2)
+			req := &request.Request{SLO: request.SLO{TTFT: 100 * time.Millisecond}}
+			ws.Score(context.Background(), framework.NewCycleState(schedtest.Now, 1, 2), req, []*datalayer.Candidate{tight, fast}, out)
+			if !(out[0] > out[1]) {
+				t.Errorf("%s scored the candidate with 10ms of headroom %v and the one with 80ms %v: want the first higher", name, out[0], out[1])
+			}
+			return
+		}
+	}
+	t.Errorf("no scorer %s in profile %s", name, profile)
 }
 
 // wantThresholds checks the detector admission uses.

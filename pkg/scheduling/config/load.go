@@ -92,8 +92,8 @@ func (r *Registry) Load(text []byte, h framework.Handle) (*Loaded, error) {
 }
 
 func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Loaded, error) {
-	if cfg.APIVersion != "" && cfg.APIVersion != APIVersion && cfg.APIVersion != APIVersionLLMD {
-		return nil, fmt.Errorf("%w: apiVersion %q, want %q or %q", ErrInvalid, cfg.APIVersion, APIVersion, APIVersionLLMD)
+	if cfg.APIVersion != "" && cfg.APIVersion != APIVersion && cfg.APIVersion != APIVersionLLMD && cfg.APIVersion != APIVersionLLMDV1 {
+		return nil, fmt.Errorf("%w: apiVersion %q, want %q, %q or %q", ErrInvalid, cfg.APIVersion, APIVersion, APIVersionLLMD, APIVersionLLMDV1)
 	}
 	if cfg.Kind != "" && cfg.Kind != Kind {
 		return nil, fmt.Errorf("%w: kind %q, want %q", ErrInvalid, cfg.Kind, Kind)
@@ -148,6 +148,14 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 		}
 	}
 
+	for _, p := range l.Plugins {
+		if r, ok := p.(framework.Resolver); ok {
+			if err := r.ResolveRefs(h); err != nil {
+				return nil, err
+			}
+		}
+	}
+
 	// No profiles: every filter, scorer, picker and post-pick goes into one
 	// default profile, scorers at weight 1.
 	if len(cfg.SchedulingProfiles) == 0 {
@@ -160,9 +168,7 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 		cfg.SchedulingProfiles = []SchedulingProfile{prof}
 	}
 
-	// No picker anywhere: a max-score-picker serves every profile. With
-	// pickers defined, a profile without one is an error, since which one
-	// was meant cannot be guessed.
+	// No picker anywhere: a max-score-picker serves every profile.
 	anyPicker := false
 	for _, p := range l.Plugins {
 		if _, ok := p.(framework.Picker); ok {
@@ -176,6 +182,29 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 		cfg.Plugins = append(cfg.Plugins, PluginSpec{Name: maxscore.Type, Type: maxscore.Type})
 		for i := range cfg.SchedulingProfiles {
 			cfg.SchedulingProfiles[i].Plugins = append(cfg.SchedulingProfiles[i].Plugins, SchedulingPlugin{PluginRef: maxscore.Type})
+		}
+	}
+
+	// A profile without a picker takes the configuration's picker when it
+	// has exactly one, as upstream's loader does; among several, which was
+	// meant cannot be guessed.
+	var pickers []string
+	for _, p := range l.Plugins {
+		if _, ok := p.(framework.Picker); ok {
+			pickers = append(pickers, p.TypedName().Name)
+		}
+	}
+	if len(pickers) == 1 {
+		for i, sp := range cfg.SchedulingProfiles {
+			has := false
+			for _, ref := range sp.Plugins {
+				if _, ok := h.byName[ref.PluginRef].(framework.Picker); ok {
+					has = true
+				}
+			}
+			if !has {
+				cfg.SchedulingProfiles[i].Plugins = append(cfg.SchedulingProfiles[i].Plugins, SchedulingPlugin{PluginRef: pickers[0]})
+			}
 		}
 	}
 
@@ -316,7 +345,7 @@ func makeProfile(sp SchedulingProfile, byName map[string]plugin.Plugin, l *Loade
 		}
 	}
 	if prof.Picker == nil {
-		return nil, fmt.Errorf("scheduling profile %q: %w (the config defines pickers, so none is assumed)", sp.Name, ErrNoPicker)
+		return nil, fmt.Errorf("scheduling profile %q: %w (the config defines several pickers, so none is assumed)", sp.Name, ErrNoPicker)
 	}
 	return prof, nil
 }

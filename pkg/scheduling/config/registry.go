@@ -10,11 +10,15 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/admitter/latencyslo"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/always"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/predicted"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/prefixbased"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/decisiontree"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/headertest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/leastload"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/lorafilter"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/prefixaffinity"
 	satfilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/saturation"
 	slofilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/slo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
@@ -22,7 +26,10 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/softmax"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/weightedrandom"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/postpick/speculative"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/disagg"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/sloaware"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/activerequest"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/kvcache"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/latency"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/loadaware"
@@ -33,6 +40,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/prefix"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/queue"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/runningrequests"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/tokenload"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
@@ -117,6 +125,16 @@ func NewInTreeRegistry() *Registry {
 		latency.Type:             latency.Factory,
 		slofilter.Type:           slofilter.Factory,
 		latencyslo.Type:          latencyslo.Factory,
+		disagg.Type:              disagg.Factory,
+		disagg.PDType:            disagg.PDFactory(pdThreshold),
+		prefixbased.Type:         prefixbased.Factory,
+		predicted.Type:           predicted.Factory,
+		always.PDType:            always.PDFactory,
+		always.MultimodalType:    always.MultimodalFactory,
+		activerequest.Type:       activerequest.Factory,
+		tokenload.Type:           tokenload.Factory,
+		prefixaffinity.Type:      prefixaffinity.Factory,
+		sloaware.Type:            sloaware.Factory,
 	} {
 		r.mustRegister(typ, f)
 	}
@@ -246,4 +264,14 @@ func (r *Registry) registered(typ string) bool {
 	_, f := r.factories[typ]
 	_, a := r.aliases[typ]
 	return f || a
+}
+
+// pdThreshold is the decider pd-profile-handler's threshold means (llm-d
+// v0.2 to v0.5): 0 splits every request, a positive one splits when the
+// decode pod lacks that many prompt tokens.
+func pdThreshold(name string, tokens int) (framework.Decider, error) {
+	if tokens == 0 {
+		return always.NewPD(name), nil
+	}
+	return prefixbased.New(name, prefixbased.Params{NonCachedTokens: tokens})
 }

@@ -12,11 +12,13 @@ import (
 )
 
 // The apiVersion and kind written (either may be left out). APIVersionLLMD
-// is the same schema under llm-d-router's group, accepted alike.
+// is the same schema under llm-d-router's group, and APIVersionLLMDV1 the
+// version llm-d's current guides write; all are accepted alike.
 const (
-	APIVersion     = "inference.networking.x-k8s.io/v1alpha1"
-	APIVersionLLMD = "llm-d.ai/v1alpha1"
-	Kind           = "EndpointPickerConfig"
+	APIVersion       = "inference.networking.x-k8s.io/v1alpha1"
+	APIVersionLLMD   = "llm-d.ai/v1alpha1"
+	APIVersionLLMDV1 = "llm-d.ai/v1"
+	Kind             = "EndpointPickerConfig"
 )
 
 // DefaultProfileName is the profile made when the config defines none.
@@ -84,19 +86,43 @@ type PluginRef struct {
 // follow the first pick before its KV events arrive. It was the best
 // policy measured, in real and virtual time and in the seed studies
 // (docs/routing-benchmark.md, docs/results/).
+//
+// In a pool with prefill pods (llm-d.ai/role prefill), the same profile
+// picks the decode pod among the pods that decode, and the
+// predicted-latency-pd-decider sends a request's prefill to the prefill
+// pod of least predicted latency when that, with the KV transfer, is
+// predicted to come sooner than the decode pod's own prefill. A pool
+// without prefill pods runs the default profile alone.
 const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
+- type: decode-filter
+- type: prefill-filter
 - type: slo-headroom-tier-filter
 - type: latency-scorer
   parameters:
     use: quantile
 - type: latency-slo-admitter
 - type: speculative-prefix-recorder
+- type: predicted-latency-pd-decider
+- type: disagg-profile-handler
+  parameters:
+    profiles:
+      decode: default
+      prefill: prefill
+    deciders:
+      prefill: predicted-latency-pd-decider
+    onlyWithPrefillPods: true
 schedulingProfiles:
 - name: default
   plugins:
+  - pluginRef: decode-filter
   - pluginRef: slo-headroom-tier-filter
+  - pluginRef: latency-scorer
+  - pluginRef: speculative-prefix-recorder
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
   - pluginRef: latency-scorer
   - pluginRef: speculative-prefix-recorder
 `

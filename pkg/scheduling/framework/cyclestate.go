@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
 )
 
 // CycleState is what the plugins of one scheduling cycle share: the cycle's
@@ -17,8 +19,17 @@ type CycleState struct {
 	pcg rand.PCG
 	rng rand.Rand
 
-	mu   sync.RWMutex
+	mu sync.RWMutex
+	// inline holds the first values written, so that a cycle whose
+	// plugins pass one or two values makes no map.
+	inline [2]struct {
+		key string
+		v   any
+	}
+	n    int
 	vals map[string]any
+
+	cands []*datalayer.Candidate
 }
 
 // NewCycleState makes the state for one cycle. now is read once per cycle so
@@ -30,6 +41,14 @@ func NewCycleState(now time.Time, seed1, seed2 uint64) *CycleState {
 	return s
 }
 
+// SetCandidates records the cycle's candidates, before the filters of any
+// profile narrowed them, for plugins that weigh one stage's pods against
+// another's (a decider comparing the decode pod with the prefill pool).
+func (s *CycleState) SetCandidates(cands []*datalayer.Candidate) { s.cands = cands }
+
+// Candidates are the cycle's candidates as SetCandidates recorded them.
+func (s *CycleState) Candidates() []*datalayer.Candidate { return s.cands }
+
 // Now is the instant the cycle started.
 func (s *CycleState) Now() time.Time { return s.now }
 
@@ -40,17 +59,33 @@ func (s *CycleState) Rand() *rand.Rand { return &s.rng }
 // Write stores v under key.
 func (s *CycleState) Write(key string, v any) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.n {
+		if s.inline[i].key == key {
+			s.inline[i].v = v
+			return
+		}
+	}
+	if s.vals == nil && s.n < len(s.inline) {
+		s.inline[s.n].key, s.inline[s.n].v = key, v
+		s.n++
+		return
+	}
 	if s.vals == nil {
 		s.vals = make(map[string]any, 4)
 	}
 	s.vals[key] = v
-	s.mu.Unlock()
 }
 
 // Read returns the value stored under key.
 func (s *CycleState) Read(key string) (any, bool) {
 	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for i := range s.n {
+		if s.inline[i].key == key {
+			return s.inline[i].v, true
+		}
+	}
 	v, ok := s.vals[key]
-	s.mu.RUnlock()
 	return v, ok
 }

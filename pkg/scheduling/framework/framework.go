@@ -141,14 +141,82 @@ type Profile struct {
 // fallbacks in order of preference. Empty when the filters left nothing.
 type ProfileResult struct {
 	Picked []*datalayer.Candidate
+	// Scored is every candidate the profile scored with its weighted
+	// score, picked or not; kept only when the scheduler is asked to
+	// (scheduling.Options.KeepScores), so that an operator can see why a
+	// pod won.
+	Scored []ScoredCandidate
 }
 
 // Result is a whole scheduling cycle's answer.
 type Result struct {
-	// PrimaryProfile names the profile whose pick the request is sent to.
+	// PrimaryProfile names the profile whose pick the request is sent to;
+	// with disaggregated serving, the decode profile.
 	PrimaryProfile string
 	// Profiles holds every profile's result by profile name.
 	Profiles map[string]*ProfileResult
+	// PrefillProfile names the profile whose pick prefills the request
+	// before the primary pick decodes it; empty when the primary pick
+	// prefills it itself.
+	PrefillProfile string
+	// EncodeProfile names the profile whose picks encode the request's
+	// multimodal parts; empty when none do.
+	EncodeProfile string
+	// Decision is which stages run on pods of their own; empty for a
+	// handler that never splits a request.
+	Decision Decision
+	// Reason says in a word why the decision was made (a metric label
+	// value from a small fixed set, such as "cached" or "no-prefill-pod").
+	Reason string
+}
+
+// Decision names the stages a request is split into, with upstream's
+// decision_type values.
+type Decision string
+
+// The decisions.
+const (
+	DecodeOnly          Decision = "decode-only"
+	PrefillDecode       Decision = "prefill-decode"
+	EncodeDecode        Decision = "encode-decode"
+	EncodePrefillDecode Decision = "encode-prefill-decode"
+)
+
+// DecisionOf is the decision for the stages that run apart from decode.
+func DecisionOf(encode, prefill bool) Decision {
+	switch {
+	case encode && prefill:
+		return EncodePrefillDecode
+	case encode:
+		return EncodeDecode
+	case prefill:
+		return PrefillDecode
+	}
+	return DecodeOnly
+}
+
+// Prefill returns the pod that prefills the request for the primary pick,
+// nil when the primary pick prefills it itself.
+func (r *Result) Prefill() *datalayer.Candidate {
+	if r == nil || r.PrefillProfile == "" {
+		return nil
+	}
+	if p := r.Profiles[r.PrefillProfile]; p != nil && len(p.Picked) > 0 {
+		return p.Picked[0]
+	}
+	return nil
+}
+
+// Encoders returns the pods that encode the request's multimodal parts,
+// none when the primary pick encodes them itself.
+func (r *Result) Encoders() []*datalayer.Candidate {
+	if r == nil || r.EncodeProfile == "" {
+		return nil
+	}
+	if p := r.Profiles[r.EncodeProfile]; p != nil {
+		return p.Picked
+	}
+	return nil
 }
 
 // Targets returns the primary profile's picks, primary first.
@@ -161,3 +229,50 @@ func (r *Result) Targets() []*datalayer.Candidate {
 	}
 	return nil
 }
+
+// Decider decides, once the decode pod is picked, whether a stage of the
+// request (its prefill, or the encoding of its multimodal parts) runs on
+// pods of its own. decode is nil when the stage is decided before decode
+// is picked (a prefill-first handler's encode stage).
+type Decider interface {
+	plugin.Plugin
+	Disaggregate(ctx context.Context, cs *CycleState, req *request.Request, decode *datalayer.Candidate) Verdict
+}
+
+// Verdict is a decider's answer.
+type Verdict struct {
+	// Split: the stage runs on pods of its own.
+	Split bool
+	// Reason says why in a word, a metric label value from a fixed set
+	// (the Reason* constants, or a decider's own few).
+	Reason string
+}
+
+// Reasons deciders and profile handlers give.
+const (
+	// ReasonCached: the decode pod holds enough of the prompt that its own
+	// prefill of the rest is cheaper.
+	ReasonCached = "cached"
+	// ReasonUncached: the part of the prompt the decode pod lacks is long
+	// enough to prefill elsewhere.
+	ReasonUncached = "uncached"
+	// ReasonShortPrompt: the prompt is too short to split.
+	ReasonShortPrompt = "short-prompt"
+	// ReasonDisabled: the decider is configured never to split.
+	ReasonDisabled = "disabled"
+	// ReasonAlways: the decider splits every request.
+	ReasonAlways = "always"
+	// ReasonNoDecider: no decider is configured for the stage.
+	ReasonNoDecider = "no-decider"
+	// ReasonNoPrefixInfo: nothing says what the decode pod holds.
+	ReasonNoPrefixInfo = "no-prefix-info"
+	// ReasonNoPrefillPod: the decider split the request, and no prefill
+	// pod could be picked.
+	ReasonNoPrefillPod = "no-prefill-pod"
+	// ReasonNoEncodePod: the decider split the request's encoding, and no
+	// encode pod could be picked.
+	ReasonNoEncodePod = "no-encode-pod"
+	// ReasonPrefillFirst: the handler runs prefill on a pod of its own
+	// for every request (stageOrder prefill-first).
+	ReasonPrefillFirst = "prefill-first"
+)

@@ -86,3 +86,32 @@ func TestResultTargets(t *testing.T) {
 		}
 	}
 }
+
+func TestASplitResultNamesItsPrefillAndEncodePicks(t *testing.T) {
+	t.Parallel()
+	mk := func(n string) *datalayer.Candidate {
+		return datalayer.NewCandidate(&datalayer.Endpoint{Name: n}, datalayer.Metrics{}, datalayer.StreamNone)
+	}
+	d, p, e := mk("d"), mk("p"), mk("e")
+	r := &framework.Result{PrimaryProfile: "decode", PrefillProfile: "prefill", EncodeProfile: "encode",
+		Profiles: map[string]*framework.ProfileResult{"decode": {Picked: []*datalayer.Candidate{d}}, "prefill": {Picked: []*datalayer.Candidate{p}}, "encode": {Picked: []*datalayer.Candidate{e}}}}
+	if r.Targets()[0] != d || r.Prefill() != p || len(r.Encoders()) != 1 || r.Encoders()[0] != e {
+		t.Errorf("targets %v, prefill %v, encoders %v", r.Targets(), r.Prefill(), r.Encoders())
+	}
+	decodeOnly := &framework.Result{PrimaryProfile: "decode", Profiles: r.Profiles}
+	if decodeOnly.Prefill() != nil || decodeOnly.Encoders() != nil || (*framework.Result)(nil).Prefill() != nil {
+		t.Error("a result that names no prefill or encode profile has a prefill or encode pick")
+	}
+	emptyPrefill := &framework.Result{PrimaryProfile: "decode", PrefillProfile: "prefill", Profiles: map[string]*framework.ProfileResult{"prefill": {}}}
+	if emptyPrefill.Prefill() != nil {
+		t.Error("a prefill profile that picked nobody has a pick")
+	}
+	for _, tt := range []struct {
+		encode, prefill bool
+		want            framework.Decision
+	}{{false, false, "decode-only"}, {false, true, "prefill-decode"}, {true, false, "encode-decode"}, {true, true, "encode-prefill-decode"}} {
+		if got := framework.DecisionOf(tt.encode, tt.prefill); got != tt.want {
+			t.Errorf("DecisionOf(%v, %v) = %s, want %s", tt.encode, tt.prefill, got, tt.want)
+		}
+	}
+}

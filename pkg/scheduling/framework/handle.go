@@ -67,3 +67,11 @@ func StalenessOf(h Handle) time.Duration {
 	}
 	return DefaultMetricsStaleness
 }
+
+// Resolver is a plugin that names other plugins of its configuration: the
+// loader calls ResolveRefs once every plugin is made, so that a reference
+// does not depend on the order the file lists the plugins in (upstream's
+// files name a decider before or after the handler that uses it).
+type Resolver interface {
+	ResolveRefs(h Handle) error
+}

@@ -217,6 +217,18 @@ func (p *Pool) Usage() float64 {
 	return 1 - float64(p.free.Len())/float64(p.cfg.GPUBlocks)
 }
 
+// ResidentUsage is the share of GPU blocks holding KV: those running
+// requests use, and those cached that no request uses until reused.
+func (p *Pool) ResidentUsage() float64 {
+	empty := 0
+	for e := p.free.Front(); e != nil; e = e.Next() {
+		if !p.hashed[e.Value.(int)] {
+			empty++
+		}
+	}
+	return 1 - float64(empty)/float64(p.cfg.GPUBlocks)
+}
+
 // BlockHashes returns the engine's hashes of req's full blocks. Every
 // KV-cache group names a block by the same hash, as vLLM does.
 func (p *Pool) BlockHashes(req Request) []uint64 {

@@ -161,11 +161,13 @@ func (l *Local) Tokenize(ctx context.Context, req *request.Request) ([]uint32, e
 }
 
 func encodeRequest(tok *tokenizer.Tokenizer, req *request.Request) ([]uint32, error) {
-	switch req.API {
-	case request.APICompletions:
-		return tok.Encode(req.Prompt, req.AddSpecialTokens)
-	case request.APIChatCompletions:
+	switch {
+	case req.Chat != nil:
+		// Chat, and the APIs the server renders as a chat (Messages,
+		// Responses): the request's messages as the server converts them.
 		return tok.EncodeChat(req.Chat)
+	case req.API == request.APICompletions || (req.API == request.APIEmbeddings && req.Prompt != ""):
+		return tok.Encode(req.Prompt, req.AddSpecialTokens)
 	}
 	return nil, fmt.Errorf("%w: API %s", tokenizer.ErrUnsupported, req.API)
 }

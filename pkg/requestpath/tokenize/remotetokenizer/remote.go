@@ -278,14 +278,16 @@ func inputKey(req *request.Request) (cacheKey, error) {
 	var h keyHasher
 	h.reset()
 	h.stringField(req.Model)
-	switch req.API {
-	case request.APICompletions:
+	switch {
+	case req.Chat == nil && (req.API == request.APICompletions || (req.API == request.APIEmbeddings && req.Prompt != "")):
 		h.stringField("completions")
 		h.flag(req.AddSpecialTokens)
 		h.stringField(req.Prompt)
-	case request.APIChatCompletions:
+	case req.Chat != nil:
+		// Chat, and the APIs the server renders as one (Messages,
+		// Responses): their converted messages.
 		c := req.Chat
-		if c == nil || len(c.Messages) == 0 {
+		if len(c.Messages) == 0 {
 			return cacheKey{}, tokenize.ErrUnsupported
 		}
 		h.stringField("chat")
@@ -330,7 +332,7 @@ func requestBody(req *request.Request) ([]byte, error) {
 	if err := writeJSONString(&b, req.Model); err != nil {
 		return nil, err
 	}
-	if req.API == request.APICompletions {
+	if req.Chat == nil {
 		b.WriteString(`,"prompt":`)
 		if err := writeJSONString(&b, req.Prompt); err != nil {
 			return nil, err

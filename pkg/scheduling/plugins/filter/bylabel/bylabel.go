@@ -31,7 +31,7 @@ const (
 )
 
 // RoleLabel is the pod label naming the stages a pod serves.
-const RoleLabel = "llm-d.ai/role"
+const RoleLabel = datalayer.RoleLabel
 
 // The role label's values: a single stage, or the stages a pod combines.
 const (
@@ -51,6 +51,9 @@ type Filter struct {
 	label         string
 	valid         map[string]bool
 	allowsNoLabel bool
+	// roles, for a role filter, are the roles it keeps any of: the
+	// datastore's parsed role spares a label lookup per candidate.
+	roles datalayer.Role
 }
 
 var _ framework.Filter = (*Filter)(nil)
@@ -93,7 +96,7 @@ func DecodeFactory(name string, raw json.RawMessage, _ framework.Handle) (plugin
 	if err := noParams(DecodeType, name, raw); err != nil {
 		return nil, err
 	}
-	return New(DecodeType, name, RoleLabel, true, RoleDecode, RolePrefillDecode, RoleBoth, RoleEncodePrefillDecode), nil
+	return roleFilter(New(DecodeType, name, RoleLabel, true, RoleDecode, RolePrefillDecode, RoleBoth, RoleEncodePrefillDecode), datalayer.RoleDecode|datalayer.RoleUnlabelled), nil
 }
 
 // PrefillFactory makes the prefill-filter: pods serving prefill.
@@ -101,7 +104,7 @@ func PrefillFactory(name string, raw json.RawMessage, _ framework.Handle) (plugi
 	if err := noParams(PrefillType, name, raw); err != nil {
 		return nil, err
 	}
-	return New(PrefillType, name, RoleLabel, false, RolePrefill, RoleEncodePrefill, RolePrefillDecode, RoleBoth, RoleEncodePrefillDecode), nil
+	return roleFilter(New(PrefillType, name, RoleLabel, false, RolePrefill, RoleEncodePrefill, RolePrefillDecode, RoleBoth, RoleEncodePrefillDecode), datalayer.RolePrefill), nil
 }
 
 // EncodeFactory makes the encode-filter: pods serving the multimodal
@@ -110,7 +113,7 @@ func EncodeFactory(name string, raw json.RawMessage, _ framework.Handle) (plugin
 	if err := noParams(EncodeType, name, raw); err != nil {
 		return nil, err
 	}
-	return New(EncodeType, name, RoleLabel, false, RoleEncode, RoleEncodePrefill, RoleEncodePrefillDecode), nil
+	return roleFilter(New(EncodeType, name, RoleLabel, false, RoleEncode, RoleEncodePrefill, RoleEncodePrefillDecode), datalayer.RoleEncode), nil
 }
 
 func noParams(typ, name string, raw json.RawMessage) error {
@@ -121,8 +124,24 @@ func noParams(typ, name string, raw json.RawMessage) error {
 // TypedName implements plugin.Plugin.
 func (f *Filter) TypedName() plugin.TypedName { return f.name }
 
+func roleFilter(f *Filter, roles datalayer.Role) *Filter {
+	f.roles = roles
+	return f
+}
+
 // Filter implements framework.Filter.
 func (f *Filter) Filter(_ context.Context, _ *framework.CycleState, _ *request.Request, cands []*datalayer.Candidate) []*datalayer.Candidate {
+	if f.roles != 0 {
+		// Written whole before it is read; the candidates' memory outlives
+		// the profile, which keeps nothing of what it filtered.
+		out := datalayer.RequestMemoryOverwritten[*datalayer.Candidate](cands, f, len(cands))[:0]
+		for _, c := range cands {
+			if c.Role()&f.roles != 0 {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
 	out := cands[:0:0]
 	for _, c := range cands {
 		v, ok := c.Labels[f.label]
@@ -172,3 +191,12 @@ func (s *Selector) Filter(_ context.Context, _ *framework.CycleState, _ *request
 
 // String describes the selector, for errors and /debug output.
 func (s *Selector) String() string { return fmt.Sprintf("%s(%s)", s.name, s.sel) }
+
+// ServesPrefill reports whether a pod's role is one prefill-filter keeps.
+func ServesPrefill(r datalayer.Role) bool { return r&datalayer.RolePrefill != 0 }
+
+// PrefillOnly reports whether a pod's role makes it a prefill pod that does
+// not decode: a pool with such pods disaggregates.
+func PrefillOnly(r datalayer.Role) bool {
+	return r&datalayer.RolePrefill != 0 && r&datalayer.RoleDecode == 0
+}

@@ -9,12 +9,15 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/latencyinfo"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/prefixinfo"
 )
 
 // Type is the plugin's registered type name.
@@ -59,7 +62,33 @@ type Params struct {
 	// cached when a cold endpoint would be a little faster for this
 	// request alone (default DefaultPrefillWeight; 0 is pure least latency).
 	PrefillWeight *float64 `json:"prefillWeight,omitempty"`
+	// EvictionWeight adds, times this weight, the expected cost of what a
+	// placement would evict: where the request needs more new blocks than
+	// the endpoint has free (num_gpu_blocks less the blocks the index
+	// counts there and those in flight to it), the blocks it pushes out of
+	// the prefix families this EPP lately sent there, least recently used
+	// first and each weighed by its family's hotness, costed at the
+	// request's own predicted prefill time per block (their re-prefill when
+	// the family returns), less the least such cost among the candidates:
+	// an endpoint with room costs nothing, so a new prefix group goes where
+	// it evicts no hotter one, and where all must evict, only what one
+	// evicts beyond another counts. Default
+	// DefaultEvictionWeight; 0 turns the term off.
+	EvictionWeight *float64 `json:"evictionWeight,omitempty"`
+	// EvictionWindow is the time constant a family's hotness fades with
+	// since its last request there, as a Go duration (default
+	// DefaultEvictionWindow).
+	EvictionWindow string `json:"evictionWindow,omitempty"`
 }
+
+// DefaultEvictionWeight is EvictionWeight's default: evicting a block
+// costs what computing it again does.
+const DefaultEvictionWeight = 1.0
+
+// DefaultEvictionWindow is EvictionWindow's default: a prefix family asked
+// for within the last few seconds is hot; one not asked for in a minute
+// is all but cold.
+const DefaultEvictionWindow = 10 * time.Second
 
 // Scorer is the latency-scorer.
 type Scorer struct {
@@ -68,6 +97,8 @@ type Scorer struct {
 	quantile      bool
 	tpotWeight    float64
 	prefillWeight float64
+	evictWeight   float64
+	evictWindow   time.Duration
 }
 
 var (
@@ -111,6 +142,20 @@ func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugi
 		}
 		s.prefillWeight = *v
 	}
+	s.evictWeight, s.evictWindow = DefaultEvictionWeight, DefaultEvictionWindow
+	if v := p.EvictionWeight; v != nil {
+		if !(*v >= 0) || math.IsInf(*v, 0) {
+			return nil, framework.ParamError(Type, name, "evictionWeight = %v, want a finite value ≥ 0", *v)
+		}
+		s.evictWeight = *v
+	}
+	if p.EvictionWindow != "" {
+		d, err := time.ParseDuration(p.EvictionWindow)
+		if err != nil || d <= 0 {
+			return nil, framework.ParamError(Type, name, "evictionWindow = %q, want a positive duration", p.EvictionWindow)
+		}
+		s.evictWindow = d
+	}
 	return s, nil
 }
 
@@ -122,14 +167,19 @@ func (s *Scorer) TypedName() plugin.TypedName { return s.name }
 func (s *Scorer) Category() framework.ScorerCategory { return framework.Balance }
 
 // Consumes implements plugin.Consumer.
-func (s *Scorer) Consumes() map[string]any { return latencyinfo.Consumes() }
+func (s *Scorer) Consumes() map[string]any {
+	m := latencyinfo.Consumes()
+	m[datalayer.PrefixCacheMatchInfoKey] = prefixinfo.Exemplar
+	m[framework.RequestBlockKeysKey] = []uint64(nil)
+	return m
+}
 
 // Score implements framework.Scorer. A candidate without a valid
 // prediction scores 0.
 func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, req *request.Request, cands []*datalayer.Candidate, out []float64) {
 	hasSLO := req.SLO.TTFT > 0 || req.SLO.TPOT > 0
 	if s.strategy == LeastLatency || !hasSLO {
-		s.leastLatency(cands, out)
+		s.leastLatency(req, cands, out)
 		return
 	}
 	s.headroom(cands, out)
@@ -137,14 +187,31 @@ func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, req *request.
 
 // leastLatency scores (min + 1ms)/(cost + 1ms): the fastest scores 1, one
 // twice as slow about 0.5, so that the score weighs like the time saved.
-func (s *Scorer) leastLatency(cands []*datalayer.Candidate, out []float64) {
-	best := math.Inf(1)
+func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate, out []float64) {
+	// The eviction costs first, held in out: each counts against the
+	// least of them, the candidate with the most room, so that where every
+	// candidate must evict alike (a fleet whose caches are all full of
+	// hot prefixes) the term leaves the choice to latency.
+	least := math.Inf(1)
+	now := req.Arrival.UnixNano()
 	for i, c := range cands {
 		info, ok := latencyinfo.Get(c)
 		if !ok {
 			out[i] = math.NaN()
 			continue
 		}
+		out[i] = 0
+		if s.evictWeight > 0 {
+			out[i] = s.evictionCost(c, info.TTFTAlone, now)
+		}
+		least = min(least, out[i])
+	}
+	best := math.Inf(1)
+	for i, c := range cands {
+		if math.IsNaN(out[i]) {
+			continue
+		}
+		info, _ := latencyinfo.Get(c)
 		// The pick's own engine time weighs by how full the endpoint's
 		// KV cache is: where it is nearly full, the prefill evicts cached
 		// prefixes and holds up the admissions behind it.
@@ -154,6 +221,7 @@ func (s *Scorer) leastLatency(cands []*datalayer.Candidate, out []float64) {
 		if s.quantile {
 			cost = info.TTFT + s.tpotWeight*info.TPOT + pw*info.TTFTAlone
 		}
+		cost += s.evictWeight * (out[i] - least)
 		out[i] = cost
 		best = min(best, cost)
 	}
@@ -164,6 +232,37 @@ func (s *Scorer) leastLatency(cands []*datalayer.Candidate, out []float64) {
 		}
 		out[i] = (best + 1) / (v + 1)
 	}
+}
+
+// evictionCost is the expected re-prefill time, in milliseconds, of the
+// hot blocks placing the request on c would evict (see EvictionWeight):
+// each costed at the request's own prefill time there per block it
+// computes, so that the cost is at most that prefill time.
+func (s *Scorer) evictionCost(c *datalayer.Candidate, alone float64, now int64) float64 {
+	capacity := c.Metrics.NumGPUBlocks
+	if capacity <= 0 || c.Residency == nil || !(alone > 0) {
+		return 0
+	}
+	p, ok := datalayer.PrefixCacheInfoOf(c)
+	if !ok || p.BlockSizeTokens <= 0 || !p.State.FromEvents() {
+		return 0
+	}
+	need := p.TotalBlocks - p.BlocksByTier[events.TierGPU] - p.SpeculativeBlocks
+	if need <= 0 {
+		return 0
+	}
+	var own uint64
+	if v, ok := c.Get(framework.RequestBlockKeysKey); ok {
+		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
+			own = keys[0]
+		}
+	}
+	hot := c.Residency.EvictedHot(datalayer.Eviction{
+		Need: need, Capacity: capacity, Held: c.GPUBlocks,
+		Pending: c.InFlight.PrefillTokens / p.BlockSizeTokens,
+		Own:     own, Now: now, Window: s.evictWindow,
+	})
+	return hot * alone / float64(need)
 }
 
 // headroom scores by the worse of a candidate's TTFT and TPOT headroom,

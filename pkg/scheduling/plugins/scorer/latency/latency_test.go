@@ -74,9 +74,117 @@ func TestTheHeadroomStrategiesRankByTheSLO(t *testing.T) {
 
 func TestBadParametersAreRefused(t *testing.T) {
 	t.Parallel()
-	for _, p := range []string{`{"strategy":"fastest"}`, `{"use":"median"}`, `{"tpotWeight":-1}`, `{"weight":1}`} {
+	for _, p := range []string{`{"strategy":"fastest"}`, `{"use":"median"}`, `{"tpotWeight":-1}`, `{"weight":1}`, `{"evictionWeight":-1}`, `{"evictionWindow":"0s"}`, `{"evictionWindow":"soon"}`} {
 		if _, err := latency.Factory("l", json.RawMessage(p), nil); err == nil {
 			t.Errorf("%s was accepted", p)
 		}
+	}
+}
+
+// placed is an endpoint of a placement scenario: what its cache holds and
+// the families this EPP sent it.
+type placed struct {
+	name     string
+	held     int
+	families []uint64
+	res      datalayer.Residency
+}
+
+// placeFamilies sends nFamilies prefix families of blocks blocks each, a
+// new one every 100ms, to endpoints of capacity blocks, picking by the
+// scorer with params; each family's next request follows its first to the
+// endpoint that caches it. Each endpoint is predicted a little slower than
+// the one before it, so that pure least latency sends every new family to
+// the first. It returns the families each endpoint got.
+func placeFamilies(t *testing.T, params string, endpoints, capacity, nFamilies, blocks int) []*placed {
+	t.Helper()
+	eps := make([]*placed, endpoints)
+	for i := range eps {
+		eps[i] = &placed{name: string(rune('a' + i))}
+	}
+	now := schedtest.Now
+	for f := range nFamilies {
+		first := uint64(f + 1)
+		keys := make([]uint64, blocks)
+		keys[0] = first
+		cands := make([]*datalayer.Candidate, len(eps))
+		for i, ep := range eps {
+			prefix := &datalayer.PrefixCacheInfo{TotalBlocks: blocks, BlockSizeTokens: schedtest.BlockSize, State: datalayer.StreamExact, Exact: true}
+			c := schedtest.C{Name: ep.name, Prefix: prefix}.Build()
+			m := *c.Metrics
+			m.NumGPUBlocks = capacity
+			c.Metrics, c.GPUBlocks, c.Residency = &m, ep.held, &ep.res
+			alone := 200.0
+			ttft := alone + 5*float64(i)
+			c.Put(datalayer.LatencyPredictionInfoKey, datalayer.LatencyPredictionInfo{
+				TTFTValid: true, TPOTValid: true, TTFTMean: ttft, TTFT: ttft * 1.2, TTFTAlone: alone, TPOTMean: 10, TPOT: 12, Quantile: 0.9})
+			c.Put(framework.RequestBlockKeysKey, keys)
+			cands[i] = c
+		}
+		out := score(t, params, &request.Request{Arrival: now}, cands)
+		best := 0
+		for i := range out {
+			if out[i] > out[best] {
+				best = i
+			}
+		}
+		ep := eps[best]
+		ep.families = append(ep.families, first)
+		ep.held = min(ep.held+blocks, capacity)
+		ep.res.Touch(first, blocks, now.UnixNano())
+		ep.res.Touch(first, blocks, now.Add(50*time.Millisecond).UnixNano())
+		now = now.Add(100 * time.Millisecond)
+	}
+	return eps
+}
+
+func TestNoEndpointGetsMoreFamiliesThanItsCacheHoldsWhileAnotherHasRoom(t *testing.T) {
+	t.Parallel()
+	const endpoints, capacity, families, blocks = 4, 400, 8, 164
+	fits := capacity / blocks
+	for _, ep := range placeFamilies(t, "", endpoints, capacity, families, blocks) {
+		if len(ep.families) > fits {
+			t.Errorf("endpoint %s got families %v, more than the %d its %d blocks hold, while others had room", ep.name, ep.families, fits, capacity)
+		}
+	}
+	// Without the term, the least predicted latency alone piles them up:
+	// the scenario is one where the term decides.
+	pile := placeFamilies(t, `{"evictionWeight":0}`, endpoints, capacity, families, blocks)
+	if len(pile[0].families) <= fits {
+		t.Errorf("without the eviction term endpoint a got %v: the scenario does not test the term", pile[0].families)
+	}
+}
+
+func TestAFullCacheOfColdFamiliesCostsNothingToEvict(t *testing.T) {
+	t.Parallel()
+	prefix := &datalayer.PrefixCacheInfo{TotalBlocks: 100, BlockSizeTokens: schedtest.BlockSize, State: datalayer.StreamExact, Exact: true}
+	mk := func(name string, ttft float64, lastUse time.Time) *datalayer.Candidate {
+		c := schedtest.C{Name: name, Prefix: prefix}.Build()
+		m := *c.Metrics
+		m.NumGPUBlocks = 400
+		res := &datalayer.Residency{}
+		res.Touch(99, 400, lastUse.Add(-time.Second).UnixNano())
+		res.Touch(99, 400, lastUse.UnixNano())
+		c.Metrics, c.GPUBlocks, c.Residency = &m, 400, res
+		c.Put(datalayer.LatencyPredictionInfoKey, datalayer.LatencyPredictionInfo{
+			TTFTValid: true, TPOTValid: true, TTFTMean: ttft, TTFT: ttft, TTFTAlone: 100, TPOTMean: 10, TPOT: 12, Quantile: 0.9})
+		return c
+	}
+	req := &request.Request{Arrival: schedtest.Now}
+	// Both full; a's family was asked for a second ago, b's ten minutes ago.
+	got := score(t, "", req, []*datalayer.Candidate{mk("a", 100, schedtest.Now.Add(-time.Second)), mk("b", 110, schedtest.Now.Add(-10*time.Minute))})
+	if got[1] != 1 || got[0] >= got[1] {
+		t.Errorf("scores = %v: want b, whose cache is full of a cold family, over a, which would evict a hot one", got)
+	}
+	got = score(t, "", req, []*datalayer.Candidate{mk("a", 100, schedtest.Now.Add(-20*time.Minute)), mk("b", 110, schedtest.Now.Add(-10*time.Minute))})
+	if got[0] != 1 {
+		t.Errorf("scores = %v: with both families cold, the least latency wins", got)
+	}
+	// Both full of families as hot: each would evict as much as the
+	// other, and only the latency tells them apart, as without the term.
+	hot := []*datalayer.Candidate{mk("a", 100, schedtest.Now), mk("b", 110, schedtest.Now)}
+	got, without := score(t, "", req, hot), score(t, `{"evictionWeight":0}`, req, hot)
+	if got[0] != without[0] || got[1] != without[1] {
+		t.Errorf("scores = %v, want %v: where every candidate evicts alike, the term changes nothing", got, without)
 	}
 }

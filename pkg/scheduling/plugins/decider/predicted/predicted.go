@@ -1,0 +1,250 @@
+// Package predicted is the predicted-latency-pd-decider, kvroute's own:
+// it splits a request into a remote prefill and a decode only when the
+// latency predictor says that a prefill pod's prefill, plus moving the KV
+// blocks the chosen decode pod lacks, plus the decode pod's first step,
+// comes sooner than the decode pod prefilling the prompt itself.
+//
+// Both sides come from the predicted-latency-producer's predictions for
+// this request, which already weigh each pod's exact cached tokens by tier
+// and its queue (the in-flight accounting and scraped metrics); the
+// transfer is the decode pod's missing blocks over a configured link.
+// Dynamo's conditions are available as parameters: a request whose
+// uncached part is under maxLocalPrefillLength tokens and under
+// maxLocalPrefillRatio of its prompt stays local, and so does every
+// request while each prefill pod's queue is at maxPrefillQueue or more.
+// Without predictions (no predictor, or it failed) the decider falls back
+// to the exact threshold rule of prefix-based-pd-decider.
+package predicted
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/plugin"
+	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/prefixbased"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/latencyinfo"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/prefixinfo"
+)
+
+// Type is the plugin's registered type name.
+const Type = "predicted-latency-pd-decider"
+
+// Reasons of this decider, besides framework's.
+const (
+	// ReasonPredictedFaster: remote prefill and transfer are predicted to
+	// beat local prefill.
+	ReasonPredictedFaster = "predicted-faster"
+	// ReasonPredictedSlower: local prefill is predicted as fast or faster.
+	ReasonPredictedSlower = "predicted-slower"
+	// ReasonPrefillBusy: every prefill pod's queue is at maxPrefillQueue.
+	ReasonPrefillBusy = "prefill-busy"
+	// ReasonLocalThresholds: Dynamo's conditions keep the request local.
+	ReasonLocalThresholds = "local-thresholds"
+)
+
+// Params are the decider's parameters; DefaultParams gives their defaults.
+type Params struct {
+	// KVBytesPerToken is the model's KV cache per token, in bytes: layers ×
+	// KV heads × head size × 2 (K and V) × bytes per element (131072 for
+	// Llama 3 8B in 16 bits). A block moves blockSize times this.
+	KVBytesPerToken float64 `json:"kvBytesPerToken"`
+	// TransferGBps is the link's bandwidth between prefill and decode
+	// pods, in gigabytes (1e9 bytes) per second.
+	TransferGBps float64 `json:"transferGBps"`
+	// TransferLatencyMs is a transfer's fixed cost, in milliseconds
+	// (connector handshake, the decode pod's pull request).
+	TransferLatencyMs float64 `json:"transferLatencyMs"`
+	// MinGain is the share of the local prediction the remote path must
+	// save to be taken: predictions have errors, and a split that saves
+	// nothing still costs a prefill pod's time.
+	MinGain float64 `json:"minGain"`
+	// MaxLocalPrefillLength, when positive, keeps local a request whose
+	// uncached part is shorter than this many tokens and under
+	// MaxLocalPrefillRatio of its prompt (Dynamo's conditions).
+	MaxLocalPrefillLength int `json:"maxLocalPrefillLength"`
+	// MaxLocalPrefillRatio is the ratio of Dynamo's conditions.
+	MaxLocalPrefillRatio float64 `json:"maxLocalPrefillRatio"`
+	// MaxPrefillQueue, when positive, keeps every request local while each
+	// prefill pod has this many requests waiting (Dynamo's busy prefill pool).
+	MaxPrefillQueue int `json:"maxPrefillQueue"`
+	// NonCachedTokens is the fallback without predictions: split when the
+	// decode pod lacks at least this many prompt tokens; 0 never splits then.
+	NonCachedTokens int `json:"nonCachedTokens"`
+}
+
+// DefaultParams are the defaults: a Llama-3-8B-sized KV over a 100 Gb/s
+// link with 1 ms per transfer; a split must save 10%; Dynamo's conditions
+// off; 2048 uncached tokens without predictions.
+func DefaultParams() Params {
+	return Params{
+		KVBytesPerToken: 131072, TransferGBps: 12.5, TransferLatencyMs: 1, MinGain: 0.1,
+		MaxLocalPrefillRatio: 0.7, NonCachedTokens: 2048,
+	}
+}
+
+// Decider is the predicted-latency-pd-decider.
+type Decider struct {
+	name plugin.TypedName
+	p    Params
+	// bytesPerMs is the link's bandwidth in bytes per millisecond.
+	bytesPerMs float64
+}
+
+var (
+	_ framework.Decider = (*Decider)(nil)
+	_ plugin.Consumer   = (*Decider)(nil)
+)
+
+// New makes the decider, refusing parameters out of range.
+func New(name string, p Params) (*Decider, error) {
+	bad := func(format string, args ...any) (*Decider, error) {
+		return nil, framework.ParamError(Type, name, format, args...)
+	}
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	switch {
+	case !(p.KVBytesPerToken > 0) || !finite(p.KVBytesPerToken):
+		return bad("kvBytesPerToken = %v, want > 0", p.KVBytesPerToken)
+	case !(p.TransferGBps > 0) || !finite(p.TransferGBps):
+		return bad("transferGBps = %v, want > 0", p.TransferGBps)
+	case !(p.TransferLatencyMs >= 0) || !finite(p.TransferLatencyMs):
+		return bad("transferLatencyMs = %v, want ≥ 0", p.TransferLatencyMs)
+	case !(p.MinGain >= 0 && p.MinGain < 1):
+		return bad("minGain = %v, want in [0, 1)", p.MinGain)
+	case p.MaxLocalPrefillLength < 0:
+		return bad("maxLocalPrefillLength = %d, want ≥ 0", p.MaxLocalPrefillLength)
+	case !(p.MaxLocalPrefillRatio >= 0 && p.MaxLocalPrefillRatio <= 1):
+		return bad("maxLocalPrefillRatio = %v, want in [0, 1]", p.MaxLocalPrefillRatio)
+	case p.MaxPrefillQueue < 0:
+		return bad("maxPrefillQueue = %d, want ≥ 0", p.MaxPrefillQueue)
+	case p.NonCachedTokens < 0:
+		return bad("nonCachedTokens = %d, want ≥ 0", p.NonCachedTokens)
+	}
+	return &Decider{name: plugin.TypedName{Type: Type, Name: name}, p: p, bytesPerMs: p.TransferGBps * 1e6}, nil
+}
+
+// Factory makes the decider from its parameters over DefaultParams.
+func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+	p := DefaultParams()
+	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
+		return nil, err
+	}
+	return New(name, p)
+}
+
+// TypedName implements plugin.Plugin.
+func (d *Decider) TypedName() plugin.TypedName { return d.name }
+
+// Consumes implements plugin.Consumer: the decode pod's prefix match, and
+// every candidate's latency prediction (a failed prediction leaves the
+// threshold rule to decide).
+func (d *Decider) Consumes() map[string]any {
+	return map[string]any{
+		datalayer.PrefixCacheMatchInfoKey:  prefixinfo.Exemplar,
+		datalayer.LatencyPredictionInfoKey: latencyinfo.Exemplar,
+	}
+}
+
+// KeepLocal is Dynamo's condition: a request stays on its decode pod when
+// the part of its prompt that pod lacks is under maxLocal tokens and under
+// ratio of the prompt. A prompt the pod holds whole (or an empty one)
+// stays.
+func KeepLocal(prompt, cached, maxLocal int, ratio float64) bool {
+	uncached := max(prompt-cached, 0)
+	if uncached == 0 {
+		return true
+	}
+	return uncached < maxLocal && float64(uncached) < ratio*float64(prompt)
+}
+
+// Disaggregate implements framework.Decider.
+func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req *request.Request, decode *datalayer.Candidate) framework.Verdict {
+	if decode == nil {
+		return framework.Verdict{Reason: framework.ReasonNoPrefixInfo}
+	}
+	info, _ := datalayer.PrefixCacheInfoOf(decode)
+	prompt := prefixbased.PromptTokens(req, info)
+	uncached := max(prompt-info.MatchTokens, 0)
+	if uncached == 0 {
+		return framework.Verdict{Reason: framework.ReasonCached}
+	}
+	if d.p.MaxLocalPrefillLength > 0 && KeepLocal(prompt, info.MatchTokens, d.p.MaxLocalPrefillLength, d.p.MaxLocalPrefillRatio) {
+		return framework.Verdict{Reason: ReasonLocalThresholds}
+	}
+
+	local, localOK := datalayer.LatencyPredictionOf(decode)
+	bestRemote, prefillPods, busy := math.Inf(1), 0, 0
+	var cands []*datalayer.Candidate
+	if cs != nil {
+		cands = cs.Candidates()
+	}
+	for _, c := range cands {
+		if !bylabel.ServesPrefill(c.Role()) || c == decode {
+			continue
+		}
+		prefillPods++
+		if d.p.MaxPrefillQueue > 0 && max(c.Metrics.WaitingQueueSize, c.InFlight.Prefilling) >= d.p.MaxPrefillQueue {
+			busy++
+		}
+		if ttft, ok := meanTTFT(c); ok && ttft < bestRemote {
+			bestRemote = ttft
+		}
+	}
+	if prefillPods > 0 && busy == prefillPods {
+		return framework.Verdict{Reason: ReasonPrefillBusy}
+	}
+	if !localOK || !local.TTFTValid || math.IsInf(bestRemote, 1) {
+		// Nothing to weigh: the exact threshold decides, and with no
+		// prefill pod at all a split is still said, for the handler to
+		// fail loudly on rather than to hide.
+		if d.p.NonCachedTokens == 0 {
+			return framework.Verdict{Reason: framework.ReasonDisabled}
+		}
+		if uncached < d.p.NonCachedTokens {
+			return framework.Verdict{Reason: framework.ReasonCached}
+		}
+		return framework.Verdict{Split: true, Reason: framework.ReasonUncached}
+	}
+	remote := bestRemote + d.TransferMs(uncached, info.BlockSizeTokens)
+	if local.TPOTValid {
+		// The decode pod still takes one step for the first token once
+		// the KV has arrived.
+		remote += local.TPOTMean
+	}
+	if remote < local.TTFTMean*(1-d.p.MinGain) {
+		return framework.Verdict{Split: true, Reason: ReasonPredictedFaster}
+	}
+	return framework.Verdict{Reason: ReasonPredictedSlower}
+}
+
+// TransferMs is the predicted time to move the KV of uncached prompt
+// tokens to the decode pod, in whole blocks of blockSize tokens (vLLM's
+// connector moves blocks), in milliseconds.
+func (d *Decider) TransferMs(uncached, blockSize int) float64 {
+	if uncached <= 0 {
+		return 0
+	}
+	tokens := uncached
+	if blockSize > 1 {
+		tokens = (uncached + blockSize - 1) / blockSize * blockSize
+	}
+	return d.p.TransferLatencyMs + float64(tokens)*d.p.KVBytesPerToken/d.bytesPerMs
+}
+
+// meanTTFT is a candidate's predicted mean TTFT, read in place: the
+// decider reads it for every prefill pod of every request.
+func meanTTFT(c *datalayer.Candidate) (float64, bool) {
+	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
+	if !ok {
+		return 0, false
+	}
+	if p, isPtr := v.(*datalayer.LatencyPredictionInfo); isPtr {
+		return p.TTFTMean, p != nil && p.TTFTValid
+	}
+	lat, ok := datalayer.LatencyPredictionOf(c)
+	return lat.TTFTMean, ok && lat.TTFTValid
+}

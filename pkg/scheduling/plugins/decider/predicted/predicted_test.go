@@ -1,0 +1,191 @@
+package predicted_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
+	"github.com/kvroute/kvroute/pkg/predict"
+	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
+	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/predicted"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
+)
+
+// Dynamo's conditions as its own tests state them, blocks of 64 tokens:
+// prompt, cached blocks, the absolute and ratio thresholds, and whether
+// the request stays on its decode pod.
+func TestDynamosConditionsKeepLocalAsDynamosTestsSay(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name         string
+		prompt, held int
+		maxLocal     int
+		ratio        float64
+		local        bool
+	}{
+		{"1000 tokens with 14 blocks cached: 104 uncached stay", 1000, 14, 2048, 0.7, true},
+		{"100,000 tokens with 1,000 blocks cached: 36,000 uncached go", 100000, 1000, 2048, 0.99, false},
+		{"200 cold tokens are all uncached, over the ratio", 200, 0, 2048, 0.7, false},
+		{"2048 cold tokens reach the absolute threshold", 2048, 0, 2048, 0.99, false},
+		{"an empty prompt stays", 0, 0, 2048, 0.7, true},
+		{"more cached than the prompt stays", 100, 4, 2048, 0.7, true},
+	}
+	for _, tt := range tests {
+		if got := predicted.KeepLocal(tt.prompt, tt.held*64, tt.maxLocal, tt.ratio); got != tt.local {
+			t.Errorf("%s: keep local %v, want %v", tt.name, got, tt.local)
+		}
+	}
+}
+
+// pool is a decode pod d and prefill pods p0.., known to a real in-process
+// predictor (its prior, an 8B model on one GPU), with the scraped queues
+// given, d holding held of the prompt's 16-token blocks in GPU memory.
+type pool struct {
+	decodeQueue  int
+	prefillQueue []int
+	held         int
+}
+
+func (pl pool) candidates(t *testing.T, req *request.Request) []*datalayer.Candidate {
+	t.Helper()
+	pred, err := predict.New(predict.Options{Synchronous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := predictedlatency.New("", predictedlatency.InProcess{P: pred}, 2*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	ds := datalayer.NewDatastore(nil)
+	add := func(name, addr, role string, queue int) {
+		pred.AddEndpoint(addr, "")
+		ds.Upsert(&datalayer.Endpoint{Name: name, Address: addr, Labels: map[string]string{bylabel.RoleLabel: role}})
+		ds.SetMetrics(name, datalayer.Metrics{WaitingQueueSize: queue, RunningRequests: 8, UpdateTime: now})
+	}
+	add("d", "10.0.0.1:8000", bylabel.RoleDecode, pl.decodeQueue)
+	for i, q := range pl.prefillQueue {
+		add("p"+string(rune('0'+i)), "10.0.1."+string(rune('1'+i))+":8000", bylabel.RolePrefill, q)
+	}
+	cands := ds.Candidates(nil)
+	total := len(req.TokenIDs) / 16
+	for _, c := range cands {
+		info := datalayer.PrefixCacheInfo{TotalBlocks: total, BlockSizeTokens: 16, Exact: true, State: datalayer.StreamExact}
+		if c.Name == "d" {
+			info.MatchBlocks, info.MatchTokens = pl.held, pl.held*16
+			info.BlocksByTier[events.TierGPU] = pl.held
+		}
+		c.Stream = datalayer.StreamExact
+		c.Put(datalayer.PrefixCacheMatchInfoKey, info)
+	}
+	if err := prod.Produce(context.Background(), req, cands); err != nil {
+		t.Fatal(err)
+	}
+	return cands
+}
+
+func decide(t *testing.T, raw string, pl pool, tokens int) framework.Verdict {
+	t.Helper()
+	p, err := predicted.Factory("pl", json.RawMessage(raw), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &request.Request{TokenIDs: make([]uint32, tokens), MaxTokens: 100}
+	cands := pl.candidates(t, req)
+	cs := framework.NewCycleState(time.Now(), 1, 2)
+	cs.SetCandidates(cands)
+	return p.(framework.Decider).Disaggregate(context.Background(), cs, req, cands[0])
+}
+
+func TestThePredictionsDecideTheSplit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		pool   pool
+		tokens int
+		split  bool
+		reason string
+	}{
+		{"a decode pod holding most of the prompt keeps it", pool{decodeQueue: 6, prefillQueue: []int{0}, held: 480}, 8000, false, predicted.ReasonPredictedSlower},
+		{"a long cold prompt goes to an idle prefill pool", pool{decodeQueue: 6, prefillQueue: []int{0, 3}}, 8000, true, predicted.ReasonPredictedFaster},
+		{"a busy prefill pool keeps it local", pool{decodeQueue: 6, prefillQueue: []int{20, 25}}, 8000, false, predicted.ReasonPredictedSlower},
+		{"an idle decode pod prefills a cold prompt itself, sparing the transfer", pool{prefillQueue: []int{0}}, 8000, false, predicted.ReasonPredictedSlower},
+		{"a prompt held whole never moves", pool{decodeQueue: 6, prefillQueue: []int{0}, held: 500}, 8000, false, framework.ReasonCached},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if v := decide(t, "", tt.pool, tt.tokens); v.Split != tt.split || v.Reason != tt.reason {
+				t.Errorf("verdict %+v, want split %v (%s)", v, tt.split, tt.reason)
+			}
+		})
+	}
+}
+
+func TestDynamosThresholdsAndBusyPoolAreParameters(t *testing.T) {
+	t.Parallel()
+	cold := pool{decodeQueue: 6, prefillQueue: []int{0, 3}}
+	// 3200 of 8000 tokens uncached: under 4096 and under 0.7 of the prompt.
+	warm := pool{decodeQueue: 6, prefillQueue: []int{0, 3}, held: 300}
+	if v := decide(t, `{"maxLocalPrefillLength": 4096, "maxLocalPrefillRatio": 0.7}`, warm, 8000); v.Split || v.Reason != predicted.ReasonLocalThresholds {
+		t.Errorf("under both of Dynamo's thresholds: verdict %+v, want kept local", v)
+	}
+	if v := decide(t, `{"maxLocalPrefillLength": 2048, "maxLocalPrefillRatio": 0.7}`, cold, 8000); !v.Split {
+		t.Errorf("8000 uncached tokens over 2048: verdict %+v, want the prediction to split it", v)
+	}
+	if v := decide(t, `{"maxPrefillQueue": 3}`, pool{decodeQueue: 6, prefillQueue: []int{3, 4}}, 8000); v.Split || v.Reason != predicted.ReasonPrefillBusy {
+		t.Errorf("every prefill pod at maxPrefillQueue: verdict %+v, want prefill-busy", v)
+	}
+	if v := decide(t, `{"maxPrefillQueue": 3}`, cold, 8000); !v.Split {
+		t.Errorf("a prefill pod under maxPrefillQueue: verdict %+v, want a split", v)
+	}
+}
+
+func TestWithoutPrefillPodsTheThresholdStillSaysSplit(t *testing.T) {
+	t.Parallel()
+	// No pod to predict the remote side on: the exact threshold decides,
+	// and says split, for the handler's fallback to count.
+	if v := decide(t, "", pool{decodeQueue: 6}, 8000); !v.Split || v.Reason != framework.ReasonUncached {
+		t.Errorf("verdict %+v", v)
+	}
+	if v := decide(t, "", pool{decodeQueue: 6, held: 400}, 8000); v.Split || v.Reason != framework.ReasonCached {
+		t.Errorf("1600 uncached tokens under 2048: verdict %+v", v)
+	}
+	if v := decide(t, `{"nonCachedTokens": 0}`, pool{decodeQueue: 6}, 8000); v.Split {
+		t.Errorf("nonCachedTokens 0: verdict %+v", v)
+	}
+}
+
+func TestTheTransferMovesWholeBlocksOverTheLink(t *testing.T) {
+	t.Parallel()
+	p, err := predicted.New("t", predicted.Params{KVBytesPerToken: 1e6, TransferGBps: 1, TransferLatencyMs: 2, MaxLocalPrefillRatio: 0.7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 17 tokens in blocks of 16 move 32 tokens: 32 MB at 1 GB/s is 32 ms.
+	if got := p.TransferMs(17, 16); got != 34 {
+		t.Errorf("TransferMs(17, 16) = %v, want 34", got)
+	}
+	if got := p.TransferMs(0, 16); got != 0 {
+		t.Errorf("nothing to move: %v", got)
+	}
+}
+
+func TestParametersOutOfRangeAreRefused(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		`{"kvBytesPerToken": 0}`, `{"transferGBps": -1}`, `{"transferLatencyMs": -1}`, `{"minGain": 1}`,
+		`{"maxLocalPrefillLength": -1}`, `{"maxLocalPrefillRatio": 1.5}`, `{"maxPrefillQueue": -1}`, `{"nonCachedTokens": -1}`,
+		`{"bandwidth": 1}`,
+	} {
+		if _, err := predicted.Factory("pl", json.RawMessage(raw), nil); !errors.Is(err, framework.ErrInvalidParams) {
+			t.Errorf("%s: err = %v, want ErrInvalidParams", raw, err)
+		}
+	}
+}
