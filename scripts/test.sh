@@ -8,8 +8,10 @@
 #      root; otherwise the one command to run is printed and the run stops.
 #   2. The reference tokenizer files: `npm ci` in scripts/tokenizer-golden,
 #      again only when its lock file changed since the last install.
-#   3. envtest's etcd and kube-apiserver, built once from the Go module proxy
-#      and cached (scripts/envtest-assets.sh).
+#   3. envtest's etcd and kube-apiserver, and the upstream EPP (the Gateway
+#      API Inference Extension's cmd/epp, which pkg/harness/upstreamepp's
+#      tests run), each built once from the Go module proxy and cached
+#      (scripts/envtest-assets.sh, scripts/upstream-epp.sh).
 #   4. Every test binary, built at once with all cores; then each package's
 #      tests, one package at a time: the suites start real NATS and API
 #      servers and simulated fleets, and two side by side on a 2-core machine
@@ -51,9 +53,10 @@ if ! cmp -s "$golden/package-lock.json" "$golden/node_modules/.kvroute-lock"; th
 	cp "$golden/package-lock.json" "$golden/node_modules/.kvroute-lock"
 fi
 
-# 3. envtest assets.
+# 3. envtest assets and the upstream EPP.
 KUBEBUILDER_ASSETS="$(scripts/envtest-assets.sh)"
-export KUBEBUILDER_ASSETS KVROUTE_NO_SKIPS=1
+KVROUTE_UPSTREAM_EPP="$(scripts/upstream-epp.sh)"
+export KUBEBUILDER_ASSETS KVROUTE_UPSTREAM_EPP KVROUTE_NO_SKIPS=1
 
 # 4. Build every test binary in parallel, then run them one by one, each in
 # its package's directory as go test does.

@@ -40,6 +40,10 @@ type FleetConfig struct {
 	Tokenizer Tokenizer
 	// Host is the listen host (default 127.0.0.1).
 	Host string
+	// Listen, when set, opens engine i's listener in place of Host:0: a
+	// fleet whose engines each have an address of their own and one port,
+	// as pods do. The fleet closes what it returns.
+	Listen func(i int) (net.Listener, error)
 	// ZMQ, when set, gives engine i's ZeroMQ output (nil: none).
 	ZMQ func(i int) *ZMQConfig
 	// Family is every engine's family (zero: vLLM's).
@@ -111,7 +115,7 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := &Fleet{cancel: cancel}
 	for i := range cfg.Engines {
-		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, "0"))
+		ln, err := cfg.listen(i)
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("sim: listen: %w", err)
@@ -145,6 +149,13 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		go func() { defer f.wg.Done(); f.record(srv.Run(ctx)) }()
 	}
 	return f, nil
+}
+
+func (cfg FleetConfig) listen(i int) (net.Listener, error) {
+	if cfg.Listen != nil {
+		return cfg.Listen(i)
+	}
+	return net.Listen("tcp", net.JoinHostPort(cfg.Host, "0"))
 }
 
 func (f *Fleet) record(err error) {

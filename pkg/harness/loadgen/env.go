@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/harness/gateway"
 	"github.com/kvroute/kvroute/pkg/harness/simkit"
+	"github.com/kvroute/kvroute/pkg/harness/upstreamepp"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/sim"
@@ -97,6 +98,10 @@ type FleetOptions struct {
 	// Encoding of the engines' events; Mixed alternates array and map.
 	Encoding events.Encoding
 	Mixed    bool
+	// OutDir receives what an EPP process writes (the upstream EPP's
+	// output, its metrics at stop, the report of what ran); empty, a
+	// temporary folder removed with the run.
+	OutDir string
 	// Family is the engines' family (zero: vLLM's).
 	Family sim.Family
 }
@@ -185,6 +190,8 @@ type Env struct {
 	mu              sync.Mutex
 	replicas        []Replica
 	restarts        int
+	// onPods is what a policy on pods starts besides (onPods).
+	onPods *podsEnv
 }
 
 // Namespace and pool of every environment's EPPs and events.
@@ -227,11 +234,22 @@ func StartEnvShaped(ctx context.Context, policy string, fo FleetOptions, seed ui
 		fc.Publisher = events.NewPublisher(env.nc, envNamespace, envPool)
 		fc.Sidecar = simkit.Relays(fc.Publisher, 0)
 	}
+	if onPods(policy) {
+		if err := env.placeOnPods(&fc); err != nil {
+			return fail(err)
+		}
+	}
 	if env.Fleet, err = sim.StartFleet(env.ctx, fc); err != nil {
 		return fail(err)
 	}
 	env.spec = ReplicaSpec{Policy: policy, NATSURL: env.nats.ClientURL(), Namespace: envNamespace, Pool: envPool,
-		Model: fo.Model, BlockSize: fo.Pool.BlockSize, Limits: fo.engineLimits()}
+		Model: fo.Model, BlockSize: fo.Pool.BlockSize, Limits: fo.engineLimits(), OutDir: fo.OutDir}
+	if env.onPods != nil {
+		if err := env.startCluster(env.ctx); err != nil {
+			return fail(err)
+		}
+		env.spec.Cluster = env.onPods.cluster
+	}
 	var engines []string
 	for _, srv := range env.Fleet.Servers {
 		cfg := srv.Core().Engine().Config()
@@ -313,7 +331,9 @@ func (env *Env) startReplica(name string) (Replica, error) {
 // hearsEvents says whether a policy's EPP is fed the engines' KV events:
 // kvroute's are; the approximate one's is not (that is the point), nor is
 // the pass-through EPP of a client-routed policy.
-func hearsEvents(policy string) bool { return viaEPP(policy) && policy != PolicyApproxEPP }
+func hearsEvents(policy string) bool {
+	return viaEPP(policy) && policy != PolicyApproxEPP && !upstreamBinary(policy)
+}
 
 // waitReady waits for the replicas to be ready.
 func (env *Env) waitReady(ctx context.Context, rs ...Replica) error {
@@ -390,6 +410,9 @@ func (env *Env) Close() error {
 	env.cancel()
 	if env.nats != nil {
 		env.nats.Shutdown()
+	}
+	if env.onPods != nil {
+		errs = append(errs, env.onPods.close())
 	}
 	return errors.Join(errs...)
 }
@@ -491,6 +514,8 @@ func setObjectives(e *epp.EPP, w Workload) {
 // eppConfig is the scheduling configuration of an EPP-routed policy.
 func eppConfig(policy string) string {
 	switch policy {
+	case PolicyKvrouteUpstreamConfig:
+		return upstreamepp.ConfigApprox
 	case PolicyPredicted:
 		return PredictedConfig
 	case policyTrace:

@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/harness/gateway"
 	"github.com/kvroute/kvroute/pkg/harness/simkit"
+	"github.com/kvroute/kvroute/pkg/harness/upstreamepp"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
 )
@@ -46,6 +47,10 @@ type ReplicaSpec struct {
 	BlockSize                int
 	Engines                  []Engine
 	Limits                   enginesched.Limits
+	// Cluster lists the engines as an InferencePool's Pods, for a policy
+	// on pods (nil otherwise); OutDir receives what an EPP process writes.
+	Cluster *upstreamepp.Cluster
+	OutDir  string
 }
 
 // Engine is one simulated engine as the EPP discovers it.
@@ -57,7 +62,12 @@ type ReplicaStarter func(ctx context.Context, s ReplicaSpec) (Replica, error)
 // starterFor is the ReplicaStarter of a policy whose requests an EPP
 // routes behind the gateway (and of the pass-through EPP of a
 // client-routed one).
-func starterFor(string) ReplicaStarter { return startKVRoute }
+func starterFor(policy string) ReplicaStarter {
+	if upstreamBinary(policy) {
+		return startUpstream
+	}
+	return startKVRoute
+}
 
 // kvroute is kvroute's EPP in this process.
 type kvroute struct {

@@ -90,6 +90,9 @@ func (c *virtualClock) set(d time.Duration) {
 }
 
 func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(predict.Sample)) (*virtualRun, error) {
+	if upstreamBinary(policy) {
+		return nil, fmt.Errorf("loadgen: %s runs the upstream binary, in real time only", policy)
+	}
 	v := &virtualRun{clock: &virtualClock{base: time.Unix(1e9, 0)}, addrs: map[string]int{}}
 	if viaEPP(policy) {
 		e, err := epp.New(epp.Options{
