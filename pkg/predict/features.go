@@ -250,8 +250,12 @@ func drain(in *Input, waiting float64) float64 {
 }
 
 // alone keeps, of TTFT features, only the request's own work: what it
-// would cost with nothing queued or running beside it.
+// would cost with nothing queued or running beside it. Its speculative
+// tokens count as cached: an earlier request is computing them, so they
+// are that request's engine time, not this one's.
 func alone(v *Vector) {
+	v[2] += v[5]
+	v[5] = 0
 	for i := 7; i < NumFeatures; i++ {
 		v[i] = 0
 	}

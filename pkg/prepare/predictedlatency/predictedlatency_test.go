@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
@@ -283,5 +284,54 @@ func TestTheInputCarriesTheRecentEndsAges(t *testing.T) {
 	}
 	if v, _ := cands[1].Get(predictedlatency.InputKey); v.(*predict.Input).EndedN != 0 {
 		t.Errorf("a candidate with no ends has %d", v.(*predict.Input).EndedN)
+	}
+}
+
+// sharing is a candidate whose engine is prefilling, for a request this
+// EPP sent it moments ago, the prompt's first 160 of 164 blocks: the index
+// holds them only speculatively, and that prefill, predicted done by
+// doneBy, is the queue ahead.
+func sharing(now time.Time, name, addr string, speculative int, doneBy time.Time) *datalayer.Candidate {
+	c := datalayer.NewCandidate(&datalayer.Endpoint{Name: name, Address: addr}, datalayer.Metrics{RunningRequests: 1, UpdateTime: now}, datalayer.StreamExact)
+	c.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+		MatchBlocks: speculative, SpeculativeBlocks: speculative, TotalBlocks: 164, BlockSizeTokens: 16, Exact: true, State: datalayer.StreamExact})
+	c.InFlight = datalayer.InFlight{
+		Prefilling: 1, PrefillTokens: 2624, PrefillDoneBy: doneBy.UnixNano(), OldestPrefill: now.Add(-5 * time.Millisecond).UnixNano(),
+		Ahead:      enginesched.Ahead{Steps: 1, PrefillTokens: 2624, PrefillContext: 2624 * 2624},
+		ReplayedAt: now.Add(-5 * time.Millisecond).UnixNano(),
+	}
+	return c
+}
+
+func TestARequestWhosePrefixIsBeingPrefilledThereWaitsOnlyForThatPrefillAndItsOwnTail(t *testing.T) {
+	t.Parallel()
+	_, prod := inProcess(t, nil)
+	now := time.Now()
+	doneBy := now.Add(60 * time.Millisecond)
+	req := &request.Request{TokenIDs: make([]uint32, 2624), Arrival: now}
+	cands := []*datalayer.Candidate{
+		sharing(now, "sharing", "10.0.0.1:8000", 160, doneBy),
+		// The same queue, but the prefill ahead is another prompt's.
+		sharing(now, "other", "10.0.0.2:8000", 0, doneBy),
+	}
+	if err := prod.Produce(context.Background(), req, cands); err != nil {
+		t.Fatal(err)
+	}
+	shared, other := info(t, cands[0]), info(t, cands[1])
+	// The tail is 64 tokens: its prefill alone is a small part of the
+	// whole prompt's.
+	if !(shared.TTFTAlone < other.TTFTAlone/4) {
+		t.Errorf("the shared prefix's request alone: %.1fms, against %.1fms for the whole prompt: its prefix is counted as its own work", shared.TTFTAlone, other.TTFTAlone)
+	}
+	if bound := 60 + shared.TTFTAlone; shared.TTFTMean > bound+1e-9 {
+		t.Errorf("predicted %.1fms, beyond the prefill ahead's end (60ms) and its tail alone (%.1fms)", shared.TTFTMean, shared.TTFTAlone)
+	}
+	if !(shared.TTFT >= shared.TTFTMean) {
+		t.Errorf("the quantile %.1fms fell below the mean %.1fms", shared.TTFT, shared.TTFTMean)
+	}
+	// Behind another prompt's prefill the whole prompt is still to compute
+	// after it: no bound applies, and it is predicted slower.
+	if !(other.TTFTMean > 60+other.TTFTAlone/2) || !(shared.TTFT < other.TTFT) {
+		t.Errorf("behind another prompt's prefill: %.1fms (p90 %.1fms), sharing its prefix: %.1fms (p90 %.1fms)", other.TTFTMean, other.TTFT, shared.TTFTMean, shared.TTFT)
 	}
 }
