@@ -170,7 +170,6 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		*info = datalayer.LatencyPredictionInfo{Quantile: q, DispatchedRequestCount: c.InFlight.Requests()}
 		if err == nil {
 			pr := &sc.out[i]
-			boundBySharedPrefill(pr, &ins[i])
 			info.TTFTValid, info.TPOTValid = true, true
 			info.TTFT, info.TTFTMean, info.TPOT, info.TPOTMean = pr.TTFTQuantile, pr.TTFT, pr.TPOTQuantile, pr.TPOT
 			info.TTFTAlone = pr.TTFTAlone
@@ -185,33 +184,6 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 		c.Put(InputKey, &ins[i])
 	}
 	return err
-}
-
-// boundBySharedPrefill caps the TTFT predicted for a request whose prefix
-// an earlier request this EPP sent the endpoint is still prefilling (the
-// blocks held speculatively): its wait ends with that prefill, and the
-// prefix then cached, so it computes only its own tail. What a model
-// predicts from the queue ahead counts that prefill as work to wait
-// through and then the tail, and where the engine's prefill is slower
-// than the model believes, rates it above a cold prefill elsewhere,
-// which splits a prefix group over two caches. The bound is the prefills
-// sent there expected done (PrefillAheadMs, the latest of them, so never
-// less than the one computing the prefix) plus the tail alone; the
-// quantile keeps its ratio to the mean.
-func boundBySharedPrefill(pr *predict.Prediction, in *predict.Input) {
-	if in.SpeculativeTokens <= 0 || in.Prefilling <= 0 || !(pr.TTFTAlone >= 0) {
-		return
-	}
-	bound := max(in.PrefillAheadMs, 0) + pr.TTFTAlone
-	if !(bound < pr.TTFT) {
-		return
-	}
-	if pr.TTFT > 0 && pr.TTFTQuantile >= pr.TTFT {
-		pr.TTFTQuantile *= bound / pr.TTFT
-	} else {
-		pr.TTFTQuantile = min(pr.TTFTQuantile, bound)
-	}
-	pr.TTFT = bound
 }
 
 // matchCredit is the share of a prefix match counted as cached, by how far
