@@ -222,16 +222,7 @@ func (p *Predictor) Predict(addr string, in *Input) Prediction {
 	var x Vector
 	var out Prediction
 	in.TTFTFeatures(&x, s.seats)
-	if in.SpeculativeTokens > 0 && in.Prefilling > 0 {
-		// With prefills of this EPP's in flight there, the speculative
-		// tokens are being computed by one of them: cached once the
-		// wait behind it, which the queue's features count, is over.
-		// Priced besides as tokens of its own, the request would be
-		// rated behind that prefill slower than a cold prefill
-		// elsewhere, and a prefix group split over two caches.
-		x[2] += x[5]
-		x[5] = 0
-	}
+	in.cachedAfterWait(&x)
 	out.TTFT, out.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile, ttftFeatures)
 	alone(&x)
 	out.TTFTAlone = s.ttft.predictMean(&x, RegimeIdle, p.o.Quantile, aloneFeatures)

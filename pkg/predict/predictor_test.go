@@ -350,6 +350,7 @@ func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 				var x Vector
 				in.TTFTFeatures(&x, seats)
 				zeroFrom(t, "TTFT", &x, ttftFeatures)
+				in.cachedAfterWait(&x)
 				r := in.Regime(seats)
 				var want Prediction
 				want.TTFT, want.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile, NumFeatures)
