@@ -48,7 +48,9 @@ type PrefixCacheInfo struct {
 	//     possibly wrong either way;
 	//   - none: no event stream; MatchBlocks comes from the routing
 	//     history (the approximate fallback), as upstream's approximate
-	//     producer would answer.
+	//     producer would answer, except a prefix this EPP sent the
+	//     endpoint and is still prefilling there, which is reported as
+	//     held speculatively (SpeculativeBlocks).
 	// A latency predictor should take exact and partial matches as
 	// cached tokens (partial as a lower bound), and discount recovering
 	// and uncertain ones, or widen its estimate, rather than trust them.

@@ -249,9 +249,27 @@ func drain(in *Input, waiting float64) float64 {
 	return (ahead + 1) * out / max(float64(in.Decoding), 1) / 100
 }
 
+// cachedAfterWait moves, in TTFT features v, the speculative tokens to
+// the held ones where this EPP has prefills in flight on the endpoint: one
+// of them is computing those tokens, so they are cached once the wait
+// behind it, which the queue's features count, is over. Priced besides as
+// tokens of their own, the request would be rated behind that prefill
+// slower than a cold prefill elsewhere, and a prefix group split over two
+// caches. Predict applies it; learning sees the features as they are.
+func (in *Input) cachedAfterWait(v *Vector) {
+	if in.SpeculativeTokens > 0 && in.Prefilling > 0 {
+		v[2] += v[5]
+		v[5] = 0
+	}
+}
+
 // alone keeps, of TTFT features, only the request's own work: what it
-// would cost with nothing queued or running beside it.
+// would cost with nothing queued or running beside it. Its speculative
+// tokens count as cached: an earlier request is computing them, so they
+// are that request's engine time, not this one's.
 func alone(v *Vector) {
+	v[2] += v[5]
+	v[5] = 0
 	for i := 7; i < NumFeatures; i++ {
 		v[i] = 0
 	}

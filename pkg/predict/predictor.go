@@ -222,6 +222,7 @@ func (p *Predictor) Predict(addr string, in *Input) Prediction {
 	var x Vector
 	var out Prediction
 	in.TTFTFeatures(&x, s.seats)
+	in.cachedAfterWait(&x)
 	out.TTFT, out.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile, ttftFeatures)
 	alone(&x)
 	out.TTFTAlone = s.ttft.predictMean(&x, RegimeIdle, p.o.Quantile, aloneFeatures)

@@ -350,6 +350,7 @@ func TestPredictionsSkipOnlyFeaturesThatAreZero(t *testing.T) {
 				var x Vector
 				in.TTFTFeatures(&x, seats)
 				zeroFrom(t, "TTFT", &x, ttftFeatures)
+				in.cachedAfterWait(&x)
 				r := in.Regime(seats)
 				var want Prediction
 				want.TTFT, want.TTFTQuantile = s.ttft.predict(&x, r, p.o.Quantile, NumFeatures)
@@ -600,5 +601,24 @@ func TestTPOTCountsTheRecentEndsByAge(t *testing.T) {
 	in.TPOTFeatures(&v, 0)
 	if got, want := v[tpotEndedFrom:tpotEndedFrom+endedBins], []float64{2, 0, 0, 0, 0}; !slices.Equal(got, want) {
 		t.Errorf("with two ends known: %v, want %v", got, want)
+	}
+}
+
+func TestSpeculativeTokensAreNotARequestsOwnEngineTime(t *testing.T) {
+	t.Parallel()
+	p, err := New(Options{Synchronous: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An earlier request is computing the first 2560 tokens: the
+	// request's own prefill is its 64-token tail, as if they were held.
+	spec := Input{InputTokens: 2624, SpeculativeTokens: 2560}
+	held := Input{InputTokens: 2624, GPUTokens: 2560}
+	s, h := p.Predict("10.0.0.1:8000", &spec), p.Predict("10.0.0.1:8000", &held)
+	if s.TTFTAlone != h.TTFTAlone {
+		t.Errorf("alone: %.1fms with the prefix being computed, %.1fms with it held", s.TTFTAlone, h.TTFTAlone)
+	}
+	if !(s.TTFT >= h.TTFT) {
+		t.Errorf("TTFT %.1fms with the prefix being computed, below %.1fms with it held", s.TTFT, h.TTFT)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
@@ -283,5 +284,57 @@ func TestTheInputCarriesTheRecentEndsAges(t *testing.T) {
 	}
 	if v, _ := cands[1].Get(predictedlatency.InputKey); v.(*predict.Input).EndedN != 0 {
 		t.Errorf("a candidate with no ends has %d", v.(*predict.Input).EndedN)
+	}
+}
+
+// sharing is a candidate whose engine is prefilling, for a request this
+// EPP sent it moments ago, the prompt's first 160 of 164 blocks: the index
+// holds them only speculatively, and that prefill, predicted done by
+// doneBy, is the queue ahead.
+func sharing(now time.Time, name, addr string, speculative int, doneBy time.Time) *datalayer.Candidate {
+	c := datalayer.NewCandidate(&datalayer.Endpoint{Name: name, Address: addr}, datalayer.Metrics{RunningRequests: 1, UpdateTime: now}, datalayer.StreamExact)
+	c.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+		MatchBlocks: speculative, SpeculativeBlocks: speculative, TotalBlocks: 164, BlockSizeTokens: 16, Exact: true, State: datalayer.StreamExact})
+	c.InFlight = datalayer.InFlight{
+		Prefilling: 1, PrefillTokens: 2624, PrefillDoneBy: doneBy.UnixNano(), OldestPrefill: now.Add(-5 * time.Millisecond).UnixNano(),
+		Ahead:      enginesched.Ahead{Steps: 1, PrefillTokens: 2624, PrefillContext: 2624 * 2624},
+		ReplayedAt: now.Add(-5 * time.Millisecond).UnixNano(),
+	}
+	return c
+}
+
+func TestARequestWhosePrefixIsBeingPrefilledThereIsPredictedAsCachedAfterTheWait(t *testing.T) {
+	t.Parallel()
+	_, prod := inProcess(t, nil)
+	now := time.Now()
+	doneBy := now.Add(60 * time.Millisecond)
+	req := &request.Request{TokenIDs: make([]uint32, 2624), Arrival: now}
+	held := sharing(now, "held", "10.0.0.3:8000", 0, doneBy)
+	var byTier [events.NumTiers]int
+	byTier[events.TierGPU] = 160
+	held.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+		MatchBlocks: 160, TotalBlocks: 164, BlockSizeTokens: 16, BlocksByTier: byTier, Exact: true, State: datalayer.StreamExact})
+	cands := []*datalayer.Candidate{
+		sharing(now, "sharing", "10.0.0.1:8000", 160, doneBy),
+		// The same queue, but the prefill ahead is another prompt's.
+		sharing(now, "other", "10.0.0.2:8000", 0, doneBy),
+		// The same queue, the prefix already held.
+		held,
+	}
+	if err := prod.Produce(context.Background(), req, cands); err != nil {
+		t.Fatal(err)
+	}
+	shared, other, cached := info(t, cands[0]), info(t, cands[1]), info(t, cands[2])
+	// Its own engine time is its 64-token tail.
+	if shared.TTFTAlone != cached.TTFTAlone || !(shared.TTFTAlone < other.TTFTAlone/4) {
+		t.Errorf("alone: %.1fms sharing the prefix being computed, %.1fms with it held, %.1fms for the whole prompt", shared.TTFTAlone, cached.TTFTAlone, other.TTFTAlone)
+	}
+	// Behind the prefill computing its prefix, it waits as much as behind
+	// any other and then finds the prefix cached.
+	if shared.TTFTMean != cached.TTFTMean || shared.TTFT != cached.TTFT {
+		t.Errorf("sharing the prefix being computed: %.1fms (p90 %.1fms); with it held, the same queue: %.1fms (p90 %.1fms)", shared.TTFTMean, shared.TTFT, cached.TTFTMean, cached.TTFT)
+	}
+	if !(shared.TTFT < other.TTFT) {
+		t.Errorf("behind another prompt's prefill: p90 %.1fms, sharing its prefix: p90 %.1fms", other.TTFT, shared.TTFT)
 	}
 }

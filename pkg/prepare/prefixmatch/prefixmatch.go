@@ -217,6 +217,18 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 			state := eps[i].State
 			cands[i].Put(RequestBlockKeysKey, sharedKeys)
 			if state == datalayer.StreamNone {
+				// Before an endpoint's first events, a prefix this EPP
+				// sent it and is still prefilling there is known as
+				// well as any: the speculative recorder put it in the
+				// index. It is taken as such, being computed, rather
+				// than as the routing history's guess.
+				if m := matches[j]; m.Speculative > 0 && m.Speculative == m.Blocks && cands[i].InFlight.Prefilling > 0 {
+					infos[i] = datalayer.PrefixCacheInfo{
+						MatchBlocks: m.Blocks, TotalBlocks: total, BlockSizeTokens: g.blockSize,
+						MatchTokens: m.Blocks * g.blockSize, SpeculativeBlocks: m.Speculative, State: state,
+					}
+					continue
+				}
 				streamless = append(streamless, i)
 				continue
 			}

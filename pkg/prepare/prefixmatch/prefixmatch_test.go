@@ -213,3 +213,41 @@ func TestProduceAllocatesAlikeForEightAndSixtyFourCandidatesWithEqualAnswers(t *
 		t.Errorf("allocations per Produce: %v with 8 candidates, %v with 64; want the same (within %v)", allocs[8], allocs[64], tolerance)
 	}
 }
+
+func TestBeforeItsFirstEventsAnEndpointPrefillingAPrefixSentThereIsSeenComputingIt(t *testing.T) {
+	t.Parallel()
+	prompt := make([]uint32, 160)
+	for i := range prompt {
+		prompt[i] = uint32(7000 + i)
+	}
+	const addr = "10.0.0.1:8000"
+	ix := index.New(index.Options{}, nil)
+	ix.AddEndpoint(addr)
+	p := prefixmatch.New("", prefixmatch.Params{}, ix, nil)
+	req := &request.Request{Model: "m", TokenIDs: prompt}
+	produce := func(prefilling int) datalayer.PrefixCacheInfo {
+		t.Helper()
+		c := datalayer.NewCandidate(&datalayer.Endpoint{Name: "a", Address: addr, Model: "m"}, datalayer.Metrics{BlockSize: 16}, datalayer.StreamNone)
+		c.InFlight.Prefilling = prefilling
+		if err := p.Produce(context.Background(), req, []*datalayer.Candidate{c}); err != nil {
+			t.Fatal(err)
+		}
+		k, _ := c.Get(prefixmatch.RequestBlockKeysKey)
+		if prefilling == 0 {
+			// The pick: the recorder's speculation.
+			ix.Speculate(addr, k.([]uint64))
+		}
+		v, _ := c.Get(datalayer.PrefixCacheMatchInfoKey)
+		return v.(datalayer.PrefixCacheInfo)
+	}
+	if first := produce(0); first.MatchBlocks != 0 {
+		t.Fatalf("a first request matched %d blocks on an endpoint nothing was sent to", first.MatchBlocks)
+	}
+	got := produce(1)
+	if got.MatchBlocks != 10 || got.SpeculativeBlocks != 10 || got.BlocksByTier != ([events.NumTiers]int{}) || got.State != datalayer.StreamNone {
+		t.Errorf("with its prefill in flight: %+v, want its 10 blocks being computed (speculative), the stream still none", got)
+	}
+	if got := produce(0); got.SpeculativeBlocks != 0 {
+		t.Errorf("with nothing in flight there: %+v, want the routing history's answer, nothing taken as being computed", got)
+	}
+}
