@@ -45,7 +45,7 @@ bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns
 	@# at 28800 requests a side (at 7200 two identical floors measure p99 ratios 0.55-1.07x apart).
 	$(GO) test -run '^$$' -bench 'BenchmarkExtProcWork' -benchtime 28800x -timeout 30m ./pkg/requestpath/extproc/
 
-bench-routing: ## the routing benchmark: writes docs/results/routing/ (~60 min)
+bench-routing: ## the routing benchmark: writes docs/results/routing/ (~70 min)
 	$(GO) run ./cmd/kvsim bench
 
 bench-routing-virtual: ## the same in virtual time, 25 seeds a point: writes docs/results/routing-virtual/ (~6 min)
