@@ -25,7 +25,7 @@ const (
 	whyScrape        = "kvroute scrapes each endpoint's metrics itself (--scrape-metrics, --refresh-metrics-interval)"
 	whyDiscovery     = "kvroute discovers endpoints from the InferencePool or a pod selector (--kubernetes, --endpoint-selector)"
 	whyNoPD          = "kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)"
-	whyNoFlowControl = "kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission"
+	whyNoFlowControl = "named by the flowControl section's priority bands (fcfs-ordering-policy, edf-ordering-policy, round-robin-fairness-policy, global-strict-fairness-policy; slo-deadline-ordering-policy as EDF) when the flowControl feature gate is on; eviction and usage-limit policies are kvroute's own: displacement of the lowest priority, release by prediction"
 	whySLOAware      = "use predicted-latency-producer, latency-scorer, slo-headroom-tier-filter and latency-slo-admitter in one profile (kvroute's default)"
 	whyMulticluster  = "kvroute routes one pool; run one EPP per cluster"
 	whySpecTTL       = "kvroute's index holds speculative entries for 2s, upstream's default; another TTL cannot be set"
@@ -380,7 +380,7 @@ var upstreamTypes = func() map[string]upstreamType {
 		{"eviction-priority-then-time-ordering", "GIE v1.5"},
 	} {
 		types = append(types, upstreamType{name: fc.name, seen: fc.seen, class: Superseded, target: inertType,
-			why:    "a flow-control policy, which upstream runs only with the flowControl feature gate (refused here: " + whyNoFlowControl + ")",
+			why:    "a flow-control policy, " + whyNoFlowControl,
 			params: anyParams})
 	}
 	out := make(map[string]upstreamType, len(types))

@@ -3,6 +3,7 @@ package config_test
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -92,20 +93,34 @@ var upstreamCorpus = map[string]corpusCase{
 	"llmd-v0.8.0-epp-precise-prefix-cache-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
 	}},
-	"refused-gie-v1.5.0-chart-latency-predictor.yaml":                {refusal: `plugin "strict-affinity-filter": unsupported upstream plugin type "prefix-cache-affinity-filter": kvroute has no prefix affinity filter; weight precise-prefix-cache-scorer for affinity, or let the latency-scorer weigh the cache in its predictions`},
-	"refused-gie-v1.5.0-conformance-plugins.yaml":                    {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": kvroute does not echo the served endpoint back to the client`},
-	"refused-llmd-v0.2.1-pd-epp-config.yaml":                         {refusal: `plugin "prefill-header-handler": unsupported upstream plugin type "prefill-header-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
-	"refused-llmd-v0.8.0-dp-epp-config.yaml":                         {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
-	"refused-router-main-chart-triton.yaml":                          {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
-	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":      {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
-	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml":     {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},
-	"refused-router-v0.10.0-pd-epp-config.yaml":                      {refusal: `plugin "disagg-profile-handler": unsupported upstream plugin type "disagg-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
-	"refused-router-v0.10.0-perf-precise-prefix.yaml":                {refusal: `plugin "active-request-scorer": unsupported upstream plugin type "active-request-scorer": kvroute does not count its own in-flight requests; running-requests-size-scorer weighs the requests each engine reports running`},
-	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml":  {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
-	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                 {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
-	"refused-router-v0.10.0-soft-reflective-ceiling-epp-config.yaml": {refusal: `invalid configuration: feature gate "flowControl": kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission`},
+	"refused-gie-v1.5.0-chart-latency-predictor.yaml":               {refusal: `plugin "strict-affinity-filter": unsupported upstream plugin type "prefix-cache-affinity-filter": kvroute has no prefix affinity filter; weight precise-prefix-cache-scorer for affinity, or let the latency-scorer weigh the cache in its predictions`},
+	"refused-gie-v1.5.0-conformance-plugins.yaml":                   {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": kvroute does not echo the served endpoint back to the client`},
+	"refused-llmd-v0.2.1-pd-epp-config.yaml":                        {refusal: `plugin "prefill-header-handler": unsupported upstream plugin type "prefill-header-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
+	"refused-llmd-v0.8.0-dp-epp-config.yaml":                        {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
+	"refused-router-main-chart-triton.yaml":                         {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
+	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":     {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
+	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml":    {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},
+	"refused-router-v0.10.0-pd-epp-config.yaml":                     {refusal: `plugin "disagg-profile-handler": unsupported upstream plugin type "disagg-profile-handler": kvroute has no prefill/decode disaggregation; run one profile over the pool (a decode-filter keeps decode-serving pods)`},
+	"refused-router-v0.10.0-perf-precise-prefix.yaml":               {refusal: `plugin "active-request-scorer": unsupported upstream plugin type "active-request-scorer": kvroute does not count its own in-flight requests; running-requests-size-scorer weighs the requests each engine reports running`},
+	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml": {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
+	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
 	"router-main-chart-default-plugins.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+	}},
+	"router-v0.10.0-soft-reflective-ceiling-epp-config.yaml": {profiles: map[string][]string{
+		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+	}, check: func(t *testing.T, l *config.Loaded) {
+		// The gate on with upstream's defaults: no global limit, FCFS
+		// within a flow, global-strict across flows.
+		want := &config.FlowControl{DefaultBand: config.FlowBand{Ordering: "fcfs-ordering-policy", Fairness: "global-strict-fairness-policy"}}
+		if !reflect.DeepEqual(l.FlowControl, want) {
+			t.Errorf("flow control = %+v, want %+v", l.FlowControl, want)
+		}
+		if !slices.ContainsFunc(l.Notes, func(n string) bool {
+			return strings.HasPrefix(n, "flowControl.usageLimitPolicyPluginRef soft-reflective-ceiling-policy:")
+		}) {
+			t.Errorf("no note of the usage-limit policy kvroute does its own way: %q", l.Notes)
+		}
 	}},
 	"router-v0.10.0-default-config.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:lora-affinity-scorer/lora-affinity-scorer*1", "picker:max-score-picker/max-score-picker"},

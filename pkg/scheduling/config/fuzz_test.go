@@ -38,6 +38,7 @@ func FuzzLoad(f *testing.F) {
 		}
 	}
 	f.Add([]byte("plugins: [{name: t, type: decision-tree-filter, parameters: {current: {pluginRef: t}}}]"))
+	f.Add([]byte("featureGates: [flowControl]\nplugins: [{name: rr, type: round-robin-fairness-policy}]\nflowControl: {maxBytes: 1Gi, maxRequests: 1e3, defaultRequestTTL: 1s, priorityBands: [{priority: 1, fairnessPolicyRef: rr, maxRequests: 9}]}"))
 	r := registryWithProducerF(f)
 	f.Fuzz(func(t *testing.T, text []byte) {
 		l, err := r.Load(text, &config.Handle{Spec: schedtest.NopSpeculator{}})
