@@ -534,3 +534,13 @@ func (q items) unwrap() []*item {
 	}
 	return out
 }
+
+// Target is the TTFT target of priority's band (zero: none).
+func (c *Controller) Target(priority int) time.Duration {
+	for _, b := range c.cfg.Bands {
+		if b.Priority == priority {
+			return b.TTFTTarget
+		}
+	}
+	return c.cfg.DefaultBand.TTFTTarget
+}

@@ -10,19 +10,19 @@ var (
 	// ErrQueueAtCapacity: the request's band, or the controller, holds as
 	// many requests or bytes as it may, and nothing of lower priority
 	// could be displaced to make room.
-	ErrQueueAtCapacity = errors.New("flow control: queue at capacity")
+	ErrQueueAtCapacity = errors.New("queue at capacity")
 	// ErrDisplaced: a request of higher priority took the waiting
 	// request's place when the queues were full.
-	ErrDisplaced = errors.New("flow control: displaced by a request of higher priority")
+	ErrDisplaced = errors.New("displaced by a request of higher priority")
 	// ErrTTLExpired: the request waited its whole TTL.
-	ErrTTLExpired = errors.New("flow control: request TTL expired in queue")
+	ErrTTLExpired = errors.New("request TTL expired in queue")
 	// ErrSLOUnreachable: the time it waited plus the best TTFT any
 	// endpoint is predicted to give it exceeds its TTFT SLO.
-	ErrSLOUnreachable = errors.New("flow control: TTFT SLO can no longer be met")
+	ErrSLOUnreachable = errors.New("TTFT SLO can no longer be met")
 	// ErrCancelled: the client went away while its request waited.
-	ErrCancelled = errors.New("flow control: client went away while queued")
+	ErrCancelled = errors.New("client went away while queued")
 	// ErrStopped: the controller stopped while the request waited.
-	ErrStopped = errors.New("flow control: controller stopped")
+	ErrStopped = errors.New("controller stopped")
 )
 
 // Outcome labels, as the metrics and the reason header name them.
