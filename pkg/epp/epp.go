@@ -36,6 +36,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/selfcheck"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
@@ -199,6 +200,7 @@ type EPP struct {
 	graph      *prepare.Graph
 	sched      *scheduling.Scheduler
 	director   *director.Director
+	flow       *flowcontrol.Controller
 	tokenizer  tokenize.Tokenizer
 	extproc    *extproc.Server
 	proxy      *proxy.Server
@@ -533,7 +535,18 @@ func (e *EPP) buildScheduling() error {
 	if e.selfcheck != nil {
 		observers = append(observers, e.selfcheck)
 	}
+	if loaded.FlowControl != nil || e.opts.RequestPath.FlowControl {
+		if e.flow, err = flowcontrol.New(flowConfig(loaded.FlowControl), e.opts.Now, flowcontrol.NewMetrics(e.reg, 0)); err != nil {
+			return fmt.Errorf("epp: flow control: %w", err)
+		}
+	}
+	var flow director.FlowControl
+	if e.flow != nil {
+		flow = e.flow
+	}
 	e.director, err = director.New(director.Options{
+		FlowControl:        flow,
+		FlowGate:           flowcontrol.Gate{Saturation: loaded.Detector, ByPrediction: !e.opts.RequestPath.FlowControlBySaturation},
 		Outliers:           e.ds,
 		Objectives:         e.objectives,
 		Observers:          observers,
@@ -551,6 +564,25 @@ func (e *EPP) buildScheduling() error {
 		Logger:             e.logger,
 	})
 	return err
+}
+
+// flowConfig is the controller's configuration from a loaded flowControl
+// section; nil gives upstream's defaults.
+func flowConfig(fc *config.FlowControl) flowcontrol.Config {
+	if fc == nil {
+		return flowcontrol.Config{}
+	}
+	band := func(b config.FlowBand) flowcontrol.Band {
+		// The loader admits only the names these parse.
+		o, _ := flowcontrol.ParseOrdering(b.Ordering)
+		f, _ := flowcontrol.ParseFairness(b.Fairness)
+		return flowcontrol.Band{Priority: b.Priority, MaxBytes: b.MaxBytes, MaxRequests: int(min(b.MaxRequests, 1<<31-1)), Ordering: o, Fairness: f}
+	}
+	c := flowcontrol.Config{MaxBytes: fc.MaxBytes, MaxRequests: int(min(fc.MaxRequests, 1<<31-1)), DefaultTTL: fc.DefaultRequestTTL, DefaultBand: band(fc.DefaultBand)}
+	for _, b := range fc.Bands {
+		c.Bands = append(c.Bands, band(b))
+	}
+	return c
 }
 
 // podOf is the pod discovery names for the endpoint at addr: the subject
