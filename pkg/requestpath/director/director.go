@@ -450,8 +450,9 @@ func (d *Director) waitForRelease(ctx context.Context, req *request.Request, sub
 		fr.GiveUp = max(req.SLO.TTFT-alone, time.Nanosecond)
 	}
 	fresh := d.o.PrepareData == nil || d.o.PrepareData.AllInline()
+	checked := false
 	fr.Check = func(waited time.Duration) flowcontrol.Verdict {
-		if waited > 0 {
+		if checked {
 			// The load has moved since: candidates and predictions anew.
 			// A producer that may outlive its deadline could still write
 			// to the old ones, so they get new memory then.
@@ -465,6 +466,7 @@ func (d *Director) waitForRelease(ctx context.Context, req *request.Request, sub
 				}
 			}
 		}
+		checked = true
 		return d.o.FlowGate.Decide(cands, req.SLO.TTFT, target, waited, d.o.Now())
 	}
 	if err := d.o.FlowControl.Wait(ctx, fr); err != nil {

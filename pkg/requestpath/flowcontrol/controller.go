@@ -12,6 +12,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,6 +52,9 @@ type Controller struct {
 	now     func() time.Time
 	metrics *Metrics
 	kick    chan struct{}
+	// waiting mirrors count for Kick, which has nothing to do (and no
+	// goroutine to wake) while no one waits.
+	waiting atomic.Int64
 
 	mu      sync.Mutex
 	bands   map[int]*band
@@ -114,6 +118,9 @@ func (c *Controller) Config() Config { return c.cfg }
 // Kick asks for the waiting requests' release to be evaluated again: a
 // response ended, a request was dispatched, metrics were scraped.
 func (c *Controller) Kick() {
+	if c.waiting.Load() == 0 {
+		return
+	}
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -296,6 +303,7 @@ func (c *Controller) enqueue(r *Request, now time.Time) (*item, error) {
 	b.count++
 	b.bytes += r.Bytes
 	c.count++
+	c.waiting.Add(1)
 	c.bytes += r.Bytes
 	c.metrics.queued(f.label, b.label, 1, r.Bytes)
 	return it, nil
@@ -396,6 +404,7 @@ func (c *Controller) finishLocked(it *item, err error) {
 	b.count--
 	b.bytes -= it.req.Bytes
 	c.count--
+	c.waiting.Add(-1)
 	c.bytes -= it.req.Bytes
 	c.metrics.queued(f.label, b.label, -1, -it.req.Bytes)
 	if len(f.items) == 0 {
