@@ -110,6 +110,7 @@ func parse(args []string) (epp.Options, error) {
 	fs.IntVar(&o.RequestPath.MaxBodyBytes, "max-body-bytes", o.RequestPath.MaxBodyBytes, "largest request body accepted")
 	fs.BoolVar(&o.RequestPath.PassUnknownModels, "pass-unknown-models", o.RequestPath.PassUnknownModels, "route requests for models no endpoint serves or reports as a loaded LoRA adapter, instead of refusing them with 404")
 	fs.BoolVar(&o.RequestPath.FlowControl, "flow-control", o.RequestPath.FlowControl, "hold requests in the EPP by priority band and flow (x-gateway-inference-fairness-id) until an endpoint is predicted to serve them in time; a configuration with the flowControl feature gate on turns it on with its flowControl section")
+	fs.BoolVar(&o.RequestPath.FlowControlWhenObjectives, "flow-control-when-objectives", o.RequestPath.FlowControlWhenObjectives, "flow control as --flow-control, for a pool with InferenceObjectives: while it defines none, requests go straight to scheduling")
 	fs.BoolVar(&o.RequestPath.FlowControlBySaturation, "flow-control-by-saturation", o.RequestPath.FlowControlBySaturation, "release waiting requests on the saturation detector alone, as upstream does, instead of by predicted TTFT")
 	fs.DurationVar(&o.RequestPath.Proxy.ReadTimeout, "proxy-read-timeout", o.RequestPath.Proxy.ReadTimeout, "proxy: bound on reading a request, body included")
 	fs.DurationVar(&o.RequestPath.Proxy.WriteTimeout, "proxy-write-timeout", o.RequestPath.Proxy.WriteTimeout, "proxy: bound on a non-streamed response, generation included")

@@ -535,7 +535,7 @@ func (e *EPP) buildScheduling() error {
 	if e.selfcheck != nil {
 		observers = append(observers, e.selfcheck)
 	}
-	if loaded.FlowControl != nil || e.opts.RequestPath.FlowControl {
+	if loaded.FlowControl != nil || e.opts.RequestPath.FlowControl || e.opts.RequestPath.FlowControlWhenObjectives {
 		if e.flow, err = flowcontrol.New(flowConfig(loaded.FlowControl), e.opts.Now, flowcontrol.NewMetrics(e.reg, 0)); err != nil {
 			return fmt.Errorf("epp: flow control: %w", err)
 		}
@@ -545,23 +545,27 @@ func (e *EPP) buildScheduling() error {
 		flow = e.flow
 	}
 	e.director, err = director.New(director.Options{
-		FlowControl:        flow,
-		FlowGate:           flowcontrol.Gate{Saturation: loaded.Detector, ByPrediction: !e.opts.RequestPath.FlowControlBySaturation},
-		Outliers:           e.ds,
-		Objectives:         e.objectives,
-		Observers:          observers,
-		PluginObservers:    learners,
-		Now:                e.opts.Now,
-		Datastore:          e.ds,
-		PrepareData:        e.graph,
-		Scheduler:          e.sched,
-		InFlight:           e.ds,
-		PrepareDataTimeout: e.prepareDataTimeout(),
-		Tokenizer:          e.tokenizer,
-		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,
-		PassUnknownModels:  e.opts.RequestPath.PassUnknownModels,
-		Metrics:            director.NewMetrics(e.reg),
-		Logger:             e.logger,
+		FlowControl: flow,
+		// A configuration's gate, or --flow-control, holds every pool's
+		// requests; --flow-control-when-objectives only those of a pool
+		// with objectives.
+		FlowControlWhenObjectives: e.opts.RequestPath.FlowControlWhenObjectives && loaded.FlowControl == nil && !e.opts.RequestPath.FlowControl,
+		FlowGate:                  flowcontrol.Gate{Saturation: loaded.Detector, ByPrediction: !e.opts.RequestPath.FlowControlBySaturation},
+		Outliers:                  e.ds,
+		Objectives:                e.objectives,
+		Observers:                 observers,
+		PluginObservers:           learners,
+		Now:                       e.opts.Now,
+		Datastore:                 e.ds,
+		PrepareData:               e.graph,
+		Scheduler:                 e.sched,
+		InFlight:                  e.ds,
+		PrepareDataTimeout:        e.prepareDataTimeout(),
+		Tokenizer:                 e.tokenizer,
+		TokenizeTimeout:           e.opts.RequestPath.TokenizeTimeout,
+		PassUnknownModels:         e.opts.RequestPath.PassUnknownModels,
+		Metrics:                   director.NewMetrics(e.reg),
+		Logger:                    e.logger,
 	})
 	return err
 }

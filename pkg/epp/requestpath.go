@@ -43,6 +43,10 @@ type RequestPathOptions struct {
 	// FlowControlBySaturation releases waiting requests on the
 	// saturation test alone, as upstream does, not by prediction.
 	FlowControlBySaturation bool
+	// FlowControlWhenObjectives turns flow control on for a pool with
+	// InferenceObjectives: while the pool defines none, requests go
+	// straight to scheduling.
+	FlowControlWhenObjectives bool
 	// MaxBodyBytes bounds a request body (default 16 MiB).
 	MaxBodyBytes int
 	// ExtProc bounds ext_proc's clients: request body bytes in flight

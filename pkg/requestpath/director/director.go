@@ -244,6 +244,10 @@ type Options struct {
 	FlowControl FlowControl
 	// FlowGate decides a waiting request's release from its candidates.
 	FlowGate flowcontrol.Gate
+	// FlowControlWhenObjectives sends requests past FlowControl while
+	// Objectives holds none: a pool without priorities has no band to
+	// favour, and its requests are better scheduled at once.
+	FlowControlWhenObjectives bool
 	// Now is the clock requests are timed by; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -386,7 +390,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 			d.o.Metrics.prepareFailures.Inc()
 		}
 	}
-	if d.o.FlowControl != nil {
+	if d.o.FlowControl != nil && (!d.o.FlowControlWhenObjectives || d.o.Objectives.Len() > 0) {
 		var err error
 		if cands, err = d.waitForRelease(ctx, req, subset, set, cands, bodyBytes); err != nil {
 			status := flowcontrol.StatusOf(err)
