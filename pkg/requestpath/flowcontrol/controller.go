@@ -135,8 +135,8 @@ func (c *Controller) Len() int {
 }
 
 // Run evaluates releases on every Kick, and at least every Recheck while
-// requests wait, until ctx ends; then it refuses every waiting request with
-// ErrStopped.
+// requests wait (never while none do), until ctx ends; then it refuses
+// every waiting request with ErrStopped.
 func (c *Controller) Run(ctx context.Context) {
 	t := time.NewTimer(c.cfg.Recheck)
 	defer t.Stop()
@@ -149,7 +149,12 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-t.C:
 		}
 		c.cycle()
-		t.Reset(c.cfg.Recheck)
+		if c.waiting.Load() > 0 {
+			t.Reset(c.cfg.Recheck)
+		} else {
+			// The arrival that ends the idleness kicks.
+			t.Stop()
+		}
 	}
 }
 
