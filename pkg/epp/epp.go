@@ -629,6 +629,9 @@ func (e *EPP) distrust(addr string) {
 // Director runs the request path: parse, tokenize, PrepareData, schedule.
 func (e *EPP) Director() *director.Director { return e.director }
 
+// FlowControl is the flow controller requests wait in; nil when off.
+func (e *EPP) FlowControl() *flowcontrol.Controller { return e.flow }
+
 // NATSURL is the URL of the NATS server the EPP consumes from.
 func (e *EPP) NATSURL() string { return e.nc.ConnectedUrl() }
 
