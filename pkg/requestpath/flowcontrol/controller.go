@@ -92,6 +92,10 @@ type item struct {
 	index    int
 	done     chan error
 	finished bool
+	// checking is held while the request's check runs on the release
+	// loop: its waiter returns only once no check of it runs, because
+	// the check uses memory the request's caller reuses once it returns.
+	checking sync.Mutex
 }
 
 // New makes a controller; now is its clock (nil: time.Now), metrics its
@@ -230,6 +234,10 @@ func (c *Controller) Wait(ctx context.Context, r *Request) error {
 	case <-expire:
 		err = c.leave(it, expireErr)
 	}
+	// Out once no check of the request runs on the release loop.
+	it.checking.Lock()
+	it.checking.Unlock() //nolint:staticcheck // empty on purpose
+
 	c.metrics.observe(r.FlowID, r.Priority, err, c.now().Sub(start))
 	return err
 }
@@ -479,10 +487,15 @@ func (c *Controller) cycle() {
 		if it == nil {
 			return
 		}
+		it.checking.Lock()
+		c.mu.Lock()
+		gone := it.finished
+		c.mu.Unlock()
 		v := Verdict{Release: true}
-		if it.req.Check != nil {
+		if !gone && it.req.Check != nil {
 			v = it.req.Check(c.now().Sub(it.enqueued))
 		}
+		it.checking.Unlock()
 		c.mu.Lock()
 		if !it.finished {
 			switch {

@@ -320,3 +320,43 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+// A request whose client leaves while its check runs on the release loop
+// returns only once the check has: the check uses the caller's memory.
+func TestAWaiterOutlivesItsRunningCheck(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{})
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(proceed) }) }
+	// Registered after the rig's: runs first, so that a failing test
+	// does not leave the release loop stuck in the check.
+	t.Cleanup(release)
+	var calls, finished atomic.Int32
+	req := &flowcontrol.Request{Check: func(time.Duration) flowcontrol.Verdict {
+		if calls.Add(1) == 1 {
+			return flowcontrol.Verdict{} // the arrival's own check: wait
+		}
+		close(entered)
+		<-proceed
+		finished.Store(1)
+		return flowcontrol.Verdict{}
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	returned := make(chan error, 1)
+	go func() { returned <- r.c.Wait(ctx, req) }()
+	<-entered
+	cancel()
+	select {
+	case err := <-returned:
+		t.Fatalf("returned (%v) while its check still ran", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	if err := <-returned; !errors.Is(err, flowcontrol.ErrCancelled) {
+		t.Fatalf("got %v", err)
+	}
+	if finished.Load() != 1 {
+		t.Fatal("returned before its check")
+	}
+}
