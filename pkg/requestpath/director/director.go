@@ -445,8 +445,13 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 func (d *Director) waitForRelease(ctx context.Context, req *request.Request, subset []string, set *datalayer.CandidateSet, cands []*datalayer.Candidate, bodyBytes int64) ([]*datalayer.Candidate, error) {
 	fr := &flowcontrol.Request{FlowID: req.Headers[flowcontrol.HeaderFairnessID], Priority: req.Priority, Bytes: bodyBytes, SLO: req.SLO.TTFT}
 	if len(fr.FlowID) > MaxEcho {
-		// A flow id is the client's text: kept short in memory and logs.
-		fr.FlowID = fr.FlowID[:MaxEcho]
+		// A flow id is the client's text: kept short in memory and logs,
+		// cut at a character's start.
+		cut := MaxEcho
+		for cut > 0 && !utf8.RuneStart(fr.FlowID[cut]) {
+			cut--
+		}
+		fr.FlowID = fr.FlowID[:cut]
 	}
 	target := d.o.FlowControl.Target(req.Priority)
 	if _, alone, ok := flowcontrol.Predicted(cands); ok && req.SLO.TTFT > 0 && d.o.FlowGate.ByPrediction {

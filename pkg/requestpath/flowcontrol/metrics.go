@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -61,6 +62,10 @@ func NewMetrics(reg prometheus.Registerer, maxFlows int) *Metrics {
 // theirs, later ones are "other", so a client inventing ids makes no
 // series.
 func (m *Metrics) flowLabel(id string) string {
+	if !utf8.ValidString(id) {
+		// A label value must be UTF-8; a header need not be.
+		return labelOther
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if l, ok := m.flows[id]; ok {
