@@ -612,3 +612,36 @@ func natsMembers(values map[string]any) int {
 	}
 	return 3
 }
+
+// Flow control is on by default for a pool with objectives; "on" and
+// "off" say so plainly, and anything else is refused at render.
+func TestChartFlowControlFollowsItsValue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		value string
+		want  []string
+	}{
+		{"", []string{"--flow-control-when-objectives"}},
+		{"on", []string{"--flow-control"}},
+		{"off", nil},
+	} {
+		var values map[string]any
+		if tc.value != "" {
+			values = map[string]any{"epp": map[string]any{"flowControl": tc.value}}
+		}
+		dep := find(t, render(t, values, "ns"), "Deployment", "kv-kvroute-epp")
+		containers, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+		var got []string
+		for _, c := range containers {
+			args, _, _ := unstructured.NestedStringSlice(c.(map[string]any), "args")
+			for _, a := range args {
+				if strings.HasPrefix(a, "--flow-control") {
+					got = append(got, a)
+				}
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("epp.flowControl %q: args %q, want %q", tc.value, got, tc.want)
+		}
+	}
+}

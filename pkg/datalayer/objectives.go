@@ -53,6 +53,14 @@ func (o *Objectives) Get(name string) (Objective, bool) {
 	return obj, ok
 }
 
+// Len is the number of objectives; 0 for nil.
+func (o *Objectives) Len() int {
+	if o == nil {
+		return 0
+	}
+	return len(*o.snap.Load())
+}
+
 // List returns every objective, by name.
 func (o *Objectives) List() []Objective {
 	m := *o.snap.Load()

@@ -36,6 +36,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/extproc"
+	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/requestpath/proxy"
 	"github.com/kvroute/kvroute/pkg/requestpath/selfcheck"
@@ -200,6 +201,7 @@ type EPP struct {
 	graph      *prepare.Graph
 	sched      *scheduling.Scheduler
 	director   *director.Director
+	flow       *flowcontrol.Controller
 	tokenizer  tokenize.Tokenizer
 	extproc    *extproc.Server
 	proxy      *proxy.Server
@@ -541,25 +543,59 @@ func (e *EPP) buildScheduling() error {
 	if e.selfcheck != nil {
 		observers = append(observers, e.selfcheck)
 	}
+	if loaded.FlowControl != nil || e.opts.RequestPath.FlowControl || e.opts.RequestPath.FlowControlWhenObjectives {
+		if e.flow, err = flowcontrol.New(flowConfig(loaded.FlowControl), e.opts.Now, flowcontrol.NewMetrics(e.reg, 0)); err != nil {
+			return fmt.Errorf("epp: flow control: %w", err)
+		}
+	}
+	var flow director.FlowControl
+	if e.flow != nil {
+		flow = e.flow
+	}
 	e.director, err = director.New(director.Options{
-		Outliers:           e.ds,
-		Objectives:         e.objectives,
-		Observers:          observers,
-		PluginObservers:    learners,
-		Now:                e.opts.Now,
-		Datastore:          e.ds,
-		PrepareData:        e.graph,
-		Scheduler:          e.sched,
-		InFlight:           e.ds,
-		PrepareDataTimeout: e.prepareDataTimeout(),
-		Tokenizer:          e.tokenizer,
-		Parse:              openai.ParseOptions{KeepBillingHeader: e.opts.RequestPath.KeepBillingHeader},
-		TokenizeTimeout:    e.opts.RequestPath.TokenizeTimeout,
-		PassUnknownModels:  e.opts.RequestPath.PassUnknownModels,
-		Metrics:            director.NewMetrics(e.reg),
-		Logger:             e.logger,
+		FlowControl: flow,
+		// A configuration's gate, or --flow-control, holds every pool's
+		// requests; --flow-control-when-objectives only those of a pool
+		// with objectives.
+		FlowControlWhenObjectives: e.opts.RequestPath.FlowControlWhenObjectives && loaded.FlowControl == nil && !e.opts.RequestPath.FlowControl,
+		FlowGate:                  flowcontrol.Gate{Saturation: loaded.Detector, ByPrediction: !e.opts.RequestPath.FlowControlBySaturation},
+		Outliers:                  e.ds,
+		Objectives:                e.objectives,
+		Observers:                 observers,
+		PluginObservers:           learners,
+		Now:                       e.opts.Now,
+		Datastore:                 e.ds,
+		PrepareData:               e.graph,
+		Scheduler:                 e.sched,
+		InFlight:                  e.ds,
+		PrepareDataTimeout:        e.prepareDataTimeout(),
+		Tokenizer:                 e.tokenizer,
+		Parse:                     openai.ParseOptions{KeepBillingHeader: e.opts.RequestPath.KeepBillingHeader},
+		TokenizeTimeout:           e.opts.RequestPath.TokenizeTimeout,
+		PassUnknownModels:         e.opts.RequestPath.PassUnknownModels,
+		Metrics:                   director.NewMetrics(e.reg),
+		Logger:                    e.logger,
 	})
 	return err
+}
+
+// flowConfig is the controller's configuration from a loaded flowControl
+// section; nil gives upstream's defaults.
+func flowConfig(fc *config.FlowControl) flowcontrol.Config {
+	if fc == nil {
+		return flowcontrol.Config{}
+	}
+	band := func(b config.FlowBand) flowcontrol.Band {
+		// The loader admits only the names these parse.
+		o, _ := flowcontrol.ParseOrdering(b.Ordering)
+		f, _ := flowcontrol.ParseFairness(b.Fairness)
+		return flowcontrol.Band{Priority: b.Priority, MaxBytes: b.MaxBytes, MaxRequests: int(min(b.MaxRequests, 1<<31-1)), Ordering: o, Fairness: f}
+	}
+	c := flowcontrol.Config{MaxBytes: fc.MaxBytes, MaxRequests: int(min(fc.MaxRequests, 1<<31-1)), DefaultTTL: fc.DefaultRequestTTL, DefaultBand: band(fc.DefaultBand)}
+	for _, b := range fc.Bands {
+		c.Bands = append(c.Bands, band(b))
+	}
+	return c
 }
 
 // podOf is the pod discovery names for the endpoint at addr: the subject
@@ -601,6 +637,9 @@ func (e *EPP) distrust(addr string) {
 
 // Director runs the request path: parse, tokenize, PrepareData, schedule.
 func (e *EPP) Director() *director.Director { return e.director }
+
+// FlowControl is the flow controller requests wait in; nil when off.
+func (e *EPP) FlowControl() *flowcontrol.Controller { return e.flow }
 
 // NATSURL is the URL of the NATS server the EPP consumes from.
 func (e *EPP) NATSURL() string { return e.nc.ConnectedUrl() }

@@ -35,6 +35,18 @@ type RequestPathOptions struct {
 	// ProxyAddr serves the OpenAI-compatible standalone proxy; empty
 	// disables it.
 	ProxyAddr string
+	// FlowControl holds requests in the EPP, by priority band and flow,
+	// until an endpoint is predicted to serve them in time, with
+	// upstream's default limits and no TTL; a configuration with the
+	// flowControl feature gate on turns it on with its own section.
+	FlowControl bool
+	// FlowControlBySaturation releases waiting requests on the
+	// saturation test alone, as upstream does, not by prediction.
+	FlowControlBySaturation bool
+	// FlowControlWhenObjectives turns flow control on for a pool with
+	// InferenceObjectives: while the pool defines none, requests go
+	// straight to scheduling.
+	FlowControlWhenObjectives bool
 	// MaxBodyBytes bounds a request body (default 16 MiB).
 	MaxBodyBytes int
 	// ExtProc bounds ext_proc's clients: request body bytes in flight
@@ -222,6 +234,9 @@ func (e *EPP) startRequestPath() error {
 
 // runRequestPath runs the servers that startRequestPath bound.
 func (e *EPP) runRequestPath(ctx context.Context, goRun func(func() error)) {
+	if e.flow != nil {
+		goRun(func() error { e.flow.Run(ctx); return nil })
+	}
 	if e.extproc != nil {
 		goRun(func() error { return e.extproc.Run(ctx) })
 	}

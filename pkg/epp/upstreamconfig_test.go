@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute/pkg/epp"
+	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
 	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
@@ -37,5 +38,44 @@ func TestUpstreamConfigurationSaysWhatIsSuperseded(t *testing.T) {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("start-up log lacks %s\nlog:\n%s", want, logs.String())
 		}
+	}
+}
+
+// An upstream configuration with the flowControl gate on starts an EPP
+// with flow control, saying what of it kvroute does its own way.
+func TestUpstreamFlowControlConfigurationStarts(t *testing.T) {
+	t.Parallel()
+	text, err := os.ReadFile("../scheduling/config/testdata/upstream/router-v0.10.0-soft-reflective-ceiling-epp-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testkit.LogBuffer
+	e, err := epp.New(epp.Options{
+		Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		ConfigText: string(text),
+		Logger:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	fc := e.FlowControl()
+	if fc == nil {
+		t.Fatal("the flowControl gate left flow control off")
+	}
+	if b := fc.Config().DefaultBand; b.Ordering != flowcontrol.FCFS || b.Fairness != flowcontrol.GlobalStrict {
+		t.Errorf("default band %+v, want upstream's FCFS and global-strict", b)
+	}
+	plain, err := epp.New(epp.Options{Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if plain.FlowControl() != nil {
+		t.Error("flow control on without its gate or flag")
+	}
+	want := `scheduler configuration: flowControl.usageLimitPolicyPluginRef soft-reflective-ceiling-policy: kvroute releases a waiting request when some endpoint is predicted to serve it in time`
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("start-up log lacks %s\nlog:\n%s", want, logs.String())
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/request"
+	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
 	"github.com/kvroute/kvroute/pkg/requestpath/tokenize"
 	"github.com/kvroute/kvroute/pkg/scheduling"
@@ -199,6 +200,18 @@ type InFlight interface {
 	DispatchInto(d *datalayer.Dispatch, name string, at time.Time, prefillTokens, promptTokens, outputs int) bool
 }
 
+// FlowControl holds requests until the pool can serve them in time;
+// *flowcontrol.Controller is one.
+type FlowControl interface {
+	// Wait returns once r may be scheduled (nil), or with why not
+	// (flowcontrol.StatusOf's status).
+	Wait(ctx context.Context, r *flowcontrol.Request) error
+	// Kick asks for the waiting requests' release to be evaluated again.
+	Kick()
+	// Target is the TTFT target of priority's band (zero: none).
+	Target(priority int) time.Duration
+}
+
 // Outliers is outlier detection, told each response's outcome;
 // *datalayer.Datastore is one.
 type Outliers interface {
@@ -213,6 +226,7 @@ var (
 	_ InFlight    = (*datalayer.Datastore)(nil)
 	_ PrepareData = (*prepare.Graph)(nil)
 	_ Scheduler   = (*scheduling.Scheduler)(nil)
+	_ FlowControl = (*flowcontrol.Controller)(nil)
 )
 
 // Options wire a Director. Datastore, Scheduler and InFlight are required.
@@ -253,6 +267,15 @@ type Options struct {
 	// Outliers hears each response's outcome and ejects the endpoints
 	// that keep failing; nil tells no one.
 	Outliers Outliers
+	// FlowControl, when set, holds each request between PrepareData and
+	// scheduling until FlowGate releases it; nil: off.
+	FlowControl FlowControl
+	// FlowGate decides a waiting request's release from its candidates.
+	FlowGate flowcontrol.Gate
+	// FlowControlWhenObjectives sends requests past FlowControl while
+	// Objectives holds none: a pool without priorities has no band to
+	// favour, and its requests are better scheduled at once.
+	FlowControlWhenObjectives bool
 	// Now is the clock requests are timed by; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -371,7 +394,7 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 			return nil, &Error{Status: http.StatusBadRequest, Param: "model", Err: err}
 		}
 	}
-	p, err := d.route(ctx, req, in.Subset, requested, in.Candidates, start, d.o.Now())
+	p, err := d.route(ctx, req, in.Subset, requested, in.Candidates, int64(len(in.Body)), start, d.o.Now())
 	if p != nil {
 		p.Body = body
 	}
@@ -385,12 +408,13 @@ func (d *Director) HandleRequest(ctx context.Context, in *Input) (*Pick, error) 
 // HandleRequest's.
 func (d *Director) Route(ctx context.Context, req *request.Request, subset []string) (*Pick, error) {
 	now := d.o.Now()
-	return d.route(ctx, req, subset, req.Model, nil, now, now)
+	return d.route(ctx, req, subset, req.Model, nil, 0, now, now)
 }
 
 // route is Route for a request whose handling began at start (its Pick's
-// Start) and that is scheduled as arriving at arrival.
-func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string, set *datalayer.CandidateSet, start, arrival time.Time) (*Pick, error) {
+// Start) and that is scheduled as arriving at arrival; bodyBytes is what
+// its body holds while it waits in flow control.
+func (d *Director) route(ctx context.Context, req *request.Request, subset []string, requested string, set *datalayer.CandidateSet, bodyBytes int64, start, arrival time.Time) (*Pick, error) {
 	req.Arrival = arrival
 	if req.ID == "" {
 		req.ID = uuid.NewString()
@@ -416,6 +440,17 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 			// Producers' failures are logged by the graph; the request is
 			// still scheduled on whatever data did arrive.
 			d.o.Metrics.prepareFailures.Inc()
+		}
+	}
+	if d.o.FlowControl != nil && (!d.o.FlowControlWhenObjectives || d.o.Objectives.Len() > 0) {
+		var err error
+		if cands, err = d.waitForRelease(ctx, req, subset, set, cands, bodyBytes); err != nil {
+			status := flowcontrol.StatusOf(err)
+			if e := (*Error)(nil); errors.As(err, &e) {
+				status = e.Status
+			}
+			d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
+			return nil, &Error{Status: status, Err: fmt.Errorf("flow control: %w", err)}
 		}
 	}
 	res, err := d.o.Scheduler.Schedule(ctx, req, cands)
@@ -456,7 +491,60 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 	} else if d.dispatch(&p.disp, req, res.Targets()[0]) {
 		p.dispatch = &p.disp
 	}
+	if d.o.FlowControl != nil {
+		// The dispatch changed the load the next waiting request is
+		// predicted against, and freed its place at the head.
+		d.o.FlowControl.Kick()
+	}
 	return p, nil
+}
+
+// waitForRelease holds req in flow control until the gate releases it,
+// and returns the candidates it was released on: those of its last
+// check, with PrepareData's answers as of then.
+func (d *Director) waitForRelease(ctx context.Context, req *request.Request, subset []string, set *datalayer.CandidateSet, cands []*datalayer.Candidate, bodyBytes int64) ([]*datalayer.Candidate, error) {
+	fr := &flowcontrol.Request{FlowID: req.Headers[flowcontrol.HeaderFairnessID], Priority: req.Priority, Bytes: bodyBytes, SLO: req.SLO.TTFT}
+	if len(fr.FlowID) > MaxEcho {
+		// A flow id is the client's text: kept short in memory and logs,
+		// cut at a character's start.
+		cut := MaxEcho
+		for cut > 0 && !utf8.RuneStart(fr.FlowID[cut]) {
+			cut--
+		}
+		fr.FlowID = fr.FlowID[:cut]
+	}
+	target := d.o.FlowControl.Target(req.Priority)
+	if _, alone, ok := flowcontrol.Predicted(cands); ok && req.SLO.TTFT > 0 && d.o.FlowGate.ByPrediction {
+		// Past this the SLO is out of reach even on an idle endpoint.
+		fr.GiveUp = max(req.SLO.TTFT-alone, time.Nanosecond)
+	}
+	fresh := d.o.PrepareData == nil || d.o.PrepareData.AllInline()
+	checked := false
+	fr.Check = func(waited time.Duration) flowcontrol.Verdict {
+		if checked {
+			// The load has moved since: candidates and predictions anew.
+			// A producer that may outlive its deadline could still write
+			// to the old ones, so they get new memory then.
+			if !fresh {
+				set = nil
+			}
+			cands = d.o.Datastore.CandidatesInto(set, subsetFilter(subset))
+			if d.o.PrepareData != nil && len(cands) > 0 {
+				if err := d.o.PrepareData.Run(ctx, d.o.PrepareDataTimeout, req, cands); err != nil {
+					d.o.Metrics.prepareFailures.Inc()
+				}
+			}
+		}
+		checked = true
+		return d.o.FlowGate.Decide(cands, req.SLO.TTFT, target, waited, d.o.Now())
+	}
+	if err := d.o.FlowControl.Wait(ctx, fr); err != nil {
+		return nil, err
+	}
+	if len(cands) == 0 {
+		return nil, &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("no ready endpoint%s", subsetNote(subset))}
+	}
+	return cands, nil
 }
 
 // checkContext refuses a prompt that cannot fit the model's context, when
@@ -636,6 +724,10 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 		p.dispatch.DoneAt(s.End)
 	}
 	d.endSplit(p, s)
+	if d.o.FlowControl != nil {
+		// An endpoint has one request less ahead of a waiting one.
+		d.o.FlowControl.Kick()
+	}
 	d.o.Metrics.observeResponse(p, s)
 	if outcome != datalayer.OutcomeNone && d.o.Outliers != nil {
 		d.o.Outliers.ReportOutcome(servedBy(p, s), outcome)

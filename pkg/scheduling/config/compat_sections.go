@@ -32,7 +32,7 @@ var upstreamGates = map[string]struct {
 	PrepareDataPluginsGate: {Superseded, "kvroute always runs its PrepareData producers"},
 	EnableLegacyMetrics:    {Superseded, "kvroute scrapes each endpoint's metrics itself"},
 	HAPopulateNonLeader:    {Superseded, "every kvroute replica keeps its datastore and index and serves picks, leader or not"},
-	FlowControlGate:        {Refused, whyNoFlowControl},
+	FlowControlGate:        {Honoured, ""},
 }
 
 // parseGate splits "name", "name=true" or "name=false".
@@ -160,8 +160,11 @@ func (r *Registry) loadSections(cfg *EndpointPickerConfig, h *loadHandle, l *Loa
 		}
 		l.note(fmt.Sprintf("section %s: %s", sec.field, whyScrape))
 	}
-	if !isNullOrEmpty(cfg.FlowControl) {
-		// The gate is off, or loading would have stopped at it.
+	if l.FeatureGates[FlowControlGate] {
+		if err := loadFlowControl(cfg, l); err != nil {
+			return err
+		}
+	} else if !isNullOrEmpty(cfg.FlowControl) {
 		l.note("section flowControl: upstream runs flow control only with the flowControl feature gate, which this file leaves off")
 	}
 	var parsers []PluginRef

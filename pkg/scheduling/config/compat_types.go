@@ -29,7 +29,7 @@ const (
 	whyPDBlocks      = "the decider reads the decode pod's exact prefix match, in the block size its KV events name"
 	whyPDPrefix      = "kvroute's prefix producer publishes the one PrefixCacheMatchInfo the decider reads"
 	whyPDHeaders     = "the ext_proc server sets x-prefiller-host-port and x-encoder-hosts-ports from the profile handler's prefill and encode picks"
-	whyNoFlowControl = "kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission"
+	whyNoFlowControl = "named by the flowControl section's priority bands (fcfs-ordering-policy, edf-ordering-policy, round-robin-fairness-policy, global-strict-fairness-policy; slo-deadline-ordering-policy as EDF) when the flowControl feature gate is on; eviction and usage-limit policies are kvroute's own: displacement of the lowest priority, release by prediction"
 	whySLOAware      = "use predicted-latency-producer, latency-scorer, slo-headroom-tier-filter and latency-slo-admitter in one profile (kvroute's default)"
 	whyMulticluster  = "kvroute routes one pool; run one EPP per cluster"
 	whySpecTTL       = "kvroute's index holds speculative entries for 2s, upstream's default; another TTL cannot be set"
@@ -441,7 +441,7 @@ var upstreamTypes = func() map[string]upstreamType {
 		{"eviction-priority-then-time-ordering", "GIE v1.5"},
 	} {
 		types = append(types, upstreamType{name: fc.name, seen: fc.seen, class: Superseded, target: inertType,
-			why:    "a flow-control policy, which upstream runs only with the flowControl feature gate (refused here: " + whyNoFlowControl + ")",
+			why:    "a flow-control policy, " + whyNoFlowControl,
 			params: anyParams})
 	}
 	out := make(map[string]upstreamType, len(types))

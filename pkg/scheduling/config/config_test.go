@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -325,8 +326,10 @@ func TestLoadRefusesBadConfigs(t *testing.T) {
 			`load config: invalid plugin parameters: plugin "p" (type precise-prefix-cache-scorer): json: unknown field "tierWeight"`},
 		{"an unknown feature gate is named", "featureGates: [magic]", false, config.ErrUnknownFeatureGate,
 			`load config: unknown feature gate "magic"`},
-		{"the flowControl feature gate is refused with the reason", "featureGates: [flowControl]", false, config.ErrInvalid,
-			`load config: invalid configuration: feature gate "flowControl": kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission`},
+		{"a flow-control band naming an ordering kvroute lacks is refused with what it has", "featureGates: [flowControl]\nplugins: [{name: o, type: queue-scorer}]\nflowControl: {priorityBands: [{priority: 1, orderingPolicyRef: o}]}", false, config.ErrInvalid,
+			`load config: invalid configuration: flowControl.priorityBands[0].orderingPolicyRef "o" (type queue-scorer): kvroute orders a flow by fcfs-ordering-policy or edf-ordering-policy`},
+		{"a flow-control limit that is not a whole number is refused", "featureGates: [flowControl]\nflowControl: {maxRequests: 1.5}", false, config.ErrInvalid,
+			`load config: invalid configuration: flowControl.maxRequests = 1500m, want a whole number ≥ 0`},
 		{"a feature gate set to something else than a boolean is refused", "featureGates: [dataLayer=maybe]", false, config.ErrInvalid,
 			`load config: invalid configuration: feature gate "dataLayer": "maybe" is not true or false`},
 		{"a duplicate plugin name is named", "plugins: [{type: queue-scorer}, {type: queue-scorer}]", false, config.ErrDuplicateName,
@@ -632,7 +635,7 @@ schedulingProfiles:
 	want := []string{
 		"feature gate prepareDataPlugins: kvroute always runs its PrepareData producers",
 		`plugin "tokenizer" (type tokenizer): kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize; parameter modelName not needed`,
-		`plugin "fcfs-ordering-policy" (type fcfs-ordering-policy): a flow-control policy, which upstream runs only with the flowControl feature gate (refused here: kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission); parameter anything not needed`,
+		`plugin "fcfs-ordering-policy" (type fcfs-ordering-policy): a flow-control policy, named by the flowControl section's priority bands (fcfs-ordering-policy, edf-ordering-policy, round-robin-fairness-policy, global-strict-fairness-policy; slo-deadline-ordering-policy as EDF) when the flowControl feature gate is on; eviction and usage-limit policies are kvroute's own: displacement of the lowest priority, release by prediction; parameter anything not needed`,
 		`plugin "p" (type prefix-cache-scorer): parameters hashBlockSize, lruCapacityPerServer: sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)`,
 	}
 	if !slices.Equal(l.Notes, want) {
@@ -668,5 +671,48 @@ func TestNamedConfigurationsLoad(t *testing.T) {
 	}
 	if _, err := config.NamedText("fastest"); err == nil || !strings.Contains(err.Error(), "upstream-weights") {
 		t.Errorf("an unknown name: %v, want an error listing the known ones", err)
+	}
+}
+
+func TestFlowControlSectionLoadsWithItsMeaning(t *testing.T) {
+	t.Parallel()
+	l, err := registryWithProducer(t).Load([]byte(`
+featureGates: [flowControl]
+plugins:
+- {type: queue-scorer}
+- {name: rr, type: round-robin-fairness-policy}
+- {name: deadline, type: slo-deadline-ordering-policy}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}]
+flowControl:
+  maxBytes: 1Gi
+  maxRequests: 2k
+  defaultRequestTTL: 30s
+  defaultPriorityBand: {maxRequests: 100, fairnessPolicyRef: rr}
+  priorityBands:
+  - {priority: 10, maxBytes: 500M, orderingPolicyRef: edf-ordering-policy}
+  - {priority: -1, maxRequests: 50, orderingPolicyRef: deadline, fairnessPolicyRef: global-strict-fairness-policy}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &config.FlowControl{
+		MaxBytes: 1 << 30, MaxRequests: 2000, DefaultRequestTTL: 30 * time.Second,
+		DefaultBand: config.FlowBand{MaxRequests: 100, Ordering: "fcfs-ordering-policy", Fairness: "round-robin-fairness-policy"},
+		Bands: []config.FlowBand{
+			{Priority: 10, MaxBytes: 500_000_000, Ordering: "edf-ordering-policy", Fairness: "global-strict-fairness-policy"},
+			{Priority: -1, MaxRequests: 50, Ordering: "edf-ordering-policy", Fairness: "global-strict-fairness-policy"},
+		},
+	}
+	if !reflect.DeepEqual(l.FlowControl, want) {
+		t.Fatalf("flow control = %+v\nwant %+v", l.FlowControl, want)
+	}
+	off, err := registryWithProducer(t).Load([]byte("flowControl: {maxRequests: 5}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off.FlowControl != nil {
+		t.Fatal("a flowControl section without its feature gate turned flow control on")
 	}
 }

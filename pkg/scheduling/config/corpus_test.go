@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -121,11 +122,25 @@ var upstreamCorpus = map[string]corpusCase{
 		"default": {"scorer:active-request-scorer/active-request-scorer*4", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*2", "picker:max-score-picker/max-score-picker",
 			"postpick:no-hit-lru-scorer/no-hit-lru-scorer", "postpick:speculative-prefix-recorder/speculative-prefix-recorder"},
 	}},
-	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml":  {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
-	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                 {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
-	"refused-router-v0.10.0-soft-reflective-ceiling-epp-config.yaml": {refusal: `invalid configuration: feature gate "flowControl": kvroute has no flow control (queueing, fairness, eviction); sheddable requests are shed by the utilization-detector's admission`},
+	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml": {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
+	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
 	"router-main-chart-default-plugins.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+	}},
+	"router-v0.10.0-soft-reflective-ceiling-epp-config.yaml": {profiles: map[string][]string{
+		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+	}, check: func(t *testing.T, l *config.Loaded) {
+		// The gate on with upstream's defaults: no global limit, FCFS
+		// within a flow, global-strict across flows.
+		want := &config.FlowControl{DefaultBand: config.FlowBand{Ordering: "fcfs-ordering-policy", Fairness: "global-strict-fairness-policy"}}
+		if !reflect.DeepEqual(l.FlowControl, want) {
+			t.Errorf("flow control = %+v, want %+v", l.FlowControl, want)
+		}
+		if !slices.ContainsFunc(l.Notes, func(n string) bool {
+			return strings.HasPrefix(n, "flowControl.usageLimitPolicyPluginRef soft-reflective-ceiling-policy:")
+		}) {
+			t.Errorf("no note of the usage-limit policy kvroute does its own way: %q", l.Notes)
+		}
 	}},
 	"router-v0.10.0-default-config.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:lora-affinity-scorer/lora-affinity-scorer*1", "picker:max-score-picker/max-score-picker"},

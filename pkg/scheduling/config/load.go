@@ -32,6 +32,9 @@ type Loaded struct {
 	Detector *saturationdetector.Detector
 	// Admitters are every admitter plugin, in configuration order.
 	Admitters []framework.Admitter
+	// FlowControl is the flowControl section, when the flowControl
+	// feature gate is on; nil when it is off.
+	FlowControl *FlowControl
 	// FeatureGates are the gates the config names, on or off.
 	FeatureGates map[string]bool
 	// Notes say, one line each, what of an upstream configuration kvroute

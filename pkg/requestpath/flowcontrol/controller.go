@@ -1,0 +1,573 @@
+// Package flowcontrol holds requests in the EPP while the pool cannot serve
+// them in time: per priority band, per flow (the client's fairness id), in
+// an ordering policy's order, served across flows by a fairness policy,
+// bounded by a TTL and by byte and count limits, displacing the lowest
+// priority waiting requests when full. A request leaves its queue when its
+// release check says an endpoint can take it now, when its SLO is out of
+// reach, when its TTL ends or when its client goes away.
+package flowcontrol
+
+import (
+	"container/heap"
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Verdict is a release check's answer for a waiting request.
+type Verdict struct {
+	// Release: dispatch the request now.
+	Release bool
+	// Refuse, when set, ends the request's wait with this error.
+	Refuse error
+}
+
+// Request is one request asking to be dispatched.
+type Request struct {
+	// FlowID is the request's fairness id; empty is DefaultFlowID.
+	FlowID   string
+	Priority int
+	// Bytes is what the request holds while it waits (its body).
+	Bytes int64
+	// TTL bounds its wait; zero takes the controller's DefaultTTL.
+	TTL time.Duration
+	// SLO is its TTFT SLO (zero: none): EDF's deadline.
+	SLO time.Duration
+	// GiveUp, when positive, is how long after its arrival the request's
+	// SLO is out of reach even if dispatched then (its SLO less the best
+	// TTFT any endpoint could give it): it is refused with
+	// ErrSLOUnreachable then instead of waiting out its TTL.
+	GiveUp time.Duration
+	// Check decides on the controller's goroutine, one call at a time,
+	// whether the request may go now, having waited waited.
+	Check func(waited time.Duration) Verdict
+}
+
+// Controller queues requests and releases them. Run drives its releases;
+// Wait is safe for concurrent use.
+type Controller struct {
+	cfg     Config
+	now     func() time.Time
+	metrics *Metrics
+	kick    chan struct{}
+	// waiting mirrors count for Kick, which has nothing to do (and no
+	// goroutine to wake) while no one waits.
+	waiting atomic.Int64
+
+	mu      sync.Mutex
+	bands   map[int]*band
+	order   []*band // by priority, highest first
+	count   int
+	bytes   int64
+	seq     uint64
+	stopped bool
+}
+
+type band struct {
+	cfg   Band
+	flows map[string]*flow
+	ring  []*flow // non-empty flows, in the order round-robin serves them
+	next  int     // round-robin's cursor into ring
+	count int
+	bytes int64
+	label string
+}
+
+type flow struct {
+	id    string
+	label string
+	items items
+	bytes int64
+}
+
+type item struct {
+	req      *Request
+	band     *band
+	flow     *flow
+	enqueued time.Time
+	deadline time.Time // EDF's
+	seq      uint64
+	index    int
+	done     chan error
+	finished bool
+	// checking is held while the request's check runs on the release
+	// loop: its waiter returns only once no check of it runs, because
+	// the check uses memory the request's caller reuses once it returns.
+	checking sync.Mutex
+}
+
+// New makes a controller; now is its clock (nil: time.Now), metrics its
+// metrics (nil: unregistered ones).
+func New(cfg Config, now func() time.Time, metrics *Metrics) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	if cfg.Recheck <= 0 {
+		cfg.Recheck = 100 * time.Millisecond
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil, cfg.MaxFlowLabels)
+	}
+	return &Controller{cfg: cfg, now: now, metrics: metrics, kick: make(chan struct{}, 1), bands: map[int]*band{}}, nil
+}
+
+// Config is the configuration in force.
+func (c *Controller) Config() Config { return c.cfg }
+
+// Kick asks for the waiting requests' release to be evaluated again: a
+// response ended, a request was dispatched, metrics were scraped.
+func (c *Controller) Kick() {
+	if c.waiting.Load() == 0 {
+		return
+	}
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Len is the number of requests waiting.
+func (c *Controller) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.count
+}
+
+// Run evaluates releases on every Kick, and at least every Recheck while
+// requests wait (never while none do), until ctx ends; then it refuses
+// every waiting request with ErrStopped.
+func (c *Controller) Run(ctx context.Context) {
+	t := time.NewTimer(c.cfg.Recheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			c.stop()
+			return
+		case <-c.kick:
+		case <-t.C:
+		}
+		c.cycle()
+		if c.waiting.Load() > 0 {
+			t.Reset(c.cfg.Recheck)
+		} else {
+			// The arrival that ends the idleness kicks.
+			t.Stop()
+		}
+	}
+}
+
+func (c *Controller) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	var all []*item
+	for _, b := range c.order {
+		for _, f := range b.flows {
+			all = append(all, f.items.unwrap()...)
+		}
+	}
+	for _, it := range all {
+		c.finishLocked(it, ErrStopped)
+	}
+}
+
+// Wait enqueues r and returns once it is dispatched (nil) or refused or
+// evicted (an error of this package's, StatusOf's status). A request with
+// nothing of its priority or higher waiting, that its check releases, goes
+// at once without queueing.
+func (c *Controller) Wait(ctx context.Context, r *Request) error {
+	if r.FlowID == "" {
+		r.FlowID = DefaultFlowID
+	}
+	start := c.now()
+	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		return ErrStopped
+	}
+	ahead := c.waitingAtOrAboveLocked(r.Priority)
+	c.mu.Unlock()
+	if !ahead && r.Check != nil {
+		v := r.Check(0)
+		if v.Release || v.Refuse != nil {
+			c.metrics.observe(r.FlowID, r.Priority, v.Refuse, 0)
+			if v.Release {
+				c.Kick()
+			}
+			return v.Refuse
+		}
+	}
+	it, err := c.enqueue(r, start)
+	if err != nil {
+		c.metrics.observe(r.FlowID, r.Priority, err, 0)
+		return err
+	}
+	c.Kick()
+
+	ttl := r.TTL
+	if ttl <= 0 {
+		ttl = c.cfg.DefaultTTL
+	}
+	var expire <-chan time.Time
+	var expireErr error
+	if ttl > 0 {
+		expireErr = ErrTTLExpired
+	}
+	if r.GiveUp > 0 && (ttl <= 0 || r.GiveUp < ttl) {
+		ttl, expireErr = r.GiveUp, ErrSLOUnreachable
+	}
+	if expireErr != nil {
+		t := time.NewTimer(max(ttl-c.now().Sub(start), 0))
+		defer t.Stop()
+		expire = t.C
+	}
+	select {
+	case err = <-it.done:
+	case <-ctx.Done():
+		err = c.leave(it, ErrCancelled)
+	case <-expire:
+		err = c.leave(it, expireErr)
+	}
+	// Out once no check of the request runs on the release loop.
+	it.checking.Lock()
+	it.checking.Unlock() //nolint:staticcheck // empty on purpose
+
+	c.metrics.observe(r.FlowID, r.Priority, err, c.now().Sub(start))
+	return err
+}
+
+// leave takes it out of its queue with err, unless it was finished first:
+// then its first outcome stands.
+func (c *Controller) leave(it *item, err error) error {
+	c.mu.Lock()
+	if !it.finished {
+		c.finishLocked(it, err)
+	}
+	c.mu.Unlock()
+	return <-it.done
+}
+
+func (c *Controller) waitingAtOrAboveLocked(priority int) bool {
+	for _, b := range c.order {
+		if b.cfg.Priority < priority {
+			break
+		}
+		if b.count > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Controller) bandLocked(priority int) *band {
+	if b, ok := c.bands[priority]; ok {
+		return b
+	}
+	cfg := c.cfg.DefaultBand
+	for _, bc := range c.cfg.Bands {
+		if bc.Priority == priority {
+			cfg = bc
+		}
+	}
+	cfg.Priority = priority
+	b := &band{cfg: cfg.withDefaults(), flows: map[string]*flow{}, label: priorityLabel(priority)}
+	c.bands[priority] = b
+	i, _ := slices.BinarySearchFunc(c.order, priority, func(x *band, p int) int { return p - x.cfg.Priority })
+	c.order = slices.Insert(c.order, i, b)
+	return b
+}
+
+// enqueue admits r into its band and flow, displacing lower-priority
+// waiting requests if the limits demand it.
+func (c *Controller) enqueue(r *Request, now time.Time) (*item, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.bandLocked(r.Priority)
+	if !c.makeRoomLocked(b, r.Bytes) {
+		if b.count == 0 && len(b.flows) == 0 {
+			c.dropBandLocked(b)
+		}
+		return nil, ErrQueueAtCapacity
+	}
+	f := b.flows[r.FlowID]
+	if f == nil {
+		f = &flow{id: r.FlowID, label: c.metrics.flowLabel(r.FlowID)}
+		b.flows[r.FlowID] = f
+		b.ring = append(b.ring, f)
+	}
+	c.seq++
+	it := &item{req: r, band: b, flow: f, enqueued: now, seq: c.seq, done: make(chan error, 1)}
+	switch {
+	case r.SLO > 0:
+		it.deadline = now.Add(r.SLO)
+	case r.TTL > 0:
+		it.deadline = now.Add(r.TTL)
+	case c.cfg.DefaultTTL > 0:
+		it.deadline = now.Add(c.cfg.DefaultTTL)
+	}
+	heap.Push(&f.items, orderedItem{it, b.cfg.Ordering})
+	f.bytes += r.Bytes
+	b.count++
+	b.bytes += r.Bytes
+	c.count++
+	c.waiting.Add(1)
+	c.bytes += r.Bytes
+	c.metrics.queued(f.label, b.label, 1, r.Bytes)
+	return it, nil
+}
+
+// fits reports whether n more bytes and one more request fit b and the
+// controller.
+func (c *Controller) fitsLocked(b *band, n int64) bool {
+	return b.count+1 <= b.cfg.MaxRequests && b.bytes+n <= b.cfg.MaxBytes &&
+		(c.cfg.MaxRequests == 0 || c.count+1 <= c.cfg.MaxRequests) &&
+		(c.cfg.MaxBytes == 0 || c.bytes+n <= c.cfg.MaxBytes)
+}
+
+// makeRoomLocked makes room for a request of n bytes in b, displacing the
+// lowest-priority waiting requests below b's priority; it displaces
+// nothing unless that makes enough room.
+func (c *Controller) makeRoomLocked(b *band, n int64) bool {
+	if c.fitsLocked(b, n) {
+		return true
+	}
+	if b.count+1 > b.cfg.MaxRequests || b.bytes+n > b.cfg.MaxBytes {
+		// Only the band's own requests count against its limits, and
+		// none of them is of lower priority.
+		return false
+	}
+	// Plan first: the global limits, freed from the lowest bands up.
+	needCount := 0
+	if c.cfg.MaxRequests > 0 {
+		needCount = c.count + 1 - c.cfg.MaxRequests
+	}
+	var needBytes int64
+	if c.cfg.MaxBytes > 0 {
+		needBytes = c.bytes + n - c.cfg.MaxBytes
+	}
+	var victims []*item
+	for i := len(c.order) - 1; i >= 0 && (needCount > 0 || needBytes > 0); i-- {
+		lb := c.order[i]
+		if lb.cfg.Priority >= b.cfg.Priority {
+			break
+		}
+		for _, it := range lb.victims() {
+			if needCount <= 0 && needBytes <= 0 {
+				break
+			}
+			victims = append(victims, it)
+			needCount--
+			needBytes -= it.req.Bytes
+		}
+	}
+	if needCount > 0 || needBytes > 0 {
+		return false
+	}
+	for _, it := range victims {
+		c.finishLocked(it, ErrDisplaced)
+	}
+	return true
+}
+
+// victims are b's requests in the order displacement takes them: from the
+// flow holding the most, its last in the band's ordering first.
+func (b *band) victims() []*item {
+	var all []*item
+	for _, f := range b.flows {
+		all = append(all, f.items.unwrap()...)
+	}
+	ord := b.cfg.Ordering
+	slices.SortFunc(all, func(x, y *item) int {
+		if nx, ny := len(x.flow.items), len(y.flow.items); nx != ny {
+			return ny - nx
+		}
+		if x.flow != y.flow {
+			return compareStrings(x.flow.id, y.flow.id)
+		}
+		if before(x, y, ord) {
+			return 1
+		}
+		return -1
+	})
+	return all
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// finishLocked takes it out of its queue and hands its outcome to its waiter.
+func (c *Controller) finishLocked(it *item, err error) {
+	it.finished = true
+	f, b := it.flow, it.band
+	heap.Remove(&f.items, it.index)
+	f.bytes -= it.req.Bytes
+	b.count--
+	b.bytes -= it.req.Bytes
+	c.count--
+	c.waiting.Add(-1)
+	c.bytes -= it.req.Bytes
+	c.metrics.queued(f.label, b.label, -1, -it.req.Bytes)
+	if len(f.items) == 0 {
+		// An empty flow is forgotten: flows are the clients' to name.
+		delete(b.flows, f.id)
+		i := slices.Index(b.ring, f)
+		b.ring = slices.Delete(b.ring, i, i+1)
+		if i < b.next {
+			b.next--
+		}
+		if b.next >= len(b.ring) {
+			b.next = 0
+		}
+	}
+	if b.count == 0 {
+		c.dropBandLocked(b)
+	}
+	it.done <- err
+}
+
+func (c *Controller) dropBandLocked(b *band) {
+	delete(c.bands, b.cfg.Priority)
+	if i := slices.Index(c.order, b); i >= 0 {
+		c.order = slices.Delete(c.order, i, i+1)
+	}
+}
+
+// head is the request b serves next by its fairness policy.
+func (b *band) head() *item {
+	if len(b.ring) == 0 {
+		return nil
+	}
+	if b.cfg.Fairness == RoundRobin {
+		return b.ring[b.next].items[0].item
+	}
+	var best *item
+	for _, f := range b.ring {
+		if h := f.items[0].item; best == nil || before(h, best, b.cfg.Ordering) {
+			best = h
+		}
+	}
+	return best
+}
+
+// served moves round-robin's cursor past the flow just served.
+func (b *band) served(f *flow) {
+	if b.cfg.Fairness != RoundRobin || len(b.ring) == 0 {
+		return
+	}
+	if i := slices.Index(b.ring, f); i >= 0 {
+		b.next = (i + 1) % len(b.ring)
+	}
+}
+
+// cycle releases what may go, highest band first; a request held back
+// holds back everything after it, so that no lower priority overtakes it.
+func (c *Controller) cycle() {
+	for {
+		c.mu.Lock()
+		var it *item
+		for _, b := range c.order {
+			if it = b.head(); it != nil {
+				break
+			}
+		}
+		c.mu.Unlock()
+		if it == nil {
+			return
+		}
+		it.checking.Lock()
+		c.mu.Lock()
+		gone := it.finished
+		c.mu.Unlock()
+		v := Verdict{Release: true}
+		if !gone && it.req.Check != nil {
+			v = it.req.Check(c.now().Sub(it.enqueued))
+		}
+		it.checking.Unlock()
+		c.mu.Lock()
+		if !it.finished {
+			switch {
+			case v.Refuse != nil:
+				c.finishLocked(it, v.Refuse)
+			case v.Release:
+				b, f := it.band, it.flow
+				c.finishLocked(it, nil)
+				b.served(f)
+			default:
+				c.mu.Unlock()
+				return
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// before orders x ahead of y in a queue.
+func before(x, y *item, o Ordering) bool {
+	if o == EDF {
+		switch xz, yz := x.deadline.IsZero(), y.deadline.IsZero(); {
+		case xz != yz:
+			return yz
+		case !xz && !x.deadline.Equal(y.deadline):
+			return x.deadline.Before(y.deadline)
+		}
+	}
+	return x.seq < y.seq
+}
+
+type orderedItem struct {
+	*item
+	ord Ordering
+}
+
+// items is a flow's queue, a heap in its band's ordering.
+type items []orderedItem
+
+func (q items) Len() int           { return len(q) }
+func (q items) Less(i, j int) bool { return before(q[i].item, q[j].item, q[i].ord) }
+func (q items) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *items) Push(x any) {
+	o := x.(orderedItem)
+	o.index = len(*q)
+	*q = append(*q, o)
+}
+func (q *items) Pop() any {
+	old := *q
+	o := old[len(old)-1]
+	old[len(old)-1] = orderedItem{}
+	*q = old[:len(old)-1]
+	return o
+}
+
+func (q items) unwrap() []*item {
+	out := make([]*item, len(q))
+	for i, o := range q {
+		out[i] = o.item
+	}
+	return out
+}
+
+// Target is the TTFT target of priority's band (zero: none).
+func (c *Controller) Target(priority int) time.Duration {
+	for _, b := range c.cfg.Bands {
+		if b.Priority == priority {
+			return b.TTFTTarget
+		}
+	}
+	return c.cfg.DefaultBand.TTFTTarget
+}

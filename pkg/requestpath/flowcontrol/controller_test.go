@@ -1,0 +1,362 @@
+package flowcontrol_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
+	"github.com/kvroute/kvroute/pkg/testkit"
+)
+
+// rig is a running controller whose releases the test opens: each check
+// releases while slots remain, and records whom it released, in order.
+type rig struct {
+	c     *flowcontrol.Controller
+	slots atomic.Int64
+	mu    sync.Mutex
+	order []string
+	errs  sync.Map // name → error
+	wg    sync.WaitGroup
+}
+
+func newRig(t *testing.T, cfg flowcontrol.Config) *rig {
+	t.Helper()
+	c, err := flowcontrol.New(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &rig{c: c}
+}
+
+func (r *rig) request(name, flow string, priority int) *flowcontrol.Request {
+	return &flowcontrol.Request{FlowID: flow, Priority: priority, Bytes: 100, Check: func(time.Duration) flowcontrol.Verdict {
+		if r.slots.Load() <= 0 {
+			return flowcontrol.Verdict{}
+		}
+		r.slots.Add(-1)
+		r.mu.Lock()
+		r.order = append(r.order, name)
+		r.mu.Unlock()
+		return flowcontrol.Verdict{Release: true}
+	}}
+}
+
+// start starts req's wait.
+func (r *rig) start(ctx context.Context, name string, req *flowcontrol.Request) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		err := r.c.Wait(ctx, req)
+		r.errs.Store(name, err)
+	}()
+}
+
+// enqueue starts req's wait and returns once it is queued.
+func (r *rig) enqueue(t *testing.T, ctx context.Context, name string, req *flowcontrol.Request) {
+	t.Helper()
+	before := r.c.Len()
+	r.start(ctx, name, req)
+	testkit.WaitFor(t, name+" queued", func() error {
+		if _, done := r.errs.Load(name); done {
+			return nil
+		}
+		if n := r.c.Len(); n <= before {
+			return fmt.Errorf("%d waiting, want more than %d", n, before)
+		}
+		return nil
+	})
+}
+
+func (r *rig) release(t *testing.T, n int) {
+	t.Helper()
+	r.slots.Add(int64(n))
+	r.c.Kick()
+	r.wg.Wait()
+}
+
+func (r *rig) err(name string) error {
+	v, ok := r.errs.Load(name)
+	if !ok {
+		return errors.New("still waiting")
+	}
+	if v == nil {
+		return nil
+	}
+	return v.(error)
+}
+
+func TestReleaseOrder(t *testing.T) {
+	t.Parallel()
+	type arrival struct {
+		name, flow string
+		priority   int
+		slo        time.Duration
+	}
+	for _, tc := range []struct {
+		name     string
+		band     flowcontrol.Band
+		arrivals []arrival
+		want     []string
+	}{
+		{"higher priority bands are served first, each in arrival order", flowcontrol.Band{},
+			[]arrival{{"low1", "a", 0, 0}, {"high1", "a", 10, 0}, {"low2", "b", 0, 0}, {"high2", "b", 10, 0}, {"mid", "a", 5, 0}},
+			[]string{"high1", "high2", "mid", "low1", "low2"}},
+		{"global-strict with FCFS serves by arrival across flows", flowcontrol.Band{},
+			[]arrival{{"a1", "a", 0, 0}, {"a2", "a", 0, 0}, {"a3", "a", 0, 0}, {"b1", "b", 0, 0}, {"c1", "c", 0, 0}},
+			[]string{"a1", "a2", "a3", "b1", "c1"}},
+		{"round-robin gives each flow its turn", flowcontrol.Band{Fairness: flowcontrol.RoundRobin},
+			[]arrival{{"a1", "a", 0, 0}, {"a2", "a", 0, 0}, {"a3", "a", 0, 0}, {"b1", "b", 0, 0}, {"b2", "b", 0, 0}, {"c1", "c", 0, 0}},
+			[]string{"a1", "b1", "c1", "a2", "b2", "a3"}},
+		{"global-strict with EDF serves the earliest deadline across flows", flowcontrol.Band{Ordering: flowcontrol.EDF},
+			[]arrival{{"a-late", "a", 0, time.Hour}, {"b-none", "b", 0, 0}, {"a-soon", "a", 0, time.Second}, {"c-mid", "c", 0, time.Minute}},
+			[]string{"a-soon", "c-mid", "a-late", "b-none"}},
+		{"round-robin with EDF takes each flow's earliest deadline in turn", flowcontrol.Band{Ordering: flowcontrol.EDF, Fairness: flowcontrol.RoundRobin},
+			[]arrival{{"a-late", "a", 0, time.Hour}, {"a-soon", "a", 0, time.Second}, {"b-mid", "b", 0, time.Minute}},
+			[]string{"a-soon", "b-mid", "a-late"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, flowcontrol.Config{DefaultBand: tc.band})
+			for _, a := range tc.arrivals {
+				req := r.request(a.name, a.flow, a.priority)
+				req.SLO = a.slo
+				r.enqueue(t, context.Background(), a.name, req)
+			}
+			r.release(t, len(tc.arrivals))
+			if fmt.Sprint(r.order) != fmt.Sprint(tc.want) {
+				t.Fatalf("released %v, want %v", r.order, tc.want)
+			}
+			for _, a := range tc.arrivals {
+				if err := r.err(a.name); err != nil {
+					t.Errorf("%s: %v", a.name, err)
+				}
+			}
+			if n := r.c.Len(); n != 0 {
+				t.Errorf("%d still waiting", n)
+			}
+		})
+	}
+}
+
+func TestARequestWithNothingAheadThatMayGoIsNotQueued(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{})
+	r.slots.Store(1)
+	if err := r.c.Wait(context.Background(), r.request("x", "", 0)); err != nil {
+		t.Fatal(err)
+	}
+	// A lower priority one must not pass a higher one that waits.
+	r.enqueue(t, context.Background(), "high", r.request("high", "", 5))
+	r.slots.Store(0)
+	r.enqueue(t, context.Background(), "low", r.request("low", "", 1))
+	r.release(t, 2)
+	if fmt.Sprint(r.order) != "[x high low]" {
+		t.Fatalf("released %v", r.order)
+	}
+}
+
+func TestTTLExpiryEvictsTheRequest(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{DefaultTTL: 20 * time.Millisecond})
+	err := r.c.Wait(context.Background(), r.request("x", "", 0))
+	if !errors.Is(err, flowcontrol.ErrTTLExpired) || flowcontrol.StatusOf(err) != http.StatusServiceUnavailable {
+		t.Fatalf("got %v (status %d), want the TTL's expiry, 503", err, flowcontrol.StatusOf(err))
+	}
+	if n := r.c.Len(); n != 0 {
+		t.Fatalf("%d still waiting", n)
+	}
+	// A request's own TTL overrides the default.
+	req := r.request("y", "", 0)
+	req.TTL = 5 * time.Millisecond
+	if err := r.c.Wait(context.Background(), req); !errors.Is(err, flowcontrol.ErrTTLExpired) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestACancelledClientLeavesItsQueueAtOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	r.enqueue(t, ctx, "gone", r.request("gone", "a", 0))
+	r.enqueue(t, context.Background(), "stays", r.request("stays", "a", 0))
+	cancel()
+	testkit.WaitFor(t, "the cancelled request out", func() error {
+		if err := r.err("gone"); !errors.Is(err, flowcontrol.ErrCancelled) {
+			return fmt.Errorf("gone: %v", err)
+		}
+		if n := r.c.Len(); n != 1 {
+			return fmt.Errorf("%d waiting, want 1", n)
+		}
+		return nil
+	})
+	r.release(t, 2)
+	if fmt.Sprint(r.order) != "[stays]" {
+		t.Fatalf("released %v", r.order)
+	}
+}
+
+func TestLimitsAndDisplacement(t *testing.T) {
+	t.Parallel()
+	t.Run("a full band refuses with 429 and displaces nothing of its own priority", func(t *testing.T) {
+		t.Parallel()
+		r := newRig(t, flowcontrol.Config{Bands: []flowcontrol.Band{{Priority: 0, MaxRequests: 2}}})
+		r.enqueue(t, context.Background(), "a", r.request("a", "", 0))
+		r.enqueue(t, context.Background(), "b", r.request("b", "", 0))
+		err := r.c.Wait(context.Background(), r.request("c", "", 0))
+		if !errors.Is(err, flowcontrol.ErrQueueAtCapacity) || flowcontrol.StatusOf(err) != http.StatusTooManyRequests {
+			t.Fatalf("got %v (status %d), want capacity, 429", err, flowcontrol.StatusOf(err))
+		}
+		r.release(t, 2)
+	})
+	t.Run("a band's byte limit counts the bodies waiting", func(t *testing.T) {
+		t.Parallel()
+		r := newRig(t, flowcontrol.Config{DefaultBand: flowcontrol.Band{MaxBytes: 250}})
+		r.enqueue(t, context.Background(), "a", r.request("a", "", 0))
+		r.enqueue(t, context.Background(), "b", r.request("b", "", 0))
+		if err := r.c.Wait(context.Background(), r.request("c", "", 0)); !errors.Is(err, flowcontrol.ErrQueueAtCapacity) {
+			t.Fatalf("got %v", err)
+		}
+		r.release(t, 2)
+	})
+	t.Run("when the controller is full a higher priority displaces the lowest, newest from the largest flow first", func(t *testing.T) {
+		t.Parallel()
+		r := newRig(t, flowcontrol.Config{MaxRequests: 4})
+		r.enqueue(t, context.Background(), "mid", r.request("mid", "m", 5))
+		r.enqueue(t, context.Background(), "low-a1", r.request("low-a1", "a", 0))
+		r.enqueue(t, context.Background(), "low-a2", r.request("low-a2", "a", 0))
+		r.enqueue(t, context.Background(), "low-b1", r.request("low-b1", "b", 0))
+		r.start(context.Background(), "high", r.request("high", "h", 10))
+		testkit.WaitFor(t, "low-a2 displaced", func() error {
+			if err := r.err("low-a2"); !errors.Is(err, flowcontrol.ErrDisplaced) {
+				return fmt.Errorf("low-a2: %v", err)
+			}
+			return nil
+		})
+		if flowcontrol.StatusOf(flowcontrol.ErrDisplaced) != http.StatusTooManyRequests {
+			t.Error("a displaced request is not answered 429")
+		}
+		// The lowest band cannot displace itself.
+		if err := r.c.Wait(context.Background(), r.request("low-c", "c", 0)); !errors.Is(err, flowcontrol.ErrQueueAtCapacity) {
+			t.Fatalf("low-c: %v", err)
+		}
+		r.release(t, 4)
+		if fmt.Sprint(r.order) != "[high mid low-a1 low-b1]" {
+			t.Fatalf("released %v", r.order)
+		}
+	})
+	t.Run("the global byte limit displaces as many as it takes, or none", func(t *testing.T) {
+		t.Parallel()
+		r := newRig(t, flowcontrol.Config{MaxBytes: 300})
+		r.enqueue(t, context.Background(), "low1", r.request("low1", "", 0))
+		r.enqueue(t, context.Background(), "low2", r.request("low2", "", 0))
+		big := r.request("big", "", 10)
+		big.Bytes = 400
+		if err := r.c.Wait(context.Background(), big); !errors.Is(err, flowcontrol.ErrQueueAtCapacity) {
+			t.Fatalf("big: %v", err)
+		}
+		if n := r.c.Len(); n != 2 {
+			t.Fatalf("%d waiting after a refusal that could not make room, want 2", n)
+		}
+		two := r.request("two", "", 10)
+		two.Bytes = 250
+		r.start(context.Background(), "two", two)
+		testkit.WaitFor(t, "both low displaced", func() error {
+			for _, n := range []string{"low1", "low2"} {
+				if err := r.err(n); !errors.Is(err, flowcontrol.ErrDisplaced) {
+					return fmt.Errorf("%s: %v", n, err)
+				}
+			}
+			return nil
+		})
+		r.release(t, 1)
+	})
+}
+
+func TestStoppingRefusesEveryWaitingRequest(t *testing.T) {
+	t.Parallel()
+	c, err := flowcontrol.New(flowcontrol.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- c.Wait(context.Background(), &flowcontrol.Request{Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }})
+	}()
+	testkit.WaitFor(t, "queued", func() error {
+		if c.Len() != 1 {
+			return errors.New("not queued")
+		}
+		return nil
+	})
+	cancel()
+	<-done
+	if err := <-errc; !errors.Is(err, flowcontrol.ErrStopped) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	for _, cfg := range []flowcontrol.Config{
+		{MaxBytes: -1},
+		{Bands: []flowcontrol.Band{{Priority: 1}, {Priority: 1}}},
+		{DefaultBand: flowcontrol.Band{MaxRequests: -1}},
+	} {
+		if _, err := flowcontrol.New(cfg, nil, nil); err == nil {
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+}
+
+// A request whose client leaves while its check runs on the release loop
+// returns only once the check has: the check uses the caller's memory.
+func TestAWaiterOutlivesItsRunningCheck(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{})
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(proceed) }) }
+	// Registered after the rig's: runs first, so that a failing test
+	// does not leave the release loop stuck in the check.
+	t.Cleanup(release)
+	var calls, finished atomic.Int32
+	req := &flowcontrol.Request{Check: func(time.Duration) flowcontrol.Verdict {
+		if calls.Add(1) == 1 {
+			return flowcontrol.Verdict{} // the arrival's own check: wait
+		}
+		close(entered)
+		<-proceed
+		finished.Store(1)
+		return flowcontrol.Verdict{}
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	returned := make(chan error, 1)
+	go func() { returned <- r.c.Wait(ctx, req) }()
+	<-entered
+	cancel()
+	select {
+	case err := <-returned:
+		t.Fatalf("returned (%v) while its check still ran", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	if err := <-returned; !errors.Is(err, flowcontrol.ErrCancelled) {
+		t.Fatalf("got %v", err)
+	}
+	if finished.Load() != 1 {
+		t.Fatal("returned before its check")
+	}
+}

@@ -1,0 +1,73 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
+)
+
+// Gate decides a waiting request's release from its candidates, with
+// what PrepareData put on them.
+type Gate struct {
+	// Saturation, when set, releases a request once some candidate is not
+	// saturated (upstream's dispatch gate); nil releases on it at once.
+	Saturation *saturationdetector.Detector
+	// ByPrediction releases a request once some candidate is predicted to
+	// serve it within its TTFT SLO (or, without one, within its band's
+	// TTFTTarget), and refuses it once its SLO is out of reach; requests
+	// with no prediction, or neither SLO nor target, fall back to
+	// Saturation.
+	ByPrediction bool
+}
+
+// Decide is the verdict for a request with TTFT SLO slo (zero: none) in
+// a band with TTFT target target, having waited waited.
+func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, waited time.Duration, now time.Time) Verdict {
+	if len(cands) == 0 {
+		return Verdict{}
+	}
+	if g.ByPrediction {
+		if best, alone, ok := Predicted(cands); ok {
+			switch {
+			case slo > 0 && waited+best <= slo:
+				return Verdict{Release: true}
+			case slo > 0 && waited+alone > slo:
+				return Verdict{Refuse: fmt.Errorf("%w: waited %v, best predicted TTFT %v, SLO %v",
+					ErrSLOUnreachable, waited.Round(time.Millisecond), alone.Round(time.Millisecond), slo)}
+			case slo > 0:
+				return Verdict{}
+			case target > 0:
+				return Verdict{Release: best <= target}
+			}
+		}
+	}
+	if g.Saturation == nil {
+		return Verdict{Release: true}
+	}
+	return Verdict{Release: !g.Saturation.AllSaturated(cands, now)}
+}
+
+// Predicted is the least predicted TTFT among cands (the predictor's
+// quantile, with what waits ahead on each) and the least TTFT with
+// nothing ahead (the best a request could ever get); ok is false when no
+// candidate has a prediction.
+func Predicted(cands []*datalayer.Candidate) (best, alone time.Duration, ok bool) {
+	for _, c := range cands {
+		lat, has := datalayer.LatencyPredictionOf(c)
+		if !has || !lat.TTFTValid {
+			continue
+		}
+		b := time.Duration(lat.TTFT * float64(time.Millisecond))
+		a := time.Duration(lat.TTFTAlone * float64(time.Millisecond))
+		if !ok || b < best {
+			best = b
+		}
+		if !ok || a < alone {
+			alone = a
+		}
+		ok = true
+	}
+	return best, alone, ok
+}

@@ -1,0 +1,100 @@
+package flowcontrol_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
+	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
+)
+
+func predicted(ttft, alone float64) *datalayer.Candidate {
+	c := datalayer.NewCandidate(&datalayer.Endpoint{Name: "e", Address: "10.0.0.1:8000"}, datalayer.Metrics{}, 0)
+	c.Put(datalayer.LatencyPredictionInfoKey, &datalayer.LatencyPredictionInfo{TTFTValid: true, TTFT: ttft, TTFTAlone: alone})
+	return c
+}
+
+func TestGateDecides(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	fresh := datalayer.NewCandidate(&datalayer.Endpoint{Name: "f"}, datalayer.Metrics{UpdateTime: now, WaitingQueueSize: 0}, 0)
+	busy := datalayer.NewCandidate(&datalayer.Endpoint{Name: "b"}, datalayer.Metrics{UpdateTime: now, WaitingQueueSize: 50}, 0)
+	det := saturationdetector.NewDetector("d", saturationdetector.DefaultThresholds(), time.Minute)
+	byPred := flowcontrol.Gate{ByPrediction: true, Saturation: det}
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name                string
+		gate                flowcontrol.Gate
+		cands               []*datalayer.Candidate
+		slo, target, waited time.Duration
+		release, refuse     bool
+	}{
+		{"an endpoint predicted within the SLO releases", byPred, []*datalayer.Candidate{predicted(900, 100), predicted(400, 100)}, 500 * ms, 0, 0, true, false},
+		{"the wait so far counts against the SLO", byPred, []*datalayer.Candidate{predicted(400, 100)}, 500 * ms, 0, 200 * ms, false, false},
+		{"an SLO out of reach even with nothing ahead is refused", byPred, []*datalayer.Candidate{predicted(900, 300)}, 500 * ms, 0, 250 * ms, false, true},
+		{"without an SLO the band's target decides", byPred, []*datalayer.Candidate{predicted(300, 100)}, 0, 250 * ms, 0, false, false},
+		{"without an SLO a prediction under the band's target releases", byPred, []*datalayer.Candidate{predicted(200, 100)}, 0, 250 * ms, 0, true, false},
+		{"without SLO or target the saturation test decides: saturated", byPred, []*datalayer.Candidate{busy}, 0, 0, 0, false, false},
+		{"without SLO or target the saturation test decides: room", byPred, []*datalayer.Candidate{busy, fresh}, 0, 0, 0, true, false},
+		{"upstream's gate holds while every endpoint is saturated", flowcontrol.Gate{Saturation: det}, []*datalayer.Candidate{busy}, 500 * ms, 0, 0, false, false},
+		{"no candidates hold", byPred, nil, 0, 0, 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			v := tc.gate.Decide(tc.cands, tc.slo, tc.target, tc.waited, now)
+			if v.Release != tc.release || (v.Refuse != nil) != tc.refuse {
+				t.Fatalf("got %+v, want release %v refuse %v", v, tc.release, tc.refuse)
+			}
+			if tc.refuse && !errors.Is(v.Refuse, flowcontrol.ErrSLOUnreachable) {
+				t.Fatalf("refused with %v", v.Refuse)
+			}
+		})
+	}
+}
+
+// A waiting request is released by the kick of a response that ended and
+// lowered the predicted TTFT, and only then.
+func TestReleaseWhenAnEndpointIsPredictedInTime(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{})
+	var mu sync.Mutex
+	cand := predicted(800, 100) // loaded: 800ms predicted with what is ahead
+	gate := flowcontrol.Gate{ByPrediction: true}
+	var checks int
+	req := &flowcontrol.Request{SLO: 500 * time.Millisecond, Check: func(time.Duration) flowcontrol.Verdict {
+		mu.Lock()
+		defer mu.Unlock()
+		checks++
+		// The check is given no wait so that the test does not depend on
+		// how long the machine takes.
+		return gate.Decide([]*datalayer.Candidate{cand}, 500*time.Millisecond, 0, 0, time.Now())
+	}}
+	r.enqueue(t, context.Background(), "slo", req)
+	r.c.Kick()
+	mu.Lock()
+	if err := r.err("slo"); err.Error() != "still waiting" {
+		t.Fatalf("released while predicted late: %v", err)
+	}
+	cand = predicted(300, 100) // a response ended: the load ahead went
+	mu.Unlock()
+	r.c.Kick()
+	r.wg.Wait()
+	if err := r.err("slo"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAnSLOOutOfReachIsRefusedBeforeItsTTL(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{DefaultTTL: time.Hour})
+	req := r.request("x", "", 0)
+	req.SLO, req.GiveUp = 50*time.Millisecond, 10*time.Millisecond
+	err := r.c.Wait(context.Background(), req)
+	if !errors.Is(err, flowcontrol.ErrSLOUnreachable) || flowcontrol.OutcomeOf(err) != flowcontrol.OutcomeRejectedSLO {
+		t.Fatalf("got %v", err)
+	}
+}
