@@ -116,7 +116,19 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 						}
 					}
 				}
-				out = append(out, MedianRun(runs))
+				med := MedianRun(runs)
+				if med.PD != nil {
+					// Throughput is compared seed by seed: each seed's
+					// arrivals differ, and the median run's seed differs
+					// between policies.
+					pd := *med.PD
+					pd.SeedOutputTPS = nil
+					for _, r := range runs {
+						pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
+					}
+					med.PD = &pd
+				}
+				out = append(out, med)
 			}
 		}
 	}

@@ -207,6 +207,22 @@ type PDResult struct {
 	// Served is the requests answered whole; RPS those per second.
 	Served int
 	RPS    float64
+	// SeedOutputTPS is, for a point run under several seeds, each run's
+	// output tokens per second in seed order.
+	SeedOutputTPS []float64 `json:",omitempty"`
+}
+
+// meanOutputTPS is the point's output throughput over its seeds (its own
+// run's with one).
+func meanOutputTPS(p Point) float64 {
+	if p.PD == nil || len(p.PD.SeedOutputTPS) == 0 {
+		return p.OutputTPS
+	}
+	sum := 0.0
+	for _, v := range p.PD.SeedOutputTPS {
+		sum += v
+	}
+	return sum / float64(len(p.PD.SeedOutputTPS))
 }
 
 // pdFront puts a P/D sidecar in front of each decode engine of the fleet.

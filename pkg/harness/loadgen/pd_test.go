@@ -130,3 +130,46 @@ func TestAPDRunSplitsAsTheDeciderSaysAndRepliesOnlyFromDecodeEngines(t *testing.
 		})
 	}
 }
+
+// The P/D checks judge the default's TTFT p90 against the best of the
+// five at each rate, and its throughput against always-split's over the
+// same seeds.
+func TestThePDChecksJudgeTheDefaultAgainstTheFive(t *testing.T) {
+	t.Parallel()
+	pt := func(pol string, rate float64, p90 time.Duration, seedTPS ...float64) Point {
+		return Point{Workload: "pd", Policy: pol, Rate: rate, Summary: Summary{TTFTp90: p90, OutputTPS: seedTPS[0]},
+			PD: &PDResult{SeedOutputTPS: seedTPS}}
+	}
+	tests := []struct {
+		name string
+		pts  []Point
+		want []Outcome
+	}{
+		{"a default best everywhere passes all three", []Point{
+			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 300, 300), pt(PolicyPDAlways, 10, 200*time.Millisecond, 290, 300),
+			pt(PolicyPDPredicted, 20, 100*time.Millisecond, 600, 600), pt(PolicyPDExact, 20, 120*time.Millisecond, 600, 600),
+			pt(PolicyPDAlways, 20, 300*time.Millisecond, 500, 500),
+		}, []Outcome{Pass, Pass, Pass}},
+		{"a default 5% behind at the top fails the first only", []Point{
+			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 300), pt(PolicyPDAlways, 10, 200*time.Millisecond, 300),
+			pt(PolicyPDPredicted, 20, 105*time.Millisecond, 600), pt(PolicyPDDecodeOnly, 20, 100*time.Millisecond, 600),
+			pt(PolicyPDAlways, 20, 300*time.Millisecond, 500),
+		}, []Outcome{Fail, Pass, Pass}},
+		{"throughput is the seeds' mean, not the median run's", []Point{
+			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 400, 200), pt(PolicyPDAlways, 10, 200*time.Millisecond, 300, 320),
+		}, []Outcome{Pass, Pass, Fail}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := PDChecks(tt.pts)
+			if len(got) != len(tt.want) {
+				t.Fatalf("%d checks, want %d: %+v", len(got), len(tt.want), got)
+			}
+			for i, c := range got {
+				if c.Outcome != tt.want[i] {
+					t.Errorf("check %q: %s, want %s (%s)", c.Claim, c.Outcome, tt.want[i], c.Detail)
+				}
+			}
+		})
+	}
+}
