@@ -168,13 +168,14 @@ func pdConfig(policy string) string {
 // assumes by default.
 var PDTransfer = sim.Transfer{Latency: time.Millisecond, BlockBytes: 16 * 131072, Bandwidth: 12.5e9}
 
-// PDPlan is the P/D workload, defined before it was measured: 2 prefill
+// PDPlan is the P/D workload: 2 prefill
 // and 4 decode engines of 4096 GPU blocks each; half the conversations a
 // short prompt of 128 tokens that shares nothing, half 4-turn chats that
 // open with one of 4 system prompts of 3072 tokens and add 256 tokens a
 // turn, so that later turns find their history on the decode pod that
 // served the earlier ones (a split request's blocks land on its decode
-// pod too). Rates are requests per second; the top one loads the fleet.
+// pod too). Rates are requests per second; at the top one the decode
+// engines are about 80% busy.
 func PDPlan() Plan {
 	return Plan{
 		Workload: Workload{Name: "pd", Kind: KindPD, Groups: 4, SystemTokens: 3072, QuestionTokens: 256, Turns: 4,
