@@ -43,7 +43,7 @@ func main() {
 const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
-  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix)
+  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix; --pd: the P/D workload's five policies, docs/results/routing-pd/)
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
   scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
   predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time
@@ -236,8 +236,17 @@ func bench(ctx context.Context, args []string) error {
 	replicas := fs.Int("replicas", 1, "EPP replicas behind the gateway, each fed the KV events over NATS (real time only)")
 	bypass := fs.Float64("bypass", 0, "share of requests sent past the EPP, round-robin over the engines by a second gateway (real time only)")
 	restartAt := fs.Duration("restart-at", 0, "stop the first EPP replica this long into each run and start a fresh one (real time only)")
+	pd := fs.Bool("pd", false, "the P/D workload (2 prefill and 4 decode engines, a P/D sidecar before each decode engine) under its five policies (real time only)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *pd {
+		if *virtual {
+			return errors.New("--pd: a P/D fleet runs in real time only")
+		}
+		if !flagSet(fs, "policies") {
+			*policies = strings.Join(loadgen.PDPolicies, ",")
+		}
 	}
 	shape := loadgen.Shape{Replicas: *replicas, Bypass: *bypass, RestartAt: *restartAt}
 	switch *front {
@@ -258,9 +267,16 @@ func bench(ctx context.Context, args []string) error {
 		return err
 	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
-	plans, err := selectPlans(loadgen.DefaultPlans(*quick), *only, *rates)
+	all := loadgen.DefaultPlans(*quick)
+	if *pd {
+		all = []loadgen.Plan{loadgen.PDPlan()}
+	}
+	plans, err := selectPlans(all, *only, *rates)
 	if err != nil {
 		return err
+	}
+	if *outDir == "" && *pd {
+		*outDir = filepath.Join("docs", "results", "routing-pd")
 	}
 	if *outDir == "" {
 		*outDir = filepath.Join("docs", "results", "routing")
@@ -293,6 +309,16 @@ func bench(ctx context.Context, args []string) error {
 		return err
 	}
 	cmd := "go run ./cmd/kvsim bench " + strings.Join(args, " ")
+	if *pd {
+		if err := loadgen.WritePDReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
+			return err
+		}
+		for _, c := range loadgen.PDChecks(pts) {
+			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
+		}
+		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
+		return nil
+	}
 	if err := loadgen.WriteReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
 		return err
 	}
@@ -329,4 +355,11 @@ func selectPlans(plans []loadgen.Plan, only, rates string) ([]loadgen.Plan, erro
 		return nil, fmt.Errorf("--workloads %q matches none", only)
 	}
 	return out, nil
+}
+
+// flagSet says whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

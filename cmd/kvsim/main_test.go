@@ -30,6 +30,8 @@ func TestBadCommandLinesAreRefusedClearly(t *testing.T) {
 		{"an unknown front is named", []string{"bench", "--front", "nginx"}, `--front "nginx": gateway or proxy`},
 		{"replicas are real time only", []string{"bench", "--virtual", "--replicas", "2"}, "2 EPP replicas is real time only"},
 		{"a restart is real time only", []string{"bench", "--virtual", "--restart-at", "2s"}, "an EPP restart at 2s is real time only"},
+		{"a P/D fleet is real time only", []string{"bench", "--pd", "--virtual"}, "--pd: a P/D fleet runs in real time only"},
+		{"the P/D plan's workload is the one selected", []string{"bench", "--pd", "--workloads", "agent"}, `--workloads "agent" matches none`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

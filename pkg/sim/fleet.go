@@ -52,6 +52,12 @@ type FleetConfig struct {
 	// engine transfers KV as Transfer says.
 	Roles    []string
 	Transfer Transfer
+	// Front, when set, may put a server in front of engine i (llm-d's P/D
+	// sidecar before a decode engine): given the engine's configuration
+	// and its own address, it returns the address the pool routes to,
+	// which the engine then publishes as its endpoint, and what runs until
+	// the fleet stops (nil with nothing in front).
+	Front func(ecfg EngineConfig, engineAddr string) (addr string, run func(context.Context) error, err error)
 }
 
 // Fleet is a running set of cores and their servers. Close stops them.
@@ -121,6 +127,19 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 			return nil, fmt.Errorf("sim: listen: %w", err)
 		}
 		ecfg := cfg.EngineConfig(i, ln.Addr().String())
+		if cfg.Front != nil {
+			addr, run, err := cfg.Front(ecfg, ln.Addr().String())
+			if err != nil {
+				_ = ln.Close()
+				f.Close()
+				return nil, fmt.Errorf("sim: front of engine %d: %w", i, err)
+			}
+			ecfg.Address = addr
+			if run != nil {
+				f.wg.Add(1)
+				go func() { defer f.wg.Done(); f.record(run(ctx)) }()
+			}
+		}
 		var side Sidecar
 		if cfg.Sidecar != nil {
 			side = cfg.Sidecar(ecfg)

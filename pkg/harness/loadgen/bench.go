@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/sim"
 )
 
 // Plan is one workload and the request rates it runs at.
@@ -22,6 +24,11 @@ type Plan struct {
 	// CPUBlocks, when set, gives every engine a CPU tier of that many
 	// blocks for this workload.
 	CPUBlocks int
+	// Engines, when set, overrides the fleet's size; Roles and Transfer
+	// make it a P/D fleet (FleetOptions.Roles).
+	Engines  int
+	Roles    []string
+	Transfer sim.Transfer
 }
 
 // BenchOptions shape a routing benchmark: every plan's workload at each of
@@ -66,6 +73,8 @@ type Point struct {
 	Predictor *PredictorAccuracy `json:",omitempty"`
 	// Restart is what the run's EPP restart did (Shape.RestartAt).
 	Restart *Restart `json:",omitempty"`
+	// PD is a P/D run's splits, prefill busy share and TPOT.
+	PD *PDResult `json:",omitempty"`
 }
 
 // Bench runs the benchmark. Every policy sees the same arrivals and
@@ -98,13 +107,28 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 						fmt.Fprintf(o.Progress, "%-13s %-25s %5.1f req/s  seed %-4d TTFT p50 %7s p90 %7s p99 %7s  hit %5.1f%%  SLO %5.1f%%  goodput %5.1f/s  (%d req, %d shed, %d err, %d cut)%s\n",
 							p.Workload.Name, pol, rate, one.Seed, ms(pt.TTFTp50), ms(pt.TTFTp90), ms(pt.TTFTp99), 100*pt.HitRate,
 							100*pt.SLOAttainment, pt.Goodput, pt.Requests, pt.Shed, pt.Errors, pt.Cut, pred)
+						if pt.PD != nil {
+							fmt.Fprintf(o.Progress, "%-13s %s\n", "", pt.PD)
+						}
 						if r := pt.Restart; r != nil {
 							fmt.Fprintf(o.Progress, "%-13s restart: stopped %s at %s, %s ready at %s; steady hit rate %.1f%%; %s\n",
 								"", r.Old, r.StopAt.Round(time.Millisecond), r.New, r.ReadyAt.Round(time.Millisecond), 100*r.Steady, r.Verdict())
 						}
 					}
 				}
-				out = append(out, MedianRun(runs))
+				med := MedianRun(runs)
+				if med.PD != nil {
+					// Throughput is compared seed by seed: each seed's
+					// arrivals differ, and the median run's seed differs
+					// between policies.
+					pd := *med.PD
+					pd.SeedOutputTPS = nil
+					for _, r := range runs {
+						pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
+					}
+					med.PD = &pd
+				}
+				out = append(out, med)
 			}
 		}
 	}
@@ -131,6 +155,15 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	if p.CPUBlocks > 0 {
 		fleet.Pool.CPUBlocks = p.CPUBlocks
 	}
+	if p.Engines > 0 {
+		fleet.Engines = p.Engines
+	}
+	if len(p.Roles) > 0 {
+		if o.Virtual {
+			return Point{}, fmt.Errorf("loadgen: %s: a P/D fleet runs in real time only", w.Name)
+		}
+		fleet.Roles, fleet.Transfer = p.Roles, p.Transfer
+	}
 	ro := RunOptions{
 		Model: o.Fleet.Model, Rate: rate, Duration: o.runDuration(rate), Drain: o.Drain,
 		MaxTokens: o.MaxTokens, ThinkTime: o.ThinkTime, Seed: o.Seed,
@@ -150,7 +183,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	if err := env.Close(); err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}
-	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Predictor: res.Predictor, Restart: res.Restart}, nil
+	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Predictor: res.Predictor, Restart: res.Restart, PD: res.PD}, nil
 }
 
 // runDuration is how long arrivals run at rate: Duration, or longer for

@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/epp/prefixquery"
 	"github.com/kvroute/kvroute/pkg/events"
 	"github.com/kvroute/kvroute/pkg/harness/gateway"
+	"github.com/kvroute/kvroute/pkg/harness/pdsidecar"
 	"github.com/kvroute/kvroute/pkg/harness/simkit"
 	"github.com/kvroute/kvroute/pkg/harness/upstreamepp"
 	"github.com/kvroute/kvroute/pkg/request"
@@ -104,6 +105,12 @@ type FleetOptions struct {
 	OutDir string
 	// Family is the engines' family (zero: vLLM's).
 	Family sim.Family
+	// Roles, when set, gives the engines llm-d's roles in turn
+	// (sim.FleetConfig.Roles); each decode engine then serves behind a P/D
+	// sidecar (pkg/harness/pdsidecar), as llm-d deploys it, and Transfer
+	// is the KV transfer between prefill and decode engines.
+	Roles    []string
+	Transfer sim.Transfer
 }
 
 // Front is how an environment's requests reach the EPP.
@@ -192,6 +199,8 @@ type Env struct {
 	restarts        int
 	// onPods is what a policy on pods starts besides (onPods).
 	onPods *podsEnv
+	// sidecars are the P/D sidecars in front of the decode engines.
+	sidecars []*pdsidecar.Sidecar
 }
 
 // Namespace and pool of every environment's EPPs and events.
@@ -226,6 +235,9 @@ func StartEnvShaped(ctx context.Context, policy string, fo FleetOptions, seed ui
 		return nil, fmt.Errorf("loadgen: NATS: %w", err)
 	}
 	fc := fo.fleetConfig(seed)
+	if len(fo.Roles) > 0 {
+		fc.Front = env.pdFront
+	}
 	if hearsEvents(policy) {
 		env.nc, err = nats.Connect(env.nats.ClientURL(), nats.Name("kvsim-fleet"))
 		if err != nil {
@@ -253,7 +265,7 @@ func StartEnvShaped(ctx context.Context, policy string, fo FleetOptions, seed ui
 	var engines []string
 	for _, srv := range env.Fleet.Servers {
 		cfg := srv.Core().Engine().Config()
-		env.spec.Engines = append(env.spec.Engines, Engine{Pod: cfg.Pod, Address: cfg.Address})
+		env.spec.Engines = append(env.spec.Engines, Engine{Pod: cfg.Pod, Address: cfg.Address, Labels: cfg.Labels()})
 		engines = append(engines, cfg.Address)
 	}
 	var hosts []gateway.Host
@@ -332,7 +344,7 @@ func (env *Env) startReplica(name string) (Replica, error) {
 // kvroute's are; the approximate one's is not (that is the point), nor is
 // the pass-through EPP of a client-routed policy.
 func hearsEvents(policy string) bool {
-	return viaEPP(policy) && policy != PolicyApproxEPP && !upstreamBinary(policy)
+	return viaEPP(policy) && policy != PolicyApproxEPP && policy != PolicyPDUpstream && !upstreamBinary(policy)
 }
 
 // waitReady waits for the replicas to be ready.
@@ -437,6 +449,7 @@ func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
 		<-rs.done
 		res.Restart = rs.measure(res.Samples)
 	}
+	res.PD = env.pdResult(res.Samples, res.Makespan)
 	// The first replica's predictor speaks for the run (after a restart,
 	// the replica that replaced it).
 	if env.EPP != nil {
@@ -448,9 +461,9 @@ func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
 }
 
 // SamplePrompts returns the token ids of the first n completion prompts a
-// run of w with this seed sends (a multi-turn workload gives none).
+// run of w with this seed sends (a workload with chats gives none).
 func SamplePrompts(w Workload, seed uint64, n int) [][]uint32 {
-	if w.Kind == KindMultiTurn {
+	if w.Kind == KindMultiTurn || w.Kind == KindPD {
 		return nil
 	}
 	g := newGenerator(w, seed)
@@ -513,6 +526,9 @@ func setObjectives(e *epp.EPP, w Workload) {
 
 // eppConfig is the scheduling configuration of an EPP-routed policy.
 func eppConfig(policy string) string {
+	if isPD(policy) {
+		return pdConfig(policy)
+	}
 	switch policy {
 	case PolicyKvrouteUpstreamConfig:
 		return upstreamepp.ConfigApprox
@@ -548,6 +564,7 @@ func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	fc := sim.FleetConfig{
 		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing, Speeds: fo.Speeds,
 		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Family: fo.Family,
+		Roles: fo.Roles, Transfer: fo.Transfer,
 	}
 	fc.Pool.Seed = seed
 	return fc

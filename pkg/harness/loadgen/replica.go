@@ -53,8 +53,12 @@ type ReplicaSpec struct {
 	OutDir  string
 }
 
-// Engine is one simulated engine as the EPP discovers it.
-type Engine struct{ Pod, Address string }
+// Engine is one simulated engine as the EPP discovers it: its pod, the
+// address the pool routes to, and its pod labels (llm-d.ai/role).
+type Engine struct {
+	Pod, Address string
+	Labels       map[string]string
+}
 
 // ReplicaStarter starts one replica of a policy's EPP.
 type ReplicaStarter func(ctx context.Context, s ReplicaSpec) (Replica, error)
@@ -97,7 +101,7 @@ func startKVRoute(ctx context.Context, s ReplicaSpec) (Replica, error) {
 		return nil, fmt.Errorf("loadgen: EPP %s: %w", s.Name, err)
 	}
 	for _, en := range s.Engines {
-		e.Datastore().Upsert(&datalayer.Endpoint{Name: en.Pod, Address: en.Address, Pod: en.Pod, Namespace: s.Namespace, Model: s.Model})
+		e.Datastore().Upsert(&datalayer.Endpoint{Name: en.Pod, Address: en.Address, Pod: en.Pod, Namespace: s.Namespace, Model: s.Model, Labels: en.Labels})
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r := &kvroute{name: s.Name, e: e, cancel: cancel, done: make(chan error, 1)}

@@ -259,7 +259,7 @@ func rates(pts []Point, wl string) []float64 {
 
 func policies(pts []Point, wl string) []string {
 	var out []string
-	for _, pol := range slices.Concat(AllPolicies, UpstreamPolicies) {
+	for _, pol := range slices.Concat(AllPolicies, UpstreamPolicies, PDPolicies) {
 		for _, p := range pts {
 			if p.Workload == wl && p.Policy == pol {
 				out = append(out, pol)
@@ -317,6 +317,8 @@ var svgColors = map[string]string{
 	PolicyApprox: "#d62728", PolicyApproxEPP: "#ff7f0e",
 	PolicyPrecise: "#1f77b4", PolicyPreciseLoad: "#2ca02c", PolicyPrefillCost: "#9467bd",
 	PolicyPredicted: "#e377c2", PolicyOracle: "#000000",
+	PolicyPDDecodeOnly: "#17becf", PolicyPDAlways: "#d62728", PolicyPDUpstream: "#ff7f0e",
+	PolicyPDExact: "#1f77b4", PolicyPDPredicted: "#e377c2",
 }
 
 // Metric is what a plot draws against request rate.
@@ -412,7 +414,7 @@ func WritePlot(w io.Writer, pts []Point, wl string, metric Metric) {
 			c = "#8c564b"
 		}
 		width, dash, label := 2, "", pol
-		if pol == DefaultPolicy {
+		if pol == DefaultPolicy || pol == PolicyPDPredicted {
 			width, label = 4, pol+" (default)"
 		}
 		if pol == PolicyOracle {

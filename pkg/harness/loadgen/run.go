@@ -53,6 +53,9 @@ type Result struct {
 	Evicted []int
 	// Restart is what an EPP restart during the run did (Shape.RestartAt).
 	Restart *Restart
+	// PD is what a run on a fleet with roles did: splits, the prefill
+	// pool's busy share, TPOT.
+	PD *PDResult
 }
 
 // run drives w through r with Poisson arrivals until o.Duration, then waits
@@ -61,10 +64,7 @@ func run(ctx context.Context, w Workload, r router, o RunOptions) Result {
 	if o.Client == nil {
 		o.Client = http.DefaultClient
 	}
-	turns := max(w.Turns, 1)
-	if w.Kind != KindMultiTurn {
-		turns = 1
-	}
+	turns := w.meanTurns()
 	gen := newGenerator(w, o.Seed)
 	arrivals := rand.New(rand.NewPCG(o.Seed, 0xa771))
 	start := time.Now()
@@ -83,7 +83,7 @@ func run(ctx context.Context, w Workload, r router, o RunOptions) Result {
 		wg.Add(1)
 		go func() { defer wg.Done(); o.during(start) }()
 	}
-	convRate := o.Rate / float64(turns)
+	convRate := o.Rate / turns
 	next := time.Duration(0)
 	for {
 		next += time.Duration(arrivals.ExpFloat64() / convRate * float64(time.Second))

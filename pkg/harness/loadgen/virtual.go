@@ -249,13 +249,9 @@ func (v *virtualRun) run(ctx context.Context, w Workload, o RunOptions) (Result,
 		heap.Push(&q, e)
 	}
 	// Arrivals as in real time: the same generator, seeds and gaps.
-	turns := max(w.Turns, 1)
-	if w.Kind != KindMultiTurn {
-		turns = 1
-	}
 	gen := newGenerator(w, o.Seed)
 	arrivals := rand.New(rand.NewPCG(o.Seed, 0xa771))
-	convRate := o.Rate / float64(turns)
+	convRate := o.Rate / w.meanTurns()
 	for t := time.Duration(0); ; {
 		t += time.Duration(arrivals.ExpFloat64() / convRate * float64(time.Second))
 		if t >= o.Duration {

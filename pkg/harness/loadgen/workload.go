@@ -30,6 +30,11 @@ const (
 	KindMultiTurn Kind = "multi-turn"
 	// KindUnrelated: prompts that share nothing.
 	KindUnrelated Kind = "unrelated"
+	// KindPD: the P/D mix. A ShortShare of conversations is one short
+	// prompt of ShortTokens that shares nothing; the rest are multi-turn
+	// chats opening with one of the Groups' long system prompts, whose
+	// later turns find their history where the earlier ones were decoded.
+	KindPD Kind = "pd-mix"
 )
 
 // Workload describes the traffic. Lengths are in tokens of the simulated
@@ -54,6 +59,21 @@ type Workload struct {
 	// give each conversation one of several instead.
 	SLO     time.Duration
 	Classes []Class
+	// ShortShare and ShortTokens shape KindPD's short prompts.
+	ShortShare  float64
+	ShortTokens int
+}
+
+// meanTurns is the mean number of requests a conversation of w makes.
+func (w Workload) meanTurns() float64 {
+	turns := float64(max(w.Turns, 1))
+	switch w.Kind {
+	case KindMultiTurn:
+		return turns
+	case KindPD:
+		return w.ShortShare + (1-w.ShortShare)*turns
+	}
+	return 1
 }
 
 // Class is a kind of traffic in a mixed workload: the InferenceObjective
@@ -138,6 +158,15 @@ func (g *generator) next() Conversation {
 		}
 	case KindUnrelated:
 		c = Conversation{Users: []string{g.words(g.w.SystemTokens + g.w.QuestionTokens)}}
+	case KindPD:
+		if g.rng.Float64() < g.w.ShortShare {
+			c = Conversation{Users: []string{g.words(g.w.ShortTokens)}}
+			break
+		}
+		c = Conversation{Chat: true, System: g.systems[g.rng.IntN(len(g.systems))]}
+		for range g.w.Turns {
+			c.Users = append(c.Users, g.words(g.w.QuestionTokens))
+		}
 	default:
 		sys := g.systems[g.rng.IntN(len(g.systems))]
 		c = Conversation{Users: []string{sys + " " + g.words(g.w.QuestionTokens)}}

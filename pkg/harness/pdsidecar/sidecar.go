@@ -38,8 +38,9 @@ var prefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill
 
 // Stats count what a sidecar did.
 type Stats struct {
-	// Split is the requests that named a prefill pod; Local those that
-	// did not; PrefillFailures the split ones whose prefill leg failed
+	// Split is the generation requests that named a prefill pod; Local
+	// those that did not (other requests, such as the EPP's scrapes of
+	// the engine's metrics, are not counted); PrefillFailures the split ones whose prefill leg failed
 	// (answered with the prefill pod's failure, no decode sent).
 	Split, Local, PrefillFailures int64
 }
@@ -114,7 +115,9 @@ func (s *Sidecar) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	prefiller := strings.TrimSpace(r.Header.Get(HeaderPrefiller))
 	generation := r.Method == http.MethodPost && (r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/chat/completions")
 	if prefiller == "" || !generation {
-		s.local.Add(1)
+		if generation {
+			s.local.Add(1)
+		}
 		s.rp.ServeHTTP(w, r)
 		return
 	}
