@@ -91,6 +91,9 @@ type Datastore struct {
 	om        *outlierMetrics
 
 	endpoints prometheus.Gauge
+
+	// notes hears the dispatches announced (nil: no one).
+	notes atomic.Pointer[dispatchNotes]
 }
 
 type dsEntry struct {

@@ -578,6 +578,11 @@ type Dispatch struct {
 	prefillFor time.Duration
 	// state: 0 prefilling, 1 decoding, 2 done.
 	state atomic.Uint32
+	// notes is the datastore's listener when the dispatch was made, name
+	// its endpoint's, and id its id there once announced (0: not).
+	notes *dispatchNotes
+	name  string
+	id    uint64
 }
 
 // Dispatch records that a request goes, at at, to the endpoint named
@@ -601,6 +606,9 @@ func (ds *Datastore) DispatchInto(d *Dispatch, name string, at time.Time, prefil
 		return false
 	}
 	d.c, d.prefill, d.prompt, d.start = e.load, int64(max(prefillTokens, 0)), int64(max(promptTokens, 0)), at.UnixNano()
+	if n := ds.notes.Load(); n != nil {
+		d.notes, d.name = n, name
+	}
 	// Bounded so that no product with a pace overflows: a longer output
 	// says nothing more.
 	d.outputs = min(max(outputs, 0), maxOutputs)
@@ -654,6 +662,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 		end = d.first + int64(d.outputs-1)*int64(d.perToken)
 	}
 	d.c.setEnd(d, end, true, d.first, true)
+	d.tell(NoteFirst, d.first, end)
 }
 
 // Past paceFrom tokens, and every paceEvery tokens after, Progress sets a
@@ -740,6 +749,11 @@ func (d *Dispatch) finish(at time.Time, ended bool) {
 		end = at.UnixNano()
 	}
 	d.c.drop(d, ended && state == 1, end)
+	if ended {
+		d.tell(NoteDone, end, 0)
+	} else {
+		d.tell(NoteFailed, end, 0)
+	}
 }
 
 // InFlight returns the endpoint named name's in-flight work.

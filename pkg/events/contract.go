@@ -51,6 +51,17 @@ const (
 // requests on: kv.snapshot.<namespace>.<pool>.<pod>. See docs/snapshot.md.
 const SnapshotSubjectPrefix = "kv.snapshot"
 
+// DispatchSubjectPrefix starts the subject on which a pool's EPP replicas
+// share what they dispatched: kv.dispatch.<namespace>.<pool>. Every replica
+// publishes and subscribes there; see docs/architecture.md.
+const DispatchSubjectPrefix = "kv.dispatch"
+
+// DispatchSubject returns the subject a pool's EPP replicas share their
+// dispatches on, its tokens sanitised as Subject's are.
+func DispatchSubject(namespace, pool string) string {
+	return DispatchSubjectPrefix + "." + sanitizeToken(namespace) + "." + sanitizeToken(pool)
+}
+
 // EPPInboxPrefix is the prefix of the EPP's reply subjects (its snapshot
 // requests' and JetStream's), given to nats.CustomInboxPrefix. The NATS
 // auth callout lets the EPP subscribe to EPPInboxPrefix.> and to no other

@@ -594,6 +594,8 @@ func (d *Director) dispatch(dp *datalayer.Dispatch, req *request.Request, c *dat
 			dp.ExpectDecode(time.Duration(min(lat.TPOTMean, 6e4) * float64(time.Millisecond)))
 		}
 	}
+	// Peer replicas, if the datastore shares dispatches, count it too.
+	dp.Announce()
 	return true
 }
 

@@ -59,6 +59,7 @@ func (d *Director) dispatchSplit(p *Pick, req *request.Request, decode, prefill 
 		if lat, ok := datalayer.LatencyPredictionOf(prefill); ok && lat.TTFTValid {
 			p.pd.dispatch.ExpectPrefill(time.Duration(lat.TTFTAlone * float64(time.Millisecond)))
 		}
+		p.pd.dispatch.Announce()
 	}
 	// What the decode pod computes itself: the tail after the last full
 	// block, which no transfer carries.
@@ -71,6 +72,7 @@ func (d *Director) dispatchSplit(p *Pick, req *request.Request, decode, prefill 
 		if lat, ok := datalayer.LatencyPredictionOf(decode); ok && lat.TPOTValid {
 			p.dispatch.ExpectDecode(time.Duration(min(lat.TPOTMean, 6e4) * float64(time.Millisecond)))
 		}
+		p.dispatch.Announce()
 	}
 }
 
