@@ -26,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer/approx"
 	"github.com/kvroute/kvroute/pkg/datalayer/index"
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/datalayer/share"
 	"github.com/kvroute/kvroute/pkg/discovery/static"
 	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/events"
@@ -159,6 +160,12 @@ type Options struct {
 	// RequestPath says how requests reach the EPP.
 	RequestPath RequestPathOptions
 
+	// Share tunes the sharing of dispatches with the pool's other EPP
+	// replicas over NATS (events.DispatchSubject), so that each replica's
+	// in-flight accounting counts every replica's (docs/architecture.md);
+	// Namespace, Pool and Now are filled in. It is on unless Disabled.
+	Share share.Options
+
 	// Discovery, when set, makes an endpoint discovery source that writes
 	// to the EPP's datastore (Kubernetes discovery: see cmd/epp); it runs
 	// with the EPP, and readiness waits for its first sync. A factory keeps
@@ -206,6 +213,7 @@ type EPP struct {
 	extproc    *extproc.Server
 	proxy      *proxy.Server
 	discovery  Discovery
+	share      *share.Sharer
 	static     *static.File
 	staticObj  *static.Objectives
 
@@ -275,6 +283,19 @@ func New(opts Options) (*EPP, error) {
 		od.Logger = e.logger
 	}
 	e.ds.SetOutlierDetection(od)
+	sho := opts.Share
+	sho.Namespace, sho.Pool = opts.Namespace, opts.Pool
+	if sho.Now == nil {
+		sho.Now = opts.Now
+	}
+	if sho.Logger == nil {
+		sho.Logger = e.logger
+	}
+	var err error
+	if e.share, err = share.New(e.nc, e.ds, sho, e.reg); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("epp: %w", err)
+	}
 	e.objectives = datalayer.NewObjectives(e.reg)
 	idxOpts := opts.Index
 	if idxOpts.MaxHoldings == 0 || opts.Consumer.MaxQueuedBytes == 0 {
@@ -392,7 +413,6 @@ func New(opts Options) (*EPP, error) {
 			return nil, err
 		}
 	}
-	var err error
 	e.consumer, err = consumer.New(e.nc, co, sink, e.reg)
 	if err != nil {
 		e.Close()
@@ -690,6 +710,9 @@ func (e *EPP) Objectives() *datalayer.Objectives { return e.objectives }
 // Index is the exact prefix index.
 func (e *EPP) Index() *index.Index { return e.index }
 
+// Share is the sharing of dispatches with the pool's other replicas.
+func (e *EPP) Share() *share.Sharer { return e.share }
+
 // Registry holds every metric the EPP exports.
 func (e *EPP) Registry() *prometheus.Registry { return e.reg }
 
@@ -721,6 +744,10 @@ func (e *EPP) catchUp(now time.Time) bool {
 	case since < e.opts.ReadyGrace && unheard > 0, recovering > 0:
 		return false
 	case e.recovery != nil && e.recovery.Settling() > 0:
+		return false
+	case !e.share.CaughtUp():
+		// Its peers' dispatches in flight, or it would pile onto the
+		// endpoints they keep busy.
 		return false
 	}
 	e.caughtUp.Store(true)
@@ -781,6 +808,7 @@ func (e *EPP) Run(ctx context.Context) error {
 		goRun(func() error { return e.recovery.Run(ctx) })
 	}
 	goRun(func() error { e.index.Run(ctx, time.Second); return nil })
+	goRun(func() error { return e.share.Run(ctx) })
 	e.latency.run(ctx, goRun)
 	if e.scraper != nil {
 		goRun(func() error { e.scraper.Run(ctx); return nil })

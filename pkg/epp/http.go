@@ -38,11 +38,11 @@ func (e *EPP) routes() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !e.Ready() {
-			http.Error(w, fmt.Sprintf("not ready: %d endpoints known, event consumer connected: %t",
-				e.ds.Len(), e.consumer.Connected()), http.StatusServiceUnavailable)
+			http.Error(w, fmt.Sprintf("not ready: %d endpoints known, event consumer connected: %t; %s",
+				e.ds.Len(), e.consumer.Connected(), e.share.Detail()), http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = io.WriteString(w, "ok\n")
+		_, _ = io.WriteString(w, "ok\n"+e.share.Detail()+"\n")
 	})
 	return mux
 }

@@ -35,9 +35,12 @@ type Options struct {
 	// interval.
 	FlushInterval time.Duration
 	// SyncInterval is how often the replica sends its whole in-flight
-	// set (default 1s): it repairs lost messages, and a replica that
-	// starts has heard every peer's set after one interval.
-	SyncInterval time.Duration
+	// set (default 1s): it repairs lost messages. A replica also sends it
+	// at once when it hears a peer it did not know, so that a replica
+	// that starts hears every peer's set within CatchUp (default 250ms),
+	// the time readiness waits for it (and, should a peer answer later,
+	// within a sync interval).
+	SyncInterval, CatchUp time.Duration
 	// FadeMargin is how long past its expected end a peer's dispatch
 	// that no message ended is kept (default 2s); UnknownLife is a
 	// dispatch's life when no end is expected (default 30s), and MaxLife
@@ -62,6 +65,7 @@ func (o *Options) defaults() {
 	}
 	set(&o.FlushInterval, 2*time.Millisecond)
 	set(&o.SyncInterval, time.Second)
+	set(&o.CatchUp, 250*time.Millisecond)
 	set(&o.FadeMargin, 2*time.Second)
 	set(&o.UnknownLife, 30*time.Second)
 	set(&o.MaxLife, 10*time.Minute)
@@ -121,6 +125,8 @@ type Sharer struct {
 	mu      sync.Mutex
 	pending []Entry
 	wake    chan struct{}
+	// syncNow asks the publisher for a sync: a new peer was heard.
+	syncNow chan struct{}
 
 	// Owned by the publisher (Run's goroutine).
 	live    map[uint64]Entry
@@ -161,7 +167,7 @@ func New(nc *nats.Conn, ds *datalayer.Datastore, o Options, reg prometheus.Regis
 	o.defaults()
 	s := &Sharer{
 		o: o, nc: nc, ds: ds, subject: events.DispatchSubject(o.Namespace, o.Pool),
-		wake: make(chan struct{}, 1), live: make(map[uint64]Entry),
+		wake: make(chan struct{}, 1), syncNow: make(chan struct{}, 1), live: make(map[uint64]Entry),
 		peers: make(map[uint64]*peer), perEndpoint: make(map[string]int),
 	}
 	s.m = newMetrics(s)
@@ -291,6 +297,9 @@ func (s *Sharer) Run(ctx context.Context) error {
 		case <-syncT.C:
 			s.flush()
 			s.sync()
+		case <-s.syncNow:
+			s.flush()
+			s.sync()
 		case <-sweepT.C:
 			s.sweep(s.o.Now().UnixNano())
 		}
@@ -387,6 +396,12 @@ func (s *Sharer) apply(m *Message, now int64) error {
 		}
 		p = &peer{entries: make(map[uint64]*remote)}
 		s.peers[m.Replica] = p
+		// A replica just started (or just reconnected) catches up from
+		// its peers' sets: send this one's now.
+		select {
+		case s.syncNow <- struct{}{}:
+		default:
+		}
 	}
 	switch {
 	case p.seq != 0 && m.Seq <= p.seq:

@@ -43,7 +43,7 @@ type replica struct {
 	done   chan error
 }
 
-func startReplica(t *testing.T, f *fleet.Fleet) *replica {
+func startReplica(t *testing.T, f *fleet.Fleet, adjust ...func(*epp.Options)) *replica {
 	t.Helper()
 	o := epp.Options{
 		NATSURL: f.EPP.NATSURL(), Namespace: f.EPP.Namespace(), Pool: f.EPP.Pool(), HTTPAddr: "127.0.0.1:0",
@@ -52,6 +52,9 @@ func startReplica(t *testing.T, f *fleet.Fleet) *replica {
 		RequestPath: epp.RequestPathOptions{Tokenize: true, TokenizeTimeout: 2 * time.Second},
 	}
 	extProcOn(&o)
+	for _, a := range adjust {
+		a(&o)
+	}
 	e, err := epp.New(o)
 	if err != nil {
 		t.Fatal(err)
