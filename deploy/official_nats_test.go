@@ -108,6 +108,20 @@ func TestTheOfficialNATSChartValuesCarryKvroutesSubjectRights(t *testing.T) {
 	if _, err := sub.NextMsg(testkit.WaitLimit); err != nil {
 		t.Fatalf("a relay's batch never reached the EPP: %v", err)
 	}
+	// The replicas share their dispatches on the pool's dispatch subject.
+	shared, err := eppConn.SubscribeSync(events.DispatchSubject(ns, pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eppConn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := eppConn.Publish(events.DispatchSubject(ns, pool), []byte("dispatches")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shared.NextMsg(testkit.WaitLimit); err != nil {
+		t.Fatalf("a replica's dispatches never reached the replicas: %v", err)
+	}
 	for _, tc := range []struct {
 		who  string
 		nc   *nats.Conn
@@ -115,6 +129,8 @@ func TestTheOfficialNATSChartValuesCarryKvroutesSubjectRights(t *testing.T) {
 	}{
 		{"a relay publishing another pool's events", relayConn, events.Subject(ns, "other", "vllm-0")},
 		{"the EPP publishing events", eppConn, events.Subject(ns, pool, "vllm-0")},
+		{"a relay publishing dispatches", relayConn, events.DispatchSubject(ns, pool)},
+		{"the EPP publishing another pool's dispatches", eppConn, events.DispatchSubject(ns, "other")},
 	} {
 		if err := tc.nc.Publish(tc.subj, []byte("forged")); err != nil {
 			t.Fatal(err)

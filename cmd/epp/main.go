@@ -57,6 +57,7 @@ func parse(args []string) (epp.Options, error) {
 		logLevel    string
 		auth        natsauth.Config
 		recoveryOn  bool
+		shareOn     bool
 		selfCheckOn bool
 		outlierOn   bool
 	)
@@ -68,6 +69,7 @@ func parse(args []string) (epp.Options, error) {
 	fs.IntVar(&o.StreamReplicas, "jetstream-replicas", o.StreamReplicas, "replicas of the JetStream stream the EPP creates (3 on a 3-node NATS cluster)")
 	fs.DurationVar(&o.ReadyGrace, "ready-grace", o.ReadyGrace, "how long readiness waits to hear every endpoint (a batch or a heartbeat) once connected; a heartbeat interval or two")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", o.ReadyTimeout, "bound on the wait for the first catch-up (every endpoint heard, none being resynchronised) before readiness")
+	fs.BoolVar(&shareOn, "share-dispatches", !o.Share.Disabled, "share what this replica dispatches with the pool's other EPP replicas over NATS (kv.dispatch.<namespace>.<pool>), so that every replica's in-flight accounting counts every replica's dispatches; off, each sees its own")
 	auth.RegisterFlags(fs)
 	fs.BoolVar(&recoveryOn, "recovery", !o.NoRecovery, "resynchronise uncertain streams from their relays' snapshots")
 	fs.DurationVar(&o.Recovery.Timeout, "recovery-timeout", o.Recovery.Timeout, "bound on one snapshot, request to last chunk")
@@ -157,6 +159,7 @@ func parse(args []string) (epp.Options, error) {
 		return o, errors.New("--config-name excludes --config-file and --config-text")
 	}
 	o.NoRecovery = !recoveryOn
+	o.Share.Disabled = !shareOn
 	o.NoSelfCheck = !selfCheckOn
 	o.OutlierDetection.Disabled = !outlierOn
 	natsOpts, err := auth.Options()

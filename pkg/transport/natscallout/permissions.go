@@ -41,14 +41,18 @@ func RelayPermissions(namespace, pool, pod string) jwt.Permissions {
 
 // EPPPermissions are the EPP's rights: subscribe to every event subject of
 // the pool and to its own inbox (events.EPPInboxPrefix), publish snapshot
-// requests, and, with jetStream, create the pool's stream (if it is
+// requests, publish and subscribe to the pool's dispatch subject (where
+// its replicas share what they dispatched), and, with jetStream, create the pool's stream (if it is
 // missing), read it and run ordered consumers on it. It publishes no
 // event, and may not update, purge or delete the stream or its messages:
 // those would rewrite every pod's history at once.
 func EPPPermissions(namespace, pool string, jetStream bool, stream string) jwt.Permissions {
 	p := jwt.Permissions{
-		Pub: jwt.Permission{Allow: jwt.StringList{events.SnapshotSubjectPrefix + "." + events.SubjectToken(namespace) + "." + events.SubjectToken(pool) + ".*"}},
-		Sub: jwt.Permission{Allow: jwt.StringList{events.PoolSubject(namespace, pool), events.EPPInboxPrefix + ".>"}},
+		Pub: jwt.Permission{Allow: jwt.StringList{
+			events.SnapshotSubjectPrefix + "." + events.SubjectToken(namespace) + "." + events.SubjectToken(pool) + ".*",
+			events.DispatchSubject(namespace, pool),
+		}},
+		Sub: jwt.Permission{Allow: jwt.StringList{events.PoolSubject(namespace, pool), events.EPPInboxPrefix + ".>", events.DispatchSubject(namespace, pool)}},
 	}
 	if jetStream {
 		if stream == "" {
