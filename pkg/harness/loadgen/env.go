@@ -532,7 +532,7 @@ func eppConfig(policy string) string {
 	switch policy {
 	case PolicyKvrouteUpstreamConfig:
 		return upstreamepp.ConfigApprox
-	case PolicyPredicted:
+	case PolicyPredicted, PolicyPredictedUnshared:
 		return PredictedConfig
 	case policyTrace:
 		return traceConfig

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/datalayer/scrape"
+	"github.com/kvroute/kvroute/pkg/datalayer/share"
 	"github.com/kvroute/kvroute/pkg/enginesched"
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/harness/gateway"
@@ -95,6 +96,7 @@ func startKVRoute(ctx context.Context, s ReplicaSpec) (Replica, error) {
 			// A replica that stops takes its streams with it.
 			ExtProc: extprocOptions(),
 		},
+		Share:  share.Options{Disabled: shareDisabled(s.Policy)},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

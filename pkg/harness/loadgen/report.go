@@ -259,7 +259,7 @@ func rates(pts []Point, wl string) []float64 {
 
 func policies(pts []Point, wl string) []string {
 	var out []string
-	for _, pol := range slices.Concat(AllPolicies, UpstreamPolicies, PDPolicies) {
+	for _, pol := range slices.Concat(AllPolicies, SharingPolicies, UpstreamPolicies, PDPolicies) {
 		for _, p := range pts {
 			if p.Workload == wl && p.Policy == pol {
 				out = append(out, pol)
@@ -316,7 +316,7 @@ var svgColors = map[string]string{
 	PolicyRandom: "#999999", PolicyRoundRobin: "#bcbd22", PolicyLeastQueue: "#17becf",
 	PolicyApprox: "#d62728", PolicyApproxEPP: "#ff7f0e",
 	PolicyPrecise: "#1f77b4", PolicyPreciseLoad: "#2ca02c", PolicyPrefillCost: "#9467bd",
-	PolicyPredicted: "#e377c2", PolicyOracle: "#000000",
+	PolicyPredicted: "#e377c2", PolicyPredictedUnshared: "#8c564b", PolicyOracle: "#000000",
 	PolicyPDDecodeOnly: "#17becf", PolicyPDAlways: "#d62728", PolicyPDUpstream: "#ff7f0e",
 	PolicyPDExact: "#1f77b4", PolicyPDPredicted: "#e377c2",
 }
