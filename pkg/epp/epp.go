@@ -194,8 +194,11 @@ type EPP struct {
 	logger *slog.Logger
 	reg    *prometheus.Registry
 
-	nats       *natsembed.Server
-	nc         *nats.Conn
+	nats *natsembed.Server
+	nc   *nats.Conn
+	// shareNC carries the dispatches shared with the other replicas (nil
+	// when sharing is off).
+	shareNC    *nats.Conn
 	ds         *datalayer.Datastore
 	objectives *datalayer.Objectives
 	latency    *latencySetup
@@ -292,7 +295,7 @@ func New(opts Options) (*EPP, error) {
 		sho.Logger = e.logger
 	}
 	var err error
-	if e.share, err = share.New(e.nc, e.ds, sho, e.reg); err != nil {
+	if e.share, err = share.New(e.shareNC, e.ds, sho, e.reg); err != nil {
 		e.Close()
 		return nil, fmt.Errorf("epp: %w", err)
 	}
@@ -479,6 +482,16 @@ func (e *EPP) connect() error {
 		return fmt.Errorf("epp: connect to NATS at %s: %w", url, err)
 	}
 	e.nc = nc
+	if e.opts.Share.Disabled {
+		return nil
+	}
+	// Dispatch sharing on a connection of its own: with NoEcho the server
+	// does not send a replica its own messages back, and the event
+	// stream's flow control is not the sharing's.
+	shareOpts := append(opts[:len(opts):len(opts)], nats.Name("kvroute-epp-share"), nats.NoEcho())
+	if e.shareNC, err = nats.Connect(url, shareOpts...); err != nil {
+		return fmt.Errorf("epp: connect to NATS at %s for dispatch sharing: %w", url, err)
+	}
 	return nil
 }
 
@@ -893,6 +906,9 @@ func (e *EPP) Close() {
 	}
 	if e.nc != nil {
 		e.nc.Close()
+	}
+	if e.shareNC != nil {
+		e.shareNC.Close()
 	}
 	if e.nats != nil {
 		e.nats.Shutdown()

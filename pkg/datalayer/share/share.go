@@ -31,8 +31,10 @@ type Options struct {
 	// Replica is this replica's id in its messages (default: random).
 	Replica uint64
 	// FlushInterval is how long a step waits to be sent with the ones
-	// after it (default 2ms): one message carries every step of the
-	// interval.
+	// after it (default 10ms): one message carries every step of the
+	// interval. A message costs far more to carry than a step adds to
+	// it, so the interval bounds the messages while peers see a
+	// dispatch at most this much later.
 	FlushInterval time.Duration
 	// SyncInterval is how often the replica sends its whole in-flight
 	// set (default 1s): it repairs lost messages. A replica also sends it
@@ -63,7 +65,7 @@ func (o *Options) defaults() {
 			*d = v
 		}
 	}
-	set(&o.FlushInterval, 2*time.Millisecond)
+	set(&o.FlushInterval, 10*time.Millisecond)
 	set(&o.SyncInterval, time.Second)
 	set(&o.CatchUp, 250*time.Millisecond)
 	set(&o.FadeMargin, 2*time.Second)
@@ -161,7 +163,8 @@ type remote struct {
 }
 
 // New makes a Sharer for ds over nc (nil: none, the replica keeps its own
-// view), with its metrics registered in reg (nil: none). Unless sharing is
+// view), a connection best made with nats.NoEcho so that the server does
+// not send the replica its own messages, with its metrics registered in reg (nil: none). Unless sharing is
 // disabled, ds's announced dispatches are told to it from now on.
 func New(nc *nats.Conn, ds *datalayer.Datastore, o Options, reg prometheus.Registerer) (*Sharer, error) {
 	o.defaults()
