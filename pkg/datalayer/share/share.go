@@ -195,22 +195,23 @@ func (s *Sharer) State() State {
 		return StateOff
 	case s.nc == nil || s.listening.Load() == 0 || !s.nc.IsConnected():
 		return StateLocalOnly
-	case s.o.Now().UnixNano()-s.listening.Load() < int64(s.catchUp()):
+	case !s.CaughtUp():
 		return StateCatchingUp
 	}
 	return StateSharing
 }
 
-// catchUp is how long a new listener waits to have heard every peer's
-// whole set: a sync interval, and time for it to arrive.
-func (s *Sharer) catchUp() time.Duration {
-	return s.o.SyncInterval + s.o.FlushInterval + 250*time.Millisecond
-}
 
-// CaughtUp reports whether the replica is not catching up: readiness waits
-// for it, so that a restarted replica picks only once it counts its peers'
-// dispatches. A replica that cannot share has nothing to catch up.
-func (s *Sharer) CaughtUp() bool { return s.State() != StateCatchingUp }
+// CaughtUp reports whether the replica has listened for CatchUp: readiness
+// waits for it, so that a restarted replica picks only once it counts its
+// peers' dispatches. A replica that does not share has nothing to catch up.
+func (s *Sharer) CaughtUp() bool {
+	if s.o.Disabled || s.nc == nil {
+		return true
+	}
+	l := s.listening.Load()
+	return l != 0 && s.o.Now().UnixNano()-l >= int64(s.o.CatchUp)
+}
 
 // Detail says the state in words, for readiness and logs.
 func (s *Sharer) Detail() string {
