@@ -201,7 +201,6 @@ func (s *Sharer) State() State {
 	return StateSharing
 }
 
-
 // CaughtUp reports whether the replica has listened for CatchUp: readiness
 // waits for it, so that a restarted replica picks only once it counts its
 // peers' dispatches. A replica that does not share has nothing to catch up.
