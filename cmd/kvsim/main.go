@@ -229,7 +229,7 @@ func bench(ctx context.Context, args []string) error {
 	quick := fs.Bool("quick", false, "one rate per workload and short runs, to try the machinery")
 	only := fs.String("workloads", "", "comma-separated workloads to run (default all)")
 	rates := fs.String("rates", "", "comma-separated request rates overriding every workload's ladder")
-	policies := fs.String("policies", strings.Join(loadgen.AllPolicies, ","), "policies to compare; also upstream-epp, upstream-epp-approx and kvroute-upstream-config, through the gateway (they need scripts/upstream-epp.sh and scripts/envtest-assets.sh)")
+	policies := fs.String("policies", strings.Join(loadgen.AllPolicies, ","), "policies to compare; also kvroute-predicted-latency-unshared (the default with its replicas' dispatch sharing off, for --replicas above 1), and upstream-epp, upstream-epp-approx and kvroute-upstream-config, through the gateway (they need scripts/upstream-epp.sh and scripts/envtest-assets.sh)")
 	seed := fs.Uint64("seed", 42, "seed of the arrivals, prompts and engines")
 	seeds := fs.Int("seeds", 1, "runs per point, with seeds --seed, --seed+1, …; each point reports its run with the median TTFT p90")
 	front := fs.String("front", "gateway", "how requests reach the EPP: gateway (ext_proc, as Envoy asks it) or proxy (the EPP's standalone proxy)")
