@@ -331,11 +331,12 @@ func (s *Sharer) flush() {
 			delete(s.live, e.ID)
 		}
 	}
-	for len(out) > 0 {
-		n := min(len(out), MaxEntries)
-		s.publish(&Message{Entries: out[:n]})
-		out = out[n:]
+	for rest := out; len(rest) > 0; {
+		n := min(len(rest), MaxEntries)
+		s.publish(&Message{Entries: rest[:n]})
+		rest = rest[n:]
 	}
+	// The two buffers take turns: the next steps go into this one.
 	s.scratch = out[:0]
 }
 
