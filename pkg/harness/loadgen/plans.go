@@ -140,6 +140,7 @@ Workloads:
 
 `)
 	b.WriteString(gatewayPoliciesNote(o))
+	b.WriteString(sharingPoliciesNote(o))
 	if o.Virtual {
 		b.WriteString("This run is in **virtual time** (`--virtual`): one simulated clock advances through arrivals, engine steps and think times, with no HTTP, NATS or sleeping. The EPP-routed policies run kvroute's index, PrepareData and scheduler in process; each engine step's KV batch reaches the index as the step ends, and each pick sees the engines' queues and KV usage as they are then, where real time has a NATS hop and a 50ms scrape. It shows what the policies do with exact information, in seconds; the client-side policies give the same result every run (kvroute's pickers break ties at random). The real-time report, `make bench-routing`, is the one that goes through the real transport.\n\n")
 	} else {
