@@ -821,7 +821,14 @@ func (e *EPP) Run(ctx context.Context) error {
 		goRun(func() error { return e.recovery.Run(ctx) })
 	}
 	goRun(func() error { e.index.Run(ctx, time.Second); return nil })
-	goRun(func() error { return e.share.Run(ctx) })
+	goRun(func() error {
+		// Peers' dispatches to endpoints not yet known are dropped: the
+		// catch-up starts once discovery knows the pool.
+		if !e.awaitDiscovery(ctx) {
+			return nil
+		}
+		return e.share.Run(ctx)
+	})
 	e.latency.run(ctx, goRun)
 	if e.scraper != nil {
 		goRun(func() error { e.scraper.Run(ctx); return nil })
