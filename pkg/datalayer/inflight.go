@@ -186,6 +186,8 @@ type inflight struct {
 	// mu).
 	lastEnds [EndedKept]atomic.Int64
 	endsNext int
+	// ranks counts per data-parallel rank (ranks.go).
+	ranks rankLoads
 }
 
 // publishedAhead is a replay's counts and when it ran, each in an atomic,
@@ -578,6 +580,9 @@ type Dispatch struct {
 	prefillFor time.Duration
 	// state: 0 prefilling, 1 decoding, 2 done.
 	state atomic.Uint32
+	// rank is the counters of the data-parallel rank it was sent to (nil:
+	// none named, OnRank).
+	rank *rankCounters
 }
 
 // Dispatch records that a request goes, at at, to the endpoint named
@@ -639,6 +644,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
+	d.rankFirstToken()
 	d.c.prefillEnded(d)
 	if d.prefillFor > 0 {
 		d.c.dequeue(d, at.UnixNano())
@@ -721,6 +727,7 @@ func (d *Dispatch) finish(at time.Time, ended bool) {
 		return
 	}
 	state := d.state.Swap(2)
+	d.rankFinish(state)
 	switch state {
 	case 0:
 		d.c.prefilling.Add(-1)
