@@ -114,6 +114,10 @@ type Metrics struct {
 	// BlockSize and NumGPUBlocks come from vllm:cache_config_info (0 when unknown).
 	BlockSize    int
 	NumGPUBlocks int
+	// DataParallelRanks is how many data-parallel ranks serve behind the
+	// endpoint's address: the engines vllm:cache_config_info names by its
+	// engine label (0 when it names none).
+	DataParallelRanks int
 	// UpdateTime is when these values were scraped; the zero time means never.
 	UpdateTime time.Time
 }

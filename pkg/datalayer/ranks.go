@@ -159,30 +159,45 @@ func (ds *Datastore) RankLoads(name string, out []RankLoad) []RankLoad {
 // running ones; here the waiting work is counted by its tokens.
 const RankDecodeCost = 32
 
-// PickRank returns the rank of info.Ranks a request of promptTokens tokens
-// should be sent to, and false when there is no choice to make (the
-// endpoint has a single rank, or the index knows none of its ranks). Each
-// rank costs the prompt tokens it would have to compute (those past its
-// trusted match: a rank whose stream is in doubt is not taken at its
-// word) plus the prefill tokens this EPP has queued there, plus
-// RankDecodeCost for each request decoding there; the cheapest wins, ties
-// going to the rank with the fewest requests in flight, then the lowest.
-func PickRank(info *PrefixCacheInfo, loads []RankLoad, promptTokens int) (int, bool) {
-	ranks := info.RankList()
-	if len(ranks) < 2 {
+// PickRank returns the rank a request of promptTokens tokens should be
+// sent to, and false when there is no choice to make: the endpoint is not
+// known to have several ranks behind its address. Its ranks are 0 up to
+// the larger of size (the count its metrics give, 0 when unknown) and the
+// highest rank the index knows of info.Ranks; a rank the index has no
+// stream for holds nothing. Each rank costs the prompt tokens it would
+// have to compute (those past its trusted match: a rank whose stream is
+// in doubt is not taken at its word) plus the prefill tokens this EPP has
+// queued there, plus RankDecodeCost for each request decoding there; the
+// cheapest wins, ties going to the rank with the fewest requests in
+// flight, then the lowest.
+func PickRank(info *PrefixCacheInfo, loads []RankLoad, promptTokens, size int) (int, bool) {
+	known := info.RankList()
+	n := size
+	if len(known) > 0 {
+		n = max(n, known[len(known)-1].Rank+1)
+	}
+	n = min(n, MaxRanks)
+	if n < 2 {
 		return 0, false
 	}
 	bs := max(info.BlockSizeTokens, 1)
 	best, bestCost, bestReqs := -1, 0, 0
-	for _, r := range ranks {
-		var l RankLoad
-		if r.Rank >= 0 && r.Rank < len(loads) {
-			l = loads[r.Rank]
+	for rank := range n {
+		trusted := 0
+		for len(known) > 0 && known[0].Rank < rank {
+			known = known[1:]
 		}
-		cost := max(promptTokens-r.Trusted()*bs, 0) + l.PrefillTokens + RankDecodeCost*l.Decoding
+		if len(known) > 0 && known[0].Rank == rank {
+			trusted = known[0].Trusted()
+		}
+		var l RankLoad
+		if rank < len(loads) {
+			l = loads[rank]
+		}
+		cost := max(promptTokens-trusted*bs, 0) + l.PrefillTokens + RankDecodeCost*l.Decoding
 		reqs := l.Prefilling + l.Decoding
 		if best < 0 || cost < bestCost || (cost == bestCost && reqs < bestReqs) {
-			best, bestCost, bestReqs = r.Rank, cost, reqs
+			best, bestCost, bestReqs = rank, cost, reqs
 		}
 	}
 	return best, true

@@ -47,10 +47,18 @@ func TestPickRankWeighsTheCachedPrefixAgainstTheLoad(t *testing.T) {
 		name  string
 		info  *PrefixCacheInfo
 		loads []RankLoad
+		size  int
 		want  int
 		ok    bool
 	}{
 		{name: "an endpoint with one rank has no choice", info: &PrefixCacheInfo{BlockSizeTokens: 16}},
+		{name: "nor one whose metrics say one", info: &PrefixCacheInfo{BlockSizeTokens: 16}, size: 1},
+		{name: "metrics alone say the ranks: the least loaded", size: 4, ok: true, want: 2,
+			info: &PrefixCacheInfo{BlockSizeTokens: 16}, loads: []RankLoad{{Decoding: 1}, {Decoding: 1}}},
+		{name: "ranks the index has no stream for hold nothing", ok: true, want: 0,
+			info: ranks(RankPrefix{Rank: 2, MatchBlocks: 10, State: StreamUncertain})},
+		{name: "the only rank the index knows, holding the prefix", ok: true, want: 3, size: 2,
+			info: ranks(RankPrefix{Rank: 3, MatchBlocks: 10, State: StreamExact})},
 		{name: "idle ranks: the one holding the prefix", ok: true, want: 2,
 			info: ranks(RankPrefix{Rank: 0, State: StreamExact}, RankPrefix{Rank: 1, MatchBlocks: 10, State: StreamExact}, RankPrefix{Rank: 2, MatchBlocks: 50, State: StreamExact})},
 		{name: "an uncertain rank is not preferred on its word", ok: true, want: 1,
@@ -72,7 +80,7 @@ func TestPickRankWeighsTheCachedPrefixAgainstTheLoad(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := PickRank(tc.info, tc.loads, 1024)
+			got, ok := PickRank(tc.info, tc.loads, 1024, tc.size)
 			if ok != tc.ok || got != tc.want {
 				t.Fatalf("PickRank = %d, %v; want %d, %v", got, ok, tc.want, tc.ok)
 			}

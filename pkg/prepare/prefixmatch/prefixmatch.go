@@ -256,7 +256,7 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 			}
 			if p.ranks != nil {
 				sc.rankMatches = p.ranks.LookupRanks(keys[:m.Blocks], cands[i].Address, sc.rankMatches)
-				if len(sc.rankMatches) > 1 {
+				if len(sc.rankMatches) > 0 {
 					perRank(&infos[i], sc.rankMatches)
 				}
 			}

@@ -604,7 +604,7 @@ func (d *Director) pickRank(p *Pick, req *request.Request, c *datalayer.Candidat
 		return
 	}
 	info, ok := datalayer.PrefixCacheInfoOf(c)
-	if !ok || info.Ranks == nil {
+	if !ok || (info.Ranks == nil && c.Metrics.DataParallelRanks < 2) {
 		return
 	}
 	var loads []datalayer.RankLoad
@@ -616,7 +616,7 @@ func (d *Director) pickRank(p *Pick, req *request.Request, c *datalayer.Candidat
 	if prompt == 0 {
 		prompt = info.TotalBlocks * info.BlockSizeTokens
 	}
-	rank, ok := datalayer.PickRank(&info, loads, prompt)
+	rank, ok := datalayer.PickRank(&info, loads, prompt, c.Metrics.DataParallelRanks)
 	if !ok {
 		return
 	}
