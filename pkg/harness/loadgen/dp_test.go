@@ -2,6 +2,9 @@ package loadgen
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,5 +43,37 @@ func TestARankPickKeepsEachGroupOnItsRank(t *testing.T) {
 	}
 	if err := checkDPPolicy(PolicyPredicted, fo); err == nil {
 		t.Error("a policy that knows no ranks ran on data-parallel engines")
+	}
+}
+
+func TestTheDPReportListsEveryPointAndItsChecks(t *testing.T) {
+	t.Parallel()
+	var pts []Point
+	for _, rate := range []float64{10, 20} {
+		pts = append(pts,
+			Point{Workload: "dp", Policy: PolicyDPVLLMBalance, Rate: rate, Summary: Summary{HitRate: 0.3, TTFTp90: 200 * time.Millisecond}},
+			Point{Workload: "dp", Policy: PolicyDPRankPick, Rate: rate, Summary: Summary{HitRate: 0.9, TTFTp90: 20 * time.Millisecond}},
+			Point{Workload: "dp", Policy: PolicyDPRankPerPod, Rate: rate, Summary: Summary{HitRate: 0.93, TTFTp90: 19 * time.Millisecond}})
+	}
+	checks := DPChecks(pts)
+	if len(checks) != 2 || checks[0].Outcome != Pass || checks[1].Outcome != Pass {
+		t.Fatalf("checks: %+v", checks)
+	}
+	pts[4].HitRate = 0.8 // rank pick at 20 req/s, below 0.95 × 0.93
+	if c := DPChecks(pts); c[0].Outcome != Fail {
+		t.Fatalf("a hit rate 14%% below one rank per pod's passed: %+v", c[0])
+	}
+	path := filepath.Join(t.TempDir(), "routing-benchmark.md")
+	if err := WriteDPReport(path, BenchOptions{Plans: DPPlans(), Seed: 1}, pts, "test", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| 20 | **dp-rank-pick** |", "| 10 | dp-vllm-balance |", "| 20 | dp-rank-per-pod |", "**fail**"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("the report lacks %q", want)
+		}
 	}
 }

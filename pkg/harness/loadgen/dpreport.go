@@ -33,7 +33,7 @@ func DPChecks(pts []Point) []Check {
 			}
 			if v, ok := find(pts, wl, PolicyDPVLLMBalance, rate); ok {
 				okTTFT = okTTFT && r.TTFTp90 < v.TTFTp90
-				ttft = append(ttft, fmt.Sprintf("%g: %s vs %s (%.2fx)", rate, ms(r.TTFTp90), ms(v.TTFTp90), float64(r.TTFTp90)/float64(max(v.TTFTp90, 1))))
+				ttft = append(ttft, fmt.Sprintf("%g: %s vs %s (%.3gx)", rate, ms(r.TTFTp90), ms(v.TTFTp90), float64(r.TTFTp90)/float64(max(v.TTFTp90, 1))))
 			}
 		}
 		if !seen {
