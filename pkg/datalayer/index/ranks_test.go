@@ -1,6 +1,7 @@
 package index
 
 import (
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -88,5 +89,30 @@ func TestARankPickIsHeldSpeculativelyUntilItsEventsCome(t *testing.T) {
 	got = ix.LookupRanks(req.keys(), ixTestAddr, nil)
 	if got[1].Blocks != 1 || got[1].Speculative != 0 {
 		t.Fatalf("after the TTL with block 0 stored: %+v", got)
+	}
+}
+
+// checkRankSets checks that each rank's key set counts exactly the (handle,
+// tier) references its stream holds, once an endpoint keeps them.
+func checkRankSets(t *testing.T, ix *Index, addr string) {
+	t.Helper()
+	ep := ix.member(addr)
+	if ep == nil || ep.rankSets.Load() == nil {
+		return
+	}
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	for rank, st := range ep.streams {
+		want := map[uint64]uint32{}
+		for _, hv := range st.handles {
+			for tier := range events.NumTiers {
+				if hv&(1<<tier) != 0 {
+					want[hv&keyMask]++
+				}
+			}
+		}
+		if !maps.Equal(want, st.rankKeys) {
+			t.Fatalf("rank %d's key set %v, its handles say %v", rank, st.rankKeys, want)
+		}
 	}
 }

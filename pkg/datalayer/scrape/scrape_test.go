@@ -189,6 +189,7 @@ vllm:lora_requests_info{max_lora="1",running_lora_adapters="old",waiting_lora_ad
 func FuzzParseMetrics(f *testing.F) {
 	f.Add([]byte(vllmPage(f)))
 	f.Add([]byte(minimalPage))
+	f.Add([]byte(minimalPage + `vllm:cache_config_info{block_size="16",engine="0"} 1` + "\n" + `vllm:cache_config_info{block_size="16",engine="1"} 1` + "\n"))
 	f.Add([]byte(minimalPage + `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters=""} 200` + "\n"))
 	f.Add([]byte(`{"vllm:num_requests_waiting", engine="0"} 1` + "\n"))
 	f.Add([]byte("# TYPE vllm:num_requests_waiting histogram\nvllm:num_requests_waiting_bucket{le=\"+Inf\"} 1\n"))
