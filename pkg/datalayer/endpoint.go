@@ -150,6 +150,10 @@ type Candidate struct {
 	// InFlight is the work this EPP had dispatched to the endpoint and not
 	// seen finish when the request arrived.
 	InFlight InFlight
+	// RankLoads, for an endpoint with data-parallel ranks behind its
+	// address that this EPP has sent requests to, is InFlight's share of
+	// each rank, indexed by rank (nil otherwise).
+	RankLoads []RankLoad
 	// GPUBlocks is how many blocks the index counted in the endpoint's GPU
 	// cache when the candidate was made (StreamInfo.GPUBlocks; 0 when
 	// unknown).

@@ -139,7 +139,12 @@ func (ds *Datastore) RankLoads(name string, out []RankLoad) []RankLoad {
 	if !ok {
 		return out
 	}
-	p := e.load.ranks.by.Load()
+	return e.load.ranks.loads(out)
+}
+
+// loads appends each rank's load to out, indexed by rank.
+func (r *rankLoads) loads(out []RankLoad) []RankLoad {
+	p := r.by.Load()
 	if p == nil {
 		return out
 	}
