@@ -236,6 +236,7 @@ func bench(ctx context.Context, args []string) error {
 	replicas := fs.Int("replicas", 1, "EPP replicas behind the gateway, each fed the KV events over NATS (real time only)")
 	bypass := fs.Float64("bypass", 0, "share of requests sent past the EPP, round-robin over the engines by a second gateway (real time only)")
 	restartAt := fs.Duration("restart-at", 0, "stop the first EPP replica this long into each run and start a fresh one (real time only)")
+	dp := fs.Bool("dp", false, "the data-parallel workload (pods of 4 and of 8 ranks behind one API server each) under its three policies, written to docs/results/routing-dp/")
 	pd := fs.Bool("pd", false, "the P/D workload (2 prefill and 4 decode engines, a P/D sidecar before each decode engine) under its five policies (real time only)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -247,6 +248,9 @@ func bench(ctx context.Context, args []string) error {
 		if !flagSet(fs, "policies") {
 			*policies = strings.Join(loadgen.PDPolicies, ",")
 		}
+	}
+	if *dp && !flagSet(fs, "policies") {
+		*policies = strings.Join(loadgen.DPPolicies, ",")
 	}
 	shape := loadgen.Shape{Replicas: *replicas, Bypass: *bypass, RestartAt: *restartAt}
 	switch *front {
@@ -271,12 +275,26 @@ func bench(ctx context.Context, args []string) error {
 	if *pd {
 		all = []loadgen.Plan{loadgen.PDPlan()}
 	}
+	if *dp {
+		all = loadgen.DPPlans()
+		if *quick {
+			for i := range all {
+				all[i].Rates = all[i].Rates[:1]
+			}
+		}
+	}
 	plans, err := selectPlans(all, *only, *rates)
 	if err != nil {
 		return err
 	}
 	if *outDir == "" && *pd {
 		*outDir = filepath.Join("docs", "results", "routing-pd")
+	}
+	if *outDir == "" && *dp {
+		*outDir = filepath.Join("docs", "results", "routing-dp")
+		if *virtual {
+			*outDir += "-virtual"
+		}
 	}
 	if *outDir == "" {
 		*outDir = filepath.Join("docs", "results", "routing")
@@ -309,6 +327,16 @@ func bench(ctx context.Context, args []string) error {
 		return err
 	}
 	cmd := "go run ./cmd/kvsim bench " + strings.Join(args, " ")
+	if *dp {
+		if err := loadgen.WriteDPReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
+			return err
+		}
+		for _, c := range loadgen.DPChecks(pts) {
+			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
+		}
+		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
+		return nil
+	}
 	if *pd {
 		if err := loadgen.WritePDReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
 			return err

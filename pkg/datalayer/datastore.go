@@ -503,6 +503,9 @@ func (ds *Datastore) CandidatesInto(set *CandidateSet, filter func(*Endpoint) bo
 				c.Stream = info.State
 			}
 			e.load.loadInto(&c.InFlight)
+			if e.load.ranks.by.Load() != nil {
+				c.RankLoads = e.load.ranks.loads(nil)
+			}
 			if m := e.metrics.Load(); m != nil {
 				c.Metrics = m
 			}

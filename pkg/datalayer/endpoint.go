@@ -114,6 +114,10 @@ type Metrics struct {
 	// BlockSize and NumGPUBlocks come from vllm:cache_config_info (0 when unknown).
 	BlockSize    int
 	NumGPUBlocks int
+	// DataParallelRanks is how many data-parallel ranks serve behind the
+	// endpoint's address: the engines vllm:cache_config_info names by its
+	// engine label (0 when it names none).
+	DataParallelRanks int
 	// UpdateTime is when these values were scraped; the zero time means never.
 	UpdateTime time.Time
 }
@@ -146,6 +150,10 @@ type Candidate struct {
 	// InFlight is the work this EPP had dispatched to the endpoint and not
 	// seen finish when the request arrived.
 	InFlight InFlight
+	// RankLoads, for an endpoint with data-parallel ranks behind its
+	// address that this EPP has sent requests to, is InFlight's share of
+	// each rank, indexed by rank (nil otherwise).
+	RankLoads []RankLoad
 	// GPUBlocks is how many blocks the index counted in the endpoint's GPU
 	// cache when the candidate was made (StreamInfo.GPUBlocks; 0 when
 	// unknown).

@@ -186,6 +186,8 @@ type inflight struct {
 	// mu).
 	lastEnds [EndedKept]atomic.Int64
 	endsNext int
+	// ranks counts per data-parallel rank (ranks.go).
+	ranks rankLoads
 }
 
 // publishedAhead is a replay's counts and when it ran, each in an atomic,
@@ -583,6 +585,9 @@ type Dispatch struct {
 	notes *dispatchNotes
 	name  string
 	id    uint64
+	// rank is the counters of the data-parallel rank it was sent to (nil:
+	// none named, OnRank).
+	rank *rankCounters
 }
 
 // Dispatch records that a request goes, at at, to the endpoint named
@@ -647,6 +652,7 @@ func (d *Dispatch) FirstToken(at time.Time) {
 	}
 	d.c.prefilling.Add(-1)
 	d.c.prefillTokens.Add(-d.prefill)
+	d.rankFirstToken()
 	d.c.prefillEnded(d)
 	if d.prefillFor > 0 {
 		d.c.dequeue(d, at.UnixNano())
@@ -730,6 +736,7 @@ func (d *Dispatch) finish(at time.Time, ended bool) {
 		return
 	}
 	state := d.state.Swap(2)
+	d.rankFinish(state)
 	switch state {
 	case 0:
 		d.c.prefilling.Add(-1)

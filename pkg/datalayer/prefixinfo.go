@@ -55,6 +55,21 @@ type PrefixCacheInfo struct {
 	// cached tokens (partial as a lower bound), and discount recovering
 	// and uncertain ones, or widen its estimate, rather than trust them.
 	State StreamState `json:"state"`
+	// Ranks, for an endpoint with several data-parallel ranks behind its
+	// one address, is each rank's own match, in rank order; the fields
+	// above then describe the best-matched rank, where a rank pick
+	// (PickRank) sends a request that shares the prefix. Nil for an
+	// endpoint with one rank. A pointer, so that the info stays
+	// comparable (its boxes are shared among equal answers).
+	Ranks *[]RankPrefix `json:"ranks,omitempty"`
+}
+
+// RankList is p.Ranks' ranks, none when it has none.
+func (p *PrefixCacheInfo) RankList() []RankPrefix {
+	if p.Ranks == nil {
+		return nil
+	}
+	return *p.Ranks
 }
 
 // Ratio is MatchBlocks/TotalBlocks, 0 for a request with no full block.

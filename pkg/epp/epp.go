@@ -606,6 +606,8 @@ func (e *EPP) buildScheduling() error {
 		Parse:                     openai.ParseOptions{KeepBillingHeader: e.opts.RequestPath.KeepBillingHeader},
 		TokenizeTimeout:           e.opts.RequestPath.TokenizeTimeout,
 		PassUnknownModels:         e.opts.RequestPath.PassUnknownModels,
+		Ranks:                     e.index,
+		NoRankPick:                e.opts.RequestPath.NoRankPick,
 		Metrics:                   director.NewMetrics(e.reg),
 		Logger:                    e.logger,
 	})

@@ -68,6 +68,10 @@ type RequestPathOptions struct {
 	// PassUnknownModels routes requests for models no endpoint serves or
 	// reports as a loaded adapter; by default they are refused with 404.
 	PassUnknownModels bool
+	// NoRankPick leaves the data-parallel rank of a pod with several
+	// behind one port to the model server's own balancing: no
+	// x-data-parallel-rank header is set (the client's is still removed).
+	NoRankPick bool
 	// KeepBillingHeader: the model servers render the system block of a
 	// Messages request that begins with x-anthropic-billing-header
 	// (Claude Code's per-request attribution line), as vLLM did before

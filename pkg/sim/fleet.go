@@ -58,6 +58,11 @@ type FleetConfig struct {
 	// which the engine then publishes as its endpoint, and what runs until
 	// the fleet stops (nil with nothing in front).
 	Front func(ecfg EngineConfig, engineAddr string) (addr string, run func(context.Context) error, err error)
+	// DataParallel, when above 1, makes each engine a data-parallel one
+	// of that many ranks behind its one API server (dp.go): each rank its
+	// own block pool, scheduler and event stream, at the engine's address
+	// (ZMQ, when set, is rank 0's output alone).
+	DataParallel int
 }
 
 // Fleet is a running set of cores and their servers. Close stops them.
@@ -118,6 +123,9 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 	if cfg.Host == "" {
 		cfg.Host = "127.0.0.1"
 	}
+	if cfg.DataParallel > MaxDPRanks {
+		return nil, fmt.Errorf("sim: %d data-parallel ranks, at most %d", cfg.DataParallel, MaxDPRanks)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	f := &Fleet{cancel: cancel}
 	for i := range cfg.Engines {
@@ -140,31 +148,46 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 				go func() { defer f.wg.Done(); f.record(run(ctx)) }()
 			}
 		}
-		var side Sidecar
-		if cfg.Sidecar != nil {
-			side = cfg.Sidecar(ecfg)
-			ecfg.Sink = side
-		}
-		eng := NewEngine(ecfg, cfg.Publisher)
-		if cfg.ZMQ != nil {
-			if z := cfg.ZMQ(i); z != nil {
-				if err := eng.StartZMQ(*z); err != nil {
-					_ = ln.Close()
-					f.Close()
-					return nil, err
-				}
-				f.engines = append(f.engines, eng)
+		ranks := max(cfg.DataParallel, 1)
+		cores := make([]*Core, 0, ranks)
+		for rank := range ranks {
+			rcfg := ecfg
+			if ranks > 1 {
+				rcfg.Pool.DPRank = rank
+				// Each rank is an engine process with its own hash seed.
+				rcfg.Pool.Seed = ecfg.Pool.Seed*MaxDPRanks + uint64(rank)
 			}
-		}
-		rep := NewCore(eng, cfg.TimingOf(i))
-		srv := NewServer(rep, ln)
-		f.Servers = append(f.Servers, srv)
-		if side != nil {
+			var side Sidecar
+			if cfg.Sidecar != nil {
+				side = cfg.Sidecar(rcfg)
+				rcfg.Sink = side
+			}
+			eng := NewEngine(rcfg, cfg.Publisher)
+			if cfg.ZMQ != nil && rank == 0 {
+				if z := cfg.ZMQ(i); z != nil {
+					if err := eng.StartZMQ(*z); err != nil {
+						_ = ln.Close()
+						f.Close()
+						return nil, err
+					}
+					f.engines = append(f.engines, eng)
+				}
+			}
+			rep := NewCore(eng, cfg.TimingOf(i))
+			cores = append(cores, rep)
+			if side != nil {
+				f.wg.Add(1)
+				go func() { defer f.wg.Done(); f.record(side.Run(ctx)) }()
+			}
 			f.wg.Add(1)
-			go func() { defer f.wg.Done(); f.record(side.Run(ctx)) }()
+			go func() { defer f.wg.Done(); f.record(rep.Run(ctx)) }()
 		}
-		f.wg.Add(2)
-		go func() { defer f.wg.Done(); f.record(rep.Run(ctx)) }()
+		srv := NewServer(cores[0], ln)
+		if len(cores) > 1 {
+			srv = NewDPServer(cores, ln)
+		}
+		f.Servers = append(f.Servers, srv)
+		f.wg.Add(1)
 		go func() { defer f.wg.Done(); f.record(srv.Run(ctx)) }()
 	}
 	return f, nil

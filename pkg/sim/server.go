@@ -50,7 +50,15 @@ type Server struct {
 	stopped   chan struct{}
 	// pd is the server's side of the P/D contract (pd.go).
 	pd pdState
+	// ranks are a data-parallel engine's cores, rank order (dp.go); nil
+	// for an engine of one rank, r. rankServed and rankPinned count the
+	// requests each rank was given, and those its header named.
+	ranks                  []*Core
+	rankServed, rankPinned [MaxDPRanks]atomic.Int64
 }
+
+// MaxDPRanks bounds a simulated engine's data-parallel ranks.
+const MaxDPRanks = 64
 
 // Fault is how a server fails its generation requests (/v1/completions
 // and /v1/chat/completions), so that tests can make an engine fail and
@@ -74,12 +82,17 @@ const (
 
 // NewServer serves r's API on ln once Run is called; with a nil ln only
 // its Handler serves.
-func NewServer(r *Core, ln net.Listener) *Server {
-	s := &Server{r: r, ln: ln, reg: prometheus.NewRegistry(), stopped: make(chan struct{})}
+func NewServer(r *Core, ln net.Listener) *Server { return newServer([]*Core{r}, ln) }
+
+func newServer(ranks []*Core, ln net.Listener) *Server {
+	s := &Server{r: ranks[0], ln: ln, reg: prometheus.NewRegistry(), stopped: make(chan struct{})}
+	if len(ranks) > 1 {
+		s.ranks = ranks
+	}
 	if ln != nil {
 		s.addr = ln.Addr().String()
 	}
-	s.reg.MustRegister(&vllmCollector{r: r})
+	s.reg.MustRegister(&vllmCollector{r: ranks[0], ranks: s.ranks})
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	return s
 }
@@ -341,7 +354,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	seq, err := s.r.submit(breq, maxTokens, keep)
+	core, err := s.rankFor(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	seq, err := core.submit(breq, maxTokens, keep)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
@@ -533,39 +551,72 @@ func (e *emitter) stream(ctx context.Context, seq *Seq, includeUsage bool) {
 	}
 }
 
-// vllmCollector exposes a core's state under vLLM's metric names.
-type vllmCollector struct{ r *Core }
+// vllmCollector exposes a core's state under vLLM's metric names; for a
+// data-parallel engine, its ranks' summed (KV usage: averaged).
+type vllmCollector struct {
+	r     *Core
+	ranks []*Core
+}
 
 var (
-	labelsModel   = []string{"model_name"}
-	descWaiting   = prometheus.NewDesc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labelsModel, nil)
-	descRunning   = prometheus.NewDesc("vllm:num_requests_running", "Number of requests in model execution batches.", labelsModel, nil)
-	descKVUsage   = prometheus.NewDesc("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labelsModel, nil)
-	descCacheCfg  = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", []string{"block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching"}, nil)
-	descLoRA      = prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.", []string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, nil)
-	descQueries   = prometheus.NewDesc("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", labelsModel, nil)
-	descHits      = prometheus.NewDesc("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", labelsModel, nil)
-	descSuccess   = prometheus.NewDesc("vllm:request_success_total", "Count of successfully processed requests.", labelsModel, nil)
-	descPromptTok = prometheus.NewDesc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", labelsModel, nil)
-	descGenTok    = prometheus.NewDesc("vllm:generation_tokens_total", "Number of generation tokens processed.", labelsModel, nil)
+	labelsModel  = []string{"model_name"}
+	descWaiting  = prometheus.NewDesc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labelsModel, nil)
+	descRunning  = prometheus.NewDesc("vllm:num_requests_running", "Number of requests in model execution batches.", labelsModel, nil)
+	descKVUsage  = prometheus.NewDesc("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labelsModel, nil)
+	descCacheCfg = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", []string{"block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching"}, nil)
+	// A data-parallel server's, one series per rank, as vLLM labels them.
+	descCacheCfgDP = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", []string{"block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching", "engine"}, nil)
+	descLoRA       = prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.", []string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, nil)
+	descQueries    = prometheus.NewDesc("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", labelsModel, nil)
+	descHits       = prometheus.NewDesc("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", labelsModel, nil)
+	descSuccess    = prometheus.NewDesc("vllm:request_success_total", "Count of successfully processed requests.", labelsModel, nil)
+	descPromptTok  = prometheus.NewDesc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", labelsModel, nil)
+	descGenTok     = prometheus.NewDesc("vllm:generation_tokens_total", "Number of generation tokens processed.", labelsModel, nil)
 )
 
 func (c *vllmCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descWaiting, descRunning, descKVUsage, descCacheCfg, descLoRA, descQueries, descHits, descSuccess, descPromptTok, descGenTok} {
+	cfg := descCacheCfg
+	if len(c.ranks) > 1 {
+		cfg = descCacheCfgDP
+	}
+	for _, d := range []*prometheus.Desc{descWaiting, descRunning, descKVUsage, cfg, descLoRA, descQueries, descHits, descSuccess, descPromptTok, descGenTok} {
 		ch <- d
 	}
 }
 
 func (c *vllmCollector) Collect(ch chan<- prometheus.Metric) {
-	waiting, running := c.r.Load()
-	st := c.r.Stats()
+	ranks := c.ranks
+	if len(ranks) == 0 {
+		ranks = []*Core{c.r}
+	}
+	var waiting, running int
+	var usage float64
+	var st CoreStats
+	for _, r := range ranks {
+		w, n := r.Load()
+		waiting, running = waiting+w, running+n
+		usage += r.eng.Usage() / float64(len(ranks))
+		rs := r.Stats()
+		st.PrefixQueries += rs.PrefixQueries
+		st.PrefixHits += rs.PrefixHits
+		st.Requests += rs.Requests
+		st.PromptTokens += rs.PromptTokens
+		st.GenerationTokens += rs.GenerationTokens
+	}
 	cfg := c.r.eng.cfg
 	m := cfg.Model
 	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(waiting), m)
 	ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(running), m)
-	ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, c.r.eng.Usage(), m)
-	ch <- prometheus.MustNewConstMetric(descCacheCfg, prometheus.GaugeValue, 1,
-		strconv.Itoa(cfg.Pool.BlockSize), strconv.Itoa(cfg.Pool.GPUBlocks), strconv.Itoa(cfg.Pool.CPUBlocks), "True")
+	ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, usage, m)
+	if len(c.ranks) > 1 {
+		for i := range c.ranks {
+			ch <- prometheus.MustNewConstMetric(descCacheCfgDP, prometheus.GaugeValue, 1,
+				strconv.Itoa(cfg.Pool.BlockSize), strconv.Itoa(cfg.Pool.GPUBlocks), strconv.Itoa(cfg.Pool.CPUBlocks), "True", strconv.Itoa(i))
+		}
+	} else {
+		ch <- prometheus.MustNewConstMetric(descCacheCfg, prometheus.GaugeValue, 1,
+			strconv.Itoa(cfg.Pool.BlockSize), strconv.Itoa(cfg.Pool.GPUBlocks), strconv.Itoa(cfg.Pool.CPUBlocks), "True")
+	}
 	ch <- prometheus.MustNewConstMetric(descLoRA, prometheus.GaugeValue, float64(time.Now().Unix()), "0", "", "")
 	ch <- prometheus.MustNewConstMetric(descQueries, prometheus.CounterValue, float64(st.PrefixQueries), m)
 	ch <- prometheus.MustNewConstMetric(descHits, prometheus.CounterValue, float64(st.PrefixHits), m)

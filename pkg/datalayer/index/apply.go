@@ -2,6 +2,7 @@ package index
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
@@ -33,6 +34,17 @@ type ixStream struct {
 	// the engine's (LMCache's chunks), the blocks before its last, which
 	// are held under synthHandle names.
 	coarse map[uint64]uint8
+
+	// rank is the stream's data-parallel rank; pubState its state, for
+	// readers without ep.mu. rankKeys counts the stream's (handle, tier)
+	// references on each key it holds and rankSpec holds the keys a pick
+	// of this rank expects it to store, with their deadlines (ms since the
+	// index's epoch): both nil until the endpoint has several ranks
+	// (ranks.go), guarded by its rankSets' mu.
+	rank     int
+	pubState atomic.Uint32
+	rankKeys map[uint64]uint32
+	rankSpec map[uint64]uint64
 }
 
 type dupKey struct {
@@ -56,8 +68,13 @@ type ageRecord struct {
 func (ep *ixEndpoint) stream(rank int) *ixStream {
 	st := ep.streams[rank]
 	if st == nil {
-		st = &ixStream{handles: make(map[uint64]uint64)}
+		st = &ixStream{handles: make(map[uint64]uint64), rank: rank}
 		ep.streams[rank] = st
+		if rs := ep.rankSets.Load(); rs != nil {
+			rs.add(st)
+		} else if rank != 0 || len(ep.streams) > 1 {
+			ep.startRanks()
+		}
 	}
 	return st
 }
@@ -432,6 +449,9 @@ func (ix *Index) ref(ep *ixEndpoint, st *ixStream, h, k uint64, t events.Tier, n
 			hv = k
 		}
 		st.handles[h] = hv | bit
+		if st.rankKeys != nil {
+			ep.rankRef(st, k)
+		}
 	default:
 		ix.stats.dropped[dropRefOverflow].Add(1)
 		return
@@ -503,6 +523,9 @@ func (ix *Index) unrefCopies(ep *ixEndpoint, st *ixStream, h uint64, t events.Ti
 func (ix *Index) dropTier(ep *ixEndpoint, st *ixStream, h, hv uint64, t events.Tier, d *delta) {
 	bit := uint64(1) << t
 	ix.shard(hv&keyMask).delRef(hv&keyMask, ep.id, t, d)
+	if st.rankKeys != nil {
+		ep.rankUnref(st, hv&keyMask)
+	}
 	if hv &^= bit; hv&^keyMask == 0 {
 		delete(st.handles, h)
 	} else {
@@ -555,6 +578,9 @@ func (ix *Index) clearStream(ep *ixEndpoint, st *ixStream, d *delta) {
 	// A fresh map rather than clear: Go maps never shrink, and a restarted
 	// engine may never refill what the old one held.
 	st.handles = make(map[uint64]uint64)
+	if st.rankKeys != nil {
+		ep.rankClear(st)
+	}
 	st.dups = nil
 	st.coarse = nil
 	st.aged = [events.NumTiers]*ageQueue{}

@@ -258,15 +258,31 @@ func BenchmarkIndexMemory(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			for b.Loop() {
-				perHolding, holdings := buildAndMeasure(b, *benchHoldings, 64, share)
+				perHolding, holdings := buildAndMeasure(b, *benchHoldings, 64, share, 1)
 				b.ReportMetric(perHolding, "bytes/holding")
 				b.ReportMetric(float64(holdings), "holdings")
 			}
 		})
 	}
+	// Endpoints of 4 data-parallel ranks keep each rank's key set besides
+	// the shards' holdings; the same distinct blocks on single-rank
+	// endpoints, measured in the same run, are the baseline.
+	b.Run("distinct, 4 ranks an endpoint", func(b *testing.B) {
+		for b.Loop() {
+			one, _ := buildAndMeasure(b, *benchHoldings, 64, 1, 1)
+			ranked, holdings := buildAndMeasure(b, *benchHoldings, 64, 1, 4)
+			b.ReportMetric(ranked, "bytes/holding")
+			b.ReportMetric(ranked/one, "x-single-rank")
+			b.ReportMetric(float64(holdings), "holdings")
+		}
+	})
 }
 
-func buildAndMeasure(b *testing.B, target, endpoints, share int) (float64, int64) {
+// buildAndMeasure fills an index with about target holdings over
+// endpoints, groups of share storing the same blocks, each endpoint's runs
+// spread over ranks data-parallel ranks; it returns the heap bytes per
+// holding and the holdings.
+func buildAndMeasure(b *testing.B, target, endpoints, share, ranks int) (float64, int64) {
 	const runBlocks = 128
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -294,7 +310,7 @@ func buildAndMeasure(b *testing.B, target, endpoints, share int) (float64, int64
 				hashes[j] = uint64(i)<<40 | uint64(run*runBlocks+j)
 			}
 			batch.Events[0] = events.Event{Kind: events.KindBlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: benchBS}
-			o := events.Origin{Stream: events.Stream{Endpoint: addr}, Model: "bench", Instance: "i", BlockSize: benchBS, Seq: uint64(run)}
+			o := events.Origin{Stream: events.Stream{Endpoint: addr, DPRank: run % ranks}, Model: "bench", Instance: "i", BlockSize: benchBS, Seq: uint64(run / ranks)}
 			ix.Apply(o, batch)
 		}
 	}

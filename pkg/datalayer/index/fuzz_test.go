@@ -144,6 +144,7 @@ func FuzzIndexApply(f *testing.F) {
 					e.Kind = events.KindAllBlocksCleared
 				case 6:
 					ix.Speculate(ixTestAddr, AppendBlockKeys(nil, RootKey("m", "", ""), []uint32{0, 1, 2, 3}, 2))
+					ix.SpeculateRank(ixTestAddr, int(r.next()%3), AppendBlockKeys(nil, RootKey("m", "", ""), []uint32{0, 1, 2, 3}, 2))
 					clk.Advance(500e6)
 					continue
 				default:
@@ -173,13 +174,21 @@ func FuzzIndexApply(f *testing.F) {
 					if m.Blocks > len(keys) || m.Blocks != m.ByTier[0]+m.ByTier[1]+m.ByTier[2]+m.Speculative || out[1] != (Match{}) {
 						t.Fatalf("inconsistent match %+v", out)
 					}
+					for _, rm := range ix.LookupRanks(keys, ixTestAddr, nil) {
+						// A rank's own blocks are the endpoint's too.
+						if rm.Blocks > len(keys) || rm.Speculative > rm.Blocks || rm.Blocks-rm.Speculative > m.Blocks {
+							t.Fatalf("rank %+v against the endpoint's %+v", rm, m)
+						}
+					}
 				}
 			}
 			if steps%16 == 0 {
 				checkGaugesMatchContents(t, ix)
+				checkRankSets(t, ix, ixTestAddr)
 			}
 		}
 		checkGaugesMatchContents(t, ix)
+		checkRankSets(t, ix, ixTestAddr)
 		ix.Expire()
 		ix.RemoveEndpoint(ixTestAddr)
 		checkGaugesMatchContents(t, ix)

@@ -125,6 +125,10 @@ type ixEndpoint struct {
 	layout atomic.Pointer[layout]
 	bigram atomic.Bool
 
+	// rankSets, once the endpoint shows a second data-parallel rank, are
+	// its ranks' own key sets (ranks.go); nil before.
+	rankSets atomic.Pointer[rankSets]
+
 	// Scratch for keying stores, used under mu.
 	scratchKeys   []uint64
 	scratchTokens []uint32
@@ -338,6 +342,7 @@ func (ep *ixEndpoint) refreshState() {
 	s := datalayer.StreamNone
 	for _, st := range ep.streams {
 		s = worse(s, st.state)
+		st.pubState.Store(uint32(st.state))
 	}
 	ep.state.Store(uint32(s))
 }

@@ -395,8 +395,23 @@ func ParseMetrics(page []byte, names MetricNames) (datalayer.Metrics, error) {
 		labels := labelMap(mf.GetMetric()[0])
 		m.BlockSize = parseCount(labels["block_size"])
 		m.NumGPUBlocks = parseCount(labels["num_gpu_blocks"])
+		m.DataParallelRanks = countEngines(mf)
 	}
 	return m, nil
+}
+
+// countEngines counts the distinct engine label values of a metric's
+// series: a data-parallel server reports one series per rank.
+func countEngines(mf *dto.MetricFamily) int {
+	seen := map[string]bool{}
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "engine" {
+				seen[l.GetValue()] = true
+			}
+		}
+	}
+	return len(seen)
 }
 
 // filterMetricLines keeps the sample, HELP and TYPE lines of the wanted

@@ -81,6 +81,14 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.6
 			want: datalayer.Metrics{WaitingQueueSize: 5, RunningRequests: 5, KVCacheUsage: 0.4},
 		},
 		{
+			name: "a data-parallel server's cache config names each rank's engine",
+			page: minimalPage + `vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="100"} 1
+vllm:cache_config_info{block_size="16",engine="2",num_gpu_blocks="100"} 1
+`,
+			want: datalayer.Metrics{WaitingQueueSize: 1, RunningRequests: 2, KVCacheUsage: 0.5, BlockSize: 16, NumGPUBlocks: 100, DataParallelRanks: 3},
+		},
+		{
 			name: "the cache config before the engine sized its cache leaves the block count unknown",
 			page: minimalPage + `vllm:cache_config_info{block_size="32",num_gpu_blocks="None"} 1` + "\n",
 			want: datalayer.Metrics{WaitingQueueSize: 1, RunningRequests: 2, KVCacheUsage: 0.5, BlockSize: 32},
@@ -181,6 +189,7 @@ vllm:lora_requests_info{max_lora="1",running_lora_adapters="old",waiting_lora_ad
 func FuzzParseMetrics(f *testing.F) {
 	f.Add([]byte(vllmPage(f)))
 	f.Add([]byte(minimalPage))
+	f.Add([]byte(minimalPage + `vllm:cache_config_info{block_size="16",engine="0"} 1` + "\n" + `vllm:cache_config_info{block_size="16",engine="1"} 1` + "\n"))
 	f.Add([]byte(minimalPage + `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters=""} 200` + "\n"))
 	f.Add([]byte(`{"vllm:num_requests_waiting", engine="0"} 1` + "\n"))
 	f.Add([]byte("# TYPE vllm:num_requests_waiting histogram\nvllm:num_requests_waiting_bucket{le=\"+Inf\"} 1\n"))

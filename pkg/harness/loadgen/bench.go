@@ -29,6 +29,9 @@ type Plan struct {
 	Engines  int
 	Roles    []string
 	Transfer sim.Transfer
+	// DataParallel, when above 1, makes each engine a data-parallel one
+	// of that many ranks (FleetOptions.DataParallel).
+	DataParallel int
 }
 
 // BenchOptions shape a routing benchmark: every plan's workload at each of
@@ -157,6 +160,15 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	}
 	if p.Engines > 0 {
 		fleet.Engines = p.Engines
+	}
+	if p.DataParallel > 1 {
+		fleet.DataParallel = p.DataParallel
+	}
+	if isDP(policy) || fleet.DataParallel > 1 {
+		if err := checkDPPolicy(policy, fleet); err != nil {
+			return Point{}, err
+		}
+		fleet = dpFleet(policy, fleet)
 	}
 	if len(p.Roles) > 0 {
 		if o.Virtual {

@@ -111,6 +111,9 @@ type FleetOptions struct {
 	// is the KV transfer between prefill and decode engines.
 	Roles    []string
 	Transfer sim.Transfer
+	// DataParallel, when above 1, makes each engine a data-parallel one of
+	// that many ranks behind its one API server (sim.FleetConfig.DataParallel).
+	DataParallel int
 }
 
 // Front is how an environment's requests reach the EPP.
@@ -532,7 +535,7 @@ func eppConfig(policy string) string {
 	switch policy {
 	case PolicyKvrouteUpstreamConfig:
 		return upstreamepp.ConfigApprox
-	case PolicyPredicted, PolicyPredictedUnshared:
+	case PolicyPredicted, PolicyPredictedUnshared, PolicyDPVLLMBalance, PolicyDPRankPick, PolicyDPRankPerPod:
 		return PredictedConfig
 	case policyTrace:
 		return traceConfig
@@ -564,7 +567,7 @@ func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	fc := sim.FleetConfig{
 		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing, Speeds: fo.Speeds,
 		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Family: fo.Family,
-		Roles: fo.Roles, Transfer: fo.Transfer,
+		Roles: fo.Roles, Transfer: fo.Transfer, DataParallel: fo.DataParallel,
 	}
 	fc.Pool.Seed = seed
 	return fc

@@ -41,7 +41,7 @@ func viaEPP(policy string) bool {
 	case PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyPredicted, PolicyPredictedUnshared, policyTrace:
 		return true
 	}
-	return onPods(policy) || isPD(policy)
+	return onPods(policy) || isPD(policy) || isDP(policy)
 }
 
 // router picks where a request is sent, knowing its prompt (the rendered

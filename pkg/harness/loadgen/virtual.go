@@ -61,6 +61,9 @@ type virtualRun struct {
 	clock    *virtualClock
 	replicas []*sim.Core
 	addrs    map[string]int
+	// ranks, for a fleet of data-parallel engines, are each engine's
+	// replicas by rank, indexed by the engine's first replica.
+	ranks map[int][]int
 	// Exactly one of these picks.
 	router router
 	eppSrv *epp.EPP
@@ -103,9 +106,10 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 			// The request path is timed by the run's clock, and the
 			// predictor learns each response as it ends, so that a run
 			// repeats exactly.
-			Now:     v.clock.Now,
-			Predict: epp.PredictOptions{Synchronous: true, Record: record},
-			Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Now:         v.clock.Now,
+			Predict:     epp.PredictOptions{Synchronous: true, Record: record},
+			RequestPath: epp.RequestPathOptions{NoRankPick: policy == PolicyDPVLLMBalance},
+			Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: EPP: %w", err)
@@ -115,21 +119,35 @@ func newVirtualRun(policy string, fo FleetOptions, seed uint64, record func(pred
 	fc := fo.fleetConfig(seed)
 	// The engines' clock, by which a family's silence ends.
 	fc.Pool.Now = v.clock.Now
+	ranks := max(fo.DataParallel, 1)
 	for i := range max(fo.Engines, 1) {
 		// The real-time fleet's engines, at addresses nothing listens on.
 		ec := fc.EngineConfig(i, fmt.Sprintf("10.0.0.%d:8000", i+1))
-		ev := &evictionCounter{}
 		if v.eppSrv != nil {
-			if policy != PolicyApproxEPP {
+			v.eppSrv.Datastore().Upsert(&datalayer.Endpoint{Name: ec.Pod, Address: ec.Address, Pod: ec.Pod, Model: fo.Model})
+		}
+		v.addrs[ec.Address] = len(v.replicas)
+		first := len(v.replicas)
+		for rank := range ranks {
+			rc := ec
+			if ranks > 1 {
+				// As sim.StartFleet makes a data-parallel engine's ranks.
+				rc.Pool.DPRank = rank
+				rc.Pool.Seed = ec.Pool.Seed*sim.MaxDPRanks + uint64(rank)
+				if v.ranks == nil {
+					v.ranks = map[int][]int{}
+				}
+				v.ranks[first] = append(v.ranks[first], len(v.replicas))
+			}
+			ev := &evictionCounter{}
+			if v.eppSrv != nil && policy != PolicyApproxEPP {
 				// The approximate policy's EPP hears no events: that is the point.
 				ev.next = v.eppSrv.Index()
 			}
-			v.eppSrv.Datastore().Upsert(&datalayer.Endpoint{Name: ec.Pod, Address: ec.Address, Pod: ec.Pod, Model: fo.Model})
+			rc.Sink = ev
+			v.evictions = append(v.evictions, ev)
+			v.replicas = append(v.replicas, sim.NewCore(sim.NewEngine(rc, nil), fc.TimingOf(i)))
 		}
-		ec.Sink = ev
-		v.evictions = append(v.evictions, ev)
-		v.replicas = append(v.replicas, sim.NewCore(sim.NewEngine(ec, nil), fc.TimingOf(i)))
-		v.addrs[ec.Address] = i
 	}
 	if v.eppSrv == nil {
 		// Virtual time has no hop to pay for: no proxy.
@@ -163,17 +181,27 @@ func (v *virtualRun) pick(ctx context.Context, path string, body []byte, headers
 		return v.addrs[endpoint], tokens, nil, nil
 	}
 	ds := v.eppSrv.Datastore()
-	for _, r := range v.replicas {
+	for _, first := range v.addrs {
+		r := v.replicas[first]
 		if r.Engine().MetricsSilent() {
 			continue // as a scrape would find nothing
 		}
-		waiting, running := r.Load()
 		cfg := r.Engine().Config()
 		// Wall-clock stamped: the scorers judge staleness by the wall clock.
-		ds.SetMetrics(cfg.Pod, datalayer.Metrics{
-			WaitingQueueSize: waiting, RunningRequests: running, KVCacheUsage: r.Engine().Usage(),
-			BlockSize: cfg.Pool.BlockSize, NumGPUBlocks: cfg.Pool.GPUBlocks, UpdateTime: time.Now(),
-		})
+		m := datalayer.Metrics{BlockSize: cfg.Pool.BlockSize, NumGPUBlocks: cfg.Pool.GPUBlocks, UpdateTime: time.Now()}
+		ranks := v.ranksOf(first)
+		for _, j := range ranks {
+			// A data-parallel server's page: its ranks summed, their
+			// usage averaged, and one cache_config_info series each.
+			waiting, running := v.replicas[j].Load()
+			m.WaitingQueueSize += waiting
+			m.RunningRequests += running
+			m.KVCacheUsage += v.replicas[j].Engine().Usage() / float64(len(ranks))
+		}
+		if len(ranks) > 1 {
+			m.DataParallelRanks = len(ranks)
+		}
+		ds.SetMetrics(cfg.Pod, m)
 	}
 	req.TokenIDs = tokens // as the engines' /tokenize would answer
 	req.Headers = headers
@@ -185,7 +213,34 @@ func (v *virtualRun) pick(ctx context.Context, path string, body []byte, headers
 	if !ok {
 		return 0, nil, nil, fmt.Errorf("loadgen: picked %s, no engine's address", p.Targets[0])
 	}
-	return i, tokens, p, nil
+	return v.rank(i, p.Rank), tokens, p, nil
+}
+
+// ranksOf are the replicas of the engine whose first replica is first,
+// by rank.
+func (v *virtualRun) ranksOf(first int) []int {
+	if rs := v.ranks[first]; len(rs) > 0 {
+		return rs
+	}
+	return []int{first}
+}
+
+// rank is the replica a request for the engine whose first replica is
+// first runs on, as its API server places it (sim's dp.go): the rank the
+// pick names, else the least of waiting*4 + running.
+func (v *virtualRun) rank(first, named int) int {
+	rs := v.ranksOf(first)
+	if named >= 0 && named < len(rs) {
+		return rs[named]
+	}
+	best, bestScore := rs[0], 0
+	for k, j := range rs {
+		waiting, running := v.replicas[j].Load()
+		if score := 4*waiting + running; k == 0 || score < bestScore {
+			best, bestScore = j, score
+		}
+	}
+	return best
 }
 
 // vreq is a request in flight in virtual time.

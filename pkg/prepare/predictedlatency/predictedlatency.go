@@ -258,6 +258,46 @@ func inputOf(in *predict.Input, req *request.Request, c *datalayer.Candidate, no
 	} else {
 		in.MetricsStale = true
 	}
+	if rank, ok := datalayer.PickRank(&info, c.RankLoads, in.InputTokens, c.Metrics.DataParallelRanks); ok {
+		rankInput(in, &info, c, rank)
+	}
+}
+
+// rankInput makes in the input of the data-parallel rank a rank pick
+// names (datalayer.PickRank, as the director will): a pod of ranks serves
+// a request on one of them, an engine with its own cache and scheduler.
+// The rank's trusted match is its cached prefix (all of it as GPU: the
+// index keeps a rank's keys, not their tiers), its in-flight work the
+// rank's share of the pod's, and the pod's scraped queues are shared out
+// over its ranks. The replay of the pod's requests (Ahead, the decode
+// ends and the prefill queue's end) runs them as one scheduler's, which
+// they are not: it is left out, as for an endpoint with nothing replayed.
+func rankInput(in *predict.Input, info *datalayer.PrefixCacheInfo, c *datalayer.Candidate, rank int) {
+	bs := info.BlockSizeTokens
+	matched := 0
+	ranks := info.RankList()
+	for _, r := range ranks {
+		if r.Rank == rank {
+			matched = r.Trusted()
+		}
+	}
+	in.GPUTokens, in.CPUTokens, in.StorageTokens, in.SpeculativeTokens = matched*bs, 0, 0, 0
+	var l datalayer.RankLoad
+	if rank < len(c.RankLoads) {
+		l = c.RankLoads[rank]
+	}
+	if c.InFlight.Decoding > 0 {
+		in.DecodeTokens = c.InFlight.DecodeTokens * min(l.Decoding, c.InFlight.Decoding) / c.InFlight.Decoding
+	} else {
+		in.DecodeTokens = 0
+	}
+	in.Prefilling, in.PrefillTokens, in.Decoding = l.Prefilling, l.PrefillTokens, l.Decoding
+	n := max(c.Metrics.DataParallelRanks, len(c.RankLoads), 1)
+	if len(ranks) > 0 {
+		n = max(n, ranks[len(ranks)-1].Rank+1)
+	}
+	in.Waiting, in.Running = in.Waiting/n, in.Running/n
+	in.Ahead, in.DecodeEnds, in.PrefillAheadMs = enginesched.Ahead{}, 0, 0
 }
 
 // drainAhead takes off the replay's prefills ahead the share that has

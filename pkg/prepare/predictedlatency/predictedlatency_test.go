@@ -338,3 +338,41 @@ func TestARequestWhosePrefixIsBeingPrefilledThereIsPredictedAsCachedAfterTheWait
 		t.Errorf("behind another prompt's prefill: p90 %.1fms, sharing its prefix: p90 %.1fms", other.TTFT, shared.TTFT)
 	}
 }
+
+func TestAPodOfRanksIsPredictedOnTheRankARankPickNames(t *testing.T) {
+	t.Parallel()
+	_, prod := inProcess(t, nil)
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "pod", Address: "10.0.0.1:8000"})
+	ds.SetMetrics("pod", datalayer.Metrics{WaitingQueueSize: 8, RunningRequests: 12, DataParallelRanks: 4, UpdateTime: time.Now()})
+	// Rank 2 holds the prefix and has one request decoding; rank 1 has a
+	// long prefill queued and nothing cached.
+	busy := ds.Dispatch("pod", time.Now(), 6000, 6000, 0)
+	busy.OnRank(1)
+	dec := ds.Dispatch("pod", time.Now(), 100, 900, 0)
+	dec.OnRank(2)
+	dec.FirstToken(time.Now())
+	c := ds.Candidates(nil)[0]
+	ranks := []datalayer.RankPrefix{
+		{Rank: 1, State: datalayer.StreamExact},
+		{Rank: 2, MatchBlocks: 200, State: datalayer.StreamExact},
+		{Rank: 3, MatchBlocks: 240, State: datalayer.StreamUncertain},
+	}
+	var byTier [events.NumTiers]int
+	byTier[events.TierGPU], byTier[events.TierCPU] = 200, 40
+	c.Put(datalayer.PrefixCacheMatchInfoKey, datalayer.PrefixCacheInfo{
+		MatchBlocks: 240, TotalBlocks: 250, BlockSizeTokens: 16, BlocksByTier: byTier, State: datalayer.StreamUncertain, Ranks: &ranks})
+	if err := prod.Produce(context.Background(), &request.Request{TokenIDs: make([]uint32, 4000)}, []*datalayer.Candidate{c}); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := c.Get(predictedlatency.InputKey)
+	in := v.(*predict.Input)
+	want := predict.Input{InputTokens: 4000, GPUTokens: 3200, Decoding: 1, DecodeTokens: 900, Waiting: 2, Running: 3}
+	got := predict.Input{InputTokens: in.InputTokens, GPUTokens: in.GPUTokens, CPUTokens: in.CPUTokens, Prefilling: in.Prefilling,
+		PrefillTokens: in.PrefillTokens, Decoding: in.Decoding, DecodeTokens: in.DecodeTokens, Waiting: in.Waiting, Running: in.Running}
+	if got != want || in.Ahead != (enginesched.Ahead{}) {
+		t.Fatalf("input %+v, want rank 2's: %+v", got, want)
+	}
+	busy.Done()
+	dec.Done()
+}

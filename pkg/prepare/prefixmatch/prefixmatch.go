@@ -41,6 +41,13 @@ type Index interface {
 	Lookup(keys []uint64, addrs []string, out []index.Match)
 }
 
+// RankIndex is what the producer needs of an index that answers per
+// data-parallel rank (the exact index does); without it, an endpoint's
+// ranks are answered as one.
+type RankIndex interface {
+	LookupRanks(keys []uint64, addr string, out []index.RankMatch) []index.RankMatch
+}
+
 // Approx is what the producer needs of the approximate fallback.
 type Approx interface {
 	Match(hashes []uint64, addrs []string, out []int)
@@ -76,6 +83,7 @@ type Producer struct {
 	name   string
 	params Params
 	index  Index
+	ranks  RankIndex
 	approx Approx
 }
 
@@ -97,7 +105,8 @@ func New(name string, p Params, index Index, approx Approx) *Producer {
 	if name == "" {
 		name = Type
 	}
-	return &Producer{name: name, params: p, index: index, approx: approx}
+	ranks, _ := index.(RankIndex)
+	return &Producer{name: name, params: p, index: index, ranks: ranks, approx: approx}
 }
 
 // Params are the producer's parameters, defaults filled in.
@@ -245,6 +254,12 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 				Exact:             state.Exact(),
 				State:             state,
 			}
+			if p.ranks != nil {
+				sc.rankMatches = p.ranks.LookupRanks(keys[:m.Blocks], cands[i].Address, sc.rankMatches)
+				if len(sc.rankMatches) > 0 {
+					perRank(&infos[i], sc.rankMatches)
+				}
+			}
 		}
 		if len(streamless) > 0 {
 			// The routing history remembers picks by these same block keys
@@ -260,6 +275,36 @@ func (p *Producer) Produce(ctx context.Context, req *request.Request, cands []*d
 	return nil
 }
 
+// perRank sets info's Ranks from the index's per-rank matches, and its
+// endpoint-wide match to the best rank's: the request is served by one
+// rank, so blocks held only by several ranks together are no hit. The
+// tiers of the blocks dropped are taken from the slowest first.
+func perRank(info *datalayer.PrefixCacheInfo, ms []index.RankMatch) {
+	ranks := make([]datalayer.RankPrefix, len(ms))
+	info.Ranks = &ranks
+	best, spec := 0, 0
+	for j, m := range ms {
+		ranks[j] = datalayer.RankPrefix{Rank: m.Rank, MatchBlocks: m.Blocks, SpeculativeBlocks: m.Speculative, State: m.State}
+		if m.Blocks > best {
+			best, spec = m.Blocks, m.Speculative
+		}
+	}
+	if best >= info.MatchBlocks {
+		return
+	}
+	info.MatchBlocks, info.MatchTokens = best, best*info.BlockSizeTokens
+	info.SpeculativeBlocks = min(info.SpeculativeBlocks, spec)
+	excess := -best + info.SpeculativeBlocks
+	for _, n := range info.BlocksByTier {
+		excess += n
+	}
+	for t := len(info.BlocksByTier) - 1; t >= 0 && excess > 0; t-- {
+		cut := min(excess, info.BlocksByTier[t])
+		info.BlocksByTier[t] -= cut
+		excess -= cut
+	}
+}
+
 // scratch is one Produce's working memory, pooled: none of it outlives
 // the call (the answers are boxed copies).
 type scratch struct {
@@ -268,6 +313,8 @@ type scratch struct {
 	matches []index.Match
 	eps     []index.EndpointInfo
 	groups  []group
+	// rankMatches is one candidate's per-rank answer at a time.
+	rankMatches []index.RankMatch
 }
 
 var scratchPool sync.Pool

@@ -121,6 +121,10 @@ type Pick struct {
 	Targets []string
 	// Candidates are the request's candidates with what PrepareData put on them.
 	Candidates []*datalayer.Candidate
+	// Rank is the data-parallel rank of Targets[0] the request is pinned
+	// to (datalayer.HeaderDataParallelRank), -1 when it names none: the
+	// endpoint has one rank, or the model server balances its ranks.
+	Rank int
 	// Prefill is the ip:port of the pod that prefills the request before
 	// Targets[0] decodes it (HeaderPrefiller); empty when Targets[0]
 	// prefills it itself.
@@ -224,10 +228,23 @@ var (
 	_ Outliers    = (*datalayer.Datastore)(nil)
 	_ Datastore   = (*datalayer.Datastore)(nil)
 	_ InFlight    = (*datalayer.Datastore)(nil)
+	_ RankLoads   = (*datalayer.Datastore)(nil)
 	_ PrepareData = (*prepare.Graph)(nil)
 	_ Scheduler   = (*scheduling.Scheduler)(nil)
 	_ FlowControl = (*flowcontrol.Controller)(nil)
 )
+
+// RankLoads is the in-flight accounting per data-parallel rank that a rank
+// pick weighs; *datalayer.Datastore keeps it. An InFlight without it
+// counts every rank as idle.
+type RankLoads interface {
+	RankLoads(name string, out []datalayer.RankLoad) []datalayer.RankLoad
+}
+
+// RankSpeculator records that a rank of an endpoint will soon hold keys.
+type RankSpeculator interface {
+	SpeculateRank(addr string, rank int, keys []uint64)
+}
 
 // Options wire a Director. Datastore, Scheduler and InFlight are required.
 type Options struct {
@@ -276,6 +293,13 @@ type Options struct {
 	// Objectives holds none: a pool without priorities has no band to
 	// favour, and its requests are better scheduled at once.
 	FlowControlWhenObjectives bool
+	// Ranks, when set, records a rank pick's blocks as soon to be held by
+	// that rank (the index's SpeculateRank), so that the next request
+	// with the prefix follows it before its events come; nil: none.
+	Ranks RankSpeculator
+	// NoRankPick leaves the data-parallel rank of an endpoint with several
+	// to the model server's own balancing: no rank header is set.
+	NoRankPick bool
 	// Now is the clock requests are timed by; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -465,7 +489,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
 		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
 	}
-	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels,
+	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels, Rank: -1,
 		held: d.o.PrepareData != nil && !d.o.PrepareData.AllInline()}
 	if t := res.Targets(); len(t) == 1 {
 		p.target[0] = t[0].Address
@@ -488,8 +512,14 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 	d.o.Metrics.observePick(p)
 	if pc := res.Prefill(); pc != nil {
 		d.dispatchSplit(p, req, res.Targets()[0], pc)
-	} else if d.dispatch(&p.disp, req, res.Targets()[0]) {
-		p.dispatch = &p.disp
+	} else {
+		d.pickRank(p, req, res.Targets()[0])
+		if d.dispatch(&p.disp, req, res.Targets()[0]) {
+			p.dispatch = &p.disp
+			if p.Rank >= 0 {
+				p.disp.OnRank(p.Rank)
+			}
+		}
 	}
 	if d.o.FlowControl != nil {
 		// The dispatch changed the load the next waiting request is
@@ -563,6 +593,42 @@ func (d *Director) checkContext(req *request.Request) error {
 	return &Error{Status: http.StatusBadRequest, Param: "prompt", Err: fmt.Errorf(
 		"%w: this model's maximum context length is %d tokens, and the prompt alone is %d tokens; shorten the prompt",
 		ErrContextLength, limit, len(req.TokenIDs))}
+}
+
+// pickRank names, for an endpoint with several data-parallel ranks behind
+// its address, the rank the request goes to (datalayer.PickRank: the
+// rank's trusted cached prefix against its load), and tells the index that
+// rank will hold the request's blocks.
+func (d *Director) pickRank(p *Pick, req *request.Request, c *datalayer.Candidate) {
+	if d.o.NoRankPick {
+		return
+	}
+	info, ok := datalayer.PrefixCacheInfoOf(c)
+	if !ok || (info.Ranks == nil && c.Metrics.DataParallelRanks < 2) {
+		return
+	}
+	var loads []datalayer.RankLoad
+	if rl, ok := d.o.InFlight.(RankLoads); ok {
+		var buf [8]datalayer.RankLoad
+		loads = rl.RankLoads(c.Name, buf[:0])
+	}
+	prompt := len(req.TokenIDs)
+	if prompt == 0 {
+		prompt = info.TotalBlocks * info.BlockSizeTokens
+	}
+	rank, ok := datalayer.PickRank(&info, loads, prompt, c.Metrics.DataParallelRanks)
+	if !ok {
+		return
+	}
+	p.Rank = rank
+	if d.o.Ranks == nil {
+		return
+	}
+	if v, ok := c.Get(framework.RequestBlockKeysKey); ok {
+		if keys, ok := v.([]uint64); ok && len(keys) > 0 {
+			d.o.Ranks.SpeculateRank(c.Address, rank, keys)
+		}
+	}
 }
 
 // dispatch accounts the pick as in flight on its primary endpoint, in dp,

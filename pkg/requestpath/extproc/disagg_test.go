@@ -55,7 +55,7 @@ func TestASplitPickGoesOutAsTheSidecarsHeaders(t *testing.T) {
 	t.Parallel()
 	chat := []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`)
 	// Headers a client sent to steer the decode pod's sidecar elsewhere.
-	forged := map[string]string{director.HeaderPrefiller: "169.254.169.254:80", director.HeaderEncoders: "169.254.169.254:80"}
+	forged := map[string]string{director.HeaderPrefiller: "169.254.169.254:80", director.HeaderEncoders: "169.254.169.254:80", datalayer.HeaderDataParallelRank: "7"}
 	tests := []struct {
 		name      string
 		handler   string
@@ -66,13 +66,13 @@ func TestASplitPickGoesOutAsTheSidecarsHeaders(t *testing.T) {
 		removed   []string
 	}{
 		{"prefill and encode apart", "{deciders: {prefill: always-disagg-pd-decider, encode: always-disagg-multimodal-decider}}",
-			"/v1/chat/completions", chat, "10.0.0.2:8000", "10.0.0.3:8000", nil},
+			"/v1/chat/completions", chat, "10.0.0.2:8000", "10.0.0.3:8000", []string{datalayer.HeaderDataParallelRank}},
 		{"prefill apart only", "{deciders: {prefill: always-disagg-pd-decider, encode: always-disagg-multimodal-decider}}",
-			"/v1/completions", completion(tokens(1, 64), false), "10.0.0.2:8000", "", []string{director.HeaderEncoders}},
+			"/v1/completions", completion(tokens(1, 64), false), "10.0.0.2:8000", "", []string{director.HeaderEncoders, datalayer.HeaderDataParallelRank}},
 		{"encode apart only", "{deciders: {encode: always-disagg-multimodal-decider}}",
-			"/v1/chat/completions", chat, "", "10.0.0.3:8000", []string{director.HeaderPrefiller}},
+			"/v1/chat/completions", chat, "", "10.0.0.3:8000", []string{director.HeaderPrefiller, datalayer.HeaderDataParallelRank}},
 		{"decode alone", "{}",
-			"/v1/completions", completion(tokens(1, 64), false), "", "", []string{director.HeaderPrefiller, director.HeaderEncoders}},
+			"/v1/completions", completion(tokens(1, 64), false), "", "", []string{director.HeaderPrefiller, director.HeaderEncoders, datalayer.HeaderDataParallelRank}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -101,6 +101,9 @@ func TestASplitPickGoesOutAsTheSidecarsHeaders(t *testing.T) {
 			}
 			if !slices.Equal(res.RemovedHeaders, tt.removed) {
 				t.Errorf("removed %q, want %q", res.RemovedHeaders, tt.removed)
+			}
+			if r, ok := sent[datalayer.HeaderDataParallelRank]; ok {
+				t.Errorf("the decode pod got the client's %s=%q", datalayer.HeaderDataParallelRank, r)
 			}
 			if sent[director.HeaderPrefiller] != tt.prefiller || sent[director.HeaderEncoders] != tt.encoders {
 				t.Errorf("the decode pod got %s=%q, %s=%q: a client's value passed through", director.HeaderPrefiller, sent[director.HeaderPrefiller],

@@ -96,9 +96,12 @@ type answer struct {
 	hr      extprocv3.HeadersResponse
 	cr      extprocv3.CommonResponse
 	mut     extprocv3.HeaderMutation
-	set     [5]*corev3.HeaderValueOption
-	opts    [4]corev3.HeaderValueOption
-	vals    [4]corev3.HeaderValue
+	set     [6]*corev3.HeaderValueOption
+	opts    [5]corev3.HeaderValueOption
+	vals    [5]corev3.HeaderValue
+	// rm is the headers removed; rank holds the rank header's bytes.
+	rm   [3]string
+	rank [8]byte
 	// raw holds the request id's and the Content-Length's bytes.
 	raw [64]byte
 	// body passes the body's first chunk on (most bodies are one).
@@ -697,44 +700,42 @@ func scoresMetadata(dest *structpb.Struct, scored []framework.ScoredCandidate) *
 	}}
 }
 
-// Which of the disaggregation headers a request goes without, removed so
-// that a client cannot name the pods the decode pod's sidecar sends its
-// prefill or encoding to (read only: shared by every stream).
-var (
-	removeBoth      = []string{director.HeaderPrefiller, director.HeaderEncoders}
-	removePrefiller = []string{director.HeaderPrefiller}
-	removeEncoders  = []string{director.HeaderEncoders}
-)
-
 // disaggregation adds to st.ans's mutation the pods that prefill and
-// encode the request for its decode pod (llm-d's P/D sidecar reads them),
-// and removes whichever of those headers the pick does not set.
+// encode the request for its decode pod (llm-d's P/D sidecar reads them)
+// and the data-parallel rank it is pinned to (vLLM's API server reads
+// it), and removes whichever of those headers the pick does not set, so
+// that a client can name neither the pods the decode pod's sidecar sends
+// its prefill or encoding to nor the rank its request runs on.
 func (st *stream) disaggregation(p *director.Pick) {
 	a := &st.ans
 	n := len(a.mut.SetHeaders)
+	rm := a.rm[:0]
 	if p.Prefill != "" {
 		a.vals[2].Key, a.vals[2].RawValue = director.HeaderPrefiller, []byte(p.Prefill)
 		a.opts[2].Header, a.opts[2].AppendAction = &a.vals[2], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
 		a.set[n] = &a.opts[2]
 		n++
+	} else {
+		rm = append(rm, director.HeaderPrefiller)
 	}
 	if len(p.Encoders) > 0 {
 		a.vals[3].Key, a.vals[3].RawValue = director.HeaderEncoders, []byte(strings.Join(p.Encoders, ","))
 		a.opts[3].Header, a.opts[3].AppendAction = &a.vals[3], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
 		a.set[n] = &a.opts[3]
 		n++
+	} else {
+		rm = append(rm, director.HeaderEncoders)
+	}
+	if p.Rank >= 0 {
+		a.vals[4].Key, a.vals[4].RawValue = datalayer.HeaderDataParallelRank, strconv.AppendInt(a.rank[:0], int64(p.Rank), 10)
+		a.opts[4].Header, a.opts[4].AppendAction = &a.vals[4], corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		a.set[n] = &a.opts[4]
+		n++
+	} else {
+		rm = append(rm, datalayer.HeaderDataParallelRank)
 	}
 	a.mut.SetHeaders = a.set[:n]
-	switch {
-	case p.Prefill == "" && len(p.Encoders) == 0:
-		a.mut.RemoveHeaders = removeBoth
-	case p.Prefill == "":
-		a.mut.RemoveHeaders = removePrefiller
-	case len(p.Encoders) == 0:
-		a.mut.RemoveHeaders = removeEncoders
-	default:
-		a.mut.RemoveHeaders = nil
-	}
+	a.mut.RemoveHeaders = rm
 }
 
 // headersAnswer is the request headers' answer carrying the destination

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
@@ -414,6 +415,12 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.SetXForwarded()
 	pr.Out.Header.Set(director.HeaderRequestID, ex.pick.Request.ID)
 	pr.Out.Header.Del(director.HeaderSubsetHint)
+	// The rank is the pick's to name, never the client's.
+	if ex.pick.Rank >= 0 {
+		pr.Out.Header.Set(datalayer.HeaderDataParallelRank, strconv.Itoa(ex.pick.Rank))
+	} else {
+		pr.Out.Header.Del(datalayer.HeaderDataParallelRank)
+	}
 }
 
 func (s *Server) modifyResponse(resp *http.Response) error {

@@ -25,7 +25,7 @@ const (
 	whyScrape        = "kvroute scrapes each endpoint's metrics itself (--scrape-metrics, --refresh-metrics-interval)"
 	whyDiscovery     = "kvroute discovers endpoints from the InferencePool or a pod selector (--kubernetes, --endpoint-selector)"
 	whyNoPD          = "kvroute does not roll out disaggregated sets; the P/D handlers and deciders split a pool's requests by its pods' roles"
-	whyNoDP          = "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them"
+	whyDPPort        = "kvroute sends a request to its data-parallel rank's own port, which a gateway routing to all of the InferencePool's targetPorts reaches (upstream's migration: single-profile-handler with Istio 1.28.1 or later); no sidecar forwards by x-data-parallel-host-port"
 	whyPDBlocks      = "the decider reads the decode pod's exact prefix match, in the block size its KV events name"
 	whyPDPrefix      = "kvroute's prefix producer publishes the one PrefixCacheMatchInfo the decider reads"
 	whyPDHeaders     = "the ext_proc server sets x-prefiller-host-port and x-encoder-hosts-ports from the profile handler's prefill and encode picks"
@@ -298,7 +298,7 @@ var upstreamTypes = func() map[string]upstreamType {
 			"prefixPluginName":            drop(whyPDPrefix),
 			"prefixPluginType":            drop(whyPDPrefix),
 			"prefixMatchInfoProducerName": drop(whyPDPrefix),
-			"primaryPort":                 only("data parallelism by port rewrite: "+whyNoDP, isNullOrEmpty),
+			"primaryPort":                 drop(whyDPPort),
 		}),
 		honoured("disagg-profile-handler", "llm-d v0.7–v0.8; llm-d-router v0.9–main", map[string]paramRule{
 			"profiles":                 keep("the decode, prefill and encode profiles' names"),
@@ -324,7 +324,10 @@ var upstreamTypes = func() map[string]upstreamType {
 		honoured("always-disagg-pd-decider", "llm-d v0.6–v0.8; llm-d-router v0.9–main", nil),
 		honoured("always-disagg-multimodal-decider", "llm-d v0.7–v0.8; llm-d-router v0.9–main", nil),
 		refused("p2p-source-producer", "llm-d-router v0.10–main", "kvroute does not name a pod to pull cached KV from (x-kv-cache-source-host-port); the exact index sends a request to the pod that holds its prefix"),
-		refused("data-parallel-profile-handler", "llm-d v0.4–v0.8; llm-d-router v0.9–main", "kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events"),
+		superseded("data-parallel-profile-handler", "llm-d v0.4–v0.8; llm-d-router v0.9–main (deprecated there)", "single-profile-handler",
+			"its one profile runs as single-profile-handler's; a pod's ranks on ports of their own are endpoints of their own, and ranks behind one port are named in x-data-parallel-rank", map[string]paramRule{
+				"primaryPort": drop(whyDPPort),
+			}),
 		refused("header-profile-handler", "llm-d-router v0.10–main", "kvroute picks a profile with single-profile-handler (one profile), or slo-aware-profile-handler (by x-prediction-based-scheduling); not by an arbitrary header"),
 		honoured("slo-aware-profile-handler", "GIE v1.2; GIE's slo-prediction-experimental branch (llm-d's SLO guide)", nil),
 		superseded("slo-request-tracker", "GIE's slo-prediction-experimental branch (llm-d's SLO guide)", "predicted-latency-producer",

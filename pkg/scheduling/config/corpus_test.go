@@ -33,6 +33,11 @@ type corpusCase struct {
 // scheduler (v0.2 to v0.8) and llm-d's router (v0.9, v0.10, main); each
 // file's first line names its source.
 var upstreamCorpus = map[string]corpusCase{
+	// llm-d's data-parallel configuration: its one profile, each rank an
+	// endpoint of its own port.
+	"llmd-v0.8.0-dp-epp-config.yaml": {profiles: map[string][]string{
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker"},
+	}},
 	"gie-v0.5.1-conformance-plugins.yaml": {profiles: map[string][]string{
 		"conformance-profile": {"filter:header-based-testing-filter/header-based-testing-filter", "picker:max-score-picker/max-score-picker"},
 	}},
@@ -114,7 +119,6 @@ var upstreamCorpus = map[string]corpusCase{
 		wantLeastHeadroom(t, l, "slo", "slo-scorer")
 	}},
 	"refused-gie-v1.5.0-conformance-plugins.yaml":                {refusal: `plugin "destination-endpoint-served-verifier": unsupported upstream plugin type "destination-endpoint-served-verifier": the conformance tests' echo of the served endpoint in a response header of its own; kvroute's standalone proxy returns x-gateway-destination-endpoint-served itself, and its ext_proc server sets no response headers`},
-	"refused-llmd-v0.8.0-dp-epp-config.yaml":                     {refusal: `plugin "data-parallel-profile-handler": unsupported upstream plugin type "data-parallel-profile-handler": kvroute routes a pod's data-parallel ranks as one endpoint, vLLM balancing across them, and follows every rank's KV events`},
 	"refused-router-main-chart-triton.yaml":                      {refusal: `invalid plugin parameters: plugin "core-metrics-extractor" (type core-metrics-extractor): parameter defaultEngine: kvroute reads vLLM's metric names; another engine's cannot be selected`},
 	"refused-router-v0.10.0-epp-burst-prefix-cache-config.yaml":  {refusal: `plugin "burst-prefix-cache-producer": unsupported upstream plugin type "burst-prefix-cache-producer": use speculative-prefix-recorder, which makes a burst of same-prefix requests follow its first pick`},
 	"refused-router-v0.10.0-epp-mm-embeddings-cache-config.yaml": {refusal: `plugin "mm-embeddings-cache-producer": unsupported upstream plugin type "mm-embeddings-cache-producer": kvroute does not track multimodal encoder caches`},

@@ -54,6 +54,15 @@ var pdCorpus = map[string]corpusCase{
 		pdCase{"a request with an image is encoded apart", 100, 0, true, framework.EncodeDecode},
 		pdCase{"a text request is not", 100, 0, false, framework.DecodeOnly},
 	)},
+	// llm-d's wide-EP guide with DP-aware scheduling: each rank its own
+	// vLLM API server on its own port (the pool's targetPorts 8000-8007),
+	// so each rank is an endpoint of its own, <pod>-rank-<i>.
+	"llmd-guide-main-wide-ep-dp-aware-values.yaml": {profiles: map[string][]string{
+		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "scorer:active-request-scorer/active-request-scorer*2", "scorer:queue-scorer/queue-scorer*2", "picker:max-score-picker/max-score-picker"},
+		"decode":  {"filter:decode-filter/decode-filter", "scorer:active-request-scorer/active-request-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
+	}, check: wantSplits("disagg-profile-handler",
+		pdCase{"always-disagg splits a cold prompt", 100, 0, false, framework.PrefillDecode},
+	)},
 	"llmd-guide-main-pd-disaggregation-values.yaml": {profiles: map[string][]string{
 		"prefill": {"filter:prefill-filter/prefill-filter", "filter:prefix-cache-affinity-filter/prefix-cache-affinity-filter", "scorer:token-load-scorer/token-load-scorer*1", "picker:max-score-picker/max-score-picker"},
 		"decode":  {"filter:decode-filter/decode-filter", "scorer:active-request-scorer/active-request-scorer*1", "picker:max-score-picker/max-score-picker"},

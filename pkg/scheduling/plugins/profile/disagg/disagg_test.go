@@ -242,7 +242,7 @@ func TestHandlerParametersAsUpstreamReadsThem(t *testing.T) {
 		{"a plugin that is not a decider is refused", "{type: disagg-profile-handler, parameters: {deciders: {prefill: queue-scorer}}}", "which is not a decider"},
 		{"two stages on one profile are refused", "{type: disagg-profile-handler, parameters: {profiles: {decode: decode, prefill: decode}}}", "must be three different profiles"},
 		{"pd-profile-handler's negative threshold is refused", "{type: pd-profile-handler, parameters: {threshold: -1}}", "threshold = -1"},
-		{"pd-profile-handler's data-parallel port is refused", "{type: pd-profile-handler, parameters: {primaryPort: 8200}}", "parameter primaryPort"},
+		{"pd-profile-handler's data-parallel port is not needed: each rank is its own endpoint", "{type: pd-profile-handler, parameters: {primaryPort: 8200}}", ""},
 		{"pd-profile-handler's block size is not needed", "{type: pd-profile-handler, parameters: {threshold: 10, hashBlockSize: 5, prefixPluginName: p}}", ""},
 	}
 	for _, tt := range tests {
