@@ -43,7 +43,7 @@ func main() {
 const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
-  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix; --pd: the P/D workload's five policies, docs/results/routing-pd/)
+  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix; --pd: the P/D workload's five policies, docs/results/routing-pd/; --pd-topology: the P/D workload across two racks, docs/results/routing-pd-topology/)
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
   scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
   predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time
@@ -237,8 +237,20 @@ func bench(ctx context.Context, args []string) error {
 	bypass := fs.Float64("bypass", 0, "share of requests sent past the EPP, round-robin over the engines by a second gateway (real time only)")
 	restartAt := fs.Duration("restart-at", 0, "stop the first EPP replica this long into each run and start a fresh one (real time only)")
 	pd := fs.Bool("pd", false, "the P/D workload (2 prefill and 4 decode engines, a P/D sidecar before each decode engine) under its five policies (real time only)")
+	pdTopo := fs.Bool("pd-topology", false, "the P/D workload across two racks, topology-aware prefill picks against topology-blind ones (real time only); docs/results/routing-pd-topology/")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *pdTopo {
+		if *pd {
+			return errors.New("--pd-topology: give --pd or --pd-topology, not both")
+		}
+		if *virtual {
+			return errors.New("--pd-topology: a P/D fleet runs in real time only")
+		}
+		if !flagSet(fs, "policies") {
+			*policies = strings.Join(loadgen.PDTopologyPolicies, ",")
+		}
 	}
 	if *pd {
 		if *virtual {
@@ -271,12 +283,18 @@ func bench(ctx context.Context, args []string) error {
 	if *pd {
 		all = []loadgen.Plan{loadgen.PDPlan()}
 	}
+	if *pdTopo {
+		all = []loadgen.Plan{loadgen.PDTopologyPlan()}
+	}
 	plans, err := selectPlans(all, *only, *rates)
 	if err != nil {
 		return err
 	}
 	if *outDir == "" && *pd {
 		*outDir = filepath.Join("docs", "results", "routing-pd")
+	}
+	if *outDir == "" && *pdTopo {
+		*outDir = filepath.Join("docs", "results", "routing-pd-topology")
 	}
 	if *outDir == "" {
 		*outDir = filepath.Join("docs", "results", "routing")
@@ -309,6 +327,20 @@ func bench(ctx context.Context, args []string) error {
 		return err
 	}
 	cmd := "go run ./cmd/kvsim bench " + strings.Join(args, " ")
+	if *pdTopo {
+		load, _ := os.ReadFile("/proc/loadavg")
+		if f := strings.Fields(string(load)); len(f) >= 3 {
+			load = []byte(strings.Join(f[:3], " "))
+		}
+		if err := loadgen.WritePDTopologyReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start), string(load)); err != nil {
+			return err
+		}
+		for _, c := range loadgen.PDTopologyChecks(pts) {
+			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
+		}
+		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
+		return nil
+	}
 	if *pd {
 		if err := loadgen.WritePDReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
 			return err

@@ -194,6 +194,9 @@ type PDStats struct {
 	RemotePrefills, PulledBlocks, LocalBlocks, LoadFailures int64
 	// TransferTime is the pulls' simulated cost, summed.
 	TransferTime time.Duration
+	// PullsByNear counts the pulls by how near the prefill engine was
+	// (indexed by Near; NearNone also for places unknown).
+	PullsByNear [NearNone + 1]int64
 	// Pulling is the decode requests waiting on their transfer now.
 	Pulling int64
 }
@@ -404,6 +407,7 @@ func (s *Server) remotePrefill(ctx context.Context, p *KVTransferParams, req blo
 	s.pd.stats.RemotePrefills++
 	s.pd.stats.LocalBlocks += int64(local)
 	s.pd.stats.TransferTime += cost
+	s.pd.stats.PullsByNear[near]++
 	if ok {
 		s.pd.stats.PulledBlocks += int64(lack)
 	} else {

@@ -72,6 +72,10 @@ func TestAPullCostsTheLinkOfTheTwoEnginesDistance(t *testing.T) {
 		if st := d.PDStats(); st.PulledBlocks != 5 || st.TransferTime != want {
 			t.Errorf("engine %d pulled %d blocks in %v, want 5 in %v", i, st.PulledBlocks, st.TransferTime, want)
 		}
+		wantNear := [...]Near{1: NearHost, 2: NearRack, 3: NearZone, 4: NearNone}[i]
+		if st := d.PDStats(); st.PullsByNear[wantNear] != 1 {
+			t.Errorf("engine %d counted its pull by distance as %v, want one at %s", i, st.PullsByNear, wantNear)
+		}
 	}
 	if tr.CostAt(5, NearHost) >= tr.CostAt(5, NearRack) || tr.CostAt(5, NearRack) >= tr.Cost(5) {
 		t.Fatalf("the links are not ordered: host %v, rack %v, default %v", tr.CostAt(5, NearHost), tr.CostAt(5, NearRack), tr.Cost(5))

@@ -111,6 +111,8 @@ type FleetOptions struct {
 	// is the KV transfer between prefill and decode engines.
 	Roles    []string
 	Transfer sim.Transfer
+	// Places puts the engines on hosts and racks (sim.FleetConfig.Places).
+	Places []sim.Place
 }
 
 // Front is how an environment's requests reach the EPP.
@@ -265,7 +267,7 @@ func StartEnvShaped(ctx context.Context, policy string, fo FleetOptions, seed ui
 	var engines []string
 	for _, srv := range env.Fleet.Servers {
 		cfg := srv.Core().Engine().Config()
-		env.spec.Engines = append(env.spec.Engines, Engine{Pod: cfg.Pod, Address: cfg.Address, Labels: cfg.Labels()})
+		env.spec.Engines = append(env.spec.Engines, Engine{Pod: cfg.Pod, Address: cfg.Address, Labels: cfg.Labels(), Topology: topologyOf(cfg.Place)})
 		engines = append(engines, cfg.Address)
 	}
 	var hosts []gateway.Host
@@ -564,7 +566,7 @@ func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	fc := sim.FleetConfig{
 		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing, Speeds: fo.Speeds,
 		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Family: fo.Family,
-		Roles: fo.Roles, Transfer: fo.Transfer,
+		Roles: fo.Roles, Transfer: fo.Transfer, Places: fo.Places,
 	}
 	fc.Pool.Seed = seed
 	return fc
