@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -261,7 +262,17 @@ plugins:
 			"p-r2", "d-r2", "p-r2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := load(t, plugins+tc.handler+"schedulingProfiles:\n"+tc.profiles, nil)
+			l, err := config.NewInTreeRegistry().Load([]byte(plugins+tc.handler+"schedulingProfiles:\n"+tc.profiles), &config.Handle{Spec: schedtest.NopSpeculator{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := l.SchedulerOptions()
+			// The queues decide: the cycle reads them as fresh.
+			opts.Now = func() time.Time { return schedtest.Now }
+			s, err := scheduling.New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, c := range pool {
 				c.Metrics = &datalayer.Metrics{WaitingQueueSize: 3, UpdateTime: c.Metrics.UpdateTime}
 				switch {
