@@ -319,7 +319,12 @@ func bench(ctx context.Context, args []string) error {
 		o.Duration, o.MinRequests = min(o.Duration, 3*time.Second), 0
 	}
 	start := time.Now()
-	pts, err := loadgen.Bench(ctx, o)
+	bench := loadgen.Bench
+	if *pdTopo {
+		// The two policies run back to back under each seed.
+		bench = loadgen.BenchInterleaved
+	}
+	pts, err := bench(ctx, o)
 	if err != nil {
 		return err
 	}

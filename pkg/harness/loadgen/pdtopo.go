@@ -1,10 +1,12 @@
 package loadgen
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -175,7 +177,7 @@ func WritePDTopologyReport(path string, o BenchOptions, pts []Point, command str
 	if load != "" {
 		fmt.Fprintf(&b, " (load average at the end: %s)", load)
 	}
-	fmt.Fprintf(&b, ". Each point ran %d times, seeds %d to %d; the figures marked *seeds' mean* are the mean over those runs, the others the run with the median TTFT p90.\n\n", max(o.Seeds, 1), o.Seed, o.Seed+uint64(max(o.Seeds, 1))-1)
+	fmt.Fprintf(&b, ". Each point ran %d times, seeds %d to %d, seed by seed, each rate's policies back to back and in turn first (`loadgen.BenchInterleaved`), so that the machine's drifting load falls on both alike; the figures marked *seeds' mean* are the mean over those runs, the others the run with the median TTFT p90.\n\n", max(o.Seeds, 1), o.Seed, o.Seed+uint64(max(o.Seeds, 1))-1)
 	for _, p := range o.Plans {
 		tr := p.Transfer
 		var racks []string
@@ -245,4 +247,56 @@ func WritePDTopologyReport(path string, o BenchOptions, pts []Point, command str
 		return fmt.Errorf("loadgen: %w", err)
 	}
 	return nil
+}
+
+// BenchInterleaved runs o as Bench does, but seed by seed: under each
+// seed every rate's policies run back to back, in turn first, so that a machine whose
+// load drifts during the run weighs on both sides of a comparison alike
+// rather than on whichever policy ran later. Each point is its seeds'
+// median run, with every seed's figures in PD.SeedRuns.
+func BenchInterleaved(ctx context.Context, o BenchOptions) ([]Point, error) {
+	type key struct {
+		wl, pol string
+		rate    float64
+	}
+	runs := map[key][]Point{}
+	var order []key
+	for k := range max(o.Seeds, 1) {
+		one := o
+		one.Seed, one.Seeds = o.Seed+uint64(k), 1
+		if k%2 == 1 {
+			// Every other seed the other policy goes first.
+			one.Policies = slices.Clone(o.Policies)
+			slices.Reverse(one.Policies)
+		}
+		pts, err := Bench(ctx, one)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range pts {
+			kk := key{p.Workload, p.Policy, p.Rate}
+			if _, seen := runs[kk]; !seen {
+				order = append(order, kk)
+			}
+			runs[kk] = append(runs[kk], p)
+		}
+	}
+	out := make([]Point, 0, len(order))
+	for _, kk := range order {
+		rs := runs[kk]
+		med := MedianRun(rs)
+		if med.PD != nil {
+			pd := *med.PD
+			pd.SeedOutputTPS, pd.SeedRuns = nil, nil
+			for k, r := range rs {
+				pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
+				if r.PD != nil {
+					pd.SeedRuns = append(pd.SeedRuns, PDSeed{Seed: o.Seed + uint64(k), TTFTp90: r.TTFTp90, TransferMean: r.PD.TransferMean, SplitRatio: r.PD.SplitRatio})
+				}
+			}
+			med.PD = &pd
+		}
+		out = append(out, med)
+	}
+	return out, nil
 }
