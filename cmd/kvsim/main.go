@@ -321,7 +321,7 @@ func bench(ctx context.Context, args []string) error {
 	start := time.Now()
 	bench := loadgen.Bench
 	if *pdTopo {
-		// The two policies run back to back under each seed.
+		// The policies run back to back under each seed.
 		bench = loadgen.BenchInterleaved
 	}
 	pts, err := bench(ctx, o)

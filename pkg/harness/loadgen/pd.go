@@ -159,7 +159,9 @@ func pdConfig(policy string) string {
 	case PolicyPDUpstream, PolicyPDExact, PolicyPDTopologyBlind:
 		return PDThresholdConfig
 	case PolicyPDTopologyAware:
-		return PDTopologyConfig
+		return pdTopologyConfig("host")
+	case PolicyPDTopologyRack:
+		return pdTopologyConfig("rack")
 	}
 	return config.DefaultConfigText
 }

@@ -23,20 +23,24 @@ const (
 	PolicyPDTopologyBlind = "pd-topology-blind"
 	// PolicyPDTopologyAware is the same configuration with the topology
 	// plugins of llm-d's pd-topology-epp-config.yaml in its prefill
-	// profile.
+	// profile as that file sets them: topology-affinity-filter at its
+	// default minAffinity host, which no prefill pod of the workload meets
+	// (so it fails open), and topology-affinity-scorer at weight 1: a
+	// preference the queue can outweigh.
 	PolicyPDTopologyAware = "pd-topology-aware"
+	// PolicyPDTopologyRack is the same with minAffinity rack: the prefill
+	// pod is always in the decode pod's rack, however long its queue.
+	PolicyPDTopologyRack = "pd-topology-rack"
 )
 
 // PDTopologyPolicies lists the topology policies in report order.
-var PDTopologyPolicies = []string{PolicyPDTopologyBlind, PolicyPDTopologyAware}
+var PDTopologyPolicies = []string{PolicyPDTopologyBlind, PolicyPDTopologyAware, PolicyPDTopologyRack}
 
-// PDTopologyConfig is PDThresholdConfig with llm-d's topology plugins
+// pdTopologyConfig is PDThresholdConfig with llm-d's topology plugins
 // (llm-d/llm-d-router deploy/config/pd-topology-epp-config.yaml) in the
-// prefill profile: topology-affinity-filter, here with minAffinity rack,
-// since no prefill pod of the workload shares a host with a decode pod
-// (the default, host, would always fail open), and topology-affinity-scorer
-// at weight 1.
-const PDTopologyConfig = `apiVersion: llm-d.ai/v1alpha1
+// prefill profile, the filter at minAffinity.
+func pdTopologyConfig(minAffinity string) string {
+	return `apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: approx-prefix-cache-producer
@@ -53,7 +57,7 @@ plugins:
 - type: topology-extractor
 - type: topology-affinity-filter
   parameters:
-    minAffinity: rack
+    minAffinity: ` + minAffinity + `
 - type: topology-affinity-scorer
 - type: prefix-based-pd-decider
   parameters:
@@ -83,6 +87,7 @@ schedulingProfiles:
   - pluginRef: queue-scorer
     weight: 1
 `
+}
 
 // PDTopologyTransfer is PDTransfer with faster links nearer: within a
 // rack a 200 Gb/s NIC through one switch (25 GB/s, 0.5 ms a pull), across
@@ -177,7 +182,7 @@ func WritePDTopologyReport(path string, o BenchOptions, pts []Point, command str
 	if load != "" {
 		fmt.Fprintf(&b, " (load average at the end: %s)", load)
 	}
-	fmt.Fprintf(&b, ". Each point ran %d times, seeds %d to %d, seed by seed, each rate's policies back to back and in turn first (`loadgen.BenchInterleaved`), so that the machine's drifting load falls on both alike; the figures marked *seeds' mean* are the mean over those runs, the others the run with the median TTFT p90.\n\n", max(o.Seeds, 1), o.Seed, o.Seed+uint64(max(o.Seeds, 1))-1)
+	fmt.Fprintf(&b, ". Each point ran %d times, seeds %d to %d, seed by seed, each rate's policies back to back and in turn first (`loadgen.BenchInterleaved`), so that the machine's drifting load falls on every policy alike; the figures marked *seeds' mean* are the mean over those runs, the others the run with the median TTFT p90.\n\n", max(o.Seeds, 1), o.Seed, o.Seed+uint64(max(o.Seeds, 1))-1)
 	for _, p := range o.Plans {
 		tr := p.Transfer
 		var racks []string
@@ -187,12 +192,13 @@ func WritePDTopologyReport(path string, o BenchOptions, pts []Point, command str
 		fmt.Fprintf(&b, "Fleet: the P/D workload `%s` of [routing-pd](../routing-pd/routing-benchmark.md) (the same engines, prompts and rates), its %d engines placed %s, all in one zone. A pull of the blocks the decode engine lacks costs %s plus %d bytes a block over %.1f GB/s within a rack and %s plus the same over %.1f GB/s across racks. The EPP reads each engine's place from its endpoints file (`topology:`).\n\n",
 			p.Workload.Name, p.Engines, strings.Join(racks, ", "), tr.ByNear[sim.NearRack].Latency, tr.BlockBytes, tr.ByNear[sim.NearRack].Bandwidth/1e9, tr.Latency, tr.Bandwidth/1e9)
 	}
-	b.WriteString(`Both policies split by the same rule, so that the prefill pick, not the split decision, is what differs: upstream's ` + "`prefix-based-pd-decider`" + ` with ` + "`nonCachedTokens: 16`" + ` on the exact index splits every request whose decode pod lacks a block of it (kvroute's default decider, which splits only when the predictions say a split is sooner, rarely splits this workload: see routing-pd).
+	b.WriteString(`The policies split by one rule, so that the prefill pick, not the split decision, is what differs: upstream's ` + "`prefix-based-pd-decider`" + ` with ` + "`nonCachedTokens: 16`" + ` on the exact index splits every request whose decode pod lacks a block of it (kvroute's default decider, which splits only when the predictions say a split is sooner, rarely splits this workload: see routing-pd).
 
 | policy | prefill pick |
 |---|---|
 | pd-topology-blind | llm-d's P/D sample configuration (pd-exact-threshold): prefix 2 + queue 1 over the prefill pods |
-| pd-topology-aware | the same, with the topology plugins of llm-d's ` + "`pd-topology-epp-config.yaml`" + `: ` + "`topology-affinity-filter`" + ` (` + "`minAffinity: rack`" + `, failing open when no prefill pod is in the decode pick's rack) and ` + "`topology-affinity-scorer`" + ` (weight 1) |
+| pd-topology-aware | the same, with the topology plugins of llm-d's ` + "`pd-topology-epp-config.yaml`" + ` as it sets them: ` + "`topology-affinity-filter`" + ` at its default ` + "`minAffinity: host`" + `, which no prefill engine here meets, so it fails open, and ` + "`topology-affinity-scorer`" + ` at weight 1 (rack 0.2): a preference a shorter queue outweighs |
+| pd-topology-rack | the same with ` + "`minAffinity: rack`" + `: the prefill engine is always the decode engine's rack's, whatever its queue |
 
 `)
 	if checks := PDTopologyChecks(pts); len(checks) > 0 {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/discovery/static"
+	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/sim"
 )
 
@@ -52,4 +53,18 @@ func TestAPlacedFleetsEndpointsFileCarriesEachEnginesPlace(t *testing.T) {
 		t.Errorf("a fleet without places got file %q, %v", unplaced, err)
 	}
 	none()
+}
+
+func TestTheTopologyPoliciesConfigurationsLoad(t *testing.T) {
+	t.Parallel()
+	for _, pol := range PDTopologyPolicies {
+		if !isPD(pol) || !hearsEvents(pol) {
+			t.Errorf("%s: a P/D policy %v, hearing events %v; want both", pol, isPD(pol), hearsEvents(pol))
+		}
+		e, err := epp.New(epp.Options{Pool: "p", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigText: pdConfig(pol)})
+		if err != nil {
+			t.Fatalf("the EPP rejects %s's configuration: %v", pol, err)
+		}
+		e.Close()
+	}
 }
