@@ -94,7 +94,7 @@ type Link struct {
 // rack's 200 Gb/s NIC through one switch (25 GB/s, 0.5 ms), a zone's
 // 100 Gb/s over several hops (12.5 GB/s, 1 ms, the default link), a
 // region's links between zones (2.5 GB/s, 5 ms). Measured figures
-// (kvroute_pd_transfer_duration_seconds by pair) should replace them.
+// (kvroute_pd_transfer_duration_seconds, by distance) should replace them.
 func DefaultTransferByDistance() map[string]Link {
 	return map[string]Link{
 		"host":   {GBps: 100, LatencyMs: 0.2},
