@@ -130,6 +130,7 @@ func chartCases(t *testing.T) []chartCase {
 			values: readValues(t, "testdata/all-values.yaml"),
 			prefix: "kvroute-full",
 			kinds: []string{
+				"ClusterRole/ns-kvroute-full-epp-nodes", "ClusterRoleBinding/ns-kvroute-full-epp-nodes",
 				"ConfigMap/kvroute-full-dashboard-epp", "ConfigMap/kvroute-full-dashboard-index", "ConfigMap/kvroute-full-dashboard-nats",
 				"ConfigMap/kvroute-full-epp", "ConfigMap/kvroute-full-nats",
 				"Deployment/kvroute-full-epp", "Deployment/kvroute-full-vllm",
@@ -160,8 +161,9 @@ func chartCases(t *testing.T) []chartCase {
 			kinds:  []string{"ConfigMap/kv-kvroute-epp", "Deployment/kv-kvroute-epp", "PodDisruptionBudget/kv-kvroute-epp", "Service/kv-kvroute-epp"},
 		},
 		{
-			name: "an existing NATS cluster of the official chart, with its members listed and credentials",
+			name: "an existing NATS cluster of the official chart, with its members listed and credentials; no Node reads, so no ClusterRole",
 			values: map[string]any{
+				"epp": map[string]any{"topology": map[string]any{"nodes": false}},
 				"nats": map[string]any{"enabled": false, "credentialsSecret": "kvroute-nats",
 					"url": "nats://nats-0.nats-headless.nats.svc:4222,nats://nats-1.nats-headless.nats.svc:4222,nats://nats-2.nats-headless.nats.svc:4222"},
 			},
@@ -200,7 +202,7 @@ func chartCases(t *testing.T) []chartCase {
 // callout, the example vLLM with its relays' ServiceAccount, the pool, its
 // route, the NetworkPolicies and the dashboards.
 var defaultKinds = []string{
-	"ClusterRole/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-nats-auth-issuer-discovery",
+	"ClusterRole/ns-kv-kvroute-epp-nodes", "ClusterRole/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-epp-nodes", "ClusterRoleBinding/ns-kv-kvroute-nats-auth", "ClusterRoleBinding/ns-kv-kvroute-nats-auth-issuer-discovery",
 	"ConfigMap/kv-kvroute-dashboard-epp", "ConfigMap/kv-kvroute-dashboard-index", "ConfigMap/kv-kvroute-dashboard-nats",
 	"ConfigMap/kv-kvroute-epp", "ConfigMap/kv-kvroute-nats",
 	"Deployment/kv-kvroute-epp", "Deployment/kv-kvroute-vllm",

@@ -99,6 +99,8 @@ func parse(args []string) (epp.Options, error) {
 	fs.StringVar(&kso.TargetPorts, "endpoint-target-ports", kso.TargetPorts, "standalone mode: comma-separated serving ports of each selected pod")
 	fs.StringVar(&kso.DefaultModel, "default-model", kso.DefaultModel, "model served by pods without the kvroute.io/model annotation")
 	fs.BoolVar(&kso.LeaderElection, "ha-enable-leader-election", kso.LeaderElection, "elect one replica through a Lease in the pool's namespace; every replica still serves picks")
+	nodeTopology := fs.Bool("node-topology", true, "read each pod's place (host, rack, zone, region) from its Node's labels; needs get/list/watch on nodes (false: endpoints carry no topology)")
+	fs.StringVar(&kso.RackLabel, "topology-rack-label", k8s.DefaultRackLabel, "the Node label read as each pod's rack")
 	fs.BoolVar(&o.Scrape, "scrape-metrics", o.Scrape, "scrape each endpoint's /metrics")
 	fs.DurationVar(&o.ScrapeOptions.Interval, "refresh-metrics-interval", o.ScrapeOptions.Interval, "interval between scrapes of an endpoint's metrics")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "address of /metrics, /healthz and /readyz (upstream's --metrics-port)")
@@ -170,6 +172,7 @@ func parse(args []string) (epp.Options, error) {
 	o.NATSOptions = natsOpts
 	if kubeOn || kso.Selector != "" {
 		kso.Namespace, kso.Pool = o.Namespace, o.Pool
+		kso.NoNodeTopology = !*nodeTopology
 		o.Discovery = epp.DiscoveryFrom(kso, k8s.NewSource)
 	}
 	o.RequestPath.Plaintext = !*secure

@@ -43,7 +43,7 @@ func main() {
 const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
-  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix; --pd: the P/D workload's five policies, docs/results/routing-pd/)
+  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix; --pd: the P/D workload's five policies, docs/results/routing-pd/; --pd-topology: the P/D workload across two racks, docs/results/routing-pd-topology/)
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
   scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
   predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time
@@ -238,8 +238,20 @@ func bench(ctx context.Context, args []string) error {
 	restartAt := fs.Duration("restart-at", 0, "stop the first EPP replica this long into each run and start a fresh one (real time only)")
 	dp := fs.Bool("dp", false, "the data-parallel workload (pods of 4 and of 8 ranks behind one API server each) under its three policies, written to docs/results/routing-dp/")
 	pd := fs.Bool("pd", false, "the P/D workload (2 prefill and 4 decode engines, a P/D sidecar before each decode engine) under its five policies (real time only)")
+	pdTopo := fs.Bool("pd-topology", false, "the P/D workload across two racks, topology-aware prefill picks against topology-blind ones (real time only); docs/results/routing-pd-topology/")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *pdTopo {
+		if *pd {
+			return errors.New("--pd-topology: give --pd or --pd-topology, not both")
+		}
+		if *virtual {
+			return errors.New("--pd-topology: a P/D fleet runs in real time only")
+		}
+		if !flagSet(fs, "policies") {
+			*policies = strings.Join(loadgen.PDTopologyPolicies, ",")
+		}
 	}
 	if *pd {
 		if *virtual {
@@ -283,6 +295,9 @@ func bench(ctx context.Context, args []string) error {
 			}
 		}
 	}
+	if *pdTopo {
+		all = []loadgen.Plan{loadgen.PDTopologyPlan()}
+	}
 	plans, err := selectPlans(all, *only, *rates)
 	if err != nil {
 		return err
@@ -295,6 +310,9 @@ func bench(ctx context.Context, args []string) error {
 		if *virtual {
 			*outDir += "-virtual"
 		}
+	}
+	if *outDir == "" && *pdTopo {
+		*outDir = filepath.Join("docs", "results", "routing-pd-topology")
 	}
 	if *outDir == "" {
 		*outDir = filepath.Join("docs", "results", "routing")
@@ -319,7 +337,12 @@ func bench(ctx context.Context, args []string) error {
 		o.Duration, o.MinRequests = min(o.Duration, 3*time.Second), 0
 	}
 	start := time.Now()
-	pts, err := loadgen.Bench(ctx, o)
+	bench := loadgen.Bench
+	if *pdTopo {
+		// The policies run back to back under each seed.
+		bench = loadgen.BenchInterleaved
+	}
+	pts, err := bench(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -332,6 +355,20 @@ func bench(ctx context.Context, args []string) error {
 			return err
 		}
 		for _, c := range loadgen.DPChecks(pts) {
+			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
+		}
+		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
+		return nil
+	}
+	if *pdTopo {
+		load, _ := os.ReadFile("/proc/loadavg")
+		if f := strings.Fields(string(load)); len(f) >= 3 {
+			load = []byte(strings.Join(f[:3], " "))
+		}
+		if err := loadgen.WritePDTopologyReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start), string(load)); err != nil {
+			return err
+		}
+		for _, c := range loadgen.PDTopologyChecks(pts) {
 			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
 		}
 		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))

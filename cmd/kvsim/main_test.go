@@ -32,6 +32,9 @@ func TestBadCommandLinesAreRefusedClearly(t *testing.T) {
 		{"a restart is real time only", []string{"bench", "--virtual", "--restart-at", "2s"}, "an EPP restart at 2s is real time only"},
 		{"a P/D fleet is real time only", []string{"bench", "--pd", "--virtual"}, "--pd: a P/D fleet runs in real time only"},
 		{"the P/D plan's workload is the one selected", []string{"bench", "--pd", "--workloads", "agent"}, `--workloads "agent" matches none`},
+		{"the P/D topology fleet is real time only", []string{"bench", "--pd-topology", "--virtual"}, "--pd-topology: a P/D fleet runs in real time only"},
+		{"one P/D workload at a time", []string{"bench", "--pd-topology", "--pd"}, "give --pd or --pd-topology, not both"},
+		{"the P/D topology plan's workload is the one selected", []string{"bench", "--pd-topology", "--workloads", "pd"}, `--workloads "pd" matches none`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

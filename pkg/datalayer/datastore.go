@@ -560,5 +560,5 @@ func (e *dsEntry) streamInfo(streams *streamStatesHolder) (info StreamInfo, desc
 // Equal reports whether a and b describe the same endpoint.
 func (a *Endpoint) Equal(b *Endpoint) bool {
 	return a == b || (a.Name == b.Name && a.Address == b.Address && a.Pod == b.Pod &&
-		a.Namespace == b.Namespace && a.Model == b.Model && maps.Equal(a.Labels, b.Labels))
+		a.Namespace == b.Namespace && a.Model == b.Model && maps.Equal(a.Labels, b.Labels) && a.Topology == b.Topology)
 }

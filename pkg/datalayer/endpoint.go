@@ -21,6 +21,9 @@ type Endpoint struct {
 	// Model is the base model the endpoint serves.
 	Model  string
 	Labels map[string]string
+	// Topology is where the pod runs: its node's labels in Kubernetes, the
+	// endpoints file's topology otherwise.
+	Topology Topology
 }
 
 // StreamState says how far the index can be trusted for an endpoint: what

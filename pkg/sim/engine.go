@@ -40,6 +40,11 @@ type EngineConfig struct {
 	// RoleDecode, RoleBoth; "" for none); Transfer its KV transfer (pd.go).
 	Role     string
 	Transfer Transfer
+	// Place is where the engine runs; PlaceOf finds another engine's by
+	// its address (nil: places unknown), so that a pull costs the link of
+	// their distance (Transfer.ByNear).
+	Place   Place
+	PlaceOf func(addr string) (Place, bool)
 }
 
 // Engine is one simulated vLLM engine. Its methods are safe for concurrent

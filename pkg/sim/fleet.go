@@ -52,6 +52,10 @@ type FleetConfig struct {
 	// engine transfers KV as Transfer says.
 	Roles    []string
 	Transfer Transfer
+	// Places, when set, puts engine i at Places[i%len(Places)], and each
+	// pull between engines costs the link of their distance
+	// (Transfer.ByNear).
+	Places []Place
 	// Front, when set, may put a server in front of engine i (llm-d's P/D
 	// sidecar before a decode engine): given the engine's configuration
 	// and its own address, it returns the address the pool routes to,
@@ -70,6 +74,7 @@ type Fleet struct {
 	Servers []*Server
 
 	engines []*Engine // with ZeroMQ outputs to close
+	places  places
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -94,7 +99,15 @@ func (cfg FleetConfig) EngineConfig(i int, addr string) EngineConfig {
 		role = cfg.Roles[i%len(cfg.Roles)]
 	}
 	return EngineConfig{Pod: fmt.Sprintf("%s-%d", prefix, i), Address: addr, Model: cfg.Model, Pool: pool, Encoding: enc, Tokenizer: cfg.Tokenizer,
-		Family: cfg.Family, Role: role, Transfer: cfg.Transfer}
+		Family: cfg.Family, Role: role, Transfer: cfg.Transfer, Place: cfg.placeOf(i)}
+}
+
+// placeOf is engine i's place (none without Places).
+func (cfg FleetConfig) placeOf(i int) Place {
+	if len(cfg.Places) == 0 {
+		return Place{}
+	}
+	return cfg.Places[i%len(cfg.Places)]
 }
 
 // Sidecar is what runs beside one engine of a fleet.
@@ -135,6 +148,11 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 			return nil, fmt.Errorf("sim: listen: %w", err)
 		}
 		ecfg := cfg.EngineConfig(i, ln.Addr().String())
+		if len(cfg.Places) > 0 {
+			// Pulls name the prefill engine by its own address.
+			f.places.set(ln.Addr().String(), ecfg.Place)
+			ecfg.PlaceOf = f.places.of
+		}
 		if cfg.Front != nil {
 			addr, run, err := cfg.Front(ecfg, ln.Addr().String())
 			if err != nil {

@@ -49,13 +49,30 @@ type Transfer struct {
 	// HoldTimeout bounds how long a prefill engine keeps blocks no one
 	// pulls (DefaultHoldTimeout when zero).
 	HoldTimeout time.Duration
+	// ByNear, when set, prices a pull between engines of known places by
+	// how near they are (indexed by Near: host, rack, zone, region); a
+	// zero Link, engines farther apart and engines of unknown place pay
+	// Latency and Bandwidth.
+	ByNear [NearNone]Link
 }
 
-// Cost is the time to pull blocks blocks.
+// Cost is the time to pull blocks blocks over the default link.
 func (t Transfer) Cost(blocks int) time.Duration {
-	d := t.Latency
-	if t.Bandwidth > 0 && blocks > 0 {
-		d += time.Duration(float64(blocks) * float64(t.BlockBytes) / t.Bandwidth * float64(time.Second))
+	return t.cost(blocks, Link{Latency: t.Latency, Bandwidth: t.Bandwidth})
+}
+
+// CostAt is the time to pull blocks blocks between engines near apart.
+func (t Transfer) CostAt(blocks int, near Near) time.Duration {
+	if near < NearNone && t.ByNear[near] != (Link{}) {
+		return t.cost(blocks, t.ByNear[near])
+	}
+	return t.Cost(blocks)
+}
+
+func (t Transfer) cost(blocks int, l Link) time.Duration {
+	d := l.Latency
+	if l.Bandwidth > 0 && blocks > 0 {
+		d += time.Duration(float64(blocks) * float64(t.BlockBytes) / l.Bandwidth * float64(time.Second))
 	}
 	return d
 }
@@ -177,6 +194,9 @@ type PDStats struct {
 	RemotePrefills, PulledBlocks, LocalBlocks, LoadFailures int64
 	// TransferTime is the pulls' simulated cost, summed.
 	TransferTime time.Duration
+	// PullsByNear counts the pulls by how near the prefill engine was
+	// (indexed by Near; NearNone also for places unknown).
+	PullsByNear [NearNone + 1]int64
 	// Pulling is the decode requests waiting on their transfer now.
 	Pulling int64
 }
@@ -349,7 +369,13 @@ func (s *Server) remotePrefill(ctx context.Context, p *KVTransferParams, req blo
 	full := len(req.Tokens) / bs
 	local := min(eng.Held(req).Blocks, full)
 	lack := full - local
-	cost := eng.cfg.Transfer.Cost(lack)
+	near := NearNone
+	if eng.cfg.PlaceOf != nil {
+		if from, ok := eng.cfg.PlaceOf(net.JoinHostPort(p.RemoteHost, strconv.Itoa(p.RemotePort))); ok {
+			near = eng.cfg.Place.NearTo(from)
+		}
+	}
+	cost := eng.cfg.Transfer.CostAt(lack, near)
 	t := time.NewTimer(cost)
 	defer t.Stop()
 	s.pd.mu.Lock()
@@ -381,6 +407,7 @@ func (s *Server) remotePrefill(ctx context.Context, p *KVTransferParams, req blo
 	s.pd.stats.RemotePrefills++
 	s.pd.stats.LocalBlocks += int64(local)
 	s.pd.stats.TransferTime += cost
+	s.pd.stats.PullsByNear[near]++
 	if ok {
 		s.pd.stats.PulledBlocks += int64(lack)
 	} else {

@@ -24,11 +24,13 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	inferencev1alpha2 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
@@ -127,6 +129,21 @@ func (d *Discovery) setup() error {
 		}))
 	if err != nil {
 		return fmt.Errorf("k8s discovery: pod controller: %w", err)
+	}
+	if !d.opts.NoNodeTopology {
+		// Nodes' metadata only, and only their label changes: a Node's
+		// status changes every few seconds and says nothing of its place.
+		err = ctrl.NewControllerManagedBy(d.mgr).
+			Named("kvroute-nodes").
+			For(&corev1.Node{}, builder.OnlyMetadata, builder.WithPredicates(predicate.LabelChangedPredicate{})).
+			Complete(reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+				err := d.sync.syncNode(ctx, c, req.Name)
+				d.m.reconciled("node", err)
+				return reconcile.Result{}, err
+			}))
+		if err != nil {
+			return fmt.Errorf("k8s discovery: node controller: %w", err)
+		}
 	}
 	if d.opts.standalone() {
 		return d.mgr.Add(manager.RunnableFunc(d.runStandalone))

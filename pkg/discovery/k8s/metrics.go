@@ -24,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_k8s_reconciles_total",
-			Help: "Reconciles by object kind (pool, pod, objective) and result (ok, error).",
+			Help: "Reconciles by object kind (pool, pod, node, objective) and result (ok, error).",
 		}, []string{"kind", "result"}),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_k8s_endpoint_changes_total",

@@ -15,6 +15,10 @@ import (
 	"github.com/kvroute/kvroute/pkg/datalayer"
 )
 
+// DefaultRackLabel is the node label read as each pod's rack unless
+// Options.RackLabel names another.
+const DefaultRackLabel = datalayer.DefaultRackLabel
+
 // ErrOptions marks discovery options that cannot work together.
 var ErrOptions = errors.New("invalid kubernetes discovery options")
 
@@ -58,6 +62,15 @@ type Options struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// OnLeader runs on the elected replica until ctx is done.
 	OnLeader func(ctx context.Context) error
+
+	// RackLabel is the node label read as each pod's rack (default
+	// datalayer.DefaultRackLabel); Kubernetes has no standard one.
+	RackLabel string
+	// NoNodeTopology reads no Node objects: endpoints carry no topology.
+	// By default each pod's place is its node's labels
+	// (kubernetes.io/hostname, RackLabel, topology.kubernetes.io/zone and
+	// region), which needs get, list and watch on nodes (cluster-scoped).
+	NoNodeTopology bool
 
 	// Objectives, when set in InferencePool mode, receives the pool's
 	// InferenceObjectives (priority, and SLO defaults from the

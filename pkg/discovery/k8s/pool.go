@@ -108,7 +108,7 @@ func endpointName(pod string, idx, ports int) string {
 // endpointsFor returns the endpoints pod should have in the pool: none
 // unless it is ready and selected. The error is for a pod whose IP cannot
 // be read, which the API server should never allow.
-func (p *PoolInfo) endpointsFor(pod *corev1.Pod, modelAnnotation, defaultModel string) ([]*datalayer.Endpoint, error) {
+func (p *PoolInfo) endpointsFor(pod *corev1.Pod, modelAnnotation, defaultModel string, topo datalayer.Topology) ([]*datalayer.Endpoint, error) {
 	if p == nil || !podReady(pod) || !p.Selector.Matches(labels.Set(pod.Labels)) {
 		return nil, nil
 	}
@@ -131,6 +131,7 @@ func (p *PoolInfo) endpointsFor(pod *corev1.Pod, modelAnnotation, defaultModel s
 			Namespace: pod.Namespace,
 			Model:     model,
 			Labels:    maps.Clone(pod.Labels),
+			Topology:  topo,
 		}
 	}
 	return out, nil

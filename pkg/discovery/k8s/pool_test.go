@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/kvroute/kvroute/pkg/datalayer"
 )
 
 func readyPod(name, ip string, labels map[string]string) *corev1.Pod {
@@ -77,7 +79,7 @@ func TestEndpointsForAPod(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			eps, err := tc.pool.endpointsFor(tc.pod(), DefaultModelAnnotation, "m")
+			eps, err := tc.pool.endpointsFor(tc.pod(), DefaultModelAnnotation, "m", datalayer.Topology{})
 			if (err != nil) != tc.isErr {
 				t.Fatalf("err = %v, want error %t", err, tc.isErr)
 			}

@@ -34,6 +34,9 @@ type SourceOptions struct {
 	DefaultModel string
 	// LeaderElection elects one replica; every replica still serves.
 	LeaderElection bool
+	// RackLabel and NoNodeTopology are Options'.
+	RackLabel      string
+	NoNodeTopology bool
 }
 
 var setCtrlLogger sync.Once
@@ -60,6 +63,8 @@ func NewSource(so SourceOptions, ds *datalayer.Datastore, objectives *datalayer.
 		PoolGroup:      so.PoolGroup,
 		Model:          so.DefaultModel,
 		LeaderElection: so.LeaderElection,
+		RackLabel:      so.RackLabel,
+		NoNodeTopology: so.NoNodeTopology,
 		Registerer:     reg,
 		Logger:         logger,
 	}

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -9,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -31,8 +33,12 @@ type syncer struct {
 
 	namespace                     string
 	modelAnnotation, defaultModel string
-	m                             *metrics
-	logger                        *slog.Logger
+	// rackLabel is the node label read as the rack; nodes false reads no
+	// Node, leaving topology empty.
+	rackLabel string
+	nodes     bool
+	m         *metrics
+	logger    *slog.Logger
 }
 
 func newSyncer(ds *datalayer.Datastore, o *Options, m *metrics) *syncer {
@@ -42,6 +48,8 @@ func newSyncer(ds *datalayer.Datastore, o *Options, m *metrics) *syncer {
 		namespace:       o.Namespace,
 		modelAnnotation: o.ModelAnnotation,
 		defaultModel:    o.Model,
+		rackLabel:       o.RackLabel,
+		nodes:           !o.NoNodeTopology,
 		m:               m,
 		logger:          o.Logger,
 	}
@@ -104,13 +112,84 @@ func (s *syncer) syncPod(ctx context.Context, c client.Reader, key types.Namespa
 		}
 		return fmt.Errorf("get pod %s: %w", key, err)
 	}
-	eps, err := s.pool.endpointsFor(&pod, s.modelAnnotation, s.defaultModel)
+	topo, err := s.topologyOf(ctx, c, &pod)
+	if err != nil {
+		return err
+	}
+	eps, err := s.pool.endpointsFor(&pod, s.modelAnnotation, s.defaultModel, topo)
 	if err != nil {
 		s.applyLocked(key.Name, nil)
 		return err
 	}
 	s.applyLocked(key.Name, eps)
 	return nil
+}
+
+// nodeMeta is how a Node is read: its metadata alone (the cache keeps
+// no node status, which is most of a Node's size).
+func nodeMeta() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	return m
+}
+
+// topologyOf is where pod runs: its node's labels. A pod not yet
+// scheduled has no place; one whose Node is not (yet) in the cache is
+// known by its node's name alone, which is the node's hostname label on
+// every common distribution, until the Node's arrival syncs it again.
+func (s *syncer) topologyOf(ctx context.Context, c client.Reader, pod *corev1.Pod) (datalayer.Topology, error) {
+	if !s.nodes || pod.Spec.NodeName == "" {
+		return datalayer.Topology{}, nil
+	}
+	node := nodeMeta()
+	if err := c.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return datalayer.Topology{Host: pod.Spec.NodeName}, nil
+		}
+		return datalayer.Topology{}, fmt.Errorf("get node %s of pod %s/%s: %w", pod.Spec.NodeName, pod.Namespace, pod.Name, err)
+	}
+	t := datalayer.TopologyFromLabels(node.Labels, s.rackLabel)
+	if t.Host == "" {
+		t.Host = node.Name
+	}
+	return t, nil
+}
+
+// syncNode re-derives the endpoints of the pool's pods on node, whose
+// labels changed (or which arrived after its pods).
+func (s *syncer) syncNode(ctx context.Context, c client.Reader, node string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pool == nil {
+		return nil
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(s.namespace)); err != nil {
+		return fmt.Errorf("list pods in %s: %w", s.namespace, err)
+	}
+	var errs []error
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.Spec.NodeName != node {
+			continue
+		}
+		if err := s.derivePodLocked(ctx, c, pod); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// derivePodLocked applies pod's endpoints as the cache has it; s.mu is
+// held.
+func (s *syncer) derivePodLocked(ctx context.Context, c client.Reader, pod *corev1.Pod) error {
+	topo, err := s.topologyOf(ctx, c, pod)
+	if err != nil {
+		return err
+	}
+	eps, err := s.pool.endpointsFor(pod, s.modelAnnotation, s.defaultModel, topo)
+	s.applyLocked(pod.Name, eps)
+	return err
 }
 
 // resyncLocked re-derives every pod's endpoints from the cache; s.mu is held.
@@ -124,11 +203,9 @@ func (s *syncer) resyncLocked(ctx context.Context, c client.Reader) error {
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		seen[pod.Name] = true
-		eps, err := s.pool.endpointsFor(pod, s.modelAnnotation, s.defaultModel)
-		if err != nil {
+		if err := s.derivePodLocked(ctx, c, pod); err != nil {
 			errs = append(errs, err)
 		}
-		s.applyLocked(pod.Name, eps)
 	}
 	for pod := range s.owned {
 		if !seen[pod] {

@@ -34,7 +34,8 @@ const maxStaticFileSize = 8 << 20
 //	- name: vllm-0
 //	  address: 10.0.0.7:8000
 //	  model: meta-llama/Llama-3.1-8B-Instruct
-//	  labels: {zone: a}
+//	  labels: {app: vllm}
+//	  topology: {hostname: node-7, rack: r12, zone: us-east-1a, region: us-east-1}
 type staticFile struct {
 	Endpoints []staticEndpoint `json:"endpoints"`
 }
@@ -46,7 +47,15 @@ type staticEndpoint struct {
 	Pod       string            `json:"pod,omitempty"`
 	Namespace string            `json:"namespace,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	// Topology is where the endpoint runs, as its node's labels would say
+	// in Kubernetes (kubernetes.io/hostname, a rack label,
+	// topology.kubernetes.io/zone and region); any field may be left out.
+	Topology datalayer.Topology `json:"topology,omitempty"`
 }
+
+// maxTopologyValue bounds a topology field: a node name is a DNS
+// subdomain, at most 253 characters.
+const maxTopologyValue = 253
 
 // ParseStaticEndpoints reads a static endpoints file. Every problem is
 // reported (not only the first), each naming its entry by position and name;
@@ -88,6 +97,13 @@ func Parse(data []byte) ([]*datalayer.Endpoint, error) {
 		if se.Model == "" {
 			bad("missing model")
 		}
+		for _, f := range [...]struct{ name, v string }{
+			{"hostname", se.Topology.Host}, {"rack", se.Topology.Rack}, {"zone", se.Topology.Zone}, {"region", se.Topology.Region},
+		} {
+			if len(f.v) > maxTopologyValue {
+				bad("topology.%s is %d bytes, at most %d", f.name, len(f.v), maxTopologyValue)
+			}
+		}
 		pod := se.Pod
 		if pod == "" {
 			pod = se.Name
@@ -99,6 +115,7 @@ func Parse(data []byte) ([]*datalayer.Endpoint, error) {
 			Namespace: se.Namespace,
 			Model:     se.Model,
 			Labels:    se.Labels,
+			Topology:  se.Topology,
 		})
 	}
 	if len(errs) > 0 {

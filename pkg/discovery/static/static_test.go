@@ -29,6 +29,7 @@ endpoints:
   model: meta-llama/Llama-3.1-8B-Instruct
   pod: vllm-1-abcde
   namespace: serving
+  topology: {hostname: node-7, rack: r12, zone: us-east-1a, region: us-east-1}
 `
 
 func TestParseStaticEndpoints(t *testing.T) {
@@ -39,7 +40,8 @@ func TestParseStaticEndpoints(t *testing.T) {
 	}
 	want := []datalayer.Endpoint{
 		{Name: "vllm-0", Address: "10.0.0.7:8000", Pod: "vllm-0", Model: "meta-llama/Llama-3.1-8B-Instruct", Labels: map[string]string{"zone": "a"}},
-		{Name: "vllm-1", Address: "[fd00::1]:8000", Pod: "vllm-1-abcde", Namespace: "serving", Model: "meta-llama/Llama-3.1-8B-Instruct"},
+		{Name: "vllm-1", Address: "[fd00::1]:8000", Pod: "vllm-1-abcde", Namespace: "serving", Model: "meta-llama/Llama-3.1-8B-Instruct",
+			Topology: datalayer.Topology{Host: "node-7", Rack: "r12", Zone: "us-east-1a", Region: "us-east-1"}},
 	}
 	if len(eps) != len(want) {
 		t.Fatalf("got %d endpoints, want %d", len(eps), len(want))
@@ -99,6 +101,16 @@ func TestParseStaticEndpointsRejects(t *testing.T) {
 			wants: []string{"adress"},
 		},
 		{
+			name:  "a misspelt topology field is refused",
+			file:  "endpoints:\n- {name: a, address: '10.0.0.1:80', model: m, topology: {host: n1}}\n",
+			wants: []string{`unknown field "host"`},
+		},
+		{
+			name:  "an overlong topology value is refused",
+			file:  "endpoints:\n- {name: a, address: '10.0.0.1:80', model: m, topology: {rack: " + strings.Repeat("r", 254) + "}}\n",
+			wants: []string{`endpoints[0] "a": topology.rack is 254 bytes, at most 253`},
+		},
+		{
 			name:  "YAML that is not the file's shape is refused",
 			file:  "endpoints: 7\n",
 			wants: []string{"invalid static endpoints file"},
@@ -130,6 +142,8 @@ func FuzzParseStaticEndpoints(f *testing.F) {
 	f.Add([]byte("endpoints:\n- {name: a, address: '10.0.0.1:80', model: m}\n- {name: a, address: '10.0.0.1:80'}\n"))
 	f.Add([]byte("{\"endpoints\": [{\"name\": 1}]}"))
 	f.Add([]byte("endpoints: &a [*a]\n"))
+	f.Add([]byte("endpoints:\n- {name: a, address: '10.0.0.1:80', model: m, topology: {hostname: n1, rack: r1, zone: z1, region: g1}}\n"))
+	f.Add([]byte("endpoints:\n- {name: a, address: '10.0.0.1:80', model: m, topology: {datacenter: d1}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		eps, err := Parse(data)
 		if err != nil {
@@ -145,6 +159,11 @@ func FuzzParseStaticEndpoints(f *testing.F) {
 				t.Fatalf("accepted bad or duplicate endpoint %+v", *e)
 			}
 			seen[e.Name], seen["@"+e.Address] = true, true
+			for _, v := range []string{e.Topology.Host, e.Topology.Rack, e.Topology.Zone, e.Topology.Region} {
+				if len(v) > maxTopologyValue {
+					t.Fatalf("accepted a topology value of %d bytes", len(v))
+				}
+			}
 			if again, err := parseEndpointAddress(e.Address); err != nil || again != e.Address {
 				t.Fatalf("address %q is not canonical: %q, %v", e.Address, again, err)
 			}

@@ -32,6 +32,10 @@ type Plan struct {
 	// DataParallel, when above 1, makes each engine a data-parallel one
 	// of that many ranks (FleetOptions.DataParallel).
 	DataParallel int
+	// Places, when set, puts the P/D fleet's engines on hosts and racks
+	// (sim.FleetConfig.Places); the EPP reads their topology from its
+	// endpoints file.
+	Places []sim.Place
 }
 
 // BenchOptions shape a routing benchmark: every plan's workload at each of
@@ -125,9 +129,12 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 					// arrivals differ, and the median run's seed differs
 					// between policies.
 					pd := *med.PD
-					pd.SeedOutputTPS = nil
-					for _, r := range runs {
+					pd.SeedOutputTPS, pd.SeedRuns = nil, nil
+					for k, r := range runs {
 						pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
+						if r.PD != nil {
+							pd.SeedRuns = append(pd.SeedRuns, PDSeed{Seed: o.Seed + uint64(k), TTFTp90: r.TTFTp90, TransferMean: r.PD.TransferMean, SplitRatio: r.PD.SplitRatio})
+						}
 					}
 					med.PD = &pd
 				}
@@ -174,7 +181,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 		if o.Virtual {
 			return Point{}, fmt.Errorf("loadgen: %s: a P/D fleet runs in real time only", w.Name)
 		}
-		fleet.Roles, fleet.Transfer = p.Roles, p.Transfer
+		fleet.Roles, fleet.Transfer, fleet.Places = p.Roles, p.Transfer, p.Places
 	}
 	ro := RunOptions{
 		Model: o.Fleet.Model, Rate: rate, Duration: o.runDuration(rate), Drain: o.Drain,

@@ -114,6 +114,8 @@ type FleetOptions struct {
 	// DataParallel, when above 1, makes each engine a data-parallel one of
 	// that many ranks behind its one API server (sim.FleetConfig.DataParallel).
 	DataParallel int
+	// Places puts the engines on hosts and racks (sim.FleetConfig.Places).
+	Places []sim.Place
 }
 
 // Front is how an environment's requests reach the EPP.
@@ -268,7 +270,7 @@ func StartEnvShaped(ctx context.Context, policy string, fo FleetOptions, seed ui
 	var engines []string
 	for _, srv := range env.Fleet.Servers {
 		cfg := srv.Core().Engine().Config()
-		env.spec.Engines = append(env.spec.Engines, Engine{Pod: cfg.Pod, Address: cfg.Address, Labels: cfg.Labels()})
+		env.spec.Engines = append(env.spec.Engines, Engine{Pod: cfg.Pod, Address: cfg.Address, Labels: cfg.Labels(), Topology: topologyOf(cfg.Place)})
 		engines = append(engines, cfg.Address)
 	}
 	var hosts []gateway.Host
@@ -567,7 +569,7 @@ func (fo FleetOptions) fleetConfig(seed uint64) sim.FleetConfig {
 	fc := sim.FleetConfig{
 		Engines: fo.Engines, Model: fo.Model, Pool: fo.Pool, Timing: fo.Timing, Speeds: fo.Speeds,
 		Encoding: fo.Encoding, MixedEncodings: fo.Mixed, Family: fo.Family,
-		Roles: fo.Roles, Transfer: fo.Transfer, DataParallel: fo.DataParallel,
+		Roles: fo.Roles, Transfer: fo.Transfer, DataParallel: fo.DataParallel, Places: fo.Places,
 	}
 	fc.Pool.Seed = seed
 	return fc

@@ -39,7 +39,7 @@ var PDPolicies = []string{PolicyPDDecodeOnly, PolicyPDAlways, PolicyPDUpstream, 
 
 // isPD says whether policy is one of the P/D policies.
 func isPD(policy string) bool {
-	for _, p := range PDPolicies {
+	for _, p := range append(PDPolicies[:len(PDPolicies):len(PDPolicies)], PDTopologyPolicies...) {
 		if p == policy {
 			return true
 		}
@@ -156,8 +156,12 @@ func pdConfig(policy string) string {
 		return PDDecodeOnlyConfig
 	case PolicyPDAlways:
 		return PDAlwaysConfig
-	case PolicyPDUpstream, PolicyPDExact:
+	case PolicyPDUpstream, PolicyPDExact, PolicyPDTopologyBlind:
 		return PDThresholdConfig
+	case PolicyPDTopologyAware:
+		return pdTopologyConfig("host")
+	case PolicyPDTopologyRack:
+		return pdTopologyConfig("rack")
 	}
 	return config.DefaultConfigText
 }
@@ -211,6 +215,23 @@ type PDResult struct {
 	// SeedOutputTPS is, for a point run under several seeds, each run's
 	// output tokens per second in seed order.
 	SeedOutputTPS []float64 `json:",omitempty"`
+	// Pulls counts the decode engines' KV pulls; TransferMean is their
+	// mean simulated transfer time; PullsByNear counts them by how near
+	// the prefill engine was (host, rack, zone, region, none or unknown).
+	Pulls        int64
+	TransferMean time.Duration
+	PullsByNear  [5]int64
+	// SeedRuns are, for a point run under several seeds, each run's
+	// figures the topology comparison reads, in seed order.
+	SeedRuns []PDSeed `json:",omitempty"`
+}
+
+// PDSeed is one seed's run of a P/D point.
+type PDSeed struct {
+	Seed         uint64
+	TTFTp90      time.Duration
+	TransferMean time.Duration
+	SplitRatio   float64
 }
 
 // meanOutputTPS is the point's output throughput over its seeds (its own
@@ -260,6 +281,18 @@ func (env *Env) pdResult(samples []Sample, makespan time.Duration) *PDResult {
 	if n := r.Split + r.Local; n > 0 {
 		r.SplitRatio = float64(r.Split) / float64(n)
 	}
+	var transfer time.Duration
+	for _, srv := range env.Fleet.Servers {
+		st := srv.PDStats()
+		r.Pulls += st.RemotePrefills
+		transfer += st.TransferTime
+		for i, n := range st.PullsByNear {
+			r.PullsByNear[i] += n
+		}
+	}
+	if r.Pulls > 0 {
+		r.TransferMean = transfer / time.Duration(r.Pulls)
+	}
 	var pBusy, dBusy time.Duration
 	var pN, dN int
 	for _, c := range env.Fleet.Cores() {
@@ -299,6 +332,7 @@ func (env *Env) pdResult(samples []Sample, makespan time.Duration) *PDResult {
 
 // String is the run's P/D figures on one line.
 func (r *PDResult) String() string {
-	return fmt.Sprintf("split %5.1f%% (%d of %d)  prefill busy %5.1f%%  decode busy %5.1f%%  TPOT p50 %.1fms",
-		100*r.SplitRatio, r.Split, r.Split+r.Local, 100*r.PrefillBusy, 100*r.DecodeBusy, float64(r.TPOTp50)/float64(time.Millisecond))
+	return fmt.Sprintf("split %5.1f%% (%d of %d)  prefill busy %5.1f%%  decode busy %5.1f%%  TPOT p50 %.1fms  transfer mean %.2fms (%d pulls)",
+		100*r.SplitRatio, r.Split, r.Split+r.Local, 100*r.PrefillBusy, 100*r.DecodeBusy, float64(r.TPOTp50)/float64(time.Millisecond),
+		msf(r.TransferMean), r.Pulls)
 }

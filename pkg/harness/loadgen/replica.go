@@ -2,10 +2,13 @@ package loadgen
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
@@ -59,6 +62,8 @@ type ReplicaSpec struct {
 type Engine struct {
 	Pod, Address string
 	Labels       map[string]string
+	// Topology is where the engine runs (zero: unknown).
+	Topology datalayer.Topology
 }
 
 // ReplicaStarter starts one replica of a policy's EPP.
@@ -85,9 +90,14 @@ type kvroute struct {
 // startKVRoute starts kvroute's EPP as a policy configures it, serving
 // ext_proc in plaintext (and its standalone proxy) on loopback.
 func startKVRoute(ctx context.Context, s ReplicaSpec) (Replica, error) {
+	endpointsFile, cleanup, err := endpointsFileOf(s)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: EPP %s: %w", s.Name, err)
+	}
 	e, err := epp.New(epp.Options{
 		NATSURL: s.NATSURL, Namespace: s.Namespace, Pool: s.Pool, HTTPAddr: "127.0.0.1:0", DebugAddr: "127.0.0.1:0",
-		ConfigText: eppConfig(s.Policy), Scrape: true, Engine: s.Limits,
+		EndpointsFile: endpointsFile,
+		ConfigText:    eppConfig(s.Policy), Scrape: true, Engine: s.Limits,
 		ScrapeOptions: scrape.Options{Interval: 50 * time.Millisecond},
 		Prefix:        prefixmatch.Params{DefaultBlockSizeTokens: s.BlockSize},
 		RequestPath: epp.RequestPathOptions{
@@ -101,15 +111,62 @@ func startKVRoute(ctx context.Context, s ReplicaSpec) (Replica, error) {
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
+		cleanup()
 		return nil, fmt.Errorf("loadgen: EPP %s: %w", s.Name, err)
 	}
-	for _, en := range s.Engines {
-		e.Datastore().Upsert(&datalayer.Endpoint{Name: en.Pod, Address: en.Address, Pod: en.Pod, Namespace: s.Namespace, Model: s.Model, Labels: en.Labels})
+	if endpointsFile == "" {
+		for _, en := range s.Engines {
+			e.Datastore().Upsert(&datalayer.Endpoint{Name: en.Pod, Address: en.Address, Pod: en.Pod, Namespace: s.Namespace, Model: s.Model, Labels: en.Labels})
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	r := &kvroute{name: s.Name, e: e, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- e.Run(ctx) }()
+	go func() { defer cleanup(); r.done <- e.Run(ctx) }()
 	return r, nil
+}
+
+// endpointsFileOf writes the engines of a fleet placed on hosts and racks
+// as a standalone endpoints file, which is how the EPP learns where each
+// runs outside Kubernetes; "" (and nothing to clean up) for a fleet
+// without places, whose engines go into the datastore directly.
+func endpointsFileOf(s ReplicaSpec) (string, func(), error) {
+	placed := false
+	for _, en := range s.Engines {
+		placed = placed || !en.Topology.IsZero()
+	}
+	if !placed {
+		return "", func() {}, nil
+	}
+	type entry struct {
+		Name      string             `json:"name"`
+		Address   string             `json:"address"`
+		Model     string             `json:"model"`
+		Namespace string             `json:"namespace,omitempty"`
+		Labels    map[string]string  `json:"labels,omitempty"`
+		Topology  datalayer.Topology `json:"topology"`
+	}
+	var f struct {
+		Endpoints []entry `json:"endpoints"`
+	}
+	for _, en := range s.Engines {
+		f.Endpoints = append(f.Endpoints, entry{Name: en.Pod, Address: en.Address, Model: s.Model, Namespace: s.Namespace, Labels: en.Labels, Topology: en.Topology})
+	}
+	// JSON is YAML; the file's parser reads either.
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "kvroute-endpoints-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	path := filepath.Join(dir, "endpoints.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return path, cleanup, nil
 }
 
 func (r *kvroute) Host() gateway.Host {

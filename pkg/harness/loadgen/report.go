@@ -319,6 +319,7 @@ var svgColors = map[string]string{
 	PolicyPredicted: "#e377c2", PolicyPredictedUnshared: "#8c564b", PolicyOracle: "#000000",
 	PolicyPDDecodeOnly: "#17becf", PolicyPDAlways: "#d62728", PolicyPDUpstream: "#ff7f0e",
 	PolicyPDExact: "#1f77b4", PolicyPDPredicted: "#e377c2",
+	PolicyPDTopologyBlind: "#1f77b4", PolicyPDTopologyAware: "#2ca02c", PolicyPDTopologyRack: "#9467bd",
 }
 
 // Metric is what a plot draws against request rate.

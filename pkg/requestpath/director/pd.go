@@ -43,11 +43,14 @@ type pdLegs struct {
 	decodeStart time.Time
 	ended       bool
 	resp        request.Response
+	// distance is how far apart the two pods run, the transfer
+	// metric's label.
+	distance datalayer.Distance
 }
 
 // dispatchSplit enters a split pick's legs in the in-flight accounting.
 func (d *Director) dispatchSplit(p *Pick, req *request.Request, decode, prefill *datalayer.Candidate) {
-	p.pd = &pdLegs{cand: prefill, decodeStart: req.Arrival}
+	p.pd = &pdLegs{cand: prefill, decodeStart: req.Arrival, distance: prefill.Topology.DistanceTo(decode.Topology)}
 	prompt := len(req.TokenIDs)
 	pinfo, _ := datalayer.PrefixCacheInfoOf(prefill)
 	dinfo, _ := datalayer.PrefixCacheInfoOf(decode)
@@ -137,13 +140,16 @@ func (d *Director) endSplit(p *Pick, s Served) {
 		return
 	}
 	if s.Streamed && !s.FirstByte.IsZero() && s.Status < 400 && s.FirstByte.After(p.pd.decodeStart) {
-		d.o.Metrics.pd.transfer.Observe(s.FirstByte.Sub(p.pd.decodeStart).Seconds())
+		d.o.Metrics.pd.transfer[p.pd.distance].Observe(s.FirstByte.Sub(p.pd.decodeStart).Seconds())
 	}
 }
 
 // pdMetrics measure split picks' legs.
 type pdMetrics struct {
-	prefill, transfer prometheus.Histogram
+	prefill prometheus.Histogram
+	// transfer has a series per distance between the pods, made up front
+	// so that the decode leg's end looks one up by index.
+	transfer [datalayer.NumDistances]prometheus.Observer
 }
 
 func newPDMetrics(reg prometheus.Registerer) pdMetrics {
@@ -153,14 +159,18 @@ func newPDMetrics(reg prometheus.Registerer) pdMetrics {
 			Help:    "Split requests' prefill legs, from the request's arrival to the prefill pod's answer.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
-		transfer: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "kvroute_pd_transfer_duration_seconds",
-			Help:    "Split requests' decode legs, from their sending to their first token: the KV transfer and the decode pod's wait for it.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
-		}),
+	}
+	transfer := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvroute_pd_transfer_duration_seconds",
+		Help: "Split requests' decode legs, from their sending to their first token: the KV transfer and the decode pod's wait for it; " +
+			"by the distance between the prefill and decode pods (host, rack, zone, region, apart, unknown).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	}, []string{"distance"})
+	for d := range m.transfer {
+		m.transfer[d] = transfer.WithLabelValues(datalayer.Distance(d).String())
 	}
 	if reg != nil {
-		reg.MustRegister(m.prefill, m.transfer)
+		reg.MustRegister(m.prefill, transfer)
 	}
 	return m
 }

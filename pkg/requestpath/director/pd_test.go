@@ -5,10 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/openai"
+	"github.com/kvroute/kvroute/pkg/testkit"
 )
 
 // newSplitDirector is a director whose every pick is split: decode on b,
@@ -129,5 +132,39 @@ func TestASidecarsPrefillLegEndsWithTheDecodePodsFirstToken(t *testing.T) {
 	}
 	if f := ds.InFlight("a"); f.RecentEndsAt != first.UnixNano() {
 		t.Errorf("the prefill pod's leg ended at %v, want the decode pod's first token %v", f.RecentEndsAt, first.UnixNano())
+	}
+}
+
+func TestTheTransferIsMeasuredByTheDistanceBetweenThePods(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	ds := datalayer.NewDatastore(nil)
+	// a prefills, b decodes: one rack, two hosts.
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m", Topology: datalayer.Topology{Host: "h1", Rack: "r1"}})
+	ds.Upsert(&datalayer.Endpoint{Name: "b", Address: "10.0.0.2:8000", Model: "m", Topology: datalayer.Topology{Host: "h2", Rack: "r1"}})
+	now := time.Unix(1000, 0)
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: splitPicker{}, InFlight: ds, Outliers: ds,
+		Metrics: director.NewMetrics(reg), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := d.HandleRequest(context.Background(), &director.Input{
+		Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":[1,2,3,4,5],"stream":true}`),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.HandlePrefill(p, director.Served{Endpoint: p.Prefill, Status: 200, End: now.Add(30 * time.Millisecond),
+		Usage: openai.Usage{PromptTokens: 5, CompletionTokens: 1}})
+	d.HandleResponse(p, director.Served{Endpoint: p.Targets[0], Status: 200, Streamed: true,
+		FirstByte: now.Add(40 * time.Millisecond), End: now.Add(90 * time.Millisecond), Usage: openai.Usage{PromptTokens: 5, CompletionTokens: 3}})
+	if got := testkit.HistCount(t, reg, "kvroute_pd_transfer_duration_seconds", "distance", "rack"); got != 1 {
+		t.Errorf("transfers within a rack measured %d, want 1", got)
+	}
+	if got := testkit.HistSum(t, reg, "kvroute_pd_transfer_duration_seconds", "distance", "rack"); got < 0.0099 || got > 0.0101 {
+		t.Errorf("the transfer within a rack measured %vs, want the 10ms from the prefill leg's end to the first token", got)
+	}
+	if got := testkit.HistCount(t, reg, "kvroute_pd_transfer_duration_seconds"); got != 1 {
+		t.Errorf("transfers measured %d in all, want 1", got)
 	}
 }

@@ -239,7 +239,9 @@ var upstreamTypes = func() map[string]upstreamType {
 		refused("context-length-aware", "llm-d v0.7–v0.8; llm-d-router v0.9–main", "kvroute does not route by prompt length; split such pools into InferencePools of their own"),
 		refused("header-label-affinity-scorer", "llm-d-router v0.10–main", "kvroute does not score by request headers"),
 		refused("endpoint-attribute-scorer", "llm-d-router v0.10–main", "kvroute scores from vLLM's metrics and its index, not arbitrary endpoint attributes"),
-		refused("topology-affinity-scorer", "llm-d-router v0.10–main", "kvroute has no topology data"),
+		honoured("topology-affinity-scorer", "llm-d-router v0.10–main", map[string]paramRule{
+			"topologyProducerName": keep("the topology-extractor whose pod labels are read over the nodes' topology"),
+		}),
 		refused("mm-embeddings-cache-scorer", "llm-d-router v0.9–main", "kvroute does not track multimodal encoder caches; requests with multimodal parts are never matched against the index, and the other scorers route them"),
 		honoured("latency-scorer", "GIE v1.5; llm-d-router v0.9–main", nil),
 		refused("predicted-latency-scorer", "GIE v1.3–v1.5", "use latency-scorer, which scores the predicted-latency-producer's predictions"),
@@ -271,7 +273,10 @@ var upstreamTypes = func() map[string]upstreamType {
 		refused("session-affinity-filter", "llm-d-router v0.9–main", whyNoSession),
 		refused("endpoint-attribute-filter", "llm-d-router v0.10–main", "kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes"),
 		refused("utilization-filter", "llm-d-router v0.10–main", "use saturation-filter, which drops endpoints whose queue or KV usage reaches a threshold"),
-		refused("topology-affinity-filter", "llm-d-router v0.10–main", "kvroute has no topology data"),
+		honoured("topology-affinity-filter", "llm-d-router v0.10–main", map[string]paramRule{
+			"minAffinity":          keep("the farthest level kept (host, rack, zone or region; failing open when no candidate is that near)"),
+			"topologyProducerName": keep("the topology-extractor whose pod labels are read over the nodes' topology"),
+		}),
 		honoured("prefix-cache-affinity-filter", "GIE v1.5; llm-d-router v0.9–main", map[string]paramRule{
 			"affinityThreshold":                 keep("the share of the request's blocks an endpoint must hold to be sticky"),
 			"explorationProbability":            keep("the chance of keeping every candidate (llm-d-router's default, 0; GIE v1.5's was 0.01)"),
@@ -396,7 +401,12 @@ var upstreamTypes = func() map[string]upstreamType {
 			"insecureSkipVerify": drop("nothing reads GPU metrics here"), "interval": drop("nothing reads GPU metrics here"), "useNodeAddress": drop("nothing reads GPU metrics here"),
 		}),
 		superseded("dcgm-extractor", "llm-d-router v0.10–main", inertType, "nothing kvroute runs reads GPU metrics", nil),
-		superseded("topology-extractor", "llm-d-router v0.10–main", inertType, "nothing kvroute runs reads topology", nil),
+		honoured("topology-extractor", "llm-d-router v0.10–main", map[string]paramRule{
+			"hostname": keep("the pod label read as the host, over the node's kubernetes.io/hostname"),
+			"rack":     keep("the pod label read as the rack, over the node's rack label (--topology-rack-label)"),
+			"zone":     keep("the pod label read as the zone, over the node's topology.kubernetes.io/zone"),
+			"region":   keep("the pod label read as the region, over the node's topology.kubernetes.io/region"),
+		}),
 		refused("file-discovery", "llm-d-router v0.9–main", "use --endpoints-file, kvroute's static endpoints file"),
 		refused("multicluster-file-discovery", "llm-d-router v0.10–main", whyMulticluster),
 		refused("multicluster-metrics-data-source", "llm-d-router v0.10–main", whyMulticluster),

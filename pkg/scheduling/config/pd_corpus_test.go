@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
@@ -63,6 +64,10 @@ var pdCorpus = map[string]corpusCase{
 	}, check: wantSplits("disagg-profile-handler",
 		pdCase{"always-disagg splits a cold prompt", 100, 0, false, framework.PrefillDecode},
 	)},
+	"router-main-pd-topology-epp-config.yaml": {profiles: map[string][]string{
+		"prefill": {"filter:prefill-filter/prefill-filter", "filter:topology-affinity-filter/topology-affinity-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "scorer:topology-affinity-scorer/topology-affinity-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
+	}, check: wantPrefillNearDecode},
 	"llmd-guide-main-pd-disaggregation-values.yaml": {profiles: map[string][]string{
 		"prefill": {"filter:prefill-filter/prefill-filter", "filter:prefix-cache-affinity-filter/prefix-cache-affinity-filter", "scorer:token-load-scorer/token-load-scorer*1", "picker:max-score-picker/max-score-picker"},
 		"decode":  {"filter:decode-filter/decode-filter", "scorer:active-request-scorer/active-request-scorer*1", "picker:max-score-picker/max-score-picker"},
@@ -125,6 +130,61 @@ func wantSplits(handler string, cases ...pdCase) func(t *testing.T, l *config.Lo
 			if e := res.Encoders(); wantEncode != (len(e) > 0) || (len(e) > 0 && e[0].Name != "e") {
 				t.Errorf("%s: encode picks %v", tc.name, e)
 			}
+		}
+	}
+}
+
+// wantPrefillNearDecode schedules split requests over two racks, r1 and
+// r2, of a decode and a prefill pod each, with the decode pick made by
+// which decode pod holds the prompt's first blocks: the prefill pick is
+// on the decode pick's host when a prefill pod is (minAffinity host),
+// else in its rack (the scorer's 0.2 over equal queues), and follows the
+// decode pick from rack to rack.
+func wantPrefillNearDecode(t *testing.T, l *config.Loaded) {
+	t.Helper()
+	sched, err := scheduling.New(l.SchedulerOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := func(r string) map[string]string { return map[string]string{bylabel.RoleLabel: r} }
+	at := func(host, rack string) datalayer.Topology {
+		return datalayer.Topology{Host: host, Rack: rack, Zone: "z1", Region: "g1"}
+	}
+	const tokens = 100
+	total := tokens / schedtest.BlockSize
+	pool := func(warm string, more ...schedtest.C) []schedtest.C {
+		held := func(name string) int {
+			if name == warm {
+				return 2
+			}
+			return 0
+		}
+		return append([]schedtest.C{
+			{Name: "d-r1", Labels: role(bylabel.RoleDecode), Topology: at("h1", "r1"), Prefix: schedtest.Info(total, held("d-r1"), 0, 0, 0)},
+			{Name: "d-r2", Labels: role(bylabel.RoleDecode), Topology: at("h3", "r2"), Prefix: schedtest.Info(total, held("d-r2"), 0, 0, 0)},
+			{Name: "p-r1", Labels: role(bylabel.RolePrefill), Topology: at("h2", "r1"), Prefix: schedtest.Info(total, 0, 0, 0, 0)},
+			{Name: "p-r2", Labels: role(bylabel.RolePrefill), Topology: at("h4", "r2"), Prefix: schedtest.Info(total, 0, 0, 0, 0)},
+		}, more...)
+	}
+	for _, tc := range []struct {
+		name                  string
+		cands                 []schedtest.C
+		wantDecode, wantPfill string
+	}{
+		{"decode in r1: prefill in r1", pool("d-r1"), "d-r1", "p-r1"},
+		{"decode in r2: prefill in r2", pool("d-r2"), "d-r2", "p-r2"},
+		{"a prefill pod on the decode pod's host wins despite its queue", pool("d-r1",
+			schedtest.C{Name: "p-h1", Labels: role(bylabel.RolePrefill), Topology: at("h1", "r1"), Queue: 5, Prefix: schedtest.Info(total, 0, 0, 0, 0)}), "d-r1", "p-h1"},
+	} {
+		req := &request.Request{ID: tc.name, Model: "m", TokenIDs: make([]uint32, tokens), API: request.APICompletions}
+		res, err := sched.Schedule(context.Background(), req, schedtest.Cands(tc.cands...))
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		p := res.Prefill()
+		if res.Decision != framework.PrefillDecode || res.Targets()[0].Name != tc.wantDecode || p == nil || p.Name != tc.wantPfill {
+			t.Errorf("%s: decision %s (%s), decode %s, prefill %v; want prefill-decode, %s, %s", tc.name, res.Decision, res.Reason, res.Targets()[0].Name, p, tc.wantDecode, tc.wantPfill)
 		}
 	}
 }

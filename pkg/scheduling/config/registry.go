@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/prefixaffinity"
 	satfilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/saturation"
 	slofilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/slo"
+	topofilter "github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/topologyaffinity"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/random"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/softmax"
@@ -41,6 +42,8 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/queue"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/runningrequests"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/tokenload"
+	toposcorer "github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/topologyaffinity"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/topology"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
@@ -135,6 +138,9 @@ func NewInTreeRegistry() *Registry {
 		tokenload.Type:           tokenload.Factory,
 		prefixaffinity.Type:      prefixaffinity.Factory,
 		sloaware.Type:            sloaware.Factory,
+		topology.ExtractorType:   topology.ExtractorFactory,
+		topofilter.Type:          topofilter.Factory,
+		toposcorer.Type:          toposcorer.Factory,
 	} {
 		r.mustRegister(typ, f)
 	}

@@ -89,3 +89,21 @@ func (s *CycleState) Read(key string) (any, bool) {
 	v, ok := s.vals[key]
 	return v, ok
 }
+
+// PeerEndpointKey is the cycle-state key under which a profile handler
+// that runs stages one after another (disaggregated serving) stores the
+// *datalayer.Candidate the earlier stage picked, before it runs the later
+// one: the decode pick before the prefill profile, or the prefill pick
+// before the decode profile when prefill runs first. The topology plugins
+// place the later pick near it.
+const PeerEndpointKey = "peer-endpoint"
+
+// Peer is the earlier stage's pick as PeerEndpointKey holds it.
+func (s *CycleState) Peer() (*datalayer.Candidate, bool) {
+	v, ok := s.Read(PeerEndpointKey)
+	if !ok {
+		return nil, false
+	}
+	c, ok := v.(*datalayer.Candidate)
+	return c, ok && c != nil
+}

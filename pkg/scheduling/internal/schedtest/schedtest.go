@@ -38,11 +38,13 @@ type C struct {
 	MaxLoRAs int
 	// Labels are the pod's labels.
 	Labels map[string]string
+	// Topology is where the pod runs.
+	Topology datalayer.Topology
 }
 
 // Build makes the candidate as a PrepareData step would leave it.
 func (c C) Build() *datalayer.Candidate {
-	ep := &datalayer.Endpoint{Name: c.Name, Address: c.Name + ":8000", Pod: c.Name, Namespace: "default", Model: "m", Labels: c.Labels}
+	ep := &datalayer.Endpoint{Name: c.Name, Address: c.Name + ":8000", Pod: c.Name, Namespace: "default", Model: "m", Labels: c.Labels, Topology: c.Topology}
 	m := datalayer.Metrics{
 		WaitingQueueSize: c.Queue, RunningRequests: c.Running, KVCacheUsage: c.KV,
 		ActiveLoRAs: c.Active, WaitingLoRAs: c.Waiting, MaxLoRAs: c.MaxLoRAs,

@@ -75,15 +75,43 @@ type Params struct {
 	// NonCachedTokens is the fallback without predictions: split when the
 	// decode pod lacks at least this many prompt tokens; 0 never splits then.
 	NonCachedTokens int `json:"nonCachedTokens"`
+	// TransferByDistance is the link between a prefill pod and the decode
+	// pod by how near they are (host, rack, zone or region: the tightest
+	// level their nodes share); each level given whole. Pods farther
+	// apart, of unknown place, or at a level not given use TransferGBps
+	// and TransferLatencyMs.
+	TransferByDistance map[string]Link `json:"transferByDistance"`
+}
+
+// Link is a KV transfer path's bandwidth and fixed cost.
+type Link struct {
+	GBps      float64 `json:"gbps"`
+	LatencyMs float64 `json:"latencyMs"`
+}
+
+// DefaultTransferByDistance is what a transfer costs by distance unless
+// configured: a host's GPUs over NVLink or PCIe (100 GB/s, 0.2 ms), a
+// rack's 200 Gb/s NIC through one switch (25 GB/s, 0.5 ms), a zone's
+// 100 Gb/s over several hops (12.5 GB/s, 1 ms, the default link), a
+// region's links between zones (2.5 GB/s, 5 ms). Measured figures
+// (kvroute_pd_transfer_duration_seconds, by distance) should replace them.
+func DefaultTransferByDistance() map[string]Link {
+	return map[string]Link{
+		"host":   {GBps: 100, LatencyMs: 0.2},
+		"rack":   {GBps: 25, LatencyMs: 0.5},
+		"zone":   {GBps: 12.5, LatencyMs: 1},
+		"region": {GBps: 2.5, LatencyMs: 5},
+	}
 }
 
 // DefaultParams are the defaults: a Llama-3-8B-sized KV over a 100 Gb/s
-// link with 1 ms per transfer; a split must save 10%; Dynamo's conditions
+// link with 1 ms per transfer, faster within a rack or a host
+// (DefaultTransferByDistance); a split must save 10%; Dynamo's conditions
 // off; 2048 uncached tokens without predictions.
 func DefaultParams() Params {
 	return Params{
 		KVBytesPerToken: 131072, TransferGBps: 12.5, TransferLatencyMs: 1, MinGain: 0.1,
-		MaxLocalPrefillRatio: 0.7, NonCachedTokens: 2048,
+		MaxLocalPrefillRatio: 0.7, NonCachedTokens: 2048, TransferByDistance: DefaultTransferByDistance(),
 	}
 }
 
@@ -91,8 +119,15 @@ func DefaultParams() Params {
 type Decider struct {
 	name plugin.TypedName
 	p    Params
-	// bytesPerMs is the link's bandwidth in bytes per millisecond.
-	bytesPerMs float64
+	// links are the transfer's link at each distance, indexed by
+	// datalayer.Distance: the configured level's, else the default link.
+	links [datalayer.NumDistances]link
+}
+
+// link is a Link in the units the hot path uses.
+type link struct {
+	// bytesPerMs is the bandwidth in bytes per millisecond.
+	bytesPerMs, latencyMs float64
 }
 
 var (
@@ -124,7 +159,21 @@ func New(name string, p Params) (*Decider, error) {
 	case p.NonCachedTokens < 0:
 		return bad("nonCachedTokens = %d, want ≥ 0", p.NonCachedTokens)
 	}
-	return &Decider{name: plugin.TypedName{Type: Type, Name: name}, p: p, bytesPerMs: p.TransferGBps * 1e6}, nil
+	d := &Decider{name: plugin.TypedName{Type: Type, Name: name}, p: p}
+	for i := range d.links {
+		d.links[i] = link{bytesPerMs: p.TransferGBps * 1e6, latencyMs: p.TransferLatencyMs}
+	}
+	for level, l := range p.TransferByDistance {
+		dist, err := datalayer.ParseLevel(level)
+		if err != nil {
+			return bad("transferByDistance: %v", err)
+		}
+		if !(l.GBps > 0) || !finite(l.GBps) || !(l.LatencyMs >= 0) || !finite(l.LatencyMs) {
+			return bad("transferByDistance.%s = {gbps: %v, latencyMs: %v}, want gbps > 0 and latencyMs ≥ 0", level, l.GBps, l.LatencyMs)
+		}
+		d.links[dist] = link{bytesPerMs: l.GBps * 1e6, latencyMs: l.LatencyMs}
+	}
+	return d, nil
 }
 
 // Factory makes the decider from its parameters over DefaultParams.
@@ -177,6 +226,8 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 	}
 
 	local, localOK := datalayer.LatencyPredictionOf(decode)
+	// bestRemote is the soonest a prefill pod's prefill and the transfer
+	// from it end: a nearer pod moves the blocks sooner.
 	bestRemote, prefillPods, busy := math.Inf(1), 0, 0
 	var cands []*datalayer.Candidate
 	if cs != nil {
@@ -190,8 +241,10 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 		if d.p.MaxPrefillQueue > 0 && max(c.Metrics.WaitingQueueSize, c.InFlight.Prefilling) >= d.p.MaxPrefillQueue {
 			busy++
 		}
-		if ttft, ok := meanTTFT(c); ok && ttft < bestRemote {
-			bestRemote = ttft
+		if ttft, ok := meanTTFT(c); ok {
+			if r := ttft + d.TransferMsAt(uncached, info.BlockSizeTokens, c.Topology.DistanceTo(decode.Topology)); r < bestRemote {
+				bestRemote = r
+			}
 		}
 	}
 	if prefillPods > 0 && busy == prefillPods {
@@ -209,7 +262,7 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 		}
 		return framework.Verdict{Split: true, Reason: framework.ReasonUncached}
 	}
-	remote := bestRemote + d.TransferMs(uncached, info.BlockSizeTokens)
+	remote := bestRemote
 	if local.TPOTValid {
 		// The decode pod still takes one step for the first token once
 		// the KV has arrived.
@@ -222,9 +275,14 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 }
 
 // TransferMs is the predicted time to move the KV of uncached prompt
-// tokens to the decode pod, in whole blocks of blockSize tokens (vLLM's
-// connector moves blocks), in milliseconds.
+// tokens to the decode pod over the default link, in whole blocks of
+// blockSize tokens (vLLM's connector moves blocks), in milliseconds.
 func (d *Decider) TransferMs(uncached, blockSize int) float64 {
+	return d.TransferMsAt(uncached, blockSize, datalayer.Unknown)
+}
+
+// TransferMsAt is TransferMs between pods at distance dist.
+func (d *Decider) TransferMsAt(uncached, blockSize int, dist datalayer.Distance) float64 {
 	if uncached <= 0 {
 		return 0
 	}
@@ -232,7 +290,8 @@ func (d *Decider) TransferMs(uncached, blockSize int) float64 {
 	if blockSize > 1 {
 		tokens = (uncached + blockSize - 1) / blockSize * blockSize
 	}
-	return d.p.TransferLatencyMs + float64(tokens)*d.p.KVBytesPerToken/d.bytesPerMs
+	l := d.links[min(dist, datalayer.Unknown)]
+	return l.latencyMs + float64(tokens)*d.p.KVBytesPerToken/l.bytesPerMs
 }
 
 // meanTTFT is a candidate's predicted mean TTFT, read in place: the

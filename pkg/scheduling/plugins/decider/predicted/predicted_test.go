@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -50,6 +51,9 @@ type pool struct {
 	decodeQueue  int
 	prefillQueue []int
 	held         int
+	// decodeAt and prefillAt are where the pods run (unknown when unset).
+	decodeAt  datalayer.Topology
+	prefillAt []datalayer.Topology
 }
 
 func (pl pool) candidates(t *testing.T, req *request.Request) []*datalayer.Candidate {
@@ -64,14 +68,18 @@ func (pl pool) candidates(t *testing.T, req *request.Request) []*datalayer.Candi
 	}
 	now := time.Now()
 	ds := datalayer.NewDatastore(nil)
-	add := func(name, addr, role string, queue int) {
+	add := func(name, addr, role string, queue int, at datalayer.Topology) {
 		pred.AddEndpoint(addr, "")
-		ds.Upsert(&datalayer.Endpoint{Name: name, Address: addr, Labels: map[string]string{bylabel.RoleLabel: role}})
+		ds.Upsert(&datalayer.Endpoint{Name: name, Address: addr, Labels: map[string]string{bylabel.RoleLabel: role}, Topology: at})
 		ds.SetMetrics(name, datalayer.Metrics{WaitingQueueSize: queue, RunningRequests: 8, UpdateTime: now})
 	}
-	add("d", "10.0.0.1:8000", bylabel.RoleDecode, pl.decodeQueue)
+	add("d", "10.0.0.1:8000", bylabel.RoleDecode, pl.decodeQueue, pl.decodeAt)
 	for i, q := range pl.prefillQueue {
-		add("p"+string(rune('0'+i)), "10.0.1."+string(rune('1'+i))+":8000", bylabel.RolePrefill, q)
+		var at datalayer.Topology
+		if i < len(pl.prefillAt) {
+			at = pl.prefillAt[i]
+		}
+		add("p"+string(rune('0'+i)), "10.0.1."+string(rune('1'+i))+":8000", bylabel.RolePrefill, q, at)
 	}
 	cands := ds.Candidates(nil)
 	total := len(req.TokenIDs) / 16
@@ -177,12 +185,57 @@ func TestTheTransferMovesWholeBlocksOverTheLink(t *testing.T) {
 	}
 }
 
+func TestTheTransferDependsOnTheDistanceBetweenThePods(t *testing.T) {
+	t.Parallel()
+	at := func(host, rack, zone, region string) datalayer.Topology {
+		return datalayer.Topology{Host: host, Rack: rack, Zone: zone, Region: region}
+	}
+	decodeAt := at("h1", "r1", "z1", "g1")
+	// A slow link between regions: 8000 tokens' KV (1 GB) takes 2 s.
+	const params = `{"transferByDistance": {"host": {"gbps": 100, "latencyMs": 0.2}, "region": {"gbps": 0.5, "latencyMs": 20}}}`
+	near := pool{decodeQueue: 6, prefillQueue: []int{0}, decodeAt: decodeAt, prefillAt: []datalayer.Topology{at("h1", "r1", "z1", "g1")}}
+	far := pool{decodeQueue: 6, prefillQueue: []int{0}, decodeAt: decodeAt, prefillAt: []datalayer.Topology{at("h9", "r9", "z9", "g1")}}
+	if v := decide(t, params, near, 8000); !v.Split || v.Reason != predicted.ReasonPredictedFaster {
+		t.Errorf("an idle prefill pod on the decode pod's host: verdict %+v, want a split", v)
+	}
+	if v := decide(t, params, far, 8000); v.Split || v.Reason != predicted.ReasonPredictedSlower {
+		t.Errorf("an idle prefill pod a region away: verdict %+v, want kept local", v)
+	}
+	// With both, the near pod decides, though the far one is as idle.
+	both := pool{decodeQueue: 6, prefillQueue: []int{0, 0}, decodeAt: decodeAt, prefillAt: []datalayer.Topology{far.prefillAt[0], near.prefillAt[0]}}
+	if v := decide(t, params, both, 8000); !v.Split {
+		t.Errorf("a far and a near prefill pod: verdict %+v, want a split", v)
+	}
+
+	p, err := predicted.New("t", predicted.DefaultParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8192 tokens of 131072 bytes: 1.07 GB.
+	for _, tc := range []struct {
+		dist datalayer.Distance
+		want float64
+	}{
+		{datalayer.SameHost, 0.2 + 1073741824/100e6},
+		{datalayer.SameRack, 0.5 + 1073741824/25e6},
+		{datalayer.SameZone, 1 + 1073741824/12.5e6},
+		{datalayer.SameRegion, 5 + 1073741824/2.5e6},
+		{datalayer.Apart, 1 + 1073741824/12.5e6},
+		{datalayer.Unknown, 1 + 1073741824/12.5e6},
+	} {
+		if got := p.TransferMsAt(8192, 16, tc.dist); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("by default, a transfer at distance %s takes %v ms, want %v", tc.dist, got, tc.want)
+		}
+	}
+}
+
 func TestParametersOutOfRangeAreRefused(t *testing.T) {
 	t.Parallel()
 	for _, raw := range []string{
 		`{"kvBytesPerToken": 0}`, `{"transferGBps": -1}`, `{"transferLatencyMs": -1}`, `{"minGain": 1}`,
 		`{"maxLocalPrefillLength": -1}`, `{"maxLocalPrefillRatio": 1.5}`, `{"maxPrefillQueue": -1}`, `{"nonCachedTokens": -1}`,
-		`{"bandwidth": 1}`,
+		`{"bandwidth": 1}`, `{"transferByDistance": {"datacenter": {"gbps": 1}}}`, `{"transferByDistance": {"rack": {"gbps": 0}}}`,
+		`{"transferByDistance": {"host": {"gbps": 10, "latencyMs": -1}}}`,
 	} {
 		if _, err := predicted.Factory("pl", json.RawMessage(raw), nil); !errors.Is(err, framework.ErrInvalidParams) {
 			t.Errorf("%s: err = %v, want ErrInvalidParams", raw, err)

@@ -4,7 +4,10 @@
 // (or, with stageOrder prefill-first, prefill before decode); and the
 // deprecated pd-profile-handler, its P/D-only predecessor. The result's
 // primary pick is the decode pod; its prefill and encode picks go out as
-// x-prefiller-host-port and x-encoder-hosts-ports.
+// x-prefiller-host-port and x-encoder-hosts-ports. Before a later stage
+// runs, the earlier stage's pick is in the cycle state
+// (framework.PeerEndpointKey), for the topology plugins to place the
+// later pick near it.
 //
 // A split that finds no pod for its stage is never dropped silently: the
 // handler applies its fallback (serve decode-only, or refuse the request
@@ -204,6 +207,8 @@ func (h *Handler) Pick(ctx context.Context, cs *framework.CycleState, req *reque
 		return nil
 	}
 	decode := decodeRes.Picked[0]
+	// The later stages are placed near the decode pick (topology plugins).
+	cs.Write(framework.PeerEndpointKey, decode)
 	v := &verdicts{prefill: framework.Verdict{Reason: framework.ReasonNoDecider}, encode: framework.Verdict{Reason: framework.ReasonNoDecider}}
 	var next []*framework.Profile
 	if p := h.has(profiles, h.o.Encode); p != nil && h.o.EncodeDecider != nil {
@@ -240,6 +245,10 @@ func (h *Handler) pickPrefillFirst(ctx context.Context, cs *framework.CycleState
 		if len(next) > 0 {
 			return next
 		}
+	}
+	if r := results[h.o.Prefill]; r != nil && len(r.Picked) > 0 {
+		// Decode is placed near the prefill pick (topology plugins).
+		cs.Write(framework.PeerEndpointKey, r.Picked[0])
 	}
 	if p := h.has(profiles, h.o.Decode); p != nil {
 		return []*framework.Profile{p}

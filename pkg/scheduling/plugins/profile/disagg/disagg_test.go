@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -222,6 +223,73 @@ func TestPrefillFirstPrefillsEveryRequestApart(t *testing.T) {
 	}
 	if res.Decision != framework.PrefillDecode || res.Reason != framework.ReasonPrefillFirst || res.Prefill().Name != "p" || res.Targets()[0].Name != "d" {
 		t.Errorf("%s (%s): decode %s, prefill %v", res.Decision, res.Reason, res.Targets()[0].Name, res.Prefill())
+	}
+}
+
+func TestEachLaterStageIsPlacedNearTheEarlierPick(t *testing.T) {
+	t.Parallel()
+	at := func(host, rack string) datalayer.Topology { return datalayer.Topology{Host: host, Rack: rack} }
+	const plugins = `
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- type: queue-scorer
+- type: max-score-picker
+- type: always-disagg-pd-decider
+- type: topology-affinity-filter
+  parameters: {minAffinity: rack}
+`
+	// The first stage's queues pick its pod in rack r2; the second
+	// stage's queues prefer r1, which the filter overrules.
+	pool := schedtest.Cands(
+		schedtest.C{Name: "d-r1", Labels: role(bylabel.RoleDecode), Topology: at("h1", "r1"), Queue: 3},
+		schedtest.C{Name: "d-r2", Labels: role(bylabel.RoleDecode), Topology: at("h2", "r2"), Queue: 3},
+		schedtest.C{Name: "p-r1", Labels: role(bylabel.RolePrefill), Topology: at("h3", "r1"), Queue: 3},
+		schedtest.C{Name: "p-r2", Labels: role(bylabel.RolePrefill), Topology: at("h4", "r2"), Queue: 3},
+	)
+	for _, tc := range []struct {
+		name, handler, profiles string
+		first                   string // the first stage's pod, made the least loaded
+		wantDecode, wantPrefill string
+	}{
+		{"decode first: prefill in the decode pick's rack",
+			"- type: disagg-profile-handler\n  parameters: {deciders: {prefill: always-disagg-pd-decider}}\n",
+			"- name: prefill\n  plugins: [{pluginRef: prefill-filter}, {pluginRef: topology-affinity-filter}, {pluginRef: queue-scorer}]\n- name: decode\n  plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}]\n",
+			"d-r2", "d-r2", "p-r2"},
+		{"prefill first: decode in the prefill pick's rack",
+			"- type: disagg-profile-handler\n  parameters: {stageOrder: prefill-first}\n",
+			"- name: prefill\n  plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}]\n- name: decode\n  plugins: [{pluginRef: decode-filter}, {pluginRef: topology-affinity-filter}, {pluginRef: queue-scorer}]\n",
+			"p-r2", "d-r2", "p-r2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := config.NewInTreeRegistry().Load([]byte(plugins+tc.handler+"schedulingProfiles:\n"+tc.profiles), &config.Handle{Spec: schedtest.NopSpeculator{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := l.SchedulerOptions()
+			// The queues decide: the cycle reads them as fresh.
+			opts.Now = func() time.Time { return schedtest.Now }
+			s, err := scheduling.New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range pool {
+				c.Metrics = &datalayer.Metrics{WaitingQueueSize: 3, UpdateTime: c.Metrics.UpdateTime}
+				switch {
+				case c.Name == tc.first:
+					c.Metrics.WaitingQueueSize = 0
+				case strings.HasSuffix(c.Name, "r1"):
+					c.Metrics.WaitingQueueSize = 1
+				}
+			}
+			res, err := s.Schedule(context.Background(), prompt(100), pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := res.Prefill(); res.Targets()[0].Name != tc.wantDecode || p == nil || p.Name != tc.wantPrefill {
+				t.Fatalf("%s (%s): decode %s, prefill %v; want %s, %s", res.Decision, res.Reason, res.Targets()[0].Name, p, tc.wantDecode, tc.wantPrefill)
+			}
+		})
 	}
 }
 
