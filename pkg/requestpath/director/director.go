@@ -129,6 +129,10 @@ type Pick struct {
 	// multimodal parts (HeaderEncoders); empty when none do.
 	Encoders []string
 	Start    time.Time
+	// Released is when flow control let the request go, after holding
+	// it; zero when it went at once. The latency the predictor learns
+	// runs from here: the wait is the queue's, not the endpoint's.
+	Released time.Time
 	// labels are the requested and target models as metric label values;
 	// series their series.
 	labels [2]string
@@ -442,6 +446,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 			d.o.Metrics.prepareFailures.Inc()
 		}
 	}
+	var released time.Time
 	if d.o.FlowControl != nil && (!d.o.FlowControlWhenObjectives || d.o.Objectives.Len() > 0) {
 		var err error
 		if cands, err = d.waitForRelease(ctx, req, subset, set, cands, bodyBytes); err != nil {
@@ -451,6 +456,9 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 			}
 			d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
 			return nil, &Error{Status: status, Err: fmt.Errorf("flow control: %w", err)}
+		}
+		if !req.Arrival.Equal(arrival) {
+			released = req.Arrival
 		}
 	}
 	res, err := d.o.Scheduler.Schedule(ctx, req, cands)
@@ -465,7 +473,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
 		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
 	}
-	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels,
+	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, Released: released, labels: labels,
 		held: d.o.PrepareData != nil && !d.o.PrepareData.AllInline()}
 	if t := res.Targets(); len(t) == 1 {
 		p.target[0] = t[0].Address
@@ -522,6 +530,10 @@ func (d *Director) waitForRelease(ctx context.Context, req *request.Request, sub
 	checked := false
 	fr.Check = func(waited time.Duration) flowcontrol.Verdict {
 		if checked {
+			// The request is scheduled as arriving now: the predictor
+			// reads the endpoints' in-flight work against it, and its
+			// dispatch enters the in-flight accounting at it.
+			req.Arrival = d.o.Now()
 			// The load has moved since: candidates and predictions anew.
 			// A producer that may outlive its deadline could still write
 			// to the old ones, so they get new memory then.
@@ -741,7 +753,7 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 	resp := &p.resp
 	*resp = request.Response{
 		Endpoint: s.Endpoint, Status: s.Status, Streamed: s.Streamed,
-		Start: p.Start, FirstByte: s.FirstByte, End: s.End,
+		Start: p.dispatchStart(), FirstByte: s.FirstByte, End: s.End,
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
 		RequestedModel: p.RequestedModel,
 	}
@@ -870,4 +882,13 @@ func subsetNote(subset []string) string {
 		return ""
 	}
 	return fmt.Sprintf(" among the %d endpoints of the subset hint", len(subset))
+}
+
+// dispatchStart is when the request left for its endpoint, as far as the
+// EPP knows: its release from flow control, else its arrival.
+func (p *Pick) dispatchStart() time.Time {
+	if !p.Released.IsZero() {
+		return p.Released
+	}
+	return p.Start
 }
