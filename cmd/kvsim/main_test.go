@@ -32,6 +32,8 @@ func TestBadCommandLinesAreRefusedClearly(t *testing.T) {
 		{"a restart is real time only", []string{"bench", "--virtual", "--restart-at", "2s"}, "an EPP restart at 2s is real time only"},
 		{"a P/D fleet is real time only", []string{"bench", "--pd", "--virtual"}, "--pd: a P/D fleet runs in real time only"},
 		{"the P/D plan's workload is the one selected", []string{"bench", "--pd", "--workloads", "agent"}, `--workloads "agent" matches none`},
+		{"the tenants' workload is real time only", []string{"bench", "--tenants", "--virtual"}, "--tenants: real time only"},
+		{"the tenants' plan's workload is the one selected", []string{"bench", "--tenants", "--workloads", "agent"}, `--workloads "agent" matches none`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -93,7 +93,8 @@ func startKVRoute(ctx context.Context, s ReplicaSpec) (Replica, error) {
 			ExtProcAddr: "127.0.0.1:0", Plaintext: true, ProxyAddr: "127.0.0.1:0",
 			Tokenize: true, TokenizeTimeout: 5 * time.Second, Tokenizer: simkit.Tokenizer{Model: s.Model},
 			// A replica that stops takes its streams with it.
-			ExtProc: extprocOptions(),
+			ExtProc:                   extprocOptions(),
+			FlowControlWhenObjectives: flowControlled(s.Policy),
 		},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
