@@ -460,6 +460,9 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		if !req.Arrival.Equal(arrival) {
 			released = req.Arrival
 		}
+		// The controller checks the next waiting request once this one's
+		// dispatch is accounted, or it has failed: after it, either way.
+		defer d.o.FlowControl.Kick()
 	}
 	res, err := d.o.Scheduler.Schedule(ctx, req, cands)
 	if err != nil {
@@ -499,11 +502,6 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 	} else if d.dispatch(&p.disp, req, res.Targets()[0]) {
 		p.dispatch = &p.disp
 	}
-	if d.o.FlowControl != nil {
-		// The dispatch changed the load the next waiting request is
-		// predicted against, and freed its place at the head.
-		d.o.FlowControl.Kick()
-	}
 	return p, nil
 }
 
@@ -529,7 +527,7 @@ func (d *Director) waitForRelease(ctx context.Context, req *request.Request, sub
 	fresh := d.o.PrepareData == nil || d.o.PrepareData.AllInline()
 	checked := false
 	fr.Check = func(waited time.Duration) flowcontrol.Verdict {
-		if checked {
+		if checked || waited > 0 {
 			// The request is scheduled as arriving now: the predictor
 			// reads the endpoints' in-flight work against it, and its
 			// dispatch enters the in-flight accounting at it.
