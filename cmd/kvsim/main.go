@@ -15,9 +15,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -43,7 +45,7 @@ func main() {
 const usage = `usage: kvsim <command> [flags]
   demo    kvroute against random routing on a small simulated fleet (--serve keeps it up)
   serve   a simulated vLLM fleet with HTTP APIs, publishing KV events to NATS or ZeroMQ
-  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix; --pd: the P/D workload's five policies, docs/results/routing-pd/; --pd-topology: the P/D workload across two racks, docs/results/routing-pd-topology/)
+  bench   the routing benchmark; writes docs/results/routing/ (--virtual: docs/results/routing-virtual/; another --family: a -<family> suffix; --pd: the P/D workload's five policies, docs/results/routing-pd/; --pd-topology: the P/D workload across two racks, docs/results/routing-pd-topology/; --tenants: the multi-tenant workload and flow control, docs/results/routing-tenants/)
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
   scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
   predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time
@@ -239,6 +241,7 @@ func bench(ctx context.Context, args []string) error {
 	dp := fs.Bool("dp", false, "the data-parallel workload (pods of 4 and of 8 ranks behind one API server each) under its three policies, written to docs/results/routing-dp/")
 	pd := fs.Bool("pd", false, "the P/D workload (2 prefill and 4 decode engines, a P/D sidecar before each decode engine) under its five policies (real time only)")
 	pdTopo := fs.Bool("pd-topology", false, "the P/D workload across two racks, topology-aware prefill picks against topology-blind ones (real time only); docs/results/routing-pd-topology/")
+	tenants := fs.Bool("tenants", false, "the multi-tenant workload (one tenant floods, interactive and batch mixed) under kvroute's and the upstream EPP's flow control on and off, then mixed-slo's top rate with flow control and with shedding alone (real time only)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -251,6 +254,14 @@ func bench(ctx context.Context, args []string) error {
 		}
 		if !flagSet(fs, "policies") {
 			*policies = strings.Join(loadgen.PDTopologyPolicies, ",")
+		}
+	}
+	if *tenants {
+		if *virtual || *pd {
+			return errors.New("--tenants: real time only, and not with --pd")
+		}
+		if !flagSet(fs, "policies") {
+			*policies = strings.Join(loadgen.TenantsPolicies, ",")
 		}
 	}
 	if *pd {
@@ -298,6 +309,9 @@ func bench(ctx context.Context, args []string) error {
 	if *pdTopo {
 		all = []loadgen.Plan{loadgen.PDTopologyPlan()}
 	}
+	if *tenants {
+		all = []loadgen.Plan{loadgen.TenantsPlan()}
+	}
 	plans, err := selectPlans(all, *only, *rates)
 	if err != nil {
 		return err
@@ -313,6 +327,9 @@ func bench(ctx context.Context, args []string) error {
 	}
 	if *outDir == "" && *pdTopo {
 		*outDir = filepath.Join("docs", "results", "routing-pd-topology")
+	}
+	if *outDir == "" && *tenants {
+		*outDir = filepath.Join("docs", "results", "routing-tenants")
 	}
 	if *outDir == "" {
 		*outDir = filepath.Join("docs", "results", "routing")
@@ -337,6 +354,9 @@ func bench(ctx context.Context, args []string) error {
 		o.Duration, o.MinRequests = min(o.Duration, 3*time.Second), 0
 	}
 	start := time.Now()
+	if *tenants {
+		return benchTenants(ctx, o, *outDir, args, start)
+	}
 	bench := loadgen.Bench
 	if *pdTopo {
 		// The policies run back to back under each seed.
@@ -427,4 +447,106 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// benchTenants runs the multi-tenant workload, then mixed-slo's top rate
+// under kvroute's flow control and under shedding alone, seed by seed, and
+// writes their report with the machine's load average meanwhile.
+func benchTenants(ctx context.Context, o loadgen.BenchOptions, outDir string, args []string, start time.Time) error {
+	load := sampleLoad(ctx)
+	pts, err := loadgen.Bench(ctx, o)
+	if err != nil {
+		return err
+	}
+	var mixed [][]loadgen.Plan
+	for _, p := range loadgen.DefaultPlans(false) {
+		if p.Workload.Name == "mixed-slo" {
+			p.Rates = p.Rates[len(p.Rates)-1:]
+			mixed = append(mixed, []loadgen.Plan{p})
+		}
+	}
+	var mixedPts [][]loadgen.Point
+	for _, plans := range mixed {
+		for k := range max(o.Seeds, 1) {
+			one := o
+			one.Plans, one.Seeds, one.Seed = plans, 1, o.Seed+uint64(k)
+			one.Policies = []string{loadgen.PolicyFlowControl, loadgen.PolicyPredicted}
+			seedPts, err := loadgen.Bench(ctx, one)
+			if err != nil {
+				return err
+			}
+			mixedPts = append(mixedPts, seedPts)
+		}
+	}
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(outDir, "routing-benchmark.md")
+	cmd := strings.TrimSpace("go run ./cmd/kvsim bench " + strings.Join(args, " "))
+	r := loadgen.TenantsReport{Command: cmd, Took: time.Since(start), LoadAverage: load(), Mixed: mixedPts}
+	if err := loadgen.WriteTenantsReport(path, o, pts, r); err != nil {
+		return err
+	}
+	for _, c := range loadgen.TenantsChecks(pts, mixedPts) {
+		fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
+	}
+	fmt.Printf("wrote %s in %s\n", path, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// sampleLoad reads the 1-minute load average every 10s until ctx ends or
+// the returned function is called, which describes what it read (empty
+// where /proc/loadavg cannot be read).
+func sampleLoad(ctx context.Context) func() string {
+	read := func() (float64, bool) {
+		b, err := os.ReadFile("/proc/loadavg")
+		if err != nil {
+			return 0, false
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return 0, false
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		return v, err == nil
+	}
+	var mu sync.Mutex
+	var samples []float64
+	take := func() {
+		if v, ok := read(); ok {
+			mu.Lock()
+			samples = append(samples, v)
+			mu.Unlock()
+		}
+	}
+	take()
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-stop:
+				return
+			case <-t.C:
+				take()
+			}
+		}
+	}()
+	return func() string {
+		close(stop)
+		take()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(samples) == 0 {
+			return ""
+		}
+		lo, hi, sum := samples[0], samples[0], 0.0
+		for _, v := range samples {
+			lo, hi, sum = min(lo, v), max(hi, v), sum+v
+		}
+		return fmt.Sprintf("%.1f to %.1f, mean %.1f over %d samples 10s apart, on %d CPUs", lo, hi, sum/float64(len(samples)), len(samples), runtime.NumCPU())
+	}
 }

@@ -421,14 +421,6 @@ func New(opts Options) (*EPP, error) {
 		e.Close()
 		return nil, fmt.Errorf("epp: %w", err)
 	}
-	if opts.Scrape {
-		so := opts.ScrapeOptions
-		if so.Logger == nil {
-			so.Logger = e.logger
-		}
-		e.scraper = scrape.New(e.ds, so, e.reg)
-	}
-
 	e.httpLn, err = net.Listen("tcp", opts.HTTPAddr)
 	if err != nil {
 		e.Close()
@@ -437,6 +429,18 @@ func New(opts Options) (*EPP, error) {
 	if err := e.startRequestPath(); err != nil {
 		e.Close()
 		return nil, err
+	}
+	if opts.Scrape {
+		so := opts.ScrapeOptions
+		if so.Logger == nil {
+			so.Logger = e.logger
+		}
+		if e.flow != nil && so.Landed == nil {
+			// A scrape that shows a queue drained may release a waiting
+			// request before the next response ends or recheck fires.
+			so.Landed = e.flow
+		}
+		e.scraper = scrape.New(e.ds, so, e.reg)
 	}
 	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	if opts.DebugAddr != "" {
@@ -624,7 +628,7 @@ func flowConfig(fc *config.FlowControl) flowcontrol.Config {
 		// The loader admits only the names these parse.
 		o, _ := flowcontrol.ParseOrdering(b.Ordering)
 		f, _ := flowcontrol.ParseFairness(b.Fairness)
-		return flowcontrol.Band{Priority: b.Priority, MaxBytes: b.MaxBytes, MaxRequests: int(min(b.MaxRequests, 1<<31-1)), Ordering: o, Fairness: f}
+		return flowcontrol.Band{Priority: b.Priority, MaxBytes: b.MaxBytes, MaxRequests: int(min(b.MaxRequests, 1<<31-1)), Ordering: o, Fairness: f, TTFTTarget: b.TTFTTarget}
 	}
 	c := flowcontrol.Config{MaxBytes: fc.MaxBytes, MaxRequests: int(min(fc.MaxRequests, 1<<31-1)), DefaultTTL: fc.DefaultRequestTTL, DefaultBand: band(fc.DefaultBand)}
 	for _, b := range fc.Bands {
@@ -932,3 +936,6 @@ func (e *EPP) prepareDataTimeout() time.Duration {
 	}
 	return director.DefaultPrepareDataTimeout
 }
+
+// The flow controller hears each scrape land.
+var _ scrape.Waker = (*flowcontrol.Controller)(nil)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/epp"
 	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
@@ -77,5 +78,46 @@ func TestUpstreamFlowControlConfigurationStarts(t *testing.T) {
 	want := `scheduler configuration: flowControl.usageLimitPolicyPluginRef soft-reflective-ceiling-policy: kvroute releases a waiting request when some endpoint is predicted to serve it in time`
 	if !strings.Contains(logs.String(), want) {
 		t.Errorf("start-up log lacks %s\nlog:\n%s", want, logs.String())
+	}
+}
+
+// A band's TTFT target in the flowControl section is the one the EPP's
+// controller holds requests without an SLO to; bands without one take the
+// default band's.
+func TestFlowControlBandTargetsLoadFromTheConfiguration(t *testing.T) {
+	t.Parallel()
+	e, err := epp.New(epp.Options{
+		Pool: "pool-a", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
+		ConfigText: `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+plugins:
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}]
+flowControl:
+  defaultPriorityBand: {ttftTarget: 2s}
+  priorityBands:
+  - {priority: 10, ttftTarget: 300ms}
+  - {priority: -1}
+`,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	fc := e.FlowControl()
+	if fc == nil {
+		t.Fatal("the flowControl gate left flow control off")
+	}
+	for _, c := range []struct {
+		priority int
+		want     time.Duration
+	}{{10, 300 * time.Millisecond}, {-1, 0}, {0, 2 * time.Second}, {5, 2 * time.Second}} {
+		if got := fc.Target(c.priority); got != c.want {
+			t.Errorf("priority %d: target %v, want %v", c.priority, got, c.want)
+		}
 	}
 }

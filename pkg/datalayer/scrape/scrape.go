@@ -89,7 +89,15 @@ type Options struct {
 	// Logger receives scrape failures, rate-limited per endpoint;
 	// slog.Default when nil.
 	Logger *slog.Logger
+	// Landed, when set, is told each time an endpoint's fresh metrics are
+	// stored: a flow controller checks its waiting requests' release
+	// against them then, not at its next recheck.
+	Landed Waker
 }
+
+// Waker is told that something a waiter depends on changed; the flow
+// controller (*flowcontrol.Controller) is one. Kick must not block.
+type Waker interface{ Kick() }
 
 func (o Options) withDefaults() Options {
 	if o.Interval <= 0 {
@@ -267,6 +275,9 @@ func (s *Scraper) scrapeLoop(ctx context.Context, ep *datalayer.Endpoint) {
 		if err == nil {
 			m.UpdateTime = time.Now()
 			s.ds.SetMetricsAt(ep.Name, ep.Address, m)
+			if s.opts.Landed != nil {
+				s.opts.Landed.Kick()
+			}
 			if failing {
 				s.opts.Logger.Info("endpoint metrics scrape recovered", "endpoint", ep.Name, "address", ep.Address)
 				failing, suppressed = false, 0

@@ -526,3 +526,50 @@ func countLines(text string, subs ...string) int {
 func ep(name, addr string) *datalayer.Endpoint {
 	return &datalayer.Endpoint{Name: name, Address: addr, Pod: name, Model: "m"}
 }
+
+// landedWaker counts kicks and, at each, whether the endpoint's metrics
+// were already stored: a waiter woken before the store would check its
+// release against the old ones.
+type landedWaker struct {
+	ds                 *datalayer.Datastore
+	kicks, beforeStore atomic.Int64
+}
+
+func (w *landedWaker) Kick() {
+	w.kicks.Add(1)
+	if m, ok := w.ds.Metrics("a"); !ok || m.UpdateTime.IsZero() {
+		w.beforeStore.Add(1)
+	}
+}
+
+func TestScraperTellsItsWakerWhenMetricsLandAndOnlyThen(t *testing.T) {
+	t.Parallel()
+	srv := newMetricsServer(t, minimalPage)
+	srv.mode.Store("500")
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(ep("a", srv.addr()))
+	w := &landedWaker{ds: ds}
+	s := New(ds, Options{Interval: 5 * time.Millisecond, Logger: slog.New(slog.DiscardHandler), Landed: w}, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go s.Run(ctx)
+	testkit.WaitFor(t, "three failed scrapes", func() error {
+		if n := testutil.ToFloat64(s.errors.WithLabelValues("status")); n < 3 {
+			return fmt.Errorf("%v failed scrapes, want at least 3", n)
+		}
+		return nil
+	})
+	if n := w.kicks.Load(); n != 0 {
+		t.Fatalf("%d kicks while every scrape failed, want none", n)
+	}
+	srv.mode.Store("ok")
+	testkit.WaitFor(t, "two kicks once scrapes succeed", func() error {
+		if n := w.kicks.Load(); n < 2 {
+			return fmt.Errorf("%d kicks, want at least 2", n)
+		}
+		return nil
+	})
+	if n := w.beforeStore.Load(); n != 0 {
+		t.Fatalf("%d kicks came before the metrics were stored", n)
+	}
+}

@@ -82,6 +82,9 @@ type Point struct {
 	Restart *Restart `json:",omitempty"`
 	// PD is a P/D run's splits, prefill busy share and TPOT.
 	PD *PDResult `json:",omitempty"`
+	// Tenants is a multi-tenant point's figures per tenant, pooled over
+	// its seeds.
+	Tenants *TenantsResult `json:",omitempty"`
 }
 
 // Bench runs the benchmark. Every policy sees the same arrivals and
@@ -124,6 +127,14 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 					}
 				}
 				med := MedianRun(runs)
+				if med.Tenants != nil {
+					// Per-tenant counts pool every seed's run.
+					pooled := &TenantsResult{}
+					for _, r := range runs {
+						pooled.pool(r.Tenants)
+					}
+					med.Tenants = pooled
+				}
 				if med.PD != nil {
 					// Throughput is compared seed by seed: each seed's
 					// arrivals differ, and the median run's seed differs
@@ -177,6 +188,7 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 		}
 		fleet = dpFleet(policy, fleet)
 	}
+	fleet.Objectives = w.Classes
 	if len(p.Roles) > 0 {
 		if o.Virtual {
 			return Point{}, fmt.Errorf("loadgen: %s: a P/D fleet runs in real time only", w.Name)
@@ -202,7 +214,8 @@ func benchOne(ctx context.Context, o BenchOptions, p Plan, policy string, rate f
 	if err := env.Close(); err != nil {
 		return Point{}, fmt.Errorf("loadgen: %s at %.1f req/s: %w", policy, rate, err)
 	}
-	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Predictor: res.Predictor, Restart: res.Restart, PD: res.PD}, nil
+	return Point{Workload: w.Name, Policy: policy, Rate: rate, Summary: Summarize(res.Samples, res.Makespan), Predictor: res.Predictor, Restart: res.Restart, PD: res.PD,
+		Tenants: tenantsResult(w, res)}, nil
 }
 
 // runDuration is how long arrivals run at rate: Duration, or longer for

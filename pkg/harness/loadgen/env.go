@@ -116,6 +116,10 @@ type FleetOptions struct {
 	DataParallel int
 	// Places puts the engines on hosts and racks (sim.FleetConfig.Places).
 	Places []sim.Place
+	// Objectives are the pool's InferenceObjectives, for an EPP that
+	// discovers them from the API server (the policies on pods); kvroute's
+	// in-process EPP is given them at each run.
+	Objectives []Class
 }
 
 // Front is how an environment's requests reach the EPP.
@@ -206,6 +210,8 @@ type Env struct {
 	onPods *podsEnv
 	// sidecars are the P/D sidecars in front of the decode engines.
 	sidecars []*pdsidecar.Sidecar
+	// objectives are the pool's InferenceObjectives (FleetOptions.Objectives).
+	objectives []Class
 }
 
 // Namespace and pool of every environment's EPPs and events.
@@ -228,7 +234,7 @@ func StartEnvShaped(ctx context.Context, policy string, fo FleetOptions, seed ui
 	if s.Bypass < 0 || s.Bypass > 1 {
 		return nil, fmt.Errorf("loadgen: bypass share %v is not within 0 and 1", s.Bypass)
 	}
-	env := &Env{Policy: policy, Shape: s, start: starterFor(policy)}
+	env := &Env{Policy: policy, Shape: s, start: starterFor(policy), objectives: fo.Objectives}
 	env.ctx, env.cancel = context.WithCancel(ctx)
 	fail := func(err error) (*Env, error) {
 		_ = env.Close()
@@ -455,6 +461,9 @@ func (env *Env) Run(ctx context.Context, w Workload, o RunOptions) Result {
 		res.Restart = rs.measure(res.Samples)
 	}
 	res.PD = env.pdResult(res.Samples, res.Makespan)
+	if len(w.Tenants) > 0 {
+		res.Flow = env.flowCounts(ctx)
+	}
 	// The first replica's predictor speaks for the run (after a restart,
 	// the replica that replaced it).
 	if env.EPP != nil {
@@ -537,8 +546,10 @@ func eppConfig(policy string) string {
 	switch policy {
 	case PolicyKvrouteUpstreamConfig:
 		return upstreamepp.ConfigApprox
-	case PolicyPredicted, PolicyPredictedUnshared, PolicyDPVLLMBalance, PolicyDPRankPick, PolicyDPRankPerPod:
+	case PolicyPredicted, PolicyPredictedUnshared, PolicyDPVLLMBalance, PolicyDPRankPick, PolicyDPRankPerPod, PolicyFlowControl:
 		return PredictedConfig
+	case PolicyFlowControlFair:
+		return withFairFlowControl(PredictedConfig)
 	case policyTrace:
 		return traceConfig
 	case PolicyPrecise:

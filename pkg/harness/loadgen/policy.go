@@ -38,7 +38,7 @@ var AllPolicies = []string{PolicyRandom, PolicyRoundRobin, PolicyLeastQueue, Pol
 // rather than choosing the engine in the client.
 func viaEPP(policy string) bool {
 	switch policy {
-	case PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyPredicted, PolicyPredictedUnshared, policyTrace:
+	case PolicyApproxEPP, PolicyPrecise, PolicyPreciseLoad, PolicyPrefillCost, PolicyPredicted, PolicyPredictedUnshared, policyTrace, PolicyFlowControl, PolicyFlowControlFair:
 		return true
 	}
 	return onPods(policy) || isPD(policy) || isDP(policy)

@@ -104,8 +104,9 @@ func startKVRoute(ctx context.Context, s ReplicaSpec) (Replica, error) {
 			ExtProcAddr: "127.0.0.1:0", Plaintext: true, ProxyAddr: "127.0.0.1:0",
 			Tokenize: true, TokenizeTimeout: 5 * time.Second, Tokenizer: simkit.Tokenizer{Model: s.Model},
 			// A replica that stops takes its streams with it.
-			ExtProc:    extprocOptions(),
-			NoRankPick: s.Policy == PolicyDPVLLMBalance,
+			ExtProc:                   extprocOptions(),
+			NoRankPick:                s.Policy == PolicyDPVLLMBalance,
+			FlowControlWhenObjectives: flowControlled(s.Policy),
 		},
 		Share:  share.Options{Disabled: shareDisabled(s.Policy)},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

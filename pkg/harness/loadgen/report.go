@@ -259,7 +259,7 @@ func rates(pts []Point, wl string) []float64 {
 
 func policies(pts []Point, wl string) []string {
 	var out []string
-	for _, pol := range slices.Concat(AllPolicies, SharingPolicies, UpstreamPolicies, PDPolicies, DPPolicies) {
+	for _, pol := range slices.Concat(AllPolicies, SharingPolicies, FlowControlPolicies, UpstreamPolicies, PDPolicies, DPPolicies) {
 		for _, p := range pts {
 			if p.Workload == wl && p.Policy == pol {
 				out = append(out, pol)

@@ -56,6 +56,9 @@ type Result struct {
 	// PD is what a run on a fleet with roles did: splits, the prefill
 	// pool's busy share, TPOT.
 	PD *PDResult
+	// Flow is, for a workload with tenants, the EPP's flow controller's
+	// counts by flow (nil where none reported).
+	Flow map[string]flowCount
 }
 
 // run drives w through r with Poisson arrivals until o.Duration, then waits
@@ -165,12 +168,13 @@ func send(ctx context.Context, r router, conv Conversation, turn int, replies []
 		req.Header.Set(director.HeaderSubsetHint, endpoint)
 		req.Header.Del(director.HeaderObjective)
 	}
-	s.SLO = conv.SLO
+	s.SLO, s.Tenant, s.Objective = conv.SLO, conv.Tenant, conv.Objective
 	resp, err := o.Client.Do(req)
 	if err != nil {
 		return cut(s, t0, ctx, err), ""
 	}
 	defer resp.Body.Close()
+	s.Status = resp.StatusCode
 	s.Replica = resp.Header.Get(gateway.HeaderExtProcHost)
 	if resp.StatusCode == http.StatusTooManyRequests {
 		s.Shed = true

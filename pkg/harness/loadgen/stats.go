@@ -29,6 +29,11 @@ type Sample struct {
 	// EPP (Shape.Bypass).
 	Replica string
 	Bypass  bool
+	// Tenant and Objective are the request's flow and objective, as it
+	// named them (empty: none); Status is the EPP's or engine's HTTP
+	// status (0: no answer).
+	Tenant, Objective string
+	Status            int
 }
 
 // Summary condenses a run.

@@ -34,7 +34,7 @@ const (
 // UpstreamPolicies are the policies on pod addresses; the benchmark runs
 // them when asked (--policies), since they need the upstream binary and
 // envtest's.
-var UpstreamPolicies = []string{PolicyUpstreamEPP, PolicyUpstreamEPPApprox, PolicyKvrouteUpstreamConfig}
+var UpstreamPolicies = []string{PolicyUpstreamEPP, PolicyUpstreamEPPApprox, PolicyKvrouteUpstreamConfig, PolicyUpstreamFlowControl}
 
 // onPods says whether a policy's engines sit on pod addresses listed by
 // an API server.
@@ -42,7 +42,7 @@ func onPods(policy string) bool { return slices.Contains(UpstreamPolicies, polic
 
 // upstreamBinary says whether a policy's EPP is the upstream binary.
 func upstreamBinary(policy string) bool {
-	return policy == PolicyUpstreamEPP || policy == PolicyUpstreamEPPApprox
+	return policy == PolicyUpstreamEPP || policy == PolicyUpstreamEPPApprox || policy == PolicyUpstreamFlowControl
 }
 
 // podsEnv is what a policy on pods starts besides the fleet.
@@ -74,6 +74,7 @@ func (env *Env) startCluster(ctx context.Context) error {
 	var err error
 	env.onPods.cluster, err = upstreamepp.StartCluster(ctx, upstreamepp.ClusterOptions{
 		Namespace: envNamespace, Pool: envPool, Port: env.onPods.pods.Port, Pods: pods,
+		Objectives: clusterObjectives(env.objectives),
 	})
 	return err
 }
@@ -106,8 +107,11 @@ func startUpstream(ctx context.Context, s ReplicaSpec) (Replica, error) {
 		return nil, fmt.Errorf("loadgen: %s needs its engines listed by an API server", s.Policy)
 	}
 	o := upstreamepp.EPPOptions{Name: s.Policy + "-" + s.Name, OutDir: s.OutDir}
-	if s.Policy == PolicyUpstreamEPPApprox {
+	switch s.Policy {
+	case PolicyUpstreamEPPApprox:
 		o.Config, o.ConfigName = upstreamepp.ConfigApprox, upstreamepp.ConfigApproxName
+	case PolicyUpstreamFlowControl:
+		o.Config, o.ConfigName = withFairFlowControl(upstreamepp.ConfigApprox), upstreamepp.ConfigApproxName+" with the flowControl feature gate and round-robin fairness"
 	}
 	// Ready as its readiness probe says (health serving, every pod
 	// discovered), as a pod joins the gateway's cluster; it scrapes every
@@ -159,7 +163,9 @@ func gatewayPoliciesNote(o BenchOptions) string {
 		PolicyUpstreamEPP, upstreamepp.Module, upstreamepp.Version, flags)
 	fmt.Fprintf(&b, "| %s | the same binary with the configuration its Helm chart deploys at %s (`%s`: the same three scorers and weights, metrics scraped over HTTP, written out) |\n",
 		PolicyUpstreamEPPApprox, upstreamepp.Version, upstreamepp.ConfigApproxName)
-	fmt.Fprintf(&b, "| %s | kvroute's EPP loaded with that same file, on the same engines, hearing their KV events over NATS: the drop-in case |\n\n",
+	fmt.Fprintf(&b, "| %s | kvroute's EPP loaded with that same file, on the same engines, hearing their KV events over NATS: the drop-in case |\n",
 		PolicyKvrouteUpstreamConfig)
+	fmt.Fprintf(&b, "| %s | the same binary and file with its `flowControl` feature gate on and `loadgen.FairFlowControl`'s section (round-robin fairness across flows in every band) |\n\n",
+		PolicyUpstreamFlowControl)
 	return b.String()
 }

@@ -62,6 +62,9 @@ type Workload struct {
 	// ShortShare and ShortTokens shape KindPD's short prompts.
 	ShortShare  float64
 	ShortTokens int
+	// Tenants, when set, give each conversation a tenant by share, named
+	// as its flow (x-gateway-inference-fairness-id).
+	Tenants []Tenant
 }
 
 // meanTurns is the mean number of requests a conversation of w makes.
@@ -98,6 +101,8 @@ type Conversation struct {
 	// SLO, with no objective).
 	Objective string
 	SLO       time.Duration
+	// Tenant is the conversation's flow (empty: none named).
+	Tenant string
 }
 
 // headers are the request headers a conversation's requests carry.
@@ -105,6 +110,9 @@ func (c Conversation) headers() map[string]string {
 	h := map[string]string{}
 	if c.Objective != "" {
 		h["x-gateway-inference-objective"] = c.Objective
+	}
+	if c.Tenant != "" {
+		h[headerFairnessID] = c.Tenant
 	}
 	if c.SLO > 0 {
 		h["x-slo-ttft-ms"] = strconv.FormatFloat(float64(c.SLO)/float64(time.Millisecond), 'f', -1, 64)
@@ -175,6 +183,9 @@ func (g *generator) next() Conversation {
 	if len(g.w.Classes) > 0 {
 		cl := g.class()
 		c.Objective, c.SLO = cl.Objective, cl.SLO
+	}
+	if len(g.w.Tenants) > 0 {
+		c.Tenant = g.tenant()
 	}
 	return c
 }

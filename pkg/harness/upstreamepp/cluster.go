@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	inferencev1alpha2 "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 )
 
 // Pod is one simulated engine as the cluster shows it.
@@ -28,6 +29,13 @@ type Pod struct {
 	Name string
 	// IP is the pod's status IP: the engine's own loopback address.
 	IP string
+}
+
+// Objective is an InferenceObjective of the pool: requests naming it in
+// x-gateway-inference-objective get its priority (below zero: sheddable).
+type Objective struct {
+	Name     string
+	Priority int
 }
 
 // ClusterOptions shape the cluster the upstream EPP discovers its pool in.
@@ -40,6 +48,9 @@ type ClusterOptions struct {
 	Port int
 	// Pods are the pool's pods, each created ready with its IP.
 	Pods []Pod
+	// Objectives are the pool's InferenceObjectives, created before any
+	// EPP starts, so that it knows each request's priority from its first.
+	Objectives []Objective
 	// Dir receives the kubeconfig (default: a temporary folder, removed
 	// at Stop).
 	Dir string
@@ -113,6 +124,9 @@ func (cl *Cluster) setUp(ctx context.Context) error {
 	if err := inferencev1.Install(scheme); err != nil {
 		return fmt.Errorf("upstreamepp: scheme: %w", err)
 	}
+	if err := inferencev1alpha2.Install(scheme); err != nil {
+		return fmt.Errorf("upstreamepp: scheme: %w", err)
+	}
 	var err error
 	if cl.c, err = client.New(cl.cfg, client.Options{Scheme: scheme}); err != nil {
 		return fmt.Errorf("upstreamepp: client: %w", err)
@@ -141,6 +155,19 @@ func (cl *Cluster) setUp(ctx context.Context) error {
 	for _, p := range o.Pods {
 		if err := cl.createPod(ctx, p); err != nil {
 			return err
+		}
+	}
+	for _, obj := range o.Objectives {
+		priority := obj.Priority
+		io := &inferencev1alpha2.InferenceObjective{
+			ObjectMeta: metav1.ObjectMeta{Name: obj.Name, Namespace: o.Namespace},
+			Spec: inferencev1alpha2.InferenceObjectiveSpec{
+				Priority: &priority,
+				PoolRef:  inferencev1alpha2.PoolObjectReference{Group: "inference.networking.k8s.io", Name: inferencev1alpha2.ObjectName(o.Pool)},
+			},
+		}
+		if err := cl.c.Create(ctx, io); err != nil {
+			return fmt.Errorf("upstreamepp: create InferenceObjective %s: %w", obj.Name, err)
 		}
 	}
 	return nil

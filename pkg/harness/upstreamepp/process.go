@@ -319,6 +319,11 @@ func (e *EPP) metricsText(ctx context.Context) ([]byte, error) {
 	return body, nil
 }
 
+// Metrics are the process's metrics as its /metrics serves them now.
+func (e *EPP) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+	return e.metrics(ctx)
+}
+
 func (e *EPP) metrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
 	body, err := e.metricsText(ctx)
 	if err != nil {

@@ -133,6 +133,10 @@ type Pick struct {
 	// multimodal parts (HeaderEncoders); empty when none do.
 	Encoders []string
 	Start    time.Time
+	// Released is when flow control let the request go, after holding
+	// it; zero when it went at once. The latency the predictor learns
+	// runs from here: the wait is the queue's, not the endpoint's.
+	Released time.Time
 	// labels are the requested and target models as metric label values;
 	// series their series.
 	labels [2]string
@@ -466,6 +470,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 			d.o.Metrics.prepareFailures.Inc()
 		}
 	}
+	var released time.Time
 	if d.o.FlowControl != nil && (!d.o.FlowControlWhenObjectives || d.o.Objectives.Len() > 0) {
 		var err error
 		if cands, err = d.waitForRelease(ctx, req, subset, set, cands, bodyBytes); err != nil {
@@ -476,6 +481,12 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 			d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
 			return nil, &Error{Status: status, Err: fmt.Errorf("flow control: %w", err)}
 		}
+		if !req.Arrival.Equal(arrival) {
+			released = req.Arrival
+		}
+		// The controller checks the next waiting request once this one's
+		// dispatch is accounted, or it has failed: after it, either way.
+		defer d.o.FlowControl.Kick()
 	}
 	res, err := d.o.Scheduler.Schedule(ctx, req, cands)
 	if err != nil {
@@ -489,7 +500,7 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 		d.o.Metrics.errors.WithLabelValues(labels[0], labels[1], fmt.Sprint(status)).Inc()
 		return nil, &Error{Status: status, Err: fmt.Errorf("schedule: %w", err)}
 	}
-	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, labels: labels, Rank: -1,
+	p := &Pick{Request: req, RequestedModel: requested, Result: res, Candidates: cands, Start: start, Released: released, labels: labels, Rank: -1,
 		held: d.o.PrepareData != nil && !d.o.PrepareData.AllInline()}
 	if t := res.Targets(); len(t) == 1 {
 		p.target[0] = t[0].Address
@@ -521,11 +532,6 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 			}
 		}
 	}
-	if d.o.FlowControl != nil {
-		// The dispatch changed the load the next waiting request is
-		// predicted against, and freed its place at the head.
-		d.o.FlowControl.Kick()
-	}
 	return p, nil
 }
 
@@ -551,7 +557,11 @@ func (d *Director) waitForRelease(ctx context.Context, req *request.Request, sub
 	fresh := d.o.PrepareData == nil || d.o.PrepareData.AllInline()
 	checked := false
 	fr.Check = func(waited time.Duration) flowcontrol.Verdict {
-		if checked {
+		if checked || waited > 0 {
+			// The request is scheduled as arriving now: the predictor
+			// reads the endpoints' in-flight work against it, and its
+			// dispatch enters the in-flight accounting at it.
+			req.Arrival = d.o.Now()
 			// The load has moved since: candidates and predictions anew.
 			// A producer that may outlive its deadline could still write
 			// to the old ones, so they get new memory then.
@@ -809,7 +819,7 @@ func (d *Director) HandleResponse(p *Pick, s Served) {
 	resp := &p.resp
 	*resp = request.Response{
 		Endpoint: s.Endpoint, Status: s.Status, Streamed: s.Streamed,
-		Start: p.Start, FirstByte: s.FirstByte, End: s.End,
+		Start: p.dispatchStart(), FirstByte: s.FirstByte, End: s.End,
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
 		RequestedModel: p.RequestedModel,
 	}
@@ -938,4 +948,13 @@ func subsetNote(subset []string) string {
 		return ""
 	}
 	return fmt.Sprintf(" among the %d endpoints of the subset hint", len(subset))
+}
+
+// dispatchStart is when the request left for its endpoint, as far as the
+// EPP knows: its release from flow control, else its arrival.
+func (p *Pick) dispatchStart() time.Time {
+	if !p.Released.IsZero() {
+		return p.Released
+	}
+	return p.Start
 }

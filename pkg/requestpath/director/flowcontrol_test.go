@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/requestpath/director"
 	"github.com/kvroute/kvroute/pkg/requestpath/flowcontrol"
@@ -173,4 +175,143 @@ func BenchmarkFlowControlOverhead(b *testing.B) {
 	b.ReportMetric(float64(base.Nanoseconds())/float64(b.N), "plain-ns/req")
 	b.ReportMetric(float64(with.Nanoseconds())/float64(b.N), "flowcontrol-ns/req")
 	b.ReportMetric(float64(with)/float64(base), "ratio")
+}
+
+// A request held in flow control is scheduled, and its latency learned,
+// from its release: the time it queued is the EPP's, and a predictor that
+// counted it as the endpoint's would predict every endpoint slower the
+// longer requests wait, and hold them longer still.
+func TestAHeldRequestIsTimedFromItsRelease(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	var clock atomic.Int64
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	fc, err := flowcontrol.New(flowcontrol.Config{DefaultBand: flowcontrol.Band{TTFTTarget: 15 * time.Second}}, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { fc.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	rec := &recorder{}
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds, PrepareData: loadPredictor{},
+		FlowControl: fc, FlowGate: flowcontrol.Gate{ByPrediction: true}, PluginObservers: []plugin.ResponseObserver{rec}, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	first, err := d.HandleRequest(ctx, sloRequest("")) // 10s predicted: goes at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.Released.IsZero() {
+		t.Fatalf("a request that went at once has a release time %v", first.Released)
+	}
+	picks := make(chan *director.Pick, 1)
+	go func() {
+		p, err := d.HandleRequest(ctx, sloRequest("")) // 20s predicted: held
+		if err != nil {
+			t.Error(err)
+		}
+		picks <- p
+	}()
+	testkit.WaitFor(t, "the second request held", func() error {
+		if n := fc.Len(); n != 1 {
+			return fmt.Errorf("%d waiting", n)
+		}
+		return nil
+	})
+	clock.Add(int64(5 * time.Second))
+	release := now()
+	d.HandleResponse(first, director.Served{Endpoint: first.Targets[0], Status: 200, Streamed: true, FirstByte: release, End: release})
+	second := <-picks
+	if second == nil {
+		t.FailNow()
+	}
+	if !second.Released.Equal(release) || !second.Request.Arrival.Equal(release) {
+		t.Fatalf("released at %v, scheduled as arriving at %v; want both %v (it arrived at %v)",
+			second.Released, second.Request.Arrival, release, second.Start)
+	}
+	clock.Add(int64(2 * time.Second))
+	d.HandleResponse(second, director.Served{Endpoint: second.Targets[0], Status: 200, Streamed: true, FirstByte: now(), End: now()})
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.seen) != 2 {
+		t.Fatalf("%d responses observed, want 2", len(rec.seen))
+	}
+	if ttft, _ := rec.seen[1].TTFT(); ttft != 2*time.Second {
+		t.Errorf("the held request's TTFT as learned: %v, want 2s (from its release, not its arrival 7s before)", ttft)
+	}
+	if ttft, _ := rec.seen[0].TTFT(); ttft != 5*time.Second {
+		t.Errorf("the first request's TTFT as learned: %v, want 5s", ttft)
+	}
+}
+
+// A release is checked against the dispatches before it: when a response
+// frees room for one request, two waiting requests are not both released
+// on the room it freed.
+func TestReleasesSeeTheDispatchesBeforeThem(t *testing.T) {
+	t.Parallel()
+	ds := datalayer.NewDatastore(nil)
+	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
+	var clock atomic.Int64
+	clock.Store(time.Unix(1000, 0).UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	fc, err := flowcontrol.New(flowcontrol.Config{DefaultBand: flowcontrol.Band{TTFTTarget: 15 * time.Second}}, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { fc.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds, PrepareData: loadPredictor{},
+		FlowControl: fc, FlowGate: flowcontrol.Gate{ByPrediction: true}, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := d.HandleRequest(ctx, sloRequest("")) // 10s predicted: goes
+	if err != nil {
+		t.Fatal(err)
+	}
+	picks := make(chan *director.Pick, 2)
+	for range 2 {
+		go func() {
+			p, err := d.HandleRequest(ctx, sloRequest("")) // 20s predicted: held
+			if err != nil {
+				t.Error(err)
+			}
+			picks <- p
+		}()
+	}
+	testkit.WaitFor(t, "two requests held", func() error {
+		if n := fc.Len(); n != 2 {
+			return fmt.Errorf("%d waiting", n)
+		}
+		return nil
+	})
+	// Both have waited, so each check reads the load anew.
+	clock.Add(int64(time.Millisecond))
+	d.HandleResponse(first, director.Served{Endpoint: first.Targets[0], Status: 200, End: now()})
+	second := <-picks
+	// Its dispatch kicked the controller, which checked the other
+	// against it; a kick more changes nothing.
+	fc.Kick()
+	testkit.WaitFor(t, "the other request checked against the released one's dispatch", func() error {
+		select {
+		case p := <-picks:
+			t.Fatalf("both released on the room one response freed: %v and %v", second.Targets, p.Targets)
+		default:
+		}
+		if n := fc.Len(); n != 1 {
+			return fmt.Errorf("%d waiting after one release, want 1", n)
+		}
+		return nil
+	})
+	d.HandleResponse(second, director.Served{Endpoint: second.Targets[0], Status: 200, End: now()})
+	third := <-picks
+	d.HandleResponse(third, director.Served{Endpoint: third.Targets[0], Status: 200, End: now()})
 }

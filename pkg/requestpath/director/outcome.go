@@ -45,7 +45,7 @@ func (d *Director) tooFast(p *Pick, s Served) bool {
 		return false
 	}
 	od, ok := d.o.Outliers.OutlierDetection()
-	if !ok || p.Request == nil || p.Start.IsZero() {
+	if !ok || p.Request == nil || p.dispatchStart().IsZero() {
 		return false
 	}
 	first := s.FirstByte
@@ -70,7 +70,7 @@ func (d *Director) tooFast(p *Pick, s Served) bool {
 		return false
 	}
 	least := time.Duration(float64(uncached) / od.PeakPrefillRate * float64(time.Second))
-	return first.Sub(p.Start) < least
+	return first.Sub(p.dispatchStart()) < least
 }
 
 // servedBy is the address that served s: the gateway's word, else the

@@ -98,7 +98,7 @@ func (d *Director) HandlePrefill(p *Pick, s Served) {
 	} else {
 		p.pd.dispatch.FirstToken(s.End)
 		p.pd.dispatch.DoneAt(s.End)
-		d.o.Metrics.pd.prefill.Observe(s.End.Sub(p.Start).Seconds())
+		d.o.Metrics.pd.prefill.Observe(s.End.Sub(p.dispatchStart()).Seconds())
 	}
 	if outcome != datalayer.OutcomeNone && d.o.Outliers != nil {
 		d.o.Outliers.ReportOutcome(s.Endpoint, outcome)
@@ -109,7 +109,7 @@ func (d *Director) HandlePrefill(p *Pick, s Served) {
 	resp := &p.pd.resp
 	*resp = request.Response{
 		Endpoint: s.Endpoint, Status: s.Status, Streamed: true,
-		Start: p.Start, FirstByte: s.End, End: s.End,
+		Start: p.dispatchStart(), FirstByte: s.End, End: s.End,
 		PromptTokens: s.Usage.PromptTokens, CompletionTokens: s.Usage.CompletionTokens, CachedTokens: s.Usage.CachedTokens,
 		RequestedModel: p.RequestedModel,
 	}

@@ -120,7 +120,10 @@ func New(cfg Config, now func() time.Time, metrics *Metrics) (*Controller, error
 func (c *Controller) Config() Config { return c.cfg }
 
 // Kick asks for the waiting requests' release to be evaluated again: a
-// response ended, a request was dispatched, metrics were scraped.
+// response ended, a request was dispatched, metrics were scraped. The
+// caller of a Wait that returned nil kicks once the request's dispatch is
+// accounted (or has failed): the controller releases one request a cycle,
+// so that the next is checked against the load the last one added.
 func (c *Controller) Kick() {
 	if c.waiting.Load() == 0 {
 		return
@@ -196,10 +199,8 @@ func (c *Controller) Wait(ctx context.Context, r *Request) error {
 	if !ahead && r.Check != nil {
 		v := r.Check(0)
 		if v.Release || v.Refuse != nil {
+			// A released request's caller kicks once it is dispatched.
 			c.metrics.observe(r.FlowID, r.Priority, v.Refuse, 0)
-			if v.Release {
-				c.Kick()
-			}
 			return v.Refuse
 		}
 	}
@@ -472,8 +473,10 @@ func (b *band) served(f *flow) {
 	}
 }
 
-// cycle releases what may go, highest band first; a request held back
-// holds back everything after it, so that no lower priority overtakes it.
+// cycle releases the head that may go, highest band first, and refuses
+// the heads that never can; a request held back holds back everything
+// after it, so that no lower priority overtakes it. It releases one
+// request: the next is checked after that one's dispatch kicks.
 func (c *Controller) cycle() {
 	for {
 		c.mu.Lock()
@@ -505,6 +508,8 @@ func (c *Controller) cycle() {
 				b, f := it.band, it.flow
 				c.finishLocked(it, nil)
 				b.served(f)
+				c.mu.Unlock()
+				return
 			default:
 				c.mu.Unlock()
 				return

@@ -58,6 +58,10 @@ func (r *rig) start(ctx context.Context, name string, req *flowcontrol.Request) 
 		defer r.wg.Done()
 		err := r.c.Wait(ctx, req)
 		r.errs.Store(name, err)
+		if err == nil {
+			// Dispatched, as the director kicks after a dispatch.
+			r.c.Kick()
+		}
 	}()
 }
 

@@ -691,7 +691,7 @@ flowControl:
   defaultRequestTTL: 30s
   defaultPriorityBand: {maxRequests: 100, fairnessPolicyRef: rr}
   priorityBands:
-  - {priority: 10, maxBytes: 500M, orderingPolicyRef: edf-ordering-policy}
+  - {priority: 10, maxBytes: 500M, orderingPolicyRef: edf-ordering-policy, ttftTarget: 250ms}
   - {priority: -1, maxRequests: 50, orderingPolicyRef: deadline, fairnessPolicyRef: global-strict-fairness-policy}
 `), nil)
 	if err != nil {
@@ -701,7 +701,7 @@ flowControl:
 		MaxBytes: 1 << 30, MaxRequests: 2000, DefaultRequestTTL: 30 * time.Second,
 		DefaultBand: config.FlowBand{MaxRequests: 100, Ordering: "fcfs-ordering-policy", Fairness: "round-robin-fairness-policy"},
 		Bands: []config.FlowBand{
-			{Priority: 10, MaxBytes: 500_000_000, Ordering: "edf-ordering-policy", Fairness: "global-strict-fairness-policy"},
+			{Priority: 10, MaxBytes: 500_000_000, Ordering: "edf-ordering-policy", Fairness: "global-strict-fairness-policy", TTFTTarget: 250 * time.Millisecond},
 			{Priority: -1, MaxRequests: 50, Ordering: "edf-ordering-policy", Fairness: "global-strict-fairness-policy"},
 		},
 	}
@@ -714,5 +714,11 @@ flowControl:
 	}
 	if off.FlowControl != nil {
 		t.Fatal("a flowControl section without its feature gate turned flow control on")
+	}
+	for _, bad := range []string{"soon", "-1s", "250"} {
+		_, err := registryWithProducer(t).Load([]byte("featureGates: [flowControl]\nflowControl:\n  priorityBands:\n  - {priority: 1, ttftTarget: \""+bad+"\"}\n"), nil)
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "flowControl.priorityBands[0].ttftTarget") {
+			t.Errorf("ttftTarget %q: %v, want ErrInvalid naming the field", bad, err)
+		}
 	}
 }

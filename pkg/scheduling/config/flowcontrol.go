@@ -36,6 +36,11 @@ type FlowBand struct {
 	MaxRequests int64
 	Ordering    string
 	Fairness    string
+	// TTFTTarget (kvroute's own field, ttftTarget) releases a waiting
+	// request without a TTFT SLO once some endpoint is predicted to give
+	// it a first token within this; zero leaves such requests to the
+	// saturation test.
+	TTFTTarget time.Duration
 }
 
 type flowControlSection struct {
@@ -54,6 +59,7 @@ type flowBandSection struct {
 	MaxRequests       *resource.Quantity `json:"maxRequests,omitempty"`
 	FairnessPolicyRef string             `json:"fairnessPolicyRef,omitempty"`
 	OrderingPolicyRef string             `json:"orderingPolicyRef,omitempty"`
+	TTFTTarget        string             `json:"ttftTarget,omitempty"`
 }
 
 // loadFlowControl reads the flowControl section of a configuration whose
@@ -129,6 +135,13 @@ func flowBand(field string, b flowBandSection, types map[string]string) (FlowBan
 	}
 	if out.MaxRequests, err = quantity(field+".maxRequests", b.MaxRequests); err != nil {
 		return out, err
+	}
+	if b.TTFTTarget != "" {
+		d, err := time.ParseDuration(b.TTFTTarget)
+		if err != nil || d < 0 {
+			return out, fmt.Errorf("%w: %s.ttftTarget = %q, want a duration ≥ 0", ErrInvalid, field, b.TTFTTarget)
+		}
+		out.TTFTTarget = d
 	}
 	if b.OrderingPolicyRef != "" {
 		switch t := policyType(b.OrderingPolicyRef, types); t {

@@ -53,7 +53,7 @@ func FuzzLoad(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	f.Add([]byte("featureGates: [flowControl]\nplugins: [{name: rr, type: round-robin-fairness-policy}]\nflowControl: {maxBytes: 1Gi, maxRequests: 1e3, defaultRequestTTL: 1s, priorityBands: [{priority: 1, fairnessPolicyRef: rr, maxRequests: 9}]}"))
+	f.Add([]byte("featureGates: [flowControl]\nplugins: [{name: rr, type: round-robin-fairness-policy}]\nflowControl: {maxBytes: 1Gi, maxRequests: 1e3, defaultRequestTTL: 1s, priorityBands: [{priority: 1, fairnessPolicyRef: rr, maxRequests: 9, ttftTarget: 250ms}], defaultPriorityBand: {ttftTarget: 2s}}"))
 	r := registryWithProducerF(f)
 	pool := func() []*datalayer.Candidate {
 		role := func(r string) map[string]string { return map[string]string{datalayer.RoleLabel: r} }
