@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,6 +71,40 @@ type Gateway struct {
 	ln, aln  net.Listener
 	srv, adm *http.Server
 	done     chan struct{}
+
+	failMu   sync.Mutex
+	failures []Failure // the last maxRecentFailures, oldest first
+}
+
+// Failure is one exchange the gateway could not complete: the reason
+// Envoy's access log would give for a local reply or a cut response.
+type Failure struct {
+	At         time.Time
+	Host, Path string
+	// Cut: the client had the response headers, so the response was
+	// broken off rather than answered by the gateway.
+	Cut bool
+	Err string
+}
+
+// maxRecentFailures bounds the failures RecentFailures keeps.
+const maxRecentFailures = 32
+
+// RecentFailures returns the last exchanges that failed, oldest first: a
+// client that saw a response cut or a 500 can read why.
+func (g *Gateway) RecentFailures() []Failure {
+	g.failMu.Lock()
+	defer g.failMu.Unlock()
+	return append([]Failure(nil), g.failures...)
+}
+
+func (g *Gateway) recordFailure(f Failure) {
+	g.failMu.Lock()
+	defer g.failMu.Unlock()
+	if len(g.failures) == maxRecentFailures {
+		g.failures = append(g.failures[:0], g.failures[1:]...)
+	}
+	g.failures = append(g.failures, f)
 }
 
 // Start listens and serves until Close.
@@ -291,8 +326,10 @@ func (g *Gateway) finish(w http.ResponseWriter, r *http.Request, h *host, res *R
 		case !errors.Is(err, ErrStreamOpen):
 			g.m.streamErrors.WithLabelValues(h.Name, StreamErrBroken).Inc()
 		}
-		g.o.Logger.Debug("gateway: exchange failed", "host", h.Name, "path", r.URL.Path, "error", err)
-		if res != nil && res.HeadersSent {
+		cut := res != nil && res.HeadersSent
+		g.o.Logger.Debug("gateway: exchange failed", "host", h.Name, "path", r.URL.Path, "cut", cut, "error", err)
+		g.recordFailure(Failure{At: time.Now(), Host: h.Name, Path: r.URL.Path, Cut: cut, Err: err.Error()})
+		if cut {
 			g.m.requests.WithLabelValues(OutcomeCut).Inc()
 			// The client must see the response broken, not ended: net/http
 			// aborts the connection on this value and recovers it.
@@ -392,6 +429,8 @@ func (g *Gateway) serveDirect(w http.ResponseWriter, r *http.Request, body []byt
 			}
 			g.m.upstream.WithLabelValues(FailureReset).Inc()
 			g.m.requests.WithLabelValues(OutcomeCut).Inc()
+			g.recordFailure(Failure{At: time.Now(), Host: target, Path: r.URL.Path, Cut: true,
+				Err: fmt.Errorf("gateway: %w: %w", ErrUpstreamCut, err).Error()})
 			panic(http.ErrAbortHandler) // as above: the client must see it cut
 		}
 	}

@@ -344,6 +344,20 @@ func TestStoppingAReplicaLosesOnlyTheRequestsInFlightOnIt(t *testing.T) {
 	if cut+failed500 != float64(inFlight) {
 		t.Errorf("the gateway counted %v cut responses and %v ext_proc errors, want %d in all", cut, failed500, inFlight)
 	}
+	// Each says why, on the stopped replica.
+	fs := g.RecentFailures()
+	cuts := 0
+	for _, f := range fs {
+		if f.Host != "epp-1" || f.Err == "" {
+			t.Errorf("a failure recorded as %+v", f)
+		}
+		if f.Cut {
+			cuts++
+		}
+	}
+	if len(fs) != int(inFlight) || cuts != int(cut) {
+		t.Errorf("%d failures recorded (%d cut), want %d (%v cut): %+v", len(fs), cuts, inFlight, cut, fs)
+	}
 }
 
 // A gateway without ext_proc spreads requests round-robin over its

@@ -65,7 +65,7 @@ func TestAPDRunSplitsAsTheDeciderSaysAndRepliesOnlyFromDecodeEngines(t *testing.
 			served, output := 0, int64(0)
 			for _, s := range res.Samples {
 				if s.Err != nil || s.Shed || s.Cut {
-					t.Fatalf("a request failed: %+v", s)
+					t.Fatalf("a request failed: %+v; the gateway's failures: %+v", s, env.Gateway.RecentFailures())
 				}
 				if s.OutputTokens != maxTokens {
 					t.Fatalf("a reply of %d tokens, want %d (a prefill leg's one token reached the client?)", s.OutputTokens, maxTokens)

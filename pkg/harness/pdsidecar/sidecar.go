@@ -114,19 +114,23 @@ func (s *Sidecar) Run(ctx context.Context) error {
 func (s *Sidecar) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	prefiller := strings.TrimSpace(r.Header.Get(HeaderPrefiller))
 	generation := r.Method == http.MethodPost && (r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/chat/completions")
-	if prefiller == "" || !generation {
-		if generation {
-			s.local.Add(1)
-		}
-		s.rp.ServeHTTP(w, r)
-		return
-	}
-	s.split.Add(1)
+	// The body is read whole before anything is proxied: the transport
+	// then sends bytes of the sidecar's own, never the server's request
+	// body, which net/http's server may drain or close as soon as the
+	// response begins (an HTTP/1 handler does not read and write at once).
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
 		return
 	}
+	if prefiller == "" || !generation {
+		if generation {
+			s.local.Add(1)
+		}
+		s.pass(w, r, body)
+		return
+	}
+	s.split.Add(1)
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
 		writeError(w, http.StatusBadRequest, "the body must be a JSON object")
@@ -155,8 +159,13 @@ func (s *Sidecar) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(decode))
-	r.ContentLength = int64(len(decode))
+	s.pass(w, r, decode)
+}
+
+// pass sends r to the decode engine with body.
+func (s *Sidecar) pass(w http.ResponseWriter, r *http.Request, body []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
 	r.Header.Del("Content-Length")
 	s.rp.ServeHTTP(w, r)
 }
