@@ -21,9 +21,9 @@ import (
 // in turn (so each publishes its own dispatches and applies the other's),
 // against two that do not, in alternating turns of the same run. A request
 // is BenchmarkHandleRequest's (64 endpoints, an 8k-token prompt as token
-// ids, its first byte and end accounted at once). The CPU is the whole
-// process's, the embedded NATS server's routing of the messages included,
-// so the ratio overstates sharing's cost rather than hides it.
+// ids, its first byte and end accounted at once). The CPU is the
+// replicas' process's alone: the NATS server runs in a process of its
+// own, as it does when deployed.
 //
 // "max" sends requests back to back, and the messages carry many steps
 // each; "paced" sends one request per replica every 4ms, more than a
@@ -57,18 +57,15 @@ func benchShare(b *testing.B, every time.Duration) {
 			prompts[i][k] = uint32(r.IntN(150000))
 		}
 	}
-	var natsURL string
+	natsURL := testkit.StartNATSProcess(b).URL()
 	replica := func(shareOff bool) *shareBenchReplica {
-		o := Options{Pool: "bench", EmbeddedNATSAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", NATSURL: natsURL,
+		o := Options{Pool: "bench", HTTPAddr: "127.0.0.1:0", NATSURL: natsURL,
 			Share: share.Options{Disabled: shareOff}}
 		e, err := New(o)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(e.Close)
-		if natsURL == "" {
-			natsURL = e.NATSURL()
-		}
 		now := time.Now()
 		rp := &shareBenchReplica{e: e, d: e.Director()}
 		for i := range endpoints {
