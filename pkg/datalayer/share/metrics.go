@@ -8,18 +8,20 @@ import (
 
 type metrics struct {
 	messages, bytes *prometheus.CounterVec
-	dropped         *prometheus.CounterVec
-	remote          prometheus.Gauge
-	faded, gaps     prometheus.Counter
-	rejected        prometheus.Counter
-	publishErrors   prometheus.Counter
-	state           *prometheus.GaugeVec
-	s               *Sharer
+	// The per-message counters, bound to their labels once.
+	published, publishedBytes, received, receivedBytes prometheus.Counter
+	dropped                                            *prometheus.CounterVec
+	remote                                             prometheus.Gauge
+	faded, gaps                                        prometheus.Counter
+	rejected                                           prometheus.Counter
+	publishErrors                                      prometheus.Counter
+	state                                              *prometheus.GaugeVec
+	s                                                  *Sharer
 }
 
 func newMetrics(s *Sharer) *metrics {
 	const ns, sub = "kvroute", "dispatch_share"
-	return &metrics{
+	m := &metrics{
 		s: s,
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "messages_total",
 			Help: "Dispatch-share messages published and received (direction)."}, []string{"direction"}),
@@ -40,6 +42,9 @@ func newMetrics(s *Sharer) *metrics {
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "state",
 			Help: "1 for the replica's dispatch-sharing state: off, local-only (no NATS: its own view), catching-up, sharing."}, []string{"state"}),
 	}
+	m.published, m.publishedBytes = m.messages.WithLabelValues("published"), m.bytes.WithLabelValues("published")
+	m.received, m.receivedBytes = m.messages.WithLabelValues("received"), m.bytes.WithLabelValues("received")
+	return m
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {

@@ -123,10 +123,12 @@ type Sharer struct {
 	subject string
 	m       *metrics
 
-	// What waits to be sent, and the publisher's wake-up.
+	// What waits to be sent, and the timer that sends it: the step that
+	// finds the queue empty starts the timer itself, so that a message
+	// wakes the publisher once, not also to start its timer.
 	mu      sync.Mutex
 	pending []Entry
-	wake    chan struct{}
+	flushT  *time.Timer
 	// syncNow asks the publisher for a sync: a new peer was heard.
 	syncNow chan struct{}
 
@@ -170,9 +172,10 @@ func New(nc *nats.Conn, ds *datalayer.Datastore, o Options, reg prometheus.Regis
 	o.defaults()
 	s := &Sharer{
 		o: o, nc: nc, ds: ds, subject: events.DispatchSubject(o.Namespace, o.Pool),
-		wake: make(chan struct{}, 1), syncNow: make(chan struct{}, 1), live: make(map[uint64]Entry),
+		flushT: time.NewTimer(time.Hour), syncNow: make(chan struct{}, 1), live: make(map[uint64]Entry),
 		peers: make(map[uint64]*peer), perEndpoint: make(map[string]int),
 	}
+	s.flushT.Stop()
 	s.m = newMetrics(s)
 	if reg != nil {
 		if err := s.m.register(reg); err != nil {
@@ -250,14 +253,10 @@ func (s *Sharer) Note(id uint64, n datalayer.DispatchNote) {
 		Kind: n.Kind, ID: id, Endpoint: n.Endpoint, At: n.At, End: n.End,
 		Prefill: n.Prefill, Prompt: n.Prompt, Outputs: n.Outputs, PrefillFor: n.PrefillFor, PerToken: n.PerToken,
 	})
-	first := len(s.pending) == 1
-	s.mu.Unlock()
-	if first {
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
+	if len(s.pending) == 1 {
+		s.flushT.Reset(s.o.FlushInterval)
 	}
+	s.mu.Unlock()
 }
 
 // Run shares until ctx is done. Without NATS, or disabled, it only waits.
@@ -282,20 +281,11 @@ func (s *Sharer) Run(ctx context.Context) error {
 	defer syncT.Stop()
 	sweepT := time.NewTicker(min(s.o.FadeMargin/4, 250*time.Millisecond))
 	defer sweepT.Stop()
-	flushT := time.NewTimer(0)
-	<-flushT.C
-	waiting := false
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.wake:
-			if !waiting {
-				waiting = true
-				flushT.Reset(s.o.FlushInterval)
-			}
-		case <-flushT.C:
-			waiting = false
+		case <-s.flushT.C:
 			s.flush()
 		case <-syncT.C:
 			s.flush()
@@ -364,14 +354,14 @@ func (s *Sharer) publish(m *Message) {
 		s.m.publishErrors.Inc()
 		return
 	}
-	s.m.messages.WithLabelValues("published").Inc()
-	s.m.bytes.WithLabelValues("published").Add(float64(s.buf.Len()))
+	s.m.published.Inc()
+	s.m.publishedBytes.Add(float64(s.buf.Len()))
 }
 
 // receive applies a peer's message.
 func (s *Sharer) receive(msg *nats.Msg) {
-	s.m.messages.WithLabelValues("received").Inc()
-	s.m.bytes.WithLabelValues("received").Add(float64(len(msg.Data)))
+	s.m.received.Inc()
+	s.m.receivedBytes.Add(float64(len(msg.Data)))
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	m, err := s.dec.Decode(msg.Data)
