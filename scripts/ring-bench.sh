@@ -38,7 +38,15 @@ declare -A args=(
 order=(cp-0.75x cp-1x cp-1.5x replicas-2 replicas-3 restart bypass family-no-chunk family-fifo family-drawn
 	top-shared-prefix top-multi-turn top-agent top-mixed-slo top-unrelated top-cache-pressure-cpu)
 
-go build -o /tmp/kvsim-ring ./cmd/kvsim
+# What ran is the committed tree: a run names its commit, and local
+# changes would make that a lie.
+if ! git diff --quiet HEAD -- cmd pkg go.mod go.sum; then
+	echo "ring-bench: commit or stash the changes under cmd/ and pkg/ first" >&2
+	exit 2
+fi
+commit=$(git rev-parse --short=12 HEAD)
+bin=$(mktemp -d)/kvsim
+go build -o "$bin" ./cmd/kvsim
 for run in ${RUNS:-${order[*]}}; do
 	[[ -n "${args[$run]:-}" ]] || { echo "ring-bench: no run $run" >&2; exit 2; }
 	dir="$out/$run"
@@ -49,15 +57,15 @@ for run in ${RUNS:-${order[*]}}; do
 	sampler=$!
 	started=$(date -u +%FT%TZ)
 	# shellcheck disable=SC2086
-	if ! /tmp/kvsim-ring bench ${args[$run]} -out "$dir" >"$dir/progress.txt" 2>"$dir/stderr.txt"; then
+	if ! "$bin" bench ${args[$run]} -out "$dir" >"$dir/progress.txt" 2>"$dir/stderr.txt"; then
 		kill "$sampler"
 		echo "ring-bench: $run failed; see $dir/stderr.txt" >&2
 		exit 1
 	fi
 	kill "$sampler"
 	rm -f "$dir/stderr.txt"
-	printf '{"run": "%s", "command": "%s", "started": "%s", "finished": "%s"}\n' \
-		"$run" "$cmd" "$started" "$(date -u +%FT%TZ)" >"$dir/run.json"
+	printf '{"run": "%s", "command": "%s", "commit": "%s", "started": "%s", "finished": "%s"}\n' \
+		"$run" "$cmd" "$commit" "$started" "$(date -u +%FT%TZ)" >"$dir/run.json"
 	echo "ring-bench: $run done"
 done
 go run ./cmd/kvsim ring-report
