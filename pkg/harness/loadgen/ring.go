@@ -19,8 +19,9 @@ import (
 // read back from its folder: what ran, when, under what load, and its
 // points.
 type RingRun struct {
-	Name              string
-	Command           string
+	Name, Command string
+	// Commit is the tree the run's kvsim was built from.
+	Commit            string
 	Started, Finished time.Time
 	// Load is the machine's 1-minute load average sampled during the run.
 	Load   []float64
@@ -101,13 +102,13 @@ func readRingRun(dir string) (RingRun, error) {
 		return r, err
 	}
 	var m struct {
-		Run, Command      string
-		Started, Finished time.Time
+		Run, Command, Commit string
+		Started, Finished    time.Time
 	}
 	if err := json.Unmarshal(meta, &m); err != nil {
 		return r, fmt.Errorf("%w: %s/%s: %w", ErrRingInput, dir, ringMetaFile, err)
 	}
-	r.Name, r.Command, r.Started, r.Finished = m.Run, m.Command, m.Started, m.Finished
+	r.Name, r.Command, r.Commit, r.Started, r.Finished = m.Run, m.Command, m.Commit, m.Started, m.Finished
 	if r.Name == "" {
 		r.Name = filepath.Base(dir)
 	}
@@ -506,9 +507,9 @@ func WriteRingResults(w io.Writer, runs []RingRun) {
 		}
 	}
 
-	fmt.Fprintf(w, "\n### What ran\n\nThe machine has 2 cores, shared with other builds while these ran; the load average (1 minute, sampled every 15 s) is each run's.\n\n| run | command | started (UTC) | took | load average |\n|---|---|---|---:|---|\n")
+	fmt.Fprintf(w, "\n### What ran\n\nThe machine has 2 cores, shared with other builds while these ran; the load average (1 minute, sampled every 15 s) is each run's.\n\n| run | command | commit | started (UTC) | took | load average |\n|---|---|---|---|---:|---|\n")
 	for _, r := range runs {
-		fmt.Fprintf(w, "| %s | `%s` | %s | %s | %s |\n", r.Name, r.Command, r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.Sub(r.Started).Round(time.Second), loadSummary(r.Load))
+		fmt.Fprintf(w, "| %s | `%s` | %s | %s | %s | %s |\n", r.Name, r.Command, r.Commit, r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.Sub(r.Started).Round(time.Second), loadSummary(r.Load))
 	}
 }
 

@@ -156,7 +156,7 @@ func TestRingRunsReadBackWhatTheScriptWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		raw, _ := json.Marshal(pts)
-		meta := `{"run": "` + run + `", "command": "` + cmd + `", "started": "2026-12-07T11:00:00Z", "finished": "2026-12-07T11:04:30Z"}`
+		meta := `{"run": "` + run + `", "command": "` + cmd + `", "commit": "99c62bb0aa11", "started": "2026-12-07T11:00:00Z", "finished": "2026-12-07T11:04:30Z"}`
 		for name, data := range map[string]string{ringMetaFile: meta, ringDataFile: string(raw), ringLoadFile: load} {
 			if err := os.WriteFile(filepath.Join(sub, name), []byte(data), 0o644); err != nil {
 				t.Fatal(err)
@@ -203,7 +203,7 @@ func TestRingRunsReadBackWhatTheScriptWrites(t *testing.T) {
 		"| cache-pressure | 36 | 2 replicas | upstream-epp | 87.0% | 450ms | 890 | 0 |",
 		"| cache-pressure | 36 | 1 replica | **kvroute-predicted-latency** (default) |",
 		"| fifo | cache-pressure | 36 | upstream-epp |",
-		"| cp | `go run ./cmd/kvsim bench -workloads cache-pressure -rates 36 -seeds 3` | 2026-12-07 11:00 | 4m30s | 3.1–5.3 (mean 4.2) |",
+		"| cp | `go run ./cmd/kvsim bench -workloads cache-pressure -rates 36 -seeds 3` | 99c62bb0aa11 | 2026-12-07 11:00 | 4m30s | 3.1–5.3 (mean 4.2) |",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("the results lack %q:\n%s", want, b.String())
