@@ -26,6 +26,9 @@ type RingRun struct {
 	// Load is the machine's 1-minute load average sampled during the run.
 	Load   []float64
 	Points []Point
+	// Seeds are the run's every seed's figures, from its progress lines:
+	// a point keeps only its median run.
+	Seeds []SeedRun
 	// Replicas, Bypass, RestartAt and Family are the run's shape, read
 	// from its command line.
 	Replicas  int
@@ -44,7 +47,9 @@ func (r RingRun) Plain() bool {
 const (
 	ringMetaFile = "run.json"
 	ringLoadFile = "load.txt"
-	ringDataFile = "routing-benchmark.json"
+	// ringProgressFile is what kvsim bench printed, a line per seed.
+	ringProgressFile = "progress.txt"
+	ringDataFile     = "routing-benchmark.json"
 )
 
 // ErrRingInput is returned for a ring run's folder that cannot be read as
@@ -129,7 +134,63 @@ func readRingRun(dir string) (RingRun, error) {
 	if r.Load, err = ParseLoad(load); err != nil {
 		return r, fmt.Errorf("%s/%s: %w", dir, ringLoadFile, err)
 	}
+	progress, err := read(ringProgressFile)
+	if err != nil {
+		return r, err
+	}
+	r.Seeds = ParseProgress(progress)
 	return r, nil
+}
+
+// SeedRun is one seed's run of a point, as its progress line gives it.
+type SeedRun struct {
+	Workload, Policy string
+	Rate             float64
+	Seed             uint64
+	TTFTp90          time.Duration
+	HitRate          float64
+}
+
+// ParseProgress reads the per-seed lines `kvsim bench` prints (Bench's
+// Progress) and skips every other line: checks, restart and P/D lines.
+func ParseProgress(b []byte) []SeedRun {
+	var out []SeedRun
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		// workload policy rate "req/s" "seed" N "TTFT" "p50" x "p90" y "p99" z "hit" h …
+		if len(f) < 16 || f[3] != "req/s" || f[4] != "seed" || f[9] != "p90" || f[13] != "hit" {
+			continue
+		}
+		rate, err1 := strconv.ParseFloat(f[2], 64)
+		seed, err2 := strconv.ParseUint(f[5], 10, 64)
+		p90, err3 := strconv.ParseFloat(strings.TrimSuffix(f[10], "ms"), 64)
+		hit, err4 := strconv.ParseFloat(strings.TrimSuffix(f[14], "%"), 64)
+		if err := errors.Join(err1, err2, err3, err4); err != nil || !strings.HasSuffix(f[10], "ms") ||
+			!(rate > 0) || !(p90 >= 0) || p90 > float64(math.MaxInt64/int64(time.Millisecond)) || !(hit >= 0 && hit <= 100) {
+			continue
+		}
+		out = append(out, SeedRun{Workload: f[0], Policy: f[1], Rate: rate, Seed: seed,
+			TTFTp90: time.Duration(p90 * float64(time.Millisecond)), HitRate: hit / 100})
+	}
+	return out
+}
+
+// seedFigures is a point's every seed's TTFT p90 and hit rate, in seed
+// order, for a table cell.
+func (r *RingRun) seedFigures(wl, pol string, rate float64) string {
+	var p90s, hits []string
+	for _, s := range r.Seeds {
+		if s.Workload == wl && s.Policy == pol && s.Rate == rate {
+			p90s = append(p90s, strconv.FormatInt(s.TTFTp90.Milliseconds(), 10))
+			hits = append(hits, strconv.FormatFloat(100*s.HitRate, 'f', 1, 64))
+		}
+	}
+	if len(p90s) == 0 {
+		return "— | —"
+	}
+	return strings.Join(p90s, " / ") + " | " + strings.Join(hits, " / ")
 }
 
 // parseShape reads the run's shape from its command line's flags.
@@ -388,7 +449,7 @@ func WriteRingResults(w io.Writer, runs []RingRun) {
 	fmt.Fprintf(w, "\n%d of %d checks pass.\n\n", passed, len(checks))
 
 	fmt.Fprintf(w, "### Policies side by side\n\nOne EPP replica, vLLM's engines; the upstream binary's rows are `upstream-epp` (its built-in configuration) and `upstream-epp-approx` (its chart's file).\n\n")
-	fmt.Fprintf(w, "| workload | req/s | policy | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | output tok/s | SLO attainment | errors | cut |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| workload | req/s | policy | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | output tok/s | SLO attainment | errors | cut | TTFT p90 by seed (ms) | hit rate by seed (%%) |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 	for _, r := range runs {
 		if !r.Plain() {
 			continue
@@ -397,8 +458,8 @@ func WriteRingResults(w io.Writer, runs []RingRun) {
 			for _, rate := range rates(r.Points, wl) {
 				for _, pol := range ringPolicies(r.Points, wl) {
 					if p, ok := r.find(wl, pol, rate); ok {
-						fmt.Fprintf(w, "| %s | %g | %s | %.1f%% | %s | %s | %s | %.0f | %.1f%% | %d | %d |\n",
-							wl, rate, ringLabel(pol), 100*p.HitRate, ms(p.TTFTp50), ms(p.TTFTp90), ms(p.TTFTp99), p.OutputTPS, 100*p.SLOAttainment, p.Errors, p.Cut)
+						fmt.Fprintf(w, "| %s | %g | %s | %.1f%% | %s | %s | %s | %.0f | %.1f%% | %d | %d | %s |\n",
+							wl, rate, ringLabel(pol), 100*p.HitRate, ms(p.TTFTp50), ms(p.TTFTp90), ms(p.TTFTp99), p.OutputTPS, 100*p.SLOAttainment, p.Errors, p.Cut, r.seedFigures(wl, pol, rate))
 					}
 				}
 			}
@@ -406,7 +467,7 @@ func WriteRingResults(w io.Writer, runs []RingRun) {
 	}
 
 	fmt.Fprintf(w, "\n### Replicas and bypass\n\nEPP replicas behind the gateway (one replica's row is the run above), and a quarter of the requests sent past the EPP by a second gateway.\n\n")
-	fmt.Fprintf(w, "| workload | req/s | shape | policy | hit rate | TTFT p90 | output tok/s | errors |\n|---|---:|---|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| workload | req/s | shape | policy | hit rate | TTFT p90 | output tok/s | errors | TTFT p90 by seed (ms) | hit rate by seed (%%) |\n|---|---:|---|---|---:|---:|---:|---:|---|---|\n")
 	shapeRow := func(r RingRun, shape string, only []string) {
 		for _, wl := range workloads(r.Points) {
 			for _, rate := range rates(r.Points, wl) {
@@ -415,7 +476,7 @@ func WriteRingResults(w io.Writer, runs []RingRun) {
 						continue
 					}
 					if p, ok := r.find(wl, pol, rate); ok {
-						fmt.Fprintf(w, "| %s | %g | %s | %s | %.1f%% | %s | %.0f | %d |\n", wl, rate, shape, ringLabel(pol), 100*p.HitRate, ms(p.TTFTp90), p.OutputTPS, p.Errors)
+						fmt.Fprintf(w, "| %s | %g | %s | %s | %.1f%% | %s | %.0f | %d | %s |\n", wl, rate, shape, ringLabel(pol), 100*p.HitRate, ms(p.TTFTp90), p.OutputTPS, p.Errors, r.seedFigures(wl, pol, rate))
 					}
 				}
 			}
@@ -476,7 +537,7 @@ func WriteRingResults(w io.Writer, runs []RingRun) {
 	}
 
 	fmt.Fprintf(w, "\n### Engine families\n\nThe predictor replays vLLM's scheduler whatever the family; its TTFT MAPE and p90 coverage are read from its own metrics at the end of the run.\n\n")
-	fmt.Fprintf(w, "| family | workload | req/s | policy | hit rate | TTFT p90 | output tok/s | predictor TTFT MAPE | p90 coverage |\n|---|---|---:|---|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| family | workload | req/s | policy | hit rate | TTFT p90 | output tok/s | predictor TTFT MAPE | p90 coverage | TTFT p90 by seed (ms) | hit rate by seed (%%) |\n|---|---|---:|---|---:|---:|---:|---:|---:|---|---|\n")
 	for _, r := range runs {
 		if r.Replicas != 1 || r.Bypass != 0 || r.RestartAt != 0 {
 			continue
@@ -502,7 +563,7 @@ func WriteRingResults(w io.Writer, runs []RingRun) {
 				if a := p.Predictor; a != nil {
 					mape, cov = fmt.Sprintf("%.1f%%", 100*a.MAPE), fmt.Sprintf("%.1f%%", 100*a.Coverage)
 				}
-				fmt.Fprintf(w, "| %s | %s | %g | %s | %.1f%% | %s | %.0f | %s | %s |\n", r.Family, wl, rate, ringLabel(pol), 100*p.HitRate, ms(p.TTFTp90), p.OutputTPS, mape, cov)
+				fmt.Fprintf(w, "| %s | %s | %g | %s | %.1f%% | %s | %.0f | %s | %s | %s |\n", r.Family, wl, rate, ringLabel(pol), 100*p.HitRate, ms(p.TTFTp90), p.OutputTPS, mape, cov, r.seedFigures(wl, pol, rate))
 			}
 		}
 	}

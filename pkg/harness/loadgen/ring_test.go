@@ -157,7 +157,11 @@ func TestRingRunsReadBackWhatTheScriptWrites(t *testing.T) {
 		}
 		raw, _ := json.Marshal(pts)
 		meta := `{"run": "` + run + `", "command": "` + cmd + `", "commit": "99c62bb0aa11", "started": "2026-12-07T11:00:00Z", "finished": "2026-12-07T11:04:30Z"}`
-		for name, data := range map[string]string{ringMetaFile: meta, ringDataFile: string(raw), ringLoadFile: load} {
+		progress := "cache-pressure kvroute-predicted-latency  36.0 req/s  seed 42   TTFT p50    28ms p90   449ms p99   736ms  hit  88.2%  SLO  84.9%  goodput  31.9/s  (311 req, 0 shed, 0 err, 0 cut)  predicted TTFT: MAPE 41.9%, p90 coverage 90.4%\n" +
+			"cache-pressure kvroute-predicted-latency  36.0 req/s  seed 43   TTFT p50    80ms p90   741ms p99  1019ms  hit  85.3%  SLO  75.6%  goodput  25.7/s  (283 req, 0 shed, 0 err, 0 cut)\n" +
+			"              restart: stopped epp-0 at 4s, epp-1 ready at 5.1s; steady hit rate 88.0%; its picks back at steady state 120ms after readiness\n" +
+			"check fail cache-pressure: a claim — a detail\n"
+		for name, data := range map[string]string{ringMetaFile: meta, ringDataFile: string(raw), ringLoadFile: load, ringProgressFile: progress} {
 			if err := os.WriteFile(filepath.Join(sub, name), []byte(data), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -200,6 +204,7 @@ func TestRingRunsReadBackWhatTheScriptWrites(t *testing.T) {
 	WriteRingResults(&b, runs)
 	for _, want := range []string{
 		"| cache-pressure | 36 | **kvroute-predicted-latency** (default) | 88.0% |",
+		"| 0 | 0 | 449 / 741 | 88.2 / 85.3 |",
 		"| cache-pressure | 36 | 2 replicas | upstream-epp | 87.0% | 450ms | 890 | 0 |",
 		"| cache-pressure | 36 | 1 replica | **kvroute-predicted-latency** (default) |",
 		"| fifo | cache-pressure | 36 | upstream-epp |",
@@ -230,7 +235,7 @@ func TestRingRunsRefuseWhatTheyCannotRead(t *testing.T) {
 			if err := os.MkdirAll(sub, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			for name, data := range map[string]string{ringMetaFile: tc.meta, ringDataFile: tc.data, ringLoadFile: tc.load} {
+			for name, data := range map[string]string{ringMetaFile: tc.meta, ringDataFile: tc.data, ringLoadFile: tc.load, ringProgressFile: ""} {
 				if err := os.WriteFile(filepath.Join(sub, name), []byte(data), 0o644); err != nil {
 					t.Fatal(err)
 				}
@@ -289,6 +294,18 @@ func FuzzRingShape(f *testing.F) {
 		r := RingRun{Command: cmd}
 		if err := r.parseShape(); err != nil && !errors.Is(err, ErrRingInput) {
 			t.Fatalf("error %v is not ErrRingInput", err)
+		}
+	})
+}
+
+func FuzzParseProgress(f *testing.F) {
+	f.Add([]byte("cache-pressure kvroute-predicted-latency  36.0 req/s  seed 42   TTFT p50    28ms p90   449ms p99   736ms  hit  88.2%  SLO  84.9%\n"))
+	f.Add([]byte("w p NaN req/s seed 1 TTFT p50 1ms p90 1e300ms p99 1ms hit 101% x\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, s := range ParseProgress(b) {
+			if !(s.Rate > 0) || s.TTFTp90 < 0 || s.HitRate < 0 || s.HitRate > 1 {
+				t.Fatalf("kept %+v", s)
+			}
 		}
 	})
 }
