@@ -9,7 +9,7 @@ FUZZTIME ?= 10000x
 REGISTRY ?= ghcr.io/kvroute
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/charts/kvroute/Chart.yaml)
 
-.PHONY: run test test-interop bench bench-extproc bench-routing bench-routing-virtual chaos scale fuzz-smoke lint images help
+.PHONY: run test test-interop bench bench-extproc bench-routing bench-routing-virtual bench-ring chaos scale fuzz-smoke lint images help
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -45,11 +45,14 @@ bench-extproc: ## the EPP's ext_proc path against the do-nothing floor, in turns
 	@# at 28800 requests a side (at 7200 two identical floors measure p99 ratios 0.55-1.07x apart).
 	$(GO) test -run '^$$' -bench 'BenchmarkExtProcWork' -benchtime 28800x -timeout 30m ./pkg/requestpath/extproc/
 
-bench-routing: ## the routing benchmark: writes docs/results/routing/ (~70 min)
+bench-routing: ## the routing benchmark: writes docs/results/routing/ (~80 min)
 	$(GO) run ./cmd/kvsim bench
 
 bench-routing-virtual: ## the same in virtual time, 25 seeds a point: writes docs/results/routing-virtual/ (~6 min)
 	$(GO) run ./cmd/kvsim bench --virtual --seeds 25
+
+bench-ring: ## the ring, beside the upstream EPP's binary: writes docs/results/routing-ring/ and docs/routing-benchmark.md's ring results (~1 h)
+	scripts/ring-bench.sh
 
 chaos: ## the fault matrix (relays, NATS, two EPP replicas on loopback): writes docs/results/chaos.md (~1 min)
 	$(GO) run ./cmd/kvsim chaos --timeout 10m

@@ -49,7 +49,8 @@ const usage = `usage: kvsim <command> [flags]
   chaos   the fault matrix against relays, NATS and two EPP replicas; writes docs/results/chaos.md
   scale   1k and 10k simulated engines in virtual time through the real event path; writes docs/results/scale.md
   predict-eval  the latency predictor's learning methods compared on traces recorded in virtual time
-  placement  prefix groups against the engines' cache capacity, in virtual time: hit rate, TTFT, requests and evictions per engine`
+  placement  prefix groups against the engines' cache capacity, in virtual time: hit rate, TTFT, requests and evictions per engine
+  ring-report  regenerates docs/routing-benchmark.md's ring results from the runs under docs/results/routing-ring/ (scripts/ring-bench.sh)`
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -70,6 +71,8 @@ func run(ctx context.Context, args []string) error {
 		return predictEval(ctx, args[1:])
 	case "placement":
 		return placement(ctx, args[1:])
+	case "ring-report":
+		return ringReport(args[1:])
 	default:
 		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 	}

@@ -91,7 +91,7 @@ func TestAFamilyReachesTheVirtualFleetsEngines(t *testing.T) {
 // workloads against the benchmark's fleet (4 engines, 16-token blocks):
 // many customers with long contexts, whose demand on the GPU cache is
 // between 0.7× and 1.5× the fleet's, one with a CPU tier that holds the
-// excess.
+// excess, and the ring's two beyond the default ladder's 0.75×.
 func TestTheCachePressurePlansDemandWhatTheyClaim(t *testing.T) {
 	t.Parallel()
 	const engines, bs = 4, 16
@@ -113,12 +113,18 @@ func TestTheCachePressurePlansDemandWhatTheyClaim(t *testing.T) {
 			t.Errorf("%s: no rates", w.Name)
 		}
 	}
-	if found != 2 {
-		t.Errorf("found %d cache-pressure plans, want cache-pressure and cache-pressure-cpu", found)
+	if found != 4 {
+		t.Errorf("found %d cache-pressure plans, want cache-pressure, cache-pressure-cpu, cache-pressure-1x and cache-pressure-1.5x", found)
 	}
 	var b strings.Builder
 	b.WriteString(demandNotes(BenchOptions{Plans: DefaultPlans(false), Fleet: FleetOptions{Engines: engines, Pool: tinyFleet().Pool}}))
-	if !strings.Contains(b.String(), "cache-pressure's demand on the KV cache: 24 contexts × 256 blocks") {
-		t.Errorf("the report's demand notes do not state cache-pressure's arithmetic:\n%s", b.String())
+	for _, want := range []string{
+		"cache-pressure's demand on the KV cache: 24 contexts × 256 blocks",
+		"cache-pressure-1x's demand on the KV cache: 32 contexts × 256 blocks (4096 tokens of 16) = 8192 blocks, 1.00×",
+		"cache-pressure-1.5x's demand on the KV cache: 48 contexts × 256 blocks (4096 tokens of 16) = 12288 blocks, 1.50×",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the report's demand notes do not state %q:\n%s", want, b.String())
+		}
 	}
 }

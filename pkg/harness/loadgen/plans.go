@@ -63,12 +63,31 @@ func DefaultPlans(quick bool) []Plan {
 		{Workload: Workload{Name: "cache-pressure-cpu", Kind: KindSharedPrefix, Groups: 48, SystemTokens: 4096, QuestionTokens: 128, SLO: 400 * time.Millisecond},
 			GPUBlocks: 2048, CPUBlocks: 2048, Rates: []float64{24, 36}},
 	}
+	plans = append(plans, RingPlans()...)
 	if quick {
 		for i := range plans {
 			plans[i].Rates = plans[i].Rates[:1]
 		}
 	}
 	return plans
+}
+
+// RingPlans are the cache-pressure shape pushed past the demand the
+// default ladder stops at, to find where approximate routing breaks
+// rather than to tune for it: the same 4096-token customers and 128-token
+// questions on engines of 2048 GPU blocks (8192 in the fleet), at 1.0×
+// (32 customers) and 1.5× (48 customers, no CPU tier) of the fleet's GPU
+// cache, each at 36 req/s (the default ladder's top) and 54 (1.5× it).
+// cache-pressure itself (0.75×) is run at 54 besides its ladder by
+// `--rates 36,54` (scripts/ring-bench.sh).
+func RingPlans() []Plan {
+	rates := []float64{36, 54}
+	return []Plan{
+		{Workload: Workload{Name: "cache-pressure-1x", Kind: KindSharedPrefix, Groups: 32, SystemTokens: 4096, QuestionTokens: 128, SLO: 400 * time.Millisecond},
+			GPUBlocks: 2048, Rates: rates},
+		{Workload: Workload{Name: "cache-pressure-1.5x", Kind: KindSharedPrefix, Groups: 48, SystemTokens: 4096, QuestionTokens: 128, SLO: 400 * time.Millisecond},
+			GPUBlocks: 2048, Rates: rates},
+	}
 }
 
 // makeTargets are the Makefile's benchmark targets by the command each runs.
