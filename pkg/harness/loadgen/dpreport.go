@@ -90,17 +90,7 @@ func WriteDPReport(path string, o BenchOptions, pts []Point, command string, too
 The upstream EPP is not in this table: it sees a pod as one endpoint and leaves the rank to vLLM, which is dp-vllm-balance's placement behind its own pod pick; its binary runs in real time only.
 
 `)
-	if checks := DPChecks(pts); len(checks) > 0 {
-		b.WriteString("## Checks\n\n| workload | claim | result | detail |\n|---|---|---|---|\n")
-		for _, c := range checks {
-			res := string(c.Outcome)
-			if c.Outcome == Fail {
-				res = "**fail**"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Workload, c.Claim, res, c.Detail)
-		}
-		b.WriteString("\n")
-	}
+	writeChecks(&b, DPChecks(pts))
 	b.WriteString("## Results\n\n")
 	dir := filepath.Dir(path)
 	for _, wl := range workloads(pts) {

@@ -110,17 +110,7 @@ Policies:
 The split ratio is the share of requests the sidecars sent to a prefill pod first; prefill busy is the prefill engines' time in steps over their time (the run's makespan), from the engines' own counters; TPOT is (E2E − TTFT) per output token after the first. The figures of a point come from its median run, except *output tok/s (seeds' mean)*, the mean over every seed's run: the seeds' arrivals differ (a conversation is 1 or 4 requests), and the median run's seed differs between policies. The cache hit rate is vLLM's own count, in which a split request's pulled blocks are cached tokens on the decode engine, so it is near 100% for any policy that splits everything and compares only policies that do not.
 
 `)
-	if checks := PDChecks(pts); len(checks) > 0 {
-		b.WriteString("## Checks\n\n| workload | claim | result | detail |\n|---|---|---|---|\n")
-		for _, c := range checks {
-			res := string(c.Outcome)
-			if c.Outcome == Fail {
-				res = "**fail**"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Workload, c.Claim, res, c.Detail)
-		}
-		b.WriteString("\n")
-	}
+	writeChecks(&b, PDChecks(pts))
 	b.WriteString("## Results\n\n")
 	dir := filepath.Dir(path)
 	for _, wl := range workloads(pts) {

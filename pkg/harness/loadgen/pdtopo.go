@@ -201,17 +201,7 @@ func WritePDTopologyReport(path string, o BenchOptions, pts []Point, command str
 | pd-topology-rack | the same with ` + "`minAffinity: rack`" + `: the prefill engine is always the decode engine's rack's, whatever its queue |
 
 `)
-	if checks := PDTopologyChecks(pts); len(checks) > 0 {
-		b.WriteString("## Checks\n\n| workload | claim | result | detail |\n|---|---|---|---|\n")
-		for _, c := range checks {
-			res := string(c.Outcome)
-			if c.Outcome == Fail {
-				res = "**fail**"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Workload, c.Claim, res, c.Detail)
-		}
-		b.WriteString("\n")
-	}
+	writeChecks(&b, PDTopologyChecks(pts))
 	b.WriteString("## Results\n\nRaw numbers: [routing-benchmark.json](routing-benchmark.json).\n\n")
 	for _, wl := range workloads(pts) {
 		fmt.Fprintf(&b, "### %s\n\n", wl)

@@ -166,17 +166,7 @@ Workloads:
 		b.WriteString(frontText(o.Shape))
 	}
 	checks := Checks(pts)
-	if len(checks) > 0 {
-		b.WriteString("## Checks\n\n| workload | claim | result | detail |\n|---|---|---|---|\n")
-		for _, c := range checks {
-			res := string(c.Outcome)
-			if c.Outcome == Fail {
-				res = "**fail**"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Workload, c.Claim, res, c.Detail)
-		}
-		b.WriteString("\n")
-	}
+	writeChecks(&b, checks)
 	if o.Shape != (Shape{}) {
 		fmt.Fprintf(&b, "Shape of every run: %s.\n\n", o.Shape)
 	}
@@ -296,4 +286,21 @@ func demandNotes(o BenchOptions) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// writeChecks writes a report's checks as a table, failures in bold;
+// nothing when there are none.
+func writeChecks(b *strings.Builder, checks []Check) {
+	if len(checks) == 0 {
+		return
+	}
+	b.WriteString("## Checks\n\n| workload | claim | result | detail |\n|---|---|---|---|\n")
+	for _, c := range checks {
+		res := string(c.Outcome)
+		if c.Outcome == Fail {
+			res = "**fail**"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", c.Workload, c.Claim, res, c.Detail)
+	}
+	b.WriteString("\n")
 }

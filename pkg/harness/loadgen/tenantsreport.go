@@ -159,17 +159,7 @@ Attainment is the requests that met their TTFT SLO over those sent (a request sh
 
 `)
 	checks := TenantsChecks(pts, r.Mixed)
-	if len(checks) > 0 {
-		b.WriteString("## Checks\n\n| workload | claim | result | detail |\n|---|---|---|---|\n")
-		for _, c := range checks {
-			res := string(c.Outcome)
-			if c.Outcome == Fail {
-				res = "**fail**"
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Workload, c.Claim, res, c.Detail)
-		}
-		b.WriteString("\n")
-	}
+	writeChecks(&b, checks)
 	b.WriteString("## Results\n\nRaw numbers: [routing-benchmark.json](routing-benchmark.json).\n\n")
 	for _, wl := range workloads(pts) {
 		fmt.Fprintf(&b, "### %s\n\n", wl)
