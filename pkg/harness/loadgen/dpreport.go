@@ -93,20 +93,8 @@ The upstream EPP is not in this table: it sees a pod as one endpoint and leaves 
 	writeChecks(&b, DPChecks(pts))
 	b.WriteString("## Results\n\n")
 	dir := filepath.Dir(path)
-	for _, wl := range workloads(pts) {
-		if len(rates(pts, wl)) < 2 {
-			continue
-		}
-		name := "routing-" + wl + ".svg"
-		f, err := os.Create(filepath.Join(dir, name))
-		if err != nil {
-			return fmt.Errorf("loadgen: %w", err)
-		}
-		WriteSVG(f, pts, wl)
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("loadgen: %w", err)
-		}
-		fmt.Fprintf(&b, "![%s: TTFT p90 against request rate](%s)\n\n", wl, name)
+	if err := writeTTFTPlots(&b, dir, pts); err != nil {
+		return err
 	}
 	b.WriteString("Raw numbers: [routing-benchmark.json](routing-benchmark.json).\n\n")
 	for _, wl := range workloads(pts) {

@@ -113,20 +113,8 @@ The split ratio is the share of requests the sidecars sent to a prefill pod firs
 	writeChecks(&b, PDChecks(pts))
 	b.WriteString("## Results\n\n")
 	dir := filepath.Dir(path)
-	for _, wl := range workloads(pts) {
-		if len(rates(pts, wl)) < 2 {
-			continue
-		}
-		name := "routing-" + wl + ".svg"
-		f, err := os.Create(filepath.Join(dir, name))
-		if err != nil {
-			return fmt.Errorf("loadgen: %w", err)
-		}
-		WriteSVG(f, pts, wl)
-		if err := f.Close(); err != nil {
-			return fmt.Errorf("loadgen: %w", err)
-		}
-		fmt.Fprintf(&b, "![%s: TTFT p90 against request rate](%s)\n\n", wl, name)
+	if err := writeTTFTPlots(&b, dir, pts); err != nil {
+		return err
 	}
 	b.WriteString("Raw numbers: [routing-benchmark.json](routing-benchmark.json).\n\n")
 	for _, wl := range workloads(pts) {
@@ -169,3 +157,24 @@ The split ratio is the share of requests the sidecars sent to a prefill pod firs
 
 // msf formats a duration in milliseconds with a tenth.
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// writeTTFTPlots writes, into dir, each workload's TTFT p90 against the
+// rate (for workloads run at two rates or more), and links them in b.
+func writeTTFTPlots(b *strings.Builder, dir string, pts []Point) error {
+	for _, wl := range workloads(pts) {
+		if len(rates(pts, wl)) < 2 {
+			continue
+		}
+		name := "routing-" + wl + ".svg"
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		WriteSVG(f, pts, wl)
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		fmt.Fprintf(b, "![%s: TTFT p90 against request rate](%s)\n\n", wl, name)
+	}
+	return nil
+}
