@@ -241,7 +241,7 @@ func bench(ctx context.Context, args []string) error {
 	replicas := fs.Int("replicas", 1, "EPP replicas behind the gateway, each fed the KV events over NATS (real time only)")
 	bypass := fs.Float64("bypass", 0, "share of requests sent past the EPP, round-robin over the engines by a second gateway (real time only)")
 	restartAt := fs.Duration("restart-at", 0, "stop the first EPP replica this long into each run and start a fresh one (real time only)")
-	dp := fs.Bool("dp", false, "the data-parallel workload (pods of 4 and of 8 ranks behind one API server each) under its three policies, written to docs/results/routing-dp/")
+	dp := fs.Bool("dp", false, "the data-parallel workload (pods of 4 and of 8 ranks behind one API server each) under its three policies and, in real time, the upstream EPP (also upstream-epp-approx with --policies), written to docs/results/routing-dp/")
 	pd := fs.Bool("pd", false, "the P/D workload (2 prefill and 4 decode engines, a P/D sidecar before each decode engine) under its five policies (real time only)")
 	pdTopo := fs.Bool("pd-topology", false, "the P/D workload across two racks, topology-aware prefill picks against topology-blind ones (real time only); docs/results/routing-pd-topology/")
 	tenants := fs.Bool("tenants", false, "the multi-tenant workload (one tenant floods, interactive and batch mixed) under kvroute's and the upstream EPP's flow control on and off, then mixed-slo's top rate with flow control and with shedding alone (real time only)")
@@ -276,7 +276,11 @@ func bench(ctx context.Context, args []string) error {
 		}
 	}
 	if *dp && !flagSet(fs, "policies") {
-		*policies = strings.Join(loadgen.DPPolicies, ",")
+		*policies = strings.Join(loadgen.DPRealTimePolicies, ",")
+		if *virtual {
+			// The upstream binary runs in real time only.
+			*policies = strings.Join(loadgen.DPPolicies, ",")
+		}
 	}
 	shape := loadgen.Shape{Replicas: *replicas, Bypass: *bypass, RestartAt: *restartAt}
 	switch *front {

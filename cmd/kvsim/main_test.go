@@ -35,6 +35,8 @@ func TestBadCommandLinesAreRefusedClearly(t *testing.T) {
 		{"the P/D topology fleet is real time only", []string{"bench", "--pd-topology", "--virtual"}, "--pd-topology: a P/D fleet runs in real time only"},
 		{"one P/D workload at a time", []string{"bench", "--pd-topology", "--pd"}, "give --pd or --pd-topology, not both"},
 		{"the P/D topology plan's workload is the one selected", []string{"bench", "--pd-topology", "--workloads", "pd"}, `--workloads "pd" matches none`},
+		{"the upstream EPP on data-parallel pods is real time only", []string{"bench", "--dp", "--virtual", "--quick", "--policies", "upstream-epp", "--out", os.DevNull}, "upstream-epp runs the upstream binary, in real time only"},
+		{"a policy that knows no ranks is refused data-parallel pods", []string{"bench", "--dp", "--virtual", "--quick", "--policies", "kvroute-predicted-latency", "--out", os.DevNull}, "on data-parallel engines: use"},
 		{"the tenants' workload is real time only", []string{"bench", "--tenants", "--virtual"}, "--tenants: real time only"},
 		{"the tenants' plan's workload is the one selected", []string{"bench", "--tenants", "--workloads", "agent"}, `--workloads "agent" matches none`},
 	}

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -24,6 +25,17 @@ const (
 // DPPolicies lists the data-parallel policies in the order reports list
 // them.
 var DPPolicies = []string{PolicyDPVLLMBalance, PolicyDPRankPick, PolicyDPRankPerPod}
+
+// DPUpstreamPolicies are the upstream EPP's binary on the data-parallel
+// fleet, in real time only. To it a pod is one endpoint (one API server on
+// one port), so it picks the pod and vLLM's balancing picks the rank, as
+// behind dp-vllm-balance.
+var DPUpstreamPolicies = []string{PolicyUpstreamEPP, PolicyUpstreamEPPApprox}
+
+// DPRealTimePolicies are the data-parallel benchmark's policies in real
+// time: the data-parallel ones and the upstream EPP with its built-in
+// configuration.
+var DPRealTimePolicies = append(slices.Clone(DPPolicies), PolicyUpstreamEPP)
 
 // isDP says whether policy is one of the data-parallel policies.
 func isDP(policy string) bool {
@@ -63,14 +75,14 @@ func dpFleet(policy string, fo FleetOptions) FleetOptions {
 }
 
 // checkDPPolicy refuses a data-parallel policy on a fleet without ranks
-// and a fleet with ranks under another policy, whose numbers would not
-// mean what the report says.
+// and a fleet with ranks under another policy (but the upstream EPP's),
+// whose numbers would not mean what the report says.
 func checkDPPolicy(policy string, fo FleetOptions) error {
 	switch {
 	case isDP(policy) && fo.DataParallel < 2 && policy != PolicyDPRankPerPod:
 		return fmt.Errorf("loadgen: %s needs a fleet of data-parallel engines", policy)
-	case !isDP(policy) && fo.DataParallel > 1:
-		return fmt.Errorf("loadgen: %s on data-parallel engines: use %v", policy, DPPolicies)
+	case !isDP(policy) && !slices.Contains(DPUpstreamPolicies, policy) && fo.DataParallel > 1:
+		return fmt.Errorf("loadgen: %s on data-parallel engines: use %v or %v", policy, DPPolicies, DPUpstreamPolicies)
 	}
 	return nil
 }

@@ -77,3 +77,36 @@ func TestTheDPReportListsEveryPointAndItsChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestTheDPReportComparesTheRankPickWithTheUpstreamEPP: with the upstream
+// EPP's points, the report describes it among the policies, lists its
+// rows and checks the rank pick's TTFT against it.
+func TestTheDPReportComparesTheRankPickWithTheUpstreamEPP(t *testing.T) {
+	t.Parallel()
+	pts := []Point{
+		{Workload: "dp", Policy: PolicyDPVLLMBalance, Rate: 10, Summary: Summary{HitRate: 0.3, TTFTp90: 200 * time.Millisecond}},
+		{Workload: "dp", Policy: PolicyDPRankPick, Rate: 10, Summary: Summary{HitRate: 0.9, TTFTp90: 20 * time.Millisecond}},
+		{Workload: "dp", Policy: PolicyUpstreamEPP, Rate: 10, Summary: Summary{HitRate: 0.4, TTFTp90: 15 * time.Millisecond}},
+	}
+	checks := DPChecks(pts)
+	if len(checks) != 2 || checks[1].Outcome != Fail || !strings.Contains(checks[1].Claim, PolicyUpstreamEPP) {
+		t.Fatalf("a rank pick slower than the upstream EPP's passed or went unchecked: %+v", checks)
+	}
+	path := filepath.Join(t.TempDir(), "routing-benchmark.md")
+	o := BenchOptions{Plans: DPPlans(), Seed: 1, Policies: DPRealTimePolicies}
+	if err := WriteDPReport(path, o, pts, "test", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| upstream-epp | left to vLLM's API server", "| 10 | upstream-epp |", "not in this table"} {
+		if got := strings.Contains(string(md), want); got != (want != "not in this table") {
+			t.Errorf("the report has %q: %v", want, got)
+		}
+	}
+	if err := checkDPPolicy(PolicyKvrouteUpstreamConfig, FleetOptions{Engines: 2, DataParallel: 4}); err == nil {
+		t.Error("kvroute on upstream's file, which knows no ranks, ran on data-parallel engines")
+	}
+}

@@ -7,20 +7,23 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/pkg/harness/upstreamepp"
 )
 
 // DPChecks evaluates the data-parallel benchmark's claims about the rank
 // pick, stated before it ran:
 //   - at every rate its cache hit rate is within 5% (relative) of the same
 //     fleet's with one rank per pod;
-//   - at every rate its TTFT p90 is below vLLM's own balancing's (the
-//     ratio at the top rate is reported).
+//   - at every rate its TTFT p90 is below vLLM's own balancing's, and
+//     below the upstream EPP's where it ran (the ratio at each rate is
+//     reported).
 func DPChecks(pts []Point) []Check {
 	var out []Check
 	for _, wl := range workloads(pts) {
 		rs := rates(pts, wl)
-		var hit, ttft []string
-		okHit, okTTFT, seen := true, true, false
+		var hit, ttft, up []string
+		okHit, okTTFT, okUp, seen := true, true, true, false
 		for _, rate := range rs {
 			r, ok := find(pts, wl, PolicyDPRankPick, rate)
 			if !ok {
@@ -30,6 +33,10 @@ func DPChecks(pts []Point) []Check {
 			if per, ok := find(pts, wl, PolicyDPRankPerPod, rate); ok {
 				okHit = okHit && r.HitRate >= 0.95*per.HitRate
 				hit = append(hit, fmt.Sprintf("%g: %.1f%% vs %.1f%%", rate, 100*r.HitRate, 100*per.HitRate))
+			}
+			if u, ok := find(pts, wl, PolicyUpstreamEPP, rate); ok {
+				okUp = okUp && r.TTFTp90 < u.TTFTp90
+				up = append(up, fmt.Sprintf("%g: %s vs %s (%.3gx)", rate, ms(r.TTFTp90), ms(u.TTFTp90), float64(r.TTFTp90)/float64(max(u.TTFTp90, 1))))
 			}
 			if v, ok := find(pts, wl, PolicyDPVLLMBalance, rate); ok {
 				okTTFT = okTTFT && r.TTFTp90 < v.TTFTp90
@@ -46,6 +53,10 @@ func DPChecks(pts []Point) []Check {
 		if len(ttft) > 0 {
 			out = append(out, Check{Workload: wl, Policy: PolicyDPRankPick, Outcome: outcome(okTTFT),
 				Claim: PolicyDPRankPick + " TTFT p90 < " + PolicyDPVLLMBalance + "'s at every rate (ratio at each)", Detail: strings.Join(ttft, "; ")})
+		}
+		if len(up) > 0 {
+			out = append(out, Check{Workload: wl, Policy: PolicyDPRankPick, Outcome: outcome(okUp),
+				Claim: PolicyDPRankPick + " TTFT p90 < " + PolicyUpstreamEPP + "'s at every rate (ratio at each)", Detail: strings.Join(up, "; ")})
 		}
 	}
 	return out
@@ -79,17 +90,16 @@ func WriteDPReport(path string, o BenchOptions, pts []Point, command string, too
 			w.Name, p.Engines, p.DataParallel, p.GPUBlocks, o.Fleet.Pool.BlockSize, t.MaxSeqs, t.MaxBatchedTokens, t.PrefillPerToken, t.PrefillAttention, t.DecodeStep, t.DecodePerSeq,
 			o.Duration, o.Drain, strings.Join(rs, ", "), w.Groups, w.SystemTokens, w.QuestionTokens, o.MaxTokens, w.SLO)
 	}
-	b.WriteString(`Policies, each kvroute's default configuration picking the pod:
+	b.WriteString(`Policies, each kvroute's default configuration picking the pod but the upstream EPP's:
 
 | policy | the rank |
 |---|---|
 | dp-vllm-balance | left to vLLM's API server (` + "`--no-rank-pick`" + `): the rank with the least waiting × 4 + running, blind to the caches |
 | **dp-rank-pick** | named by kvroute in ` + "`x-data-parallel-rank`" + `: the rank whose cache holds the longest trusted prefix against this EPP's in-flight work there |
 | dp-rank-per-pod | the same ranks, one per pod, each an endpoint of its own (as ranks on ports of their own are): the ceiling |
-
-The upstream EPP is not in this table: it sees a pod as one endpoint and leaves the rank to vLLM, which is dp-vllm-balance's placement behind its own pod pick; its binary runs in real time only.
-
 `)
+	b.WriteString(dpUpstreamNote(o))
+	b.WriteString("\n")
 	writeChecks(&b, DPChecks(pts))
 	b.WriteString("## Results\n\n")
 	dir := filepath.Dir(path)
@@ -128,4 +138,24 @@ The upstream EPP is not in this table: it sees a pod as one endpoint and leaves 
 		return fmt.Errorf("loadgen: %w", err)
 	}
 	return nil
+}
+
+// dpUpstreamNote is the policy table's rows for the upstream EPP, when it
+// is among the policies, and otherwise why it is not.
+func dpUpstreamNote(o BenchOptions) string {
+	var b strings.Builder
+	for _, pol := range o.Policies {
+		switch {
+		case o.Virtual:
+		case pol == PolicyUpstreamEPP:
+			fmt.Fprintf(&b, "| %s | left to vLLM's API server, as for dp-vllm-balance; the pod picked by the upstream EPP's own binary, `%s/cmd/epp@%s` (`scripts/upstream-epp.sh`), with its built-in configuration (queue-scorer 2, kv-cache-utilization-scorer 2, prefix-cache-scorer 3 on its approximate prefix index), which sees each pod as one endpoint |\n",
+				pol, upstreamepp.Module, upstreamepp.Version)
+		case pol == PolicyUpstreamEPPApprox:
+			fmt.Fprintf(&b, "| %s | the same, with the configuration its Helm chart deploys at %s (`%s`) |\n", pol, upstreamepp.Version, upstreamepp.ConfigApproxName)
+		}
+	}
+	if b.Len() == 0 {
+		return "\nThe upstream EPP is not in this table: its binary runs in real time only.\n"
+	}
+	return b.String() + "\nFor the upstream EPP the pods are the ready Pods of an InferencePool on envtest's API server, each on its own loopback address (127.0.0.2, 127.0.0.3, …) with the pool's one port; a pod's ranks share its API server, and the metrics it scrapes are the pod's (queues summed over its ranks, KV usage averaged). Requests pass the same gateway as kvroute's.\n"
 }

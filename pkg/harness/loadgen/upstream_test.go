@@ -90,3 +90,50 @@ func firstErr(samples []Sample) error {
 	}
 	return nil
 }
+
+// TestTheUpstreamEPPPicksDataParallelPodsAndVLLMTheRank runs the upstream
+// binary on two pods of two ranks each: it discovers each pod as one
+// endpoint, serves every request, and names no rank, so that each pod's
+// own balancing places every request on one of its ranks.
+func TestTheUpstreamEPPPicksDataParallelPodsAndVLLMTheRank(t *testing.T) {
+	requireUpstream(t)
+	fo := tinyFleet()
+	fo.Engines, fo.DataParallel, fo.OutDir = 2, 2, t.TempDir()
+	if err := checkDPPolicy(PolicyUpstreamEPP, fo); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	env, err := StartEnv(ctx, PolicyUpstreamEPP, dpFleet(PolicyUpstreamEPP, fo), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := Workload{Name: "tiny-dp", Kind: KindSharedPrefix, Groups: 4, SystemTokens: 256, QuestionTokens: 16}
+	res := env.Run(ctx, w, RunOptions{Model: fo.Model, Rate: 30, Duration: 1500 * time.Millisecond, Drain: 10 * time.Second, MaxTokens: 4, Seed: 5})
+	var served, pinned [][]int
+	for _, s := range env.Fleet.Servers {
+		sv, pn := s.RankServed()
+		served, pinned = append(served, sv), append(pinned, pn)
+	}
+	if err := env.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(res.Samples, res.Makespan)
+	if s.Requests < 20 || s.Errors > 0 || s.Cut > 0 {
+		t.Fatalf("%d requests, %d errors, %d cut; first error: %v", s.Requests, s.Errors, s.Cut, firstErr(res.Samples))
+	}
+	if len(served) != 2 {
+		t.Fatalf("%d API servers; the fleet has two pods", len(served))
+	}
+	total := 0
+	for pod := range served {
+		for rank, n := range served[pod] {
+			total += n
+			if pinned[pod][rank] > 0 {
+				t.Errorf("pod %d rank %d: %d requests named their rank; the upstream EPP names none", pod, rank, pinned[pod][rank])
+			}
+		}
+	}
+	if total != s.Requests {
+		t.Errorf("the ranks served %d requests of %d", total, s.Requests)
+	}
+}
