@@ -56,6 +56,14 @@ func startVictims(t *testing.T, edit func(*epp.Options)) *victims {
 	for i, s := range v.f.Servers {
 		v.f.WaitHeld(t, s.Addr, v.prompts[i])
 	}
+	// A stream still resyncing after its first events would settle during
+	// the attack and read as a change: the baseline waits for it.
+	testkit.WaitFor(t, "every pod's stream out of recovery", func() error {
+		if a := v.answers(t); strings.Contains(a, " recovering;") {
+			return fmt.Errorf("answers: %s", a)
+		}
+		return nil
+	})
 	v.before = v.answers(t)
 	var err error
 	if v.nc, err = nats.Connect(v.f.EPP.NATSURL()); err != nil {
