@@ -135,25 +135,31 @@ func Bench(ctx context.Context, o BenchOptions) ([]Point, error) {
 					}
 					med.Tenants = pooled
 				}
-				if med.PD != nil {
-					// Throughput is compared seed by seed: each seed's
-					// arrivals differ, and the median run's seed differs
-					// between policies.
-					pd := *med.PD
-					pd.SeedOutputTPS, pd.SeedRuns = nil, nil
-					for k, r := range runs {
-						pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
-						if r.PD != nil {
-							pd.SeedRuns = append(pd.SeedRuns, PDSeed{Seed: o.Seed + uint64(k), TTFTp90: r.TTFTp90, TransferMean: r.PD.TransferMean, SplitRatio: r.PD.SplitRatio})
-						}
-					}
-					med.PD = &pd
-				}
-				out = append(out, med)
+				out = append(out, withPDSeeds(med, runs, o.Seed))
 			}
 		}
 	}
 	return out, nil
+}
+
+// withPDSeeds gives med, the median of runs (seeds from seed on), every
+// seed's P/D figures: throughput is compared seed by seed, since each
+// seed's arrivals differ and the median run's seed differs between
+// policies.
+func withPDSeeds(med Point, runs []Point, seed uint64) Point {
+	if med.PD == nil {
+		return med
+	}
+	pd := *med.PD
+	pd.SeedOutputTPS, pd.SeedRuns = nil, nil
+	for k, r := range runs {
+		pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
+		if r.PD != nil {
+			pd.SeedRuns = append(pd.SeedRuns, PDSeed{Seed: seed + uint64(k), TTFTp90: r.TTFTp90, TransferMean: r.PD.TransferMean, SplitRatio: r.PD.SplitRatio})
+		}
+	}
+	med.PD = &pd
+	return med
 }
 
 // MedianRun is the run of runs (one point's, under different seeds) with

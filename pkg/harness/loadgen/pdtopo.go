@@ -280,19 +280,7 @@ func BenchInterleaved(ctx context.Context, o BenchOptions) ([]Point, error) {
 	out := make([]Point, 0, len(order))
 	for _, kk := range order {
 		rs := runs[kk]
-		med := MedianRun(rs)
-		if med.PD != nil {
-			pd := *med.PD
-			pd.SeedOutputTPS, pd.SeedRuns = nil, nil
-			for k, r := range rs {
-				pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
-				if r.PD != nil {
-					pd.SeedRuns = append(pd.SeedRuns, PDSeed{Seed: o.Seed + uint64(k), TTFTp90: r.TTFTp90, TransferMean: r.PD.TransferMean, SplitRatio: r.PD.SplitRatio})
-				}
-			}
-			med.PD = &pd
-		}
-		out = append(out, med)
+		out = append(out, withPDSeeds(MedianRun(rs), rs, o.Seed))
 	}
 	return out, nil
 }
