@@ -1,9 +1,7 @@
 package loadgen
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -127,17 +125,7 @@ func WriteDPReport(path string, o BenchOptions, pts []Point, command string, too
 		}
 		b.WriteString("\n")
 	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	raw, err := json.MarshalIndent(pts, "", "  ")
-	if err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "routing-benchmark.json"), append(raw, '\n'), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	return nil
+	return writeReportFiles(path, b.String(), pts)
 }
 
 // dpUpstreamNote is the policy table's rows for the upstream EPP, when it

@@ -142,17 +142,7 @@ The split ratio is the share of requests the sidecars sent to a prefill pod firs
 		}
 		b.WriteString("\n")
 	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	raw, err := json.MarshalIndent(pts, "", "  ")
-	if err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "routing-benchmark.json"), append(raw, '\n'), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	return nil
+	return writeReportFiles(path, b.String(), pts)
 }
 
 // msf formats a duration in milliseconds with a tenth.
@@ -175,6 +165,22 @@ func writeTTFTPlots(b *strings.Builder, dir string, pts []Point) error {
 			return fmt.Errorf("loadgen: %w", err)
 		}
 		fmt.Fprintf(b, "![%s: TTFT p90 against request rate](%s)\n\n", wl, name)
+	}
+	return nil
+}
+
+// writeReportFiles writes a report's markdown to path and data, as
+// indented JSON, to routing-benchmark.json beside it.
+func writeReportFiles(path, md string, data any) error {
+	if err := os.WriteFile(path, []byte(md), 0o644); err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	raw, err := json.MarshalIndent(data, "", "  ")
+	if err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "routing-benchmark.json"), append(raw, '\n'), 0o644); err != nil {
+		return fmt.Errorf("loadgen: %w", err)
 	}
 	return nil
 }

@@ -2,10 +2,7 @@ package loadgen
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -232,17 +229,7 @@ func WritePDTopologyReport(path string, o BenchOptions, pts []Point, command str
 		}
 		b.WriteString("\n")
 	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	raw, err := json.MarshalIndent(pts, "", "  ")
-	if err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "routing-benchmark.json"), append(raw, '\n'), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	return nil
+	return writeReportFiles(path, b.String(), pts)
 }
 
 // BenchInterleaved runs o as Bench does, but seed by seed: under each

@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -202,17 +201,7 @@ Workloads:
 	WriteTables(&tb, pts)
 	WritePredictorTable(&tb, pts)
 	b.WriteString(tb.String())
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	raw, err := json.MarshalIndent(pts, "", "  ")
-	if err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	if err := os.WriteFile(dir+"routing-benchmark.json", append(raw, '\n'), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	return nil
+	return writeReportFiles(path, b.String(), pts)
 }
 
 // workloadRows lists the plans' workloads as Markdown table rows.

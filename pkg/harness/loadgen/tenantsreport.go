@@ -1,10 +1,7 @@
 package loadgen
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -221,20 +218,10 @@ Attainment is the requests that met their TTFT SLO over those sent (a request sh
 		}
 		b.WriteString("\n")
 	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	raw, err := json.MarshalIndent(struct {
+	return writeReportFiles(path, b.String(), struct {
 		Points []Point
 		Mixed  [][]Point `json:",omitempty"`
-	}{pts, r.Mixed}, "", "  ")
-	if err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "routing-benchmark.json"), append(raw, '\n'), 0o644); err != nil {
-		return fmt.Errorf("loadgen: %w", err)
-	}
-	return nil
+	}{pts, r.Mixed})
 }
 
 // flooderRatio is the flooder's share over each other tenant's (the
