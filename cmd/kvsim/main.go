@@ -376,49 +376,36 @@ func bench(ctx context.Context, args []string) error {
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		return err
 	}
-	cmd := "go run ./cmd/kvsim bench " + strings.Join(args, " ")
-	if *dp {
-		if err := loadgen.WriteDPReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
-			return err
-		}
-		for _, c := range loadgen.DPChecks(pts) {
-			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
-		}
-		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
-		return nil
-	}
-	if *pdTopo {
+	cmd := strings.TrimSpace("go run ./cmd/kvsim bench " + strings.Join(args, " "))
+	path := filepath.Join(*outDir, "routing-benchmark.md")
+	var checks []loadgen.Check
+	switch {
+	case *dp:
+		err, checks = loadgen.WriteDPReport(path, o, pts, cmd, time.Since(start)), loadgen.DPChecks(pts)
+	case *pdTopo:
 		load, _ := os.ReadFile("/proc/loadavg")
 		if f := strings.Fields(string(load)); len(f) >= 3 {
 			load = []byte(strings.Join(f[:3], " "))
 		}
-		if err := loadgen.WritePDTopologyReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start), string(load)); err != nil {
-			return err
-		}
-		for _, c := range loadgen.PDTopologyChecks(pts) {
-			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
-		}
-		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
-		return nil
+		err, checks = loadgen.WritePDTopologyReport(path, o, pts, cmd, time.Since(start), string(load)), loadgen.PDTopologyChecks(pts)
+	case *pd:
+		err, checks = loadgen.WritePDReport(path, o, pts, cmd, time.Since(start)), loadgen.PDChecks(pts)
+	default:
+		err, checks = loadgen.WriteReport(path, o, pts, cmd, time.Since(start)), loadgen.Checks(pts)
 	}
-	if *pd {
-		if err := loadgen.WritePDReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
-			return err
-		}
-		for _, c := range loadgen.PDChecks(pts) {
-			fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
-		}
-		fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
-		return nil
-	}
-	if err := loadgen.WriteReport(filepath.Join(*outDir, "routing-benchmark.md"), o, pts, strings.TrimSpace(cmd), time.Since(start)); err != nil {
+	if err != nil {
 		return err
 	}
-	for _, c := range loadgen.Checks(pts) {
+	printChecks(checks)
+	fmt.Printf("wrote %s in %s\n", path, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// printChecks prints a benchmark's checks, a line each.
+func printChecks(checks []loadgen.Check) {
+	for _, c := range checks {
 		fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
 	}
-	fmt.Printf("wrote %s in %s\n", filepath.Join(*outDir, "routing-benchmark.md"), time.Since(start).Round(time.Second))
-	return nil
 }
 
 func selectPlans(plans []loadgen.Plan, only, rates string) ([]loadgen.Plan, error) {
@@ -494,9 +481,7 @@ func benchTenants(ctx context.Context, o loadgen.BenchOptions, outDir string, ar
 	if err := loadgen.WriteTenantsReport(path, o, pts, r); err != nil {
 		return err
 	}
-	for _, c := range loadgen.TenantsChecks(pts, mixedPts) {
-		fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
-	}
+	printChecks(loadgen.TenantsChecks(pts, mixedPts))
 	fmt.Printf("wrote %s in %s\n", path, time.Since(start).Round(time.Second))
 	return nil
 }

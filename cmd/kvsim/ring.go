@@ -40,9 +40,7 @@ func ringReport(args []string) error {
 	if err := os.WriteFile(*doc, []byte(out), 0o644); err != nil {
 		return err
 	}
-	for _, c := range loadgen.RingChecks(runs) {
-		fmt.Printf("check %-4s %s: %s — %s\n", c.Outcome, c.Workload, c.Claim, c.Detail)
-	}
+	printChecks(loadgen.RingChecks(runs))
 	fmt.Printf("wrote %s from %d runs\n", *doc, len(runs))
 	return nil
 }
