@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -57,14 +58,28 @@ func startVictims(t *testing.T, edit func(*epp.Options)) *victims {
 		v.f.WaitHeld(t, s.Addr, v.prompts[i])
 	}
 	// A stream still resyncing after its first events would settle during
-	// the attack and read as a change: the baseline waits for it.
-	testkit.WaitFor(t, "every pod's stream out of recovery", func() error {
-		if a := v.answers(t); strings.Contains(a, " recovering;") {
-			return fmt.Errorf("answers: %s", a)
+	// the attack and read as a change. A stream's first batch can be
+	// applied (and read exact) before the gap it shows schedules a resync,
+	// so the baseline waits for answers that hold still, out of recovery,
+	// with no resync in flight, for a while.
+	var since time.Time
+	last := ""
+	testkit.WaitFor(t, "every pod's stream settled out of recovery", func() error {
+		a := v.answers(t)
+		inFlight := testkit.Value(t, v.f.Metrics, "kvroute_recovery_in_flight")
+		switch {
+		case strings.Contains(a, " recovering;") || inFlight != 0:
+			last = ""
+			return fmt.Errorf("%v resyncs in flight; answers: %s", inFlight, a)
+		case a != last:
+			since, last = time.Now(), a
+			return fmt.Errorf("answers changed: %s", a)
+		case time.Since(since) < 300*time.Millisecond:
+			return fmt.Errorf("answers held for %v", time.Since(since))
 		}
 		return nil
 	})
-	v.before = v.answers(t)
+	v.before = last
 	var err error
 	if v.nc, err = nats.Connect(v.f.EPP.NATSURL()); err != nil {
 		t.Fatal(err)

@@ -27,17 +27,21 @@ type ixStream struct {
 	aged [events.NumTiers]*ageQueue
 
 	// gidx is the KV-cache group this stream holds: 0 for an engine's
-	// stream itself, whose groups holds its other groups' sub-streams.
+	// stream itself, whose groups holds its other groups' sub-streams,
+	// each with root naming that stream.
 	gidx   int
 	groups map[int]*ixStream
+	root   *ixStream
 	// coarse counts, for the hash of a store whose block spans several of
 	// the engine's (LMCache's chunks), the blocks before its last, which
 	// are held under synthHandle names.
 	coarse map[uint64]uint8
 
 	// rank is the stream's data-parallel rank; pubState its state, for
-	// readers without ep.mu. rankKeys counts the stream's (handle, tier)
-	// references on each key it holds and rankSpec holds the keys a pick
+	// readers without ep.mu. rankKeys counts the (handle, tier) references
+	// of the stream and of its groups' sub-streams on each key they hold
+	// (a group's keys carry its mask, as in the shards) and rankSpec holds
+	// the keys a pick
 	// of this rank expects it to store, with their deadlines (ms since the
 	// index's epoch): both nil until the endpoint has several ranks
 	// (ranks.go), guarded by its rankSets' mu.
@@ -449,8 +453,8 @@ func (ix *Index) ref(ep *ixEndpoint, st *ixStream, h, k uint64, t events.Tier, n
 			hv = k
 		}
 		st.handles[h] = hv | bit
-		if st.rankKeys != nil {
-			ep.rankRef(st, k)
+		if r := st.rankRoot(); r.rankKeys != nil {
+			ep.rankRef(r, k)
 		}
 	default:
 		ix.stats.dropped[dropRefOverflow].Add(1)
@@ -523,8 +527,8 @@ func (ix *Index) unrefCopies(ep *ixEndpoint, st *ixStream, h uint64, t events.Ti
 func (ix *Index) dropTier(ep *ixEndpoint, st *ixStream, h, hv uint64, t events.Tier, d *delta) {
 	bit := uint64(1) << t
 	ix.shard(hv&keyMask).delRef(hv&keyMask, ep.id, t, d)
-	if st.rankKeys != nil {
-		ep.rankUnref(st, hv&keyMask)
+	if r := st.rankRoot(); r.rankKeys != nil {
+		ep.rankUnref(r, hv&keyMask)
 	}
 	if hv &^= bit; hv&^keyMask == 0 {
 		delete(st.handles, h)
@@ -579,6 +583,7 @@ func (ix *Index) clearStream(ep *ixEndpoint, st *ixStream, d *delta) {
 	// engine may never refill what the old one held.
 	st.handles = make(map[uint64]uint64)
 	if st.rankKeys != nil {
+		// The rank's set holds its groups' keys too, which go below.
 		ep.rankClear(st)
 	}
 	st.dups = nil

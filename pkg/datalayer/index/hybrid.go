@@ -167,7 +167,7 @@ func (st *ixStream) group(g int) *ixStream {
 		if st.groups == nil {
 			st.groups = make(map[int]*ixStream)
 		}
-		sub = &ixStream{handles: make(map[uint64]uint64), gidx: g}
+		sub = &ixStream{handles: make(map[uint64]uint64), gidx: g, root: st}
 		st.groups[g] = sub
 	}
 	return sub
@@ -196,13 +196,26 @@ func (st *ixStream) keyOf(sub *ixStream, h uint64) (uint64, bool) {
 	return 0, false
 }
 
-// heldIn reports whether ep holds block key k in group g: really, in any
-// tier, or speculatively (a speculative holding is recorded under the plain
-// key and stands for every group, as the engine about to compute the
-// prompt will hold it in all of them). It also returns the fastest real
-// tier, NumTiers when the holding is speculative only.
-func (ix *Index) heldIn(k uint64, g int, ep uint16, nowMs uint64) (bool, int32) {
-	h := ix.holderOf(k^groupMask(g), ep)
+// holdings is where a hybrid match looks a block up: an endpoint's
+// blocks merged over its ranks, or one data-parallel rank's.
+type holdings interface {
+	// heldIn reports whether block key k is held in group g: really, in
+	// any tier, or speculatively (a speculative holding is recorded under
+	// the plain key and stands for every group, as the engine about to
+	// compute the prompt will hold it in all of them). It also returns the
+	// fastest real tier, NumTiers when the holding is speculative only.
+	heldIn(k uint64, g int) (bool, int32)
+}
+
+// endpointHoldings are an endpoint's blocks in the key shards.
+type endpointHoldings struct {
+	ix    *Index
+	ep    uint16
+	nowMs uint64
+}
+
+func (e endpointHoldings) heldIn(k uint64, g int) (bool, int32) {
+	h := e.ix.holderOf(k^groupMask(g), e.ep)
 	if h != 0 && h&specBit == 0 {
 		for t := events.Tier(0); t < events.NumTiers; t++ {
 			if holderRefs(h, t) != 0 {
@@ -211,9 +224,9 @@ func (ix *Index) heldIn(k uint64, g int, ep uint16, nowMs uint64) (bool, int32) 
 		}
 	}
 	if g != 0 {
-		h = ix.holderOf(k, ep)
+		h = e.ix.holderOf(k, e.ep)
 	}
-	if h&specBit != 0 && specLive(h, nowMs) {
+	if h&specBit != 0 && specLive(h, e.nowMs) {
 		return true, events.NumTiers
 	}
 	return false, 0
@@ -227,9 +240,10 @@ func (ix *Index) holderOf(k uint64, ep uint16) uint64 {
 	return h
 }
 
-// hybridMatch answers one hybrid endpoint for keys as vLLM's hybrid
-// coordinator would decide the hit.
-func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uint64, sc *lookupScratch) Match {
+// hybridMatch answers keys on held, with layout l and block size bs, as
+// vLLM's hybrid coordinator would decide the hit; tiers is scratch, handed
+// back for reuse.
+func hybridMatch[H holdings](keys []uint64, held H, l *layout, bs int, tiers []int8) (Match, []int8) {
 	n := len(keys)
 	// Full attention is downward closed: every full group must hold every
 	// block, so one left-to-right pass bounds the hit. The tier each block
@@ -241,7 +255,7 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 			break
 		}
 	}
-	tiers := sc.tiers[:0]
+	tiers = tiers[:0]
 	if primary >= 0 {
 		j := 0
 	walk:
@@ -250,7 +264,7 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 				if s.class != classFull {
 					continue
 				}
-				ok, t := ix.heldIn(keys[j], s.idx, ep.id, nowMs)
+				ok, t := held.heldIn(keys[j], s.idx)
 				if !ok {
 					break walk
 				}
@@ -261,8 +275,6 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 		}
 		n = j
 	}
-	sc.tiers = tiers
-	bs := int(ep.blockSize.Load())
 	// Every other group may only shorten the hit; shortening can change
 	// another group's answer, so repeat until none shortens it.
 	for changed := true; changed && n > 0; {
@@ -271,9 +283,9 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 			var hit int
 			switch s.class {
 			case classWindow:
-				hit = ix.windowHit(keys[:n], s, bs, ep.id, nowMs)
+				hit = windowHit(keys[:n], s, bs, held)
 			case classMamba:
-				hit = ix.mambaHit(keys[:n], s.idx, ep.id, nowMs)
+				hit = mambaHit(keys[:n], s.idx, held)
 			default:
 				continue
 			}
@@ -290,7 +302,7 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 		if primary >= 0 {
 			t = int32(tiers[j])
 		} else {
-			_, t = ix.heldIn(keys[j], l.groups[0].idx, ep.id, nowMs)
+			_, t = held.heldIn(keys[j], l.groups[0].idx)
 		}
 		switch {
 		case t == events.NumTiers:
@@ -301,13 +313,13 @@ func (ix *Index) hybridMatch(keys []uint64, ep *ixEndpoint, l *layout, nowMs uin
 			m.ByTier[events.TierStorage]++
 		}
 	}
-	return m
+	return m, tiers
 }
 
 // windowHit is a sliding-window group's hit within keys: scanning from the
 // end, the first run of blocks long enough to fill the window, or else the
 // run of held blocks from the start.
-func (ix *Index) windowHit(keys []uint64, s groupSpec, bs int, ep uint16, nowMs uint64) int {
+func windowHit[H holdings](keys []uint64, s groupSpec, bs int, held H) int {
 	if bs <= 0 {
 		return len(keys)
 	}
@@ -317,7 +329,7 @@ func (ix *Index) windowHit(keys []uint64, s groupSpec, bs int, ep uint16, nowMs 
 	}
 	run := 0
 	for i := len(keys) - 1; i >= 0; i-- {
-		if ok, _ := ix.heldIn(keys[i], s.idx, ep, nowMs); !ok {
+		if ok, _ := held.heldIn(keys[i], s.idx); !ok {
 			run = 0
 			continue
 		}
@@ -330,9 +342,9 @@ func (ix *Index) windowHit(keys []uint64, s groupSpec, bs int, ep uint16, nowMs 
 
 // mambaHit is a Mamba group's hit within keys: up to the last block whose
 // state the group holds.
-func (ix *Index) mambaHit(keys []uint64, g int, ep uint16, nowMs uint64) int {
+func mambaHit[H holdings](keys []uint64, g int, held H) int {
 	for i := len(keys) - 1; i >= 0; i-- {
-		if ok, _ := ix.heldIn(keys[i], g, ep, nowMs); ok {
+		if ok, _ := held.heldIn(keys[i], g); ok {
 			return i + 1
 		}
 	}

@@ -97,7 +97,8 @@ func (ix *Index) Lookup(keys []uint64, addrs []string, out []Match) {
 		if len(sc.hybrid) > 0 {
 			nowMs := ix.ms(ix.now())
 			for _, h := range sc.hybrid {
-				out[h.pos] = ix.hybridMatch(keys, h.ep, h.l, nowMs, sc)
+				held := endpointHoldings{ix: ix, ep: h.ep.id, nowMs: nowMs}
+				out[h.pos], sc.tiers = hybridMatch(keys, held, h.l, int(h.ep.blockSize.Load()), sc.tiers)
 			}
 		}
 		for i := range out {

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/events"
 )
 
 // An endpoint with several data-parallel ranks (vLLM's --data-parallel-size
@@ -50,17 +51,35 @@ func (ep *ixEndpoint) startRanks() {
 	for rank, st := range ep.streams {
 		st.rank = rank
 		st.rankKeys = make(map[uint64]uint32, len(st.handles))
-		for _, hv := range st.handles {
-			for t := uint64(0); t < uint64(len(st.aged)); t++ {
-				if hv&(1<<t) != 0 {
-					st.rankKeys[hv&keyMask]++
-				}
-			}
+		st.countRankKeys(st)
+		for _, sub := range st.groups {
+			st.countRankKeys(sub)
 		}
 		rs.ranks = append(rs.ranks, st)
 	}
 	slices.SortFunc(rs.ranks, func(a, b *ixStream) int { return a.rank - b.rank })
 	ep.rankSets.Store(rs)
+}
+
+// countRankKeys counts, in st's rank set, the references of sub (st or one
+// of its groups' sub-streams).
+func (st *ixStream) countRankKeys(sub *ixStream) {
+	for _, hv := range sub.handles {
+		for t := uint64(0); t < uint64(len(sub.aged)); t++ {
+			if hv&(1<<t) != 0 {
+				st.rankKeys[hv&keyMask]++
+			}
+		}
+	}
+}
+
+// rankRoot is the stream whose rank set counts st's references: st's
+// rank's own stream.
+func (st *ixStream) rankRoot() *ixStream {
+	if st.root != nil {
+		return st.root
+	}
+	return st
 }
 
 // add adds a new stream to the endpoint's rank sets. Called with
@@ -128,10 +147,20 @@ func (ix *Index) LookupRanks(keys []uint64, addr string, out []RankMatch) []Rank
 		return out
 	}
 	nowMs := ix.ms(ix.now())
+	l := ep.layout.Load()
 	rs.mu.RLock()
 	defer rs.mu.RUnlock()
+	var tiers []int8
 	for _, st := range rs.ranks {
 		m := RankMatch{Rank: st.rank, State: datalayer.StreamState(st.pubState.Load())}
+		if l != nil && l.hybrid {
+			// Each rank's groups decide its hit as the endpoint's do.
+			var hm Match
+			hm, tiers = hybridMatch(keys, rankHoldings{st: st, nowMs: nowMs}, l, int(ep.blockSize.Load()), tiers)
+			m.Blocks, m.Speculative = hm.Blocks, hm.Speculative
+			out = append(out, m)
+			continue
+		}
 		for _, k := range keys {
 			if st.rankKeys[k] > 0 {
 				m.Blocks++
@@ -147,6 +176,24 @@ func (ix *Index) LookupRanks(keys []uint64, addr string, out []RankMatch) []Rank
 		out = append(out, m)
 	}
 	return out
+}
+
+// rankHoldings are one rank's blocks, read under its rankSets' mu.
+type rankHoldings struct {
+	st    *ixStream
+	nowMs uint64
+}
+
+func (r rankHoldings) heldIn(k uint64, g int) (bool, int32) {
+	if r.st.rankKeys[k^groupMask(g)] > 0 {
+		// The rank set counts references, not tiers: a rank's blocks are
+		// reported as held, in the fastest tier.
+		return true, int32(events.TierGPU)
+	}
+	if d, ok := r.st.rankSpec[k]; ok && d > r.nowMs {
+		return true, events.NumTiers
+	}
+	return false, 0
 }
 
 // SpeculateRank records that rank of addr will soon hold keys (it was just

@@ -103,11 +103,15 @@ func checkRankSets(t *testing.T, ix *Index, addr string) {
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
 	for rank, st := range ep.streams {
+		// The rank's own references and its groups' (whose keys carry
+		// their group's mask).
 		want := map[uint64]uint32{}
-		for _, hv := range st.handles {
-			for tier := range events.NumTiers {
-				if hv&(1<<tier) != 0 {
-					want[hv&keyMask]++
+		for _, sub := range append([]*ixStream{st}, slices.Collect(maps.Values(st.groups))...) {
+			for _, hv := range sub.handles {
+				for tier := range events.NumTiers {
+					if hv&(1<<tier) != 0 {
+						want[hv&keyMask]++
+					}
 				}
 			}
 		}
@@ -115,4 +119,40 @@ func checkRankSets(t *testing.T, ix *Index, addr string) {
 			t.Fatalf("rank %d's key set %v, its handles say %v", rank, st.rankKeys, want)
 		}
 	}
+}
+
+// A hybrid model's rank hits what its own groups can serve, by the rule the
+// endpoint's match follows: a rank whose sliding-window group lost the
+// blocks at the prompt's end hits less than its full-attention run.
+func TestARankOfAHybridModelHitsWhatItsOwnGroupsServe(t *testing.T) {
+	t.Parallel()
+	ix := New(Options{}, nil)
+	ix.AddEndpoint(ixTestAddr)
+	full := func(e events.Event) events.Event { return evGroup(e, 0, "full_attention", 0) }
+	window := func(e events.Event) events.Event { return evGroup(e, 1, "sliding_window", 2*ixTestBS+1) }
+	r0, r1 := newIxFeeder(ix, ixTestAddr, 0), newIxFeeder(ix, ixTestAddr, 1)
+	r0.apply(full(evStore([]uint64{1, 2, 3, 4}, blockToks(1, 2, 3, 4))), window(evStore([]uint64{1, 2}, blockToks(1, 2))))
+	r1.apply(full(evStore([]uint64{1, 2, 3, 4}, blockToks(1, 2, 3, 4))), window(evStore([]uint64{1, 2, 3, 4}, blockToks(1, 2, 3, 4))))
+	req := ixReq{tokens: blockToks(1, 2, 3, 4)}
+	want := []RankMatch{
+		{Rank: 0, Blocks: 2, State: datalayer.StreamExact},
+		{Rank: 1, Blocks: 4, State: datalayer.StreamExact},
+	}
+	if got := ix.LookupRanks(req.keys(), ixTestAddr, nil); !slices.Equal(got, want) {
+		t.Fatalf("ranks: got %+v, want %+v", got, want)
+	}
+	// Rank 1's window group loses the last block: its hit ends one short.
+	r1.apply(evRemoveGroup(1, 4))
+	want[1].Blocks = 3
+	if got := ix.LookupRanks(req.keys(), ixTestAddr, nil); !slices.Equal(got, want) {
+		t.Fatalf("after rank 1's window lost block 4: got %+v, want %+v", got, want)
+	}
+	checkRankSets(t, ix, ixTestAddr)
+	// Clearing a rank clears its groups' keys with it.
+	r1.apply(events.Event{Kind: events.KindAllBlocksCleared})
+	want[1].Blocks = 0
+	if got := ix.LookupRanks(req.keys(), ixTestAddr, nil); !slices.Equal(got, want) {
+		t.Fatalf("after rank 1 cleared: got %+v, want %+v", got, want)
+	}
+	checkRankSets(t, ix, ixTestAddr)
 }
