@@ -96,7 +96,14 @@ func TestNeverEndingBodiesAndHeaderOnlyStreamsStayWithinTheBudget(t *testing.T) 
 		_, cancel := openStream(t, c, "")
 		cancels = append(cancels, cancel)
 	}
-	answers := make(chan *extprocv3.ProcessingResponse, attackers)
+	// An attacker answered (refused) ends its stream on the client side
+	// too, so that the heap measured below is the server's streams and
+	// not the test's leftovers of the refused ones.
+	type answer struct {
+		m      *extprocv3.ProcessingResponse
+		cancel context.CancelFunc
+	}
+	answers := make(chan answer, attackers)
 	var wg sync.WaitGroup
 	buf := []byte(strings.Repeat(" ", chunk))
 	for range attackers {
@@ -104,7 +111,7 @@ func TestNeverEndingBodiesAndHeaderOnlyStreamsStayWithinTheBudget(t *testing.T) 
 		cancels = append(cancels, cancel)
 		go func() {
 			if m, err := ps.Recv(); err == nil {
-				answers <- m
+				answers <- answer{m, cancel}
 			}
 		}()
 		wg.Add(1)
@@ -127,7 +134,9 @@ func TestNeverEndingBodiesAndHeaderOnlyStreamsStayWithinTheBudget(t *testing.T) 
 		return nil
 	})
 	for range attackers - holders {
-		checkRefusal(t, <-answers, 503, "limit of 2097152 bytes")
+		a := <-answers
+		checkRefusal(t, a.m, 503, "limit of 2097152 bytes")
+		a.cancel()
 	}
 	if got := testkit.Value(t, reg, "kvroute_extproc_request_bytes_in_flight"); got != holders*charge {
 		t.Errorf("%v bytes in flight, want %d bodies' %d", got, holders, charge)
