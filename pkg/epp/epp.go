@@ -619,10 +619,11 @@ func (e *EPP) buildScheduling() error {
 }
 
 // flowConfig is the controller's configuration from a loaded flowControl
-// section; nil gives upstream's defaults.
+// section, which means what it means upstream; nil gives upstream's
+// defaults for the bands and kvroute's fair share across them.
 func flowConfig(fc *config.FlowControl) flowcontrol.Config {
 	if fc == nil {
-		return flowcontrol.Config{}
+		return flowcontrol.Config{FairShare: true}
 	}
 	band := func(b config.FlowBand) flowcontrol.Band {
 		// The loader admits only the names these parse.

@@ -218,6 +218,9 @@ type FlowControl interface {
 	Kick()
 	// Target is the TTFT target of priority's band (zero: none).
 	Target(priority int) time.Duration
+	// Protect is the tightest TTFT SLO of the priorities above priority
+	// that had requests lately (zero: none).
+	Protect(priority int) time.Duration
 }
 
 // Outliers is outlier detection, told each response's outcome;
@@ -539,7 +542,8 @@ func (d *Director) route(ctx context.Context, req *request.Request, subset []str
 // and returns the candidates it was released on: those of its last
 // check, with PrepareData's answers as of then.
 func (d *Director) waitForRelease(ctx context.Context, req *request.Request, subset []string, set *datalayer.CandidateSet, cands []*datalayer.Candidate, bodyBytes int64) ([]*datalayer.Candidate, error) {
-	fr := &flowcontrol.Request{FlowID: req.Headers[flowcontrol.HeaderFairnessID], Priority: req.Priority, Bytes: bodyBytes, SLO: req.SLO.TTFT}
+	fr := &flowcontrol.Request{FlowID: req.Headers[flowcontrol.HeaderFairnessID], Priority: req.Priority, Bytes: bodyBytes, SLO: req.SLO.TTFT,
+		Cost: float64(max(len(req.TokenIDs), 1))}
 	if len(fr.FlowID) > MaxEcho {
 		// A flow id is the client's text: kept short in memory and logs,
 		// cut at a character's start.
@@ -576,7 +580,8 @@ func (d *Director) waitForRelease(ctx context.Context, req *request.Request, sub
 			}
 		}
 		checked = true
-		return d.o.FlowGate.Decide(cands, req.SLO.TTFT, target, waited, d.o.Now())
+		protect := d.o.FlowControl.Protect(req.Priority)
+		return d.o.FlowGate.Decide(cands, req.SLO.TTFT, target, protect, waited, d.o.Now())
 	}
 	if err := d.o.FlowControl.Wait(ctx, fr); err != nil {
 		return nil, err
@@ -777,6 +782,11 @@ func (d *Director) HandleFirstByte(p *Pick) {
 		return
 	}
 	p.dispatch.FirstToken(d.o.Now())
+	if d.o.FlowControl != nil {
+		// Its prefill is done: whoever waits behind it on the endpoint
+		// is predicted sooner now.
+		d.o.FlowControl.Kick()
+	}
 }
 
 // HandleProgress notes that tokens of the pick's output tokens (its first

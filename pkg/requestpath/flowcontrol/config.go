@@ -114,6 +114,16 @@ type Config struct {
 	// Recheck bounds how long a held request waits for an event before
 	// its release is evaluated again (default 100ms).
 	Recheck time.Duration
+	// FairShare serves flows by their share of what was released across
+	// every band, not band by band: the next request is the waiting flow's
+	// that has had the least released lately (start-time fair queueing,
+	// a request's Cost its work), its highest priority first; priority
+	// decides between flows only at equal shares. A flow that floods the
+	// pool so waits behind others' requests of any priority, and within
+	// a flow interactive work still goes before batch. Upstream has no
+	// such policy (its bands are strict); kvroute's default, when no
+	// flowControl section configures the bands.
+	FairShare bool
 }
 
 // Validate checks the configuration's values.

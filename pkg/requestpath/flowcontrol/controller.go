@@ -35,6 +35,9 @@ type Request struct {
 	TTL time.Duration
 	// SLO is its TTFT SLO (zero: none): EDF's deadline.
 	SLO time.Duration
+	// Cost is the request's work for FairShare (its prompt tokens); zero
+	// counts as one.
+	Cost float64
 	// GiveUp, when positive, is how long after its arrival the request's
 	// SLO is out of reach even if dispatched then (its SLO less the best
 	// TTFT any endpoint could give it): it is refused with
@@ -56,7 +59,16 @@ type Controller struct {
 	// goroutine to wake) while no one waits.
 	waiting atomic.Int64
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// vtime is FairShare's virtual clock: the start tag of the last
+	// request released; finish the flows' finish tags, kept while they
+	// are ahead of it (a flow behind it starts at it anyway).
+	vtime  float64
+	finish map[string]float64
+	// slos are the least TTFT SLO (or band target) seen lately in each
+	// priority, for Protect.
+	slos map[int]sloMark
+
 	bands   map[int]*band
 	order   []*band // by priority, highest first
 	count   int
@@ -113,7 +125,8 @@ func New(cfg Config, now func() time.Time, metrics *Metrics) (*Controller, error
 	if metrics == nil {
 		metrics = NewMetrics(nil, cfg.MaxFlowLabels)
 	}
-	return &Controller{cfg: cfg, now: now, metrics: metrics, kick: make(chan struct{}, 1), bands: map[int]*band{}}, nil
+	return &Controller{cfg: cfg, now: now, metrics: metrics, kick: make(chan struct{}, 1), bands: map[int]*band{},
+		finish: map[string]float64{}, slos: map[int]sloMark{}}, nil
 }
 
 // Config is the configuration in force.
@@ -194,10 +207,16 @@ func (c *Controller) Wait(ctx context.Context, r *Request) error {
 		c.mu.Unlock()
 		return ErrStopped
 	}
-	ahead := c.waitingAtOrAboveLocked(r.Priority)
+	c.noteSLOLocked(r, start)
+	ahead := c.waitingAtOrAboveLocked(r.Priority) || c.flowAheadLocked(r.FlowID)
 	c.mu.Unlock()
 	if !ahead && r.Check != nil {
 		v := r.Check(0)
+		if v.Release {
+			c.mu.Lock()
+			c.releasedLocked(r.FlowID, r.Cost)
+			c.mu.Unlock()
+		}
 		if v.Release || v.Refuse != nil {
 			// A released request's caller kicks once it is dispatched.
 			c.metrics.observe(r.FlowID, r.Priority, v.Refuse, 0)
@@ -473,16 +492,20 @@ func (b *band) served(f *flow) {
 	}
 }
 
-// cycle releases the head that may go, highest band first, and refuses
-// the heads that never can; a request held back holds back everything
-// after it, so that no lower priority overtakes it. It releases one
-// request: the next is checked after that one's dispatch kicks.
+// cycle releases the next request that may go, and refuses the ones that
+// never can, in the order next gives; a request held back holds back
+// every later one of its priority or lower, so that none overtakes it.
+// It releases one request: the next is checked after that one's dispatch
+// kicks.
 func (c *Controller) cycle() {
+	held := false
+	heldPriority := 0
 	for {
 		c.mu.Lock()
 		var it *item
-		for _, b := range c.order {
-			if it = b.head(); it != nil {
+		for _, cand := range c.nextLocked() {
+			if !held || cand.band.cfg.Priority > heldPriority {
+				it = cand
 				break
 			}
 		}
@@ -506,17 +529,154 @@ func (c *Controller) cycle() {
 				c.finishLocked(it, v.Refuse)
 			case v.Release:
 				b, f := it.band, it.flow
+				c.releasedLocked(it.flow.id, it.req.Cost)
 				c.finishLocked(it, nil)
 				b.served(f)
 				c.mu.Unlock()
 				return
 			default:
-				c.mu.Unlock()
-				return
+				held, heldPriority = true, it.band.cfg.Priority
 			}
 		}
 		c.mu.Unlock()
 	}
+}
+
+// nextLocked is the waiting requests that may go next, in the order they
+// are tried: each band's head, highest band first; under FairShare each
+// waiting flow's most urgent request, the flows by their start tags.
+func (c *Controller) nextLocked() []*item {
+	var out []*item
+	if !c.cfg.FairShare {
+		for _, b := range c.order {
+			if h := b.head(); h != nil {
+				out = append(out, h)
+			}
+		}
+		return out
+	}
+	// Bands highest first: a flow's first head found is its most urgent.
+	seen := map[string]bool{}
+	for _, b := range c.order {
+		for _, f := range b.ring {
+			if !seen[f.id] {
+				seen[f.id] = true
+				out = append(out, f.items[0].item)
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(x, y *item) int {
+		if sx, sy := c.startTag(x.flow.id), c.startTag(y.flow.id); sx != sy {
+			if sx < sy {
+				return -1
+			}
+			return 1
+		}
+		if px, py := x.band.cfg.Priority, y.band.cfg.Priority; px != py {
+			return py - px
+		}
+		return int(x.seq) - int(y.seq)
+	})
+	return out
+}
+
+// startTag is where a flow's next request starts on the virtual clock.
+func (c *Controller) startTag(flow string) float64 {
+	return max(c.finish[flow], c.vtime)
+}
+
+// flowAheadLocked says, under FairShare, whether a flow with a request
+// waiting is due before flow: then a request of flow waits its turn even
+// when nothing of its priority waits.
+func (c *Controller) flowAheadLocked(flow string) bool {
+	if !c.cfg.FairShare || c.count == 0 {
+		return false
+	}
+	mine := c.startTag(flow)
+	for _, b := range c.order {
+		for _, f := range b.ring {
+			if c.startTag(f.id) < mine {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// releasedLocked advances FairShare's clock past a request of flow, of
+// work cost, released.
+func (c *Controller) releasedLocked(flow string, cost float64) {
+	if !c.cfg.FairShare {
+		return
+	}
+	if cost <= 0 {
+		cost = 1
+	}
+	start := c.startTag(flow)
+	c.vtime = start
+	c.finish[flow] = start + cost
+	if len(c.finish) > maxFinishTags {
+		// Flows behind the clock start at it anyway: forgetting them
+		// changes nothing, and keeps the map to the flows served lately.
+		for id, f := range c.finish {
+			if f <= c.vtime {
+				delete(c.finish, id)
+			}
+		}
+	}
+}
+
+// maxFinishTags is how many flows' finish tags are kept before those
+// behind the virtual clock are swept.
+const maxFinishTags = 1024
+
+// sloMark is the least SLO seen in a priority since at.
+type sloMark struct {
+	least time.Duration
+	at    time.Time
+}
+
+// sloWindow is how long a priority's SLO protects it after its last
+// request.
+const sloWindow = 30 * time.Second
+
+func (c *Controller) noteSLOLocked(r *Request, now time.Time) {
+	slo := r.SLO
+	if slo <= 0 {
+		slo = c.Target(r.Priority)
+	}
+	if slo <= 0 {
+		return
+	}
+	m, ok := c.slos[r.Priority]
+	if !ok && len(c.slos) >= maxPriorities {
+		return
+	}
+	if !ok || now.Sub(m.at) > sloWindow || slo < m.least {
+		m.least = slo
+	}
+	m.at = now
+	c.slos[r.Priority] = m
+}
+
+// maxPriorities bounds the priorities whose SLOs are remembered.
+const maxPriorities = 64
+
+// Protect is the tightest TTFT SLO (or band target) of the priorities
+// above priority that had requests lately: a request of priority is
+// released only onto an endpoint that would still serve one of those in
+// time after it (Gate.Decide). Zero: nothing above to protect.
+func (c *Controller) Protect(priority int) time.Duration {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var least time.Duration
+	for p, m := range c.slos {
+		if p > priority && now.Sub(m.at) <= sloWindow && (least == 0 || m.least < least) {
+			least = m.least
+		}
+	}
+	return least
 }
 
 // before orders x ahead of y in a queue.

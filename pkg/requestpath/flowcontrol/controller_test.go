@@ -364,3 +364,96 @@ func TestAWaiterOutlivesItsRunningCheck(t *testing.T) {
 		t.Fatal("returned before its check")
 	}
 }
+
+func TestFairShareServesFlowsByWhatTheyWereReleasedAcrossBands(t *testing.T) {
+	t.Parallel()
+	type arrival struct {
+		name, flow string
+		priority   int
+		cost       float64
+	}
+	for _, tc := range []struct {
+		name     string
+		arrivals []arrival
+		want     []string
+	}{
+		{"a flow served lately waits behind the others' requests of any priority",
+			[]arrival{{"f1", "flood", 10, 0}, {"f2", "flood", 10, 0}, {"f3", "flood", 10, 0}, {"a-batch", "a", 0, 0}, {"b-int", "b", 10, 0}},
+			[]string{"f1", "b-int", "a-batch", "f2", "f3"}},
+		{"within a flow the highest priority goes first",
+			[]arrival{{"a-low", "a", 0, 0}, {"a-high", "a", 10, 0}, {"a-mid", "a", 5, 0}},
+			[]string{"a-high", "a-mid", "a-low"}},
+		{"shares are of work: a flow of long prompts gets fewer turns",
+			[]arrival{{"long1", "l", 0, 4096}, {"long2", "l", 0, 4096}, {"s1", "s", 0, 1024}, {"s2", "s", 0, 1024}, {"s3", "s", 0, 1024}, {"s4", "s", 0, 1024}, {"s5", "s", 0, 1024}},
+			[]string{"long1", "s1", "s2", "s3", "s4", "long2", "s5"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, flowcontrol.Config{FairShare: true})
+			for _, a := range tc.arrivals {
+				req := r.request(a.name, a.flow, a.priority)
+				req.Cost = a.cost
+				r.enqueue(t, context.Background(), a.name, req)
+			}
+			r.release(t, len(tc.arrivals))
+			if fmt.Sprint(r.order) != fmt.Sprint(tc.want) {
+				t.Fatalf("released %v, want %v", r.order, tc.want)
+			}
+		})
+	}
+}
+
+// Under fair share the flow due first may be one whose only request is
+// held (batch work the engines have no room for without delaying more
+// urgent work): a more urgent request of another flow still goes.
+func TestAHeldRequestHoldsBackOnlyItsPriorityAndBelow(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{FairShare: true})
+	r.slots.Store(1)
+	if err := r.c.Wait(context.Background(), r.request("b0", "b", 10)); err != nil {
+		t.Fatal(err)
+	}
+	held := &flowcontrol.Request{FlowID: "a", Priority: 0, Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r.enqueue(t, ctx, "a-batch", held)
+	r.enqueue(t, context.Background(), "b-low", r.request("b-low", "b", 0))
+	r.enqueue(t, context.Background(), "b-int", r.request("b-int", "b", 10))
+	r.slots.Store(2)
+	r.c.Kick()
+	testkit.WaitFor(t, "b-int released", func() error { return r.err("b-int") })
+	if err := r.err("b-low"); err == nil {
+		t.Errorf("b-low, of a flow due after a-batch and of its priority, overtook it")
+	}
+	if err := r.err("a-batch"); err == nil {
+		t.Errorf("a-batch released by a check that holds")
+	}
+	cancel()
+	r.slots.Store(1)
+	r.c.Kick()
+	r.wg.Wait()
+	if err := r.err("b-low"); err != nil {
+		t.Errorf("b-low after a-batch left: %v", err)
+	}
+}
+
+func TestProtectIsTheTightestSLOAbove(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{FairShare: true})
+	r.slots.Store(3)
+	for _, x := range []struct {
+		priority int
+		slo      time.Duration
+	}{{10, 300 * time.Millisecond}, {10, time.Second}, {0, 1500 * time.Millisecond}} {
+		req := r.request("x", "", x.priority)
+		req.SLO = x.slo
+		if err := r.c.Wait(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p, want := range map[int]time.Duration{-1: 300 * time.Millisecond, 0: 300 * time.Millisecond, 10: 0} {
+		if got := r.c.Protect(p); got != want {
+			t.Errorf("Protect(%d) = %v, want %v", p, got, want)
+		}
+	}
+}

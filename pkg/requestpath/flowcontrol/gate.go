@@ -23,15 +23,22 @@ type Gate struct {
 }
 
 // Decide is the verdict for a request with TTFT SLO slo (zero: none) in
-// a band with TTFT target target, having waited waited.
-func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, waited time.Duration, now time.Time) Verdict {
+// a band with TTFT target target, having waited waited. protect (zero:
+// none) is the tightest TTFT SLO of the priorities above the request's
+// (Controller.Protect): engines serve what they were sent in order, so a
+// request released onto a queue leaves a more urgent one arriving next
+// behind it. It is released only where such a request would still be
+// served within protect after it (its predicted TTFT plus a prefill like
+// its own), or where nothing is ahead of it at all.
+func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, protect, waited time.Duration, now time.Time) Verdict {
 	if len(cands) == 0 {
 		return Verdict{}
 	}
 	if g.ByPrediction {
 		if best, alone, ok := Predicted(cands); ok {
+			leaves := protect <= 0 || best+alone <= protect || best <= alone+idleSlack
 			switch {
-			case slo > 0 && waited+best <= slo:
+			case slo > 0 && waited+best <= slo && leaves:
 				return Verdict{Release: true}
 			case slo > 0 && waited+alone > slo:
 				return Verdict{Refuse: fmt.Errorf("%w: waited %v, best predicted TTFT %v, SLO %v",
@@ -39,7 +46,7 @@ func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, waited time.Dura
 			case slo > 0:
 				return Verdict{}
 			case target > 0:
-				return Verdict{Release: best <= target}
+				return Verdict{Release: best <= target && leaves}
 			}
 		}
 	}
@@ -48,6 +55,10 @@ func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, waited time.Dura
 	}
 	return Verdict{Release: !g.Saturation.AllSaturated(cands, now)}
 }
+
+// idleSlack is how far above a request's TTFT alone its best predicted
+// TTFT may be while the endpoint still counts as having nothing ahead.
+const idleSlack = 5 * time.Millisecond
 
 // Predicted is the least predicted TTFT among cands (the predictor's
 // quantile, with what waits ahead on each) and the least TTFT with
