@@ -219,8 +219,9 @@ type FlowControl interface {
 	// Target is the TTFT target of priority's band (zero: none).
 	Target(priority int) time.Duration
 	// Protect is the tightest TTFT SLO of the priorities above priority
-	// that had requests lately (zero: none).
-	Protect(priority int) time.Duration
+	// that had requests lately, and of priority's own when flow floods
+	// (zero: none).
+	Protect(priority int, flow string) time.Duration
 }
 
 // Outliers is outlier detection, told each response's outcome;
@@ -580,7 +581,7 @@ func (d *Director) waitForRelease(ctx context.Context, req *request.Request, sub
 			}
 		}
 		checked = true
-		protect := d.o.FlowControl.Protect(req.Priority)
+		protect := d.o.FlowControl.Protect(req.Priority, fr.FlowID)
 		return d.o.FlowGate.Decide(cands, req.SLO.TTFT, target, protect, waited, d.o.Now())
 	}
 	if err := d.o.FlowControl.Wait(ctx, fr); err != nil {

@@ -116,9 +116,8 @@ type Config struct {
 	Recheck time.Duration
 	// FairShare serves flows by their share of what was released across
 	// every band, not band by band: the next request is the waiting flow's
-	// that has had the least released lately (start-time fair queueing,
-	// a request's Cost its work), its highest priority first; priority
-	// decides between flows only at equal shares. A flow that floods the
+	// that has had the least work released lately (share.go), its highest
+	// priority first; priority decides between flows only at equal usage. A flow that floods the
 	// pool so waits behind others' requests of any priority, and within
 	// a flow interactive work still goes before batch. Upstream has no
 	// such policy (its bands are strict); kvroute's default, when no

@@ -60,11 +60,8 @@ type Controller struct {
 	waiting atomic.Int64
 
 	mu sync.Mutex
-	// vtime is FairShare's virtual clock: the start tag of the last
-	// request released; finish the flows' finish tags, kept while they
-	// are ahead of it (a flow behind it starts at it anyway).
-	vtime  float64
-	finish map[string]float64
+	// shares are the flows' usage lately (share.go).
+	shares map[string]*share
 	// slos are the least TTFT SLO (or band target) seen lately in each
 	// priority, for Protect.
 	slos map[int]sloMark
@@ -126,7 +123,7 @@ func New(cfg Config, now func() time.Time, metrics *Metrics) (*Controller, error
 		metrics = NewMetrics(nil, cfg.MaxFlowLabels)
 	}
 	return &Controller{cfg: cfg, now: now, metrics: metrics, kick: make(chan struct{}, 1), bands: map[int]*band{},
-		finish: map[string]float64{}, slos: map[int]sloMark{}}, nil
+		shares: map[string]*share{}, slos: map[int]sloMark{}}, nil
 }
 
 // Config is the configuration in force.
@@ -208,13 +205,14 @@ func (c *Controller) Wait(ctx context.Context, r *Request) error {
 		return ErrStopped
 	}
 	c.noteSLOLocked(r, start)
-	ahead := c.waitingAtOrAboveLocked(r.Priority) || c.flowAheadLocked(r.FlowID)
+	c.arrivedLocked(r.FlowID, r.Cost, start)
+	ahead := c.waitingAtOrAboveLocked(r.Priority) || c.flowAheadLocked(r.FlowID, start)
 	c.mu.Unlock()
 	if !ahead && r.Check != nil {
 		v := r.Check(0)
 		if v.Release {
 			c.mu.Lock()
-			c.releasedLocked(r.FlowID, r.Cost)
+			c.releasedLocked(r.FlowID, r.Cost, c.now())
 			c.mu.Unlock()
 		}
 		if v.Release || v.Refuse != nil {
@@ -482,6 +480,37 @@ func (b *band) head() *item {
 	return best
 }
 
+// heads is b's head, then its other flows' heads in the order its
+// fairness policy would serve them.
+func (b *band) heads() []*item {
+	h := b.head()
+	if h == nil {
+		return nil
+	}
+	out := []*item{h}
+	if b.cfg.Fairness == RoundRobin {
+		for i := 1; i < len(b.ring); i++ {
+			out = append(out, b.ring[(b.next+i)%len(b.ring)].items[0].item)
+		}
+		return out
+	}
+	for _, f := range b.ring {
+		if g := f.items[0].item; g != h {
+			out = append(out, g)
+		}
+	}
+	slices.SortStableFunc(out[1:], func(x, y *item) int {
+		if before(x, y, b.cfg.Ordering) {
+			return -1
+		}
+		if before(y, x, b.cfg.Ordering) {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
 // served moves round-robin's cursor past the flow just served.
 func (b *band) served(f *flow) {
 	if b.cfg.Fairness != RoundRobin || len(b.ring) == 0 {
@@ -493,18 +522,28 @@ func (b *band) served(f *flow) {
 }
 
 // cycle releases the next request that may go, and refuses the ones that
-// never can, in the order next gives; a request held back holds back
-// every later one of its priority or lower, so that none overtakes it.
-// It releases one request: the next is checked after that one's dispatch
-// kicks.
+// never can, in the order nextLocked gives. A request held back holds back
+// every later one of a lower standing (its priority, then whether its flow
+// is within its share), so that none overtakes it; one of its own standing
+// is still tried, as a request held because its own wait has used up its
+// SLO must not keep a fresher one from an endpoint that can serve it in
+// time. It releases one request: the next is checked after that one's
+// dispatch kicks.
 func (c *Controller) cycle() {
 	held := false
-	heldPriority := 0
+	var heldAt standing
+	tried := map[*item]bool{}
 	for {
 		c.mu.Lock()
+		now := c.now()
 		var it *item
-		for _, cand := range c.nextLocked() {
-			if !held || cand.band.cfg.Priority > heldPriority {
+		var at standing
+		for _, cand := range c.nextLocked(now) {
+			if tried[cand] {
+				continue
+			}
+			at = c.standingLocked(cand, now)
+			if !held || !at.below(heldAt) {
 				it = cand
 				break
 			}
@@ -513,6 +552,7 @@ func (c *Controller) cycle() {
 		if it == nil {
 			return
 		}
+		tried[it] = true
 		it.checking.Lock()
 		c.mu.Lock()
 		gone := it.finished
@@ -529,29 +569,47 @@ func (c *Controller) cycle() {
 				c.finishLocked(it, v.Refuse)
 			case v.Release:
 				b, f := it.band, it.flow
-				c.releasedLocked(it.flow.id, it.req.Cost)
+				c.releasedLocked(it.flow.id, it.req.Cost, c.now())
 				c.finishLocked(it, nil)
 				b.served(f)
 				c.mu.Unlock()
 				return
 			default:
-				held, heldPriority = true, it.band.cfg.Priority
+				if !held || heldAt.below(at) {
+					held, heldAt = true, at
+				}
 			}
 		}
 		c.mu.Unlock()
 	}
 }
 
+// standing is how urgent a waiting request is: its priority, then whether
+// its flow is within its share (does not flood).
+type standing struct {
+	priority int
+	within   bool
+}
+
+func (s standing) below(o standing) bool {
+	return s.priority < o.priority || (s.priority == o.priority && !s.within && o.within)
+}
+
+func (c *Controller) standingLocked(it *item, now time.Time) standing {
+	return standing{priority: it.band.cfg.Priority, within: !c.floodsLocked(it.flow.id, now)}
+}
+
 // nextLocked is the waiting requests that may go next, in the order they
-// are tried: each band's head, highest band first; under FairShare each
-// waiting flow's most urgent request, the flows by their start tags.
-func (c *Controller) nextLocked() []*item {
+// are tried. By band: bands highest first, in each its head by its
+// fairness and ordering policies, then its other flows' heads in that
+// order. Under FairShare: each waiting flow's most urgent request, the
+// flows with the least usage lately first (priority, then arrival, at
+// equal usage).
+func (c *Controller) nextLocked(now time.Time) []*item {
 	var out []*item
 	if !c.cfg.FairShare {
 		for _, b := range c.order {
-			if h := b.head(); h != nil {
-				out = append(out, h)
-			}
+			out = append(out, b.heads()...)
 		}
 		return out
 	}
@@ -565,9 +623,13 @@ func (c *Controller) nextLocked() []*item {
 			}
 		}
 	}
+	use := make(map[string]float64, len(seen))
+	for id := range seen {
+		use[id] = c.usageLocked(id, now)
+	}
 	slices.SortStableFunc(out, func(x, y *item) int {
-		if sx, sy := c.startTag(x.flow.id), c.startTag(y.flow.id); sx != sy {
-			if sx < sy {
+		if ux, uy := use[x.flow.id], use[y.flow.id]; ux != uy {
+			if ux < uy {
 				return -1
 			}
 			return 1
@@ -580,55 +642,23 @@ func (c *Controller) nextLocked() []*item {
 	return out
 }
 
-// startTag is where a flow's next request starts on the virtual clock.
-func (c *Controller) startTag(flow string) float64 {
-	return max(c.finish[flow], c.vtime)
-}
-
-// flowAheadLocked says, under FairShare, whether a flow with a request
-// waiting is due before flow: then a request of flow waits its turn even
-// when nothing of its priority waits.
-func (c *Controller) flowAheadLocked(flow string) bool {
+// flowAheadLocked says, under FairShare, whether a flow with less usage
+// than flow has a request waiting: then a request of flow waits its turn
+// even when nothing of its priority waits.
+func (c *Controller) flowAheadLocked(flow string, now time.Time) bool {
 	if !c.cfg.FairShare || c.count == 0 {
 		return false
 	}
-	mine := c.startTag(flow)
+	mine := c.usageLocked(flow, now)
 	for _, b := range c.order {
 		for _, f := range b.ring {
-			if c.startTag(f.id) < mine {
+			if c.usageLocked(f.id, now) < mine {
 				return true
 			}
 		}
 	}
 	return false
 }
-
-// releasedLocked advances FairShare's clock past a request of flow, of
-// work cost, released.
-func (c *Controller) releasedLocked(flow string, cost float64) {
-	if !c.cfg.FairShare {
-		return
-	}
-	if cost <= 0 {
-		cost = 1
-	}
-	start := c.startTag(flow)
-	c.vtime = start
-	c.finish[flow] = start + cost
-	if len(c.finish) > maxFinishTags {
-		// Flows behind the clock start at it anyway: forgetting them
-		// changes nothing, and keeps the map to the flows served lately.
-		for id, f := range c.finish {
-			if f <= c.vtime {
-				delete(c.finish, id)
-			}
-		}
-	}
-}
-
-// maxFinishTags is how many flows' finish tags are kept before those
-// behind the virtual clock are swept.
-const maxFinishTags = 1024
 
 // sloMark is the least SLO seen in a priority since at.
 type sloMark struct {
@@ -663,16 +693,24 @@ func (c *Controller) noteSLOLocked(r *Request, now time.Time) {
 const maxPriorities = 64
 
 // Protect is the tightest TTFT SLO (or band target) of the priorities
-// above priority that had requests lately: a request of priority is
-// released only onto an endpoint that would still serve one of those in
-// time after it (Gate.Decide). Zero: nothing above to protect.
-func (c *Controller) Protect(priority int) time.Duration {
+// above priority that had requests lately, and of priority's own too when
+// flow floods (share.go): a request of theirs is released only onto an
+// endpoint that would still serve one of those in time after it
+// (Gate.Decide). Zero: nothing to protect.
+func (c *Controller) Protect(priority int, flow string) time.Duration {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if flow == "" {
+		flow = DefaultFlowID
+	}
+	from := priority + 1
+	if c.floodsLocked(flow, now) {
+		from = priority
+	}
 	var least time.Duration
 	for p, m := range c.slos {
-		if p > priority && now.Sub(m.at) <= sloWindow && (least == 0 || m.least < least) {
+		if p >= from && now.Sub(m.at) <= sloWindow && (least == 0 || m.least < least) {
 			least = m.least
 		}
 	}

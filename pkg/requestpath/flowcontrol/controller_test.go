@@ -405,31 +405,51 @@ func TestFairShareServesFlowsByWhatTheyWereReleasedAcrossBands(t *testing.T) {
 
 // Under fair share the flow due first may be one whose only request is
 // held (batch work the engines have no room for without delaying more
-// urgent work): a more urgent request of another flow still goes.
-func TestAHeldRequestHoldsBackOnlyItsPriorityAndBelow(t *testing.T) {
+// urgent work): a more urgent request of another flow still goes, and a
+// less urgent one (of its priority, from a flow that floods) waits.
+func TestAHeldRequestHoldsBackTheLessUrgent(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, flowcontrol.Config{FairShare: true})
-	r.slots.Store(1)
-	if err := r.c.Wait(context.Background(), r.request("b0", "b", 10)); err != nil {
-		t.Fatal(err)
+	// b floods: it sends six requests where a sends one.
+	r.slots.Store(4)
+	for range 4 {
+		if err := r.c.Wait(context.Background(), r.request("b0", "b", 10)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	held := &flowcontrol.Request{FlowID: "a", Priority: 0, Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }}
+	var heldChecks, lowChecks atomic.Int64
+	held := &flowcontrol.Request{FlowID: "a", Priority: 0, Check: func(time.Duration) flowcontrol.Verdict {
+		heldChecks.Add(1)
+		return flowcontrol.Verdict{}
+	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	r.enqueue(t, ctx, "a-batch", held)
-	r.enqueue(t, context.Background(), "b-low", r.request("b-low", "b", 0))
+	low := r.request("b-low", "b", 0)
+	lowCheck := low.Check
+	low.Check = func(w time.Duration) flowcontrol.Verdict { lowChecks.Add(1); return lowCheck(w) }
+	r.enqueue(t, context.Background(), "b-low", low)
 	r.enqueue(t, context.Background(), "b-int", r.request("b-int", "b", 10))
 	r.slots.Store(2)
 	r.c.Kick()
 	testkit.WaitFor(t, "b-int released", func() error { return r.err("b-int") })
-	if err := r.err("b-low"); err == nil {
-		t.Errorf("b-low, of a flow due after a-batch and of its priority, overtook it")
+	// Cycles after it check a-batch again; b-low, of its priority from a
+	// flow that floods, is never tried while a-batch is held.
+	seen := heldChecks.Load()
+	testkit.WaitFor(t, "two more cycles", func() error {
+		r.c.Kick()
+		if n := heldChecks.Load(); n < seen+2 {
+			return fmt.Errorf("a-batch checked %d times, want %d", n, seen+2)
+		}
+		return nil
+	})
+	if n := lowChecks.Load(); n != 0 {
+		t.Errorf("b-low checked %d times while a-batch was held, want none", n)
 	}
 	if err := r.err("a-batch"); err == nil {
 		t.Errorf("a-batch released by a check that holds")
 	}
 	cancel()
-	r.slots.Store(1)
 	r.c.Kick()
 	r.wg.Wait()
 	if err := r.err("b-low"); err != nil {
@@ -452,8 +472,77 @@ func TestProtectIsTheTightestSLOAbove(t *testing.T) {
 		}
 	}
 	for p, want := range map[int]time.Duration{-1: 300 * time.Millisecond, 0: 300 * time.Millisecond, 10: 0} {
-		if got := r.c.Protect(p); got != want {
+		if got := r.c.Protect(p, ""); got != want {
 			t.Errorf("Protect(%d) = %v, want %v", p, got, want)
 		}
 	}
+}
+
+// A flow that sends more than half again the others' average lately
+// leaves room for requests of its own priority too: the others'.
+func TestAFlowThatFloodsProtectsItsOwnBand(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{FairShare: true})
+	r.slots.Store(5)
+	send := func(flow string) {
+		req := r.request(flow, flow, 10)
+		req.SLO, req.Cost = 300*time.Millisecond, 2048
+		if err := r.c.Wait(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("flood")
+	if got := r.c.Protect(10, "flood"); got != 0 {
+		t.Errorf("a lone flow protects %v, want nothing: it has no one to leave room for", got)
+	}
+	send("flood")
+	send("flood")
+	send("flood")
+	send("calm")
+	if got := r.c.Protect(10, "flood"); got != 300*time.Millisecond {
+		t.Errorf("the flow that floods protects %v, want its band's 300ms", got)
+	}
+	if got := r.c.Protect(10, "calm"); got != 0 {
+		t.Errorf("the flow within its share protects %v, want nothing above it", got)
+	}
+}
+
+// A held request of a flow that floods does not hold back a request of
+// its priority from a flow within its share, even by band.
+func TestAHeldRequestOfAFloodDoesNotHoldBackTheOthers(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{DefaultBand: flowcontrol.Band{Fairness: flowcontrol.RoundRobin}})
+	r.slots.Store(3)
+	for range 3 {
+		if err := r.c.Wait(context.Background(), r.request("f", "flood", 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held := &flowcontrol.Request{FlowID: "flood", Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }}
+	r.enqueue(t, ctx, "flood-held", held)
+	r.enqueue(t, context.Background(), "calm", r.request("calm", "calm", 0))
+	r.slots.Store(1)
+	r.c.Kick()
+	testkit.WaitFor(t, "calm released", func() error { return r.err("calm") })
+	cancel()
+	r.wg.Wait()
+}
+
+// A request held by its own check (its wait has used up its SLO) does not
+// keep a fresher request of its standing from going.
+func TestAHeldRequestDoesNotHoldBackItsEquals(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, flowcontrol.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stale := &flowcontrol.Request{FlowID: "a", Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }}
+	r.enqueue(t, ctx, "stale", stale)
+	r.enqueue(t, context.Background(), "fresh", r.request("fresh", "a2", 0))
+	r.slots.Store(1)
+	r.c.Kick()
+	testkit.WaitFor(t, "fresh released", func() error { return r.err("fresh") })
+	cancel()
+	r.wg.Wait()
 }
