@@ -13,11 +13,13 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/approx"
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
 	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/prepare/routinghistory"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
@@ -55,6 +57,16 @@ func registryCapturingParams(t testing.TB) (*config.Registry, func() producer.Pa
 		t.Fatal(err)
 	}
 	if err := r.RegisterDefaultProducer(datalayer.PrefixCacheMatchInfoKey, producer.Type); err != nil {
+		t.Fatal(err)
+	}
+	// The routing history, as the EPP registers it, over an index of its own.
+	err = r.Register(routinghistory.Type, func(name string, _ json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+		return routinghistory.New(name, approx.New(0, nil)), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RegisterDefaultProducer(datalayer.RoutedPrefixKey, routinghistory.Type); err != nil {
 		t.Fatal(err)
 	}
 	// The latency producer, as the EPP registers it, with a predictor of
@@ -184,12 +196,14 @@ schedulingProfiles:
 				"queue-scorer/queue-scorer", "kv-cache-utilization-scorer/kv-cache-utilization-scorer",
 				"prefix-cache-scorer/prefix-cache-scorer", "prefix-producer/precise-prefix-cache-producer",
 				"max-score-picker/max-score-picker", "single-profile-handler/single-profile-handler",
+				"routing-history-producer/routing-history-producer",
 			},
 			wantProfile: map[string][]string{"default": {
 				"scorer:queue-scorer/queue-scorer*2",
 				"scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2",
 				"scorer:prefix-cache-scorer/prefix-cache-scorer*3",
 				"picker:max-score-picker/max-score-picker",
+				"postpick:prefix-cache-scorer/prefix-cache-scorer",
 			}},
 			wantHandler: "single-profile-handler/single-profile-handler",
 		},
@@ -628,7 +642,7 @@ plugins:
 schedulingProfiles:
 - name: default
   plugins: [{pluginRef: tokenizer}, {pluginRef: q}, {pluginRef: p}]
-`), nil)
+`), &config.Handle{Spec: schedtest.NopSpeculator{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -644,7 +658,7 @@ schedulingProfiles:
 	if l.FeatureGates["dataLayer"] || !l.FeatureGates["prepareDataPlugins"] {
 		t.Errorf("gates = %v", l.FeatureGates)
 	}
-	if got := shape(l.Profiles[0]); !slices.Equal(got, []string{"scorer:q/queue-scorer*1", "scorer:p/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker"}) {
+	if got := shape(l.Profiles[0]); !slices.Equal(got, []string{"scorer:q/queue-scorer*1", "scorer:p/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:p/prefix-cache-scorer"}) {
 		t.Errorf("profile = %q", got)
 	}
 	// kvroute's own configuration says nothing.
