@@ -116,7 +116,8 @@ func hashLongTokenBlock(d *xxhash.Digest, prev uint64, block []uint32, buf []byt
 // ApproxIndex remembers, per endpoint, the block hashes of the requests
 // routed to it, in an LRU of bounded size: the upstream EPP's routing-history
 // guess at what an endpoint caches, for endpoints whose event stream is
-// missing or uncertain.
+// missing or uncertain, and where prefixes were sent, for a scorer that
+// places by it.
 //
 // Each endpoint's LRU is self-contained (its map, its list, its lock) and
 // there is no reverse map from hash to endpoints: eviction only ever touches

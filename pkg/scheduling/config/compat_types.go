@@ -155,12 +155,12 @@ var upstreamTypes = func() map[string]upstreamType {
 		"maxPrefixBlocksToMatch": drop(whyApproxSizing),
 		"lruCapacityPerServer":   drop(whyApproxSizing),
 		"autoTune":               drop("kvroute always takes block sizes from the endpoints' events and metrics"),
-		"mode": {class: Honoured, why: "estimate places by the routing history as well as the exact index (routingHistory: true, the default); cache_tracking by the exact index alone (routingHistory: false)",
+		"mode": {class: Honoured, why: "llm-d's modes are estimate (placed by the routing history as well as the exact index: routingHistory true, the default) and cache_tracking (by the exact index alone: routingHistory false)",
 			refuse: func(raw json.RawMessage) string {
 				if isOneOf("estimate", "cache_tracking")(raw) {
 					return ""
 				}
-				return "llm-d's modes are estimate and cache_tracking"
+				return "llm-d's modes are estimate (placed by the routing history as well as the exact index: routingHistory true, the default) and cache_tracking (by the exact index alone: routingHistory false)"
 			}},
 		"kvEventsConfig":              drop(whyEventsConfig),
 		"indexerConfig":               drop(whyEventsConfig),
