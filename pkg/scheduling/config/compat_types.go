@@ -20,6 +20,8 @@ import (
 // Reasons shared by several entries.
 const (
 	whyApproxSizing  = "sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)"
+	whyHistorySize   = "kvroute's routing history keeps up to 31250 blocks per endpoint, upstream's default lruCapacityPerServer, whatever the file sets"
+	whyAutoTune      = "kvroute always takes block sizes from the endpoints' events and metrics; its routing history keeps 31250 blocks per endpoint, not the endpoint's GPU blocks as upstream's autoTune does"
 	whyEventsConfig  = "kvroute reads KV events from NATS, where each pod's relay publishes them; no ZeroMQ subscription or indexer is configured here"
 	whyTokenizer     = "kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize"
 	whyScrape        = "kvroute scrapes each endpoint's metrics itself (--scrape-metrics, --refresh-metrics-interval)"
@@ -143,8 +145,8 @@ var upstreamTypes = func() map[string]upstreamType {
 		"maxPrefixBlocksToMatch": keep("the approximate fallback's match cap, in blocks"),
 		"maxPrefixTokensToMatch": keep("the approximate fallback's match cap, in tokens (it wins over blocks, as upstream)"),
 		"blockSize":              drop(whyApproxSizing),
-		"lruCapacityPerServer":   drop(whyApproxSizing),
-		"autoTune":               drop("kvroute always takes block sizes from the endpoints' events and metrics"),
+		"lruCapacityPerServer":   drop(whyHistorySize),
+		"autoTune":               drop(whyAutoTune),
 	}
 	// The approximate producer's parameters as the scorer took them before
 	// the producer split off (GIE up to v1.4, llm-d's estimate mode).
@@ -153,8 +155,8 @@ var upstreamTypes = func() map[string]upstreamType {
 		"blockSize":              drop(whyApproxSizing),
 		"blockSizeTokens":        drop(whyApproxSizing),
 		"maxPrefixBlocksToMatch": drop(whyApproxSizing),
-		"lruCapacityPerServer":   drop(whyApproxSizing),
-		"autoTune":               drop("kvroute always takes block sizes from the endpoints' events and metrics"),
+		"lruCapacityPerServer":   drop(whyHistorySize),
+		"autoTune":               drop(whyAutoTune),
 		"mode": {class: Honoured, why: "llm-d's modes are estimate (placed by the routing history as well as the exact index: routingHistory true, the default) and cache_tracking (by the exact index alone: routingHistory false)",
 			refuse: func(raw json.RawMessage) string {
 				if isOneOf("estimate", "cache_tracking")(raw) {

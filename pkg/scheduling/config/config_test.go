@@ -3,6 +3,7 @@ package config_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -650,7 +651,8 @@ schedulingProfiles:
 		"feature gate prepareDataPlugins: kvroute always runs its PrepareData producers",
 		`plugin "tokenizer" (type tokenizer): kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize; parameter modelName not needed`,
 		`plugin "fcfs-ordering-policy" (type fcfs-ordering-policy): a flow-control policy, named by the flowControl section's priority bands (fcfs-ordering-policy, edf-ordering-policy, round-robin-fairness-policy, global-strict-fairness-policy; slo-deadline-ordering-policy as EDF) when the flowControl feature gate is on; eviction and usage-limit policies are kvroute's own: displacement of the lowest priority, release by prediction; parameter anything not needed`,
-		`plugin "p" (type prefix-cache-scorer): parameters hashBlockSize, lruCapacityPerServer: sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)`,
+		`plugin "p" (type prefix-cache-scorer): parameter hashBlockSize: sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)`,
+		fmt.Sprintf(`plugin "p" (type prefix-cache-scorer): parameter lruCapacityPerServer: kvroute's routing history keeps up to %d blocks per endpoint, upstream's default lruCapacityPerServer, whatever the file sets`, approx.DefaultCapacity),
 	}
 	if !slices.Equal(l.Notes, want) {
 		t.Errorf("notes:\n%s\nwant:\n%s", strings.Join(l.Notes, "\n"), strings.Join(want, "\n"))
