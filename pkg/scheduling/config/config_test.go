@@ -738,3 +738,50 @@ flowControl:
 		}
 	}
 }
+
+// Upstream's prefix-cache-scorer places by its routing history where the
+// approximate producer feeds it, and by the KV events alone beside the
+// precise producer or in llm-d's cache_tracking mode: each file loads
+// with the routing history as upstream's runs it.
+func TestAnUpstreamPrefixScorerKeepsARoutingHistoryOnlyWhereUpstreamsDoes(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		text    string
+		history bool
+		note    string
+	}{
+		{"alone, as the chart writes it", "plugins: [{type: prefix-cache-scorer}]", true, ""},
+		{"beside the approximate producer", "plugins: [{type: approx-prefix-cache-producer}, {type: prefix-cache-scorer}]", true, ""},
+		{"beside the precise producer", "plugins: [{type: precise-prefix-cache-producer}, {type: prefix-cache-scorer}]", false,
+			`plugin "prefix-cache-scorer" (type prefix-cache-scorer): beside precise-prefix-cache-producer it scores the KV events' answers alone, without the routing history, as upstream's does`},
+		{"beside the precise producer, the history asked for", "plugins: [{type: precise-prefix-cache-producer}, {type: prefix-cache-scorer, parameters: {routingHistory: true}}]", true, ""},
+		{"in llm-d's estimate mode", "plugins: [{type: prefix-cache-scorer, parameters: {mode: estimate}}]", true, ""},
+		{"in llm-d's cache_tracking mode", "plugins: [{type: prefix-cache-scorer, parameters: {mode: cache_tracking}}]", false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l, err := registryWithProducer(t).Load([]byte(tt.text), &config.Handle{Spec: schedtest.NopSpeculator{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			records := slices.Contains(shape(l.Profiles[0]), "postpick:prefix-cache-scorer/prefix-cache-scorer")
+			reads := false
+			for _, p := range l.Plugins {
+				if c, ok := p.(plugin.Consumer); ok && p.TypedName().Name == "prefix-cache-scorer" {
+					_, reads = c.Consumes()[datalayer.RoutedPrefixKey]
+				}
+			}
+			if records != tt.history || reads != tt.history {
+				t.Errorf("records picks %v, reads the routing history %v; want both %v", records, reads, tt.history)
+			}
+			if tt.note != "" && !slices.Contains(l.Notes, tt.note) {
+				t.Errorf("notes %q lack %q", l.Notes, tt.note)
+			}
+			if _, err := prepare.BuildGraph(l.Plugins); err != nil {
+				t.Errorf("BuildGraph: %v", err)
+			}
+		})
+	}
+}
