@@ -60,8 +60,8 @@ var (
 	_ framework.PostPick = (*RecordingScorer)(nil)
 )
 
-// RecordingScorer is the scorer with the routing history: it also records
-// each pick there.
+// RecordingScorer is the scorer with the routing history (what Factory
+// makes unless routingHistory is false): it also records each pick there.
 type RecordingScorer struct{ *Scorer }
 
 // New makes the scorer with default parameters but for the routing
@@ -70,12 +70,6 @@ func New(name string) *Scorer {
 	p := DefaultParams()
 	p.RoutingHistory = false
 	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, params: p}
-}
-
-// NewRecording makes the scorer with default parameters, the routing
-// history kept in history.
-func NewRecording(name string, history framework.HistoryRecorder) *RecordingScorer {
-	return &RecordingScorer{&Scorer{name: plugin.TypedName{Type: Type, Name: name}, params: DefaultParams(), history: history}}
 }
 
 // Factory makes the scorer.
