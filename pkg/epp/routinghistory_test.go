@@ -77,6 +77,14 @@ func TestAnUpstreamChartFileSendsAPromptBackToThePodItWentToAfterItsCacheLostIt(
 				}
 				return out
 			}
+			// Core NATS keeps nothing for a subscriber yet to come: the
+			// engines publish once the EPP listens.
+			testkit.WaitFor(t, "the EPP's consumer to subscribe", func() error {
+				if !e.consumer.Connected() {
+					return fmt.Errorf("consumer not subscribed")
+				}
+				return nil
+			})
 			// Every engine's stream in order before anything is asked.
 			for j, eng := range engines {
 				mustServe(t, eng, blockpool.Request{Tokens: tokens(uint32(1000 * (j + 1)))})
