@@ -99,3 +99,43 @@ func PrefixCacheInfoOf(c *Candidate) (PrefixCacheInfo, bool) {
 	}
 	return PrefixCacheInfo{}, false
 }
+
+// RoutedPrefixKey is the key under which a candidate's RoutedPrefix is
+// published.
+const RoutedPrefixKey = "RoutedPrefixKey"
+
+// RoutedPrefix is what the routing history remembers of a request's prefix
+// for one endpoint: how many of its leading blocks this EPP's recent picks
+// sent there, as upstream's approximate prefix index remembers them (an LRU
+// of block hashes per endpoint). It says where a prefix was sent, not what
+// the endpoint holds, which PrefixCacheInfo alone says: the engine may have
+// evicted those blocks since. An upstream prefix-cache-scorer places by it,
+// so that a prefix the cache lost goes back to the endpoint it was sent to
+// and is cached there again, rather than to whichever endpoint is least
+// loaded at that moment.
+type RoutedPrefix struct {
+	// Blocks is the leading run of the request's blocks recorded for the
+	// endpoint.
+	Blocks int `json:"blocks"`
+	// TotalBlocks is the number of the request's blocks asked about.
+	TotalBlocks int `json:"totalBlocks"`
+}
+
+// Ratio is Blocks/TotalBlocks, 0 for a request with no full block.
+func (r RoutedPrefix) Ratio() float64 {
+	if r.TotalBlocks == 0 {
+		return 0
+	}
+	return min(1, float64(r.Blocks)/float64(r.TotalBlocks))
+}
+
+// RoutedPrefixOf returns the routing history's answer published on c under
+// RoutedPrefixKey.
+func RoutedPrefixOf(c *Candidate) (RoutedPrefix, bool) {
+	v, ok := c.Get(RoutedPrefixKey)
+	if !ok {
+		return RoutedPrefix{}, false
+	}
+	r, ok := v.(RoutedPrefix)
+	return r, ok
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/predict/sidecar"
 	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
 	"github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/prepare/routinghistory"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
@@ -52,6 +53,21 @@ func newRegistry(defaults prefixmatch.Params, index prefixmatch.Index, approx pr
 			return nil, err
 		}
 	}
+	// The routing history is the approximate index: one record of where
+	// prefixes were sent, whoever reads it.
+	err = r.Register(routinghistory.Type, func(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+		var p struct{}
+		if err := framework.DecodeParams(routinghistory.Type, name, raw, &p); err != nil {
+			return nil, err
+		}
+		return routinghistory.New(name, approx), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := r.RegisterDefaultProducer(datalayer.RoutedPrefixKey, routinghistory.Type); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -77,7 +93,9 @@ func prefixParams(o prefixmatch.Params) prefixmatch.Params {
 // speculator records, after a pick, that the picked endpoint will soon hold
 // the request's blocks: as a short-lived speculative holding in the exact
 // index (until its events confirm it), and in the approximate index's
-// routing history, which is all there is for endpoints without events.
+// routing history, which is all there is for endpoints without events;
+// and it keeps that routing history for every endpoint on behalf of a
+// plugin that places by it (RecordHistory).
 type speculator struct {
 	index     *index.Index
 	approx    *approx.Index
@@ -94,9 +112,14 @@ func (s *speculator) Speculate(addr string, keys []uint64, held int) {
 	}
 }
 
-// RecordHistory remembers a pick made from text hashes alone (the token ids
-// were unknown), which only the approximate index can use.
+// RecordHistory remembers that a request's hashes (its block keys, or its
+// text's hashes when the token ids were unknown) were sent to addr, up to
+// the routing history's match cap: longer prefixes are never matched
+// further.
 func (s *speculator) RecordHistory(addr string, hashes []uint64) {
+	if s.maxApprox > 0 {
+		hashes = hashes[:min(len(hashes), s.maxApprox)]
+	}
 	s.approx.Record(addr, hashes)
 }
 

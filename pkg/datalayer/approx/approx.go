@@ -116,7 +116,8 @@ func hashLongTokenBlock(d *xxhash.Digest, prev uint64, block []uint32, buf []byt
 // ApproxIndex remembers, per endpoint, the block hashes of the requests
 // routed to it, in an LRU of bounded size: the upstream EPP's routing-history
 // guess at what an endpoint caches, for endpoints whose event stream is
-// missing or uncertain.
+// missing or uncertain, and where prefixes were sent, for a scorer that
+// places by it.
 //
 // Each endpoint's LRU is self-contained (its map, its list, its lock) and
 // there is no reverse map from hash to endpoints: eviction only ever touches
@@ -147,30 +148,30 @@ func New(capacity int, reg prometheus.Registerer) *Index {
 		capacity:  capacity,
 		blocks: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvroute_approx_blocks",
-			Help: "Block hashes held by the approximate prefix index, all endpoints together.",
+			Help: "Block hashes held by the routing history (the approximate prefix index), all endpoints together.",
 		}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_approx_evictions_total",
-			Help: "Block hashes evicted from an endpoint's LRU in the approximate prefix index.",
+			Help: "Block hashes evicted from an endpoint's LRU in the routing history.",
 		}),
 		recorded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_approx_recorded_blocks_total",
-			Help: "Block hashes recorded after picks in the approximate prefix index.",
+			Help: "Block hashes recorded after picks in the routing history.",
 		}),
 		lookups: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_approx_lookups_total",
-			Help: "Approximate prefix lookups.",
+			Help: "Lookups in the routing history: the approximate fallback's, and the routing-history-producer's.",
 		}),
 		matched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_approx_matched_blocks_total",
-			Help: "Blocks matched by approximate prefix lookups, summed over endpoints.",
+			Help: "Blocks matched by routing-history lookups, summed over endpoints.",
 		}),
 	}
 	if reg != nil {
 		reg.MustRegister(x.blocks, x.evictions, x.recorded, x.lookups, x.matched,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "kvroute_approx_endpoints",
-				Help: "Endpoints known to the approximate prefix index.",
+				Help: "Endpoints known to the routing history.",
 			}, func() float64 {
 				x.mu.RLock()
 				defer x.mu.RUnlock()

@@ -20,6 +20,8 @@ import (
 // Reasons shared by several entries.
 const (
 	whyApproxSizing  = "sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)"
+	whyHistorySize   = "kvroute's routing history keeps up to 31250 blocks per endpoint, upstream's default lruCapacityPerServer, whatever the file sets"
+	whyAutoTune      = "kvroute always takes block sizes from the endpoints' events and metrics; its routing history keeps 31250 blocks per endpoint, not the endpoint's GPU blocks as upstream's autoTune does"
 	whyEventsConfig  = "kvroute reads KV events from NATS, where each pod's relay publishes them; no ZeroMQ subscription or indexer is configured here"
 	whyTokenizer     = "kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize"
 	whyScrape        = "kvroute scrapes each endpoint's metrics itself (--scrape-metrics, --refresh-metrics-interval)"
@@ -143,19 +145,25 @@ var upstreamTypes = func() map[string]upstreamType {
 		"maxPrefixBlocksToMatch": keep("the approximate fallback's match cap, in blocks"),
 		"maxPrefixTokensToMatch": keep("the approximate fallback's match cap, in tokens (it wins over blocks, as upstream)"),
 		"blockSize":              drop(whyApproxSizing),
-		"lruCapacityPerServer":   drop(whyApproxSizing),
-		"autoTune":               drop("kvroute always takes block sizes from the endpoints' events and metrics"),
+		"lruCapacityPerServer":   drop(whyHistorySize),
+		"autoTune":               drop(whyAutoTune),
 	}
 	// The approximate producer's parameters as the scorer took them before
 	// the producer split off (GIE up to v1.4, llm-d's estimate mode).
 	scorerEra := map[string]paramRule{
-		"hashBlockSize":               drop(whyApproxSizing),
-		"blockSize":                   drop(whyApproxSizing),
-		"blockSizeTokens":             drop(whyApproxSizing),
-		"maxPrefixBlocksToMatch":      drop(whyApproxSizing),
-		"lruCapacityPerServer":        drop(whyApproxSizing),
-		"autoTune":                    drop("kvroute always takes block sizes from the endpoints' events and metrics"),
-		"mode":                        only("llm-d's estimate and cache_tracking modes are both what kvroute does: exact answers from KV events, the approximation where an endpoint has no in-order stream", isOneOf("estimate", "cache_tracking")),
+		"hashBlockSize":          drop(whyApproxSizing),
+		"blockSize":              drop(whyApproxSizing),
+		"blockSizeTokens":        drop(whyApproxSizing),
+		"maxPrefixBlocksToMatch": drop(whyApproxSizing),
+		"lruCapacityPerServer":   drop(whyHistorySize),
+		"autoTune":               drop(whyAutoTune),
+		"mode": {class: Honoured, why: "llm-d's modes are estimate (placed by the routing history as well as the exact index: routingHistory true, the default) and cache_tracking (by the exact index alone: routingHistory false)",
+			refuse: func(raw json.RawMessage) string {
+				if isOneOf("estimate", "cache_tracking")(raw) {
+					return ""
+				}
+				return "llm-d's modes are estimate (placed by the routing history as well as the exact index: routingHistory true, the default) and cache_tracking (by the exact index alone: routingHistory false)"
+			}},
 		"kvEventsConfig":              drop(whyEventsConfig),
 		"indexerConfig":               drop(whyEventsConfig),
 		"tokenProcessorConfig":        drop(whyEventsConfig + "; " + whyTokenizer),
@@ -213,7 +221,7 @@ var upstreamTypes = func() map[string]upstreamType {
 		honoured("kv-cache-utilization-scorer", "GIE v1.0–v1.5; llm-d-router v0.9–main", nil),
 		superseded("kv-cache-scorer", "GIE v0.5 (renamed kv-cache-utilization-scorer in v1.0)", "kv-cache-utilization-scorer", "the older name of kv-cache-utilization-scorer", nil),
 		honoured("running-requests-size-scorer", "GIE v1.3–v1.5; llm-d-router v0.9–main", nil),
-		{name: "prefix-cache-scorer", seen: "GIE v0.5–v1.5; llm-d v0.2–v0.8; llm-d-router v0.9–main", class: Honoured, params: scorerEra},
+		{name: "prefix-cache-scorer", seen: "GIE v0.5–v1.5; llm-d v0.2–v0.8; llm-d-router v0.9–main", class: Honoured, params: scorerEra, translate: translatePrefixScorer},
 		{name: "precise-prefix-cache-scorer", seen: "llm-d v0.3–v0.8; llm-d-router v0.9–main", class: Superseded,
 			why: "kvroute's precise-prefix-cache-scorer reads its exact, tier-aware index (GPU 1.0, CPU 0.8, storage 0.5)", params: preciseParams, speculates: true},
 		honoured("lora-affinity-scorer", "GIE v1.0–v1.5; llm-d-router v0.9–main", nil),
@@ -345,7 +353,8 @@ var upstreamTypes = func() map[string]upstreamType {
 			}},
 		// Data producers.
 		{name: "approx-prefix-cache-producer", seen: "GIE v1.5; llm-d-router v0.9–main", class: Superseded, target: "precise-prefix-cache-producer",
-			why:    "kvroute's precise-prefix-cache-producer publishes the same PrefixCacheMatchInfo, exactly from KV events where an endpoint's stream is in order and by upstream's approximation elsewhere",
+			why: "kvroute's precise-prefix-cache-producer publishes the same PrefixCacheMatchInfo, exactly from KV events where an endpoint's stream is in order and by upstream's approximation elsewhere; " +
+				"upstream's routing history (each pick's blocks, per endpoint) is kept beside it by the routing-history-producer, and prefix-cache-scorer places by both, as upstream's places by its history",
 			params: approxParams, translate: translateApproxPrefix},
 		{name: "precise-prefix-cache-producer", seen: "llm-d-router v0.9–main", class: Superseded,
 			why: "kvroute's precise-prefix-cache-producer reads its exact index, fed by the relays over NATS", params: producerParams, speculates: true},
@@ -470,6 +479,28 @@ var upstreamTypes = func() map[string]upstreamType {
 // anyParams marks a type whose parameters are all accepted unread (an
 // inert type's): the loader checks nothing of them.
 var anyParams = map[string]paramRule{"*": drop("not read: the plugin does nothing here")}
+
+// translatePrefixScorer passes the scorer's parameters on, but for llm-d's
+// mode: cache_tracking scored what the KV events say alone, estimate (and
+// every other era of the scorer) by where requests were routed, which
+// routingHistory keeps.
+func translatePrefixScorer(name string, up map[string]json.RawMessage) (json.RawMessage, error) {
+	out := map[string]json.RawMessage{}
+	for k, v := range up {
+		if k != "mode" {
+			out[k] = v
+		}
+	}
+	if raw, ok := up["mode"]; ok && isOneOf("cache_tracking")(raw) {
+		if _, set := out["routingHistory"]; !set {
+			out["routingHistory"] = json.RawMessage("false")
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(out)
+}
 
 // translateApproxPrefix maps upstream's approximate producer's honoured
 // parameters onto kvroute's prefix producer, which keeps upstream's

@@ -3,6 +3,7 @@ package config_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -13,11 +14,13 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/approx"
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/predict"
 	"github.com/kvroute/kvroute/pkg/prepare"
 	"github.com/kvroute/kvroute/pkg/prepare/predictedlatency"
 	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
+	"github.com/kvroute/kvroute/pkg/prepare/routinghistory"
 	"github.com/kvroute/kvroute/pkg/scheduling/config"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/internal/schedtest"
@@ -55,6 +58,16 @@ func registryCapturingParams(t testing.TB) (*config.Registry, func() producer.Pa
 		t.Fatal(err)
 	}
 	if err := r.RegisterDefaultProducer(datalayer.PrefixCacheMatchInfoKey, producer.Type); err != nil {
+		t.Fatal(err)
+	}
+	// The routing history, as the EPP registers it, over an index of its own.
+	err = r.Register(routinghistory.Type, func(name string, _ json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+		return routinghistory.New(name, approx.New(0, nil)), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RegisterDefaultProducer(datalayer.RoutedPrefixKey, routinghistory.Type); err != nil {
 		t.Fatal(err)
 	}
 	// The latency producer, as the EPP registers it, with a predictor of
@@ -184,12 +197,14 @@ schedulingProfiles:
 				"queue-scorer/queue-scorer", "kv-cache-utilization-scorer/kv-cache-utilization-scorer",
 				"prefix-cache-scorer/prefix-cache-scorer", "prefix-producer/precise-prefix-cache-producer",
 				"max-score-picker/max-score-picker", "single-profile-handler/single-profile-handler",
+				"routing-history-producer/routing-history-producer",
 			},
 			wantProfile: map[string][]string{"default": {
 				"scorer:queue-scorer/queue-scorer*2",
 				"scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2",
 				"scorer:prefix-cache-scorer/prefix-cache-scorer*3",
 				"picker:max-score-picker/max-score-picker",
+				"postpick:prefix-cache-scorer/prefix-cache-scorer",
 			}},
 			wantHandler: "single-profile-handler/single-profile-handler",
 		},
@@ -628,7 +643,7 @@ plugins:
 schedulingProfiles:
 - name: default
   plugins: [{pluginRef: tokenizer}, {pluginRef: q}, {pluginRef: p}]
-`), nil)
+`), &config.Handle{Spec: schedtest.NopSpeculator{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -636,7 +651,8 @@ schedulingProfiles:
 		"feature gate prepareDataPlugins: kvroute always runs its PrepareData producers",
 		`plugin "tokenizer" (type tokenizer): kvroute tokenizes in process (--tokenizer) or with the model server's /tokenize; parameter modelName not needed`,
 		`plugin "fcfs-ordering-policy" (type fcfs-ordering-policy): a flow-control policy, named by the flowControl section's priority bands (fcfs-ordering-policy, edf-ordering-policy, round-robin-fairness-policy, global-strict-fairness-policy; slo-deadline-ordering-policy as EDF) when the flowControl feature gate is on; eviction and usage-limit policies are kvroute's own: displacement of the lowest priority, release by prediction; parameter anything not needed`,
-		`plugin "p" (type prefix-cache-scorer): parameters hashBlockSize, lruCapacityPerServer: sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)`,
+		`plugin "p" (type prefix-cache-scorer): parameter hashBlockSize: sizing of upstream's approximate prefix index, which the exact index needs none of (it keys each endpoint's blocks at the size its KV events name)`,
+		fmt.Sprintf(`plugin "p" (type prefix-cache-scorer): parameter lruCapacityPerServer: kvroute's routing history keeps up to %d blocks per endpoint, upstream's default lruCapacityPerServer, whatever the file sets`, approx.DefaultCapacity),
 	}
 	if !slices.Equal(l.Notes, want) {
 		t.Errorf("notes:\n%s\nwant:\n%s", strings.Join(l.Notes, "\n"), strings.Join(want, "\n"))
@@ -644,7 +660,7 @@ schedulingProfiles:
 	if l.FeatureGates["dataLayer"] || !l.FeatureGates["prepareDataPlugins"] {
 		t.Errorf("gates = %v", l.FeatureGates)
 	}
-	if got := shape(l.Profiles[0]); !slices.Equal(got, []string{"scorer:q/queue-scorer*1", "scorer:p/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker"}) {
+	if got := shape(l.Profiles[0]); !slices.Equal(got, []string{"scorer:q/queue-scorer*1", "scorer:p/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:p/prefix-cache-scorer"}) {
 		t.Errorf("profile = %q", got)
 	}
 	// kvroute's own configuration says nothing.
@@ -720,5 +736,52 @@ flowControl:
 		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), "flowControl.priorityBands[0].ttftTarget") {
 			t.Errorf("ttftTarget %q: %v, want ErrInvalid naming the field", bad, err)
 		}
+	}
+}
+
+// Upstream's prefix-cache-scorer places by its routing history where the
+// approximate producer feeds it, and by the KV events alone beside the
+// precise producer or in llm-d's cache_tracking mode: each file loads
+// with the routing history as upstream's runs it.
+func TestAnUpstreamPrefixScorerKeepsARoutingHistoryOnlyWhereUpstreamsDoes(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		text    string
+		history bool
+		note    string
+	}{
+		{"alone, as the chart writes it", "plugins: [{type: prefix-cache-scorer}]", true, ""},
+		{"beside the approximate producer", "plugins: [{type: approx-prefix-cache-producer}, {type: prefix-cache-scorer}]", true, ""},
+		{"beside the precise producer", "plugins: [{type: precise-prefix-cache-producer}, {type: prefix-cache-scorer}]", false,
+			`plugin "prefix-cache-scorer" (type prefix-cache-scorer): beside precise-prefix-cache-producer it scores the KV events' answers alone, without the routing history, as upstream's does`},
+		{"beside the precise producer, the history asked for", "plugins: [{type: precise-prefix-cache-producer}, {type: prefix-cache-scorer, parameters: {routingHistory: true}}]", true, ""},
+		{"in llm-d's estimate mode", "plugins: [{type: prefix-cache-scorer, parameters: {mode: estimate}}]", true, ""},
+		{"in llm-d's cache_tracking mode", "plugins: [{type: prefix-cache-scorer, parameters: {mode: cache_tracking}}]", false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			l, err := registryWithProducer(t).Load([]byte(tt.text), &config.Handle{Spec: schedtest.NopSpeculator{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			records := slices.Contains(shape(l.Profiles[0]), "postpick:prefix-cache-scorer/prefix-cache-scorer")
+			reads := false
+			for _, p := range l.Plugins {
+				if c, ok := p.(plugin.Consumer); ok && p.TypedName().Name == "prefix-cache-scorer" {
+					_, reads = c.Consumes()[datalayer.RoutedPrefixKey]
+				}
+			}
+			if records != tt.history || reads != tt.history {
+				t.Errorf("records picks %v, reads the routing history %v; want both %v", records, reads, tt.history)
+			}
+			if tt.note != "" && !slices.Contains(l.Notes, tt.note) {
+				t.Errorf("notes %q lack %q", l.Notes, tt.note)
+			}
+			if _, err := prepare.BuildGraph(l.Plugins); err != nil {
+				t.Errorf("BuildGraph: %v", err)
+			}
+		})
 	}
 }

@@ -36,7 +36,7 @@ var upstreamCorpus = map[string]corpusCase{
 	// llm-d's data-parallel configuration: its one profile, each rank an
 	// endpoint of its own port.
 	"llmd-v0.8.0-dp-epp-config.yaml": {profiles: map[string][]string{
-		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker"},
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"gie-v0.5.1-conformance-plugins.yaml": {profiles: map[string][]string{
 		"conformance-profile": {"filter:header-based-testing-filter/header-based-testing-filter", "picker:max-score-picker/max-score-picker"},
@@ -45,37 +45,37 @@ var upstreamCorpus = map[string]corpusCase{
 		"default": {"filter:low-latency-filter/decision-tree-filter", "picker:random-picker/random-picker"},
 	}},
 	"gie-v0.5.1-e2e-plugins-v2.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"gie-v1.0.2-chart-default-plugins.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"gie-v1.3.1-config-text-prefix-example.yaml": {profiles: map[string][]string{
-		"default": {"scorer:prefix-cache-scorer/prefix-cache-scorer*50", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:prefix-cache-scorer/prefix-cache-scorer*50", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"gie-v1.3.1-config-text-saturation-inline.yaml": {profiles: map[string][]string{
 		"default": {"picker:max-score-picker/max-score-picker"},
 	}, check: wantThresholds(saturationdetector.Thresholds{QueueDepth: 8, KVCacheUtil: 0.75}, 150*time.Millisecond)},
 	"gie-v1.4.0-chart-default-plugins.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"gie-v1.5.0-chart-default-plugins.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"gie-v1.5.0-config-text-utilization-detector.yaml": {profiles: map[string][]string{
 		"default": {"picker:max-score-picker/max-score-picker"},
 	}, check: wantThresholds(saturationdetector.Thresholds{QueueDepth: 8, KVCacheUtil: 0.8}, 0)},
 	"gie-v1.5.0-integration-default-config.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:lora-affinity-scorer/lora-affinity-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:lora-affinity-scorer/lora-affinity-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"llmd-v0.2.1-epp-config.yaml": {profiles: map[string][]string{
-		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker"},
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"llmd-v0.2.1-epp-prefix-cache-tracking-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "scorer:kv-cache-scorer/kv-cache-utilization-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
 	}},
 	"llmd-v0.2.1-epp-prefix-estimate-config.yaml": {profiles: map[string][]string{
-		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:load-aware-scorer/load-aware-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:load-aware-scorer/load-aware-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"llmd-v0.3.2-epp-precise-prefix-cache-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*2", "scorer:kv-cache-scorer/kv-cache-utilization-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
@@ -84,7 +84,7 @@ var upstreamCorpus = map[string]corpusCase{
 		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*10", "picker:max-score-picker/max-score-picker"},
 	}},
 	"llmd-v0.4.0-sim-epp-no-hit-lru.yaml": {profiles: map[string][]string{
-		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:no-hit-lru-scorer/no-hit-lru-scorer"},
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer", "postpick:no-hit-lru-scorer/no-hit-lru-scorer"},
 	}},
 	"llmd-v0.5.1-sim-epp-kvcache-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*10", "picker:max-score-picker/max-score-picker"},
@@ -96,7 +96,7 @@ var upstreamCorpus = map[string]corpusCase{
 		"default": {"filter:decode-filter/decode-filter", "scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*10", "picker:max-score-picker/max-score-picker"},
 	}},
 	"llmd-v0.8.0-epp-estimate-prefix-cache-config.yaml": {profiles: map[string][]string{
-		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:load-aware-scorer/load-aware-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:load-aware-scorer/load-aware-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"llmd-v0.8.0-epp-precise-prefix-cache-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:precise-prefix-cache-scorer/precise-prefix-cache-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
@@ -113,7 +113,7 @@ var upstreamCorpus = map[string]corpusCase{
 	}},
 	"llmd-main-guide-slo-aware.yaml": {profiles: map[string][]string{
 		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "picker:max-score-picker/max-score-picker"},
-		"slo":     {"scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:slo-scorer/latency-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"slo":     {"scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:slo-scorer/latency-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}, check: func(t *testing.T, l *config.Loaded) {
 		wantHandler("slo-aware-profile-handler")(t, l)
 		wantLeastHeadroom(t, l, "slo", "slo-scorer")
@@ -129,10 +129,10 @@ var upstreamCorpus = map[string]corpusCase{
 	"refused-router-v0.10.0-probabilistic-admitter-epp-config.yaml": {refusal: `plugin "probabilistic-admitter": unsupported upstream plugin type "probabilistic-admitter": use utilization-detector, which sheds sheddable requests when every candidate is saturated`},
 	"refused-router-v0.10.0-sim-epp-gpu-config.yaml":                {refusal: `plugin "gpu-utilization-filter": unsupported upstream plugin type "endpoint-attribute-filter": kvroute filters on vLLM's metrics (saturation-filter), not arbitrary endpoint attributes`},
 	"router-main-chart-default-plugins.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"router-v0.10.0-soft-reflective-ceiling-epp-config.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}, check: func(t *testing.T, l *config.Loaded) {
 		// The gate on with upstream's defaults: no global limit, FCFS
 		// within a flow, global-strict across flows.
@@ -147,22 +147,22 @@ var upstreamCorpus = map[string]corpusCase{
 		}
 	}},
 	"router-v0.10.0-default-config.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:lora-affinity-scorer/lora-affinity-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"default": {"scorer:queue-scorer/queue-scorer*1", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:lora-affinity-scorer/lora-affinity-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"router-v0.10.0-epp-estimate-prefix-cache-config.yaml": {profiles: map[string][]string{
-		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:load-aware-scorer/load-aware-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*1", "scorer:load-aware-scorer/load-aware-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"router-v0.10.0-epp-precise-prefix-cache-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
 	}},
 	"router-v0.10.0-perf-optimized-baseline.yaml": {profiles: map[string][]string{
-		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:no-hit-lru-scorer/no-hit-lru-scorer"},
+		"default": {"scorer:queue-scorer/queue-scorer*2", "scorer:kv-cache-utilization-scorer/kv-cache-utilization-scorer*2", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer", "postpick:no-hit-lru-scorer/no-hit-lru-scorer"},
 	}},
 	"router-v0.10.0-sim-epp-tokenizer-vllm-http-config.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*10", "picker:max-score-picker/max-score-picker"},
 	}},
 	"router-v0.9.0-sim-epp-config.yaml": {profiles: map[string][]string{
-		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker"},
+		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}},
 	"router-v0.9.0-sim-epp-no-hit-lru.yaml": {profiles: map[string][]string{
 		"default": {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:no-hit-lru-scorer/no-hit-lru-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:no-hit-lru-scorer/no-hit-lru-scorer"},

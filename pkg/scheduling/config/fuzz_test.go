@@ -31,6 +31,11 @@ func FuzzLoad(f *testing.F) {
 		"plugins: [{type: max-score-picker, parameters: [1, 2]}]",
 		"- - - :",
 		"plugins: [{type: saturation-filter, parameters: {kvThreshold: .nan}}]",
+		// An upstream prefix scorer beside the precise producer, its
+		// parameters rewritten by the loader.
+		"plugins: [{type: precise-prefix-cache-producer}, {type: prefix-cache-scorer, parameters: {matchLengthWeight: 0.5}}]",
+		"plugins: [{type: precise-prefix-cache-producer}, {type: prefix-cache-scorer, parameters: [1]}]",
+		"plugins: [{type: prefix-cache-scorer, parameters: {mode: cache_tracking, routingHistory: true}}]",
 	} {
 		f.Add([]byte(seed))
 	}

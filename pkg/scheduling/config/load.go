@@ -2,19 +2,23 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/pkg/plugin"
+	producer "github.com/kvroute/kvroute/pkg/prepare/prefixmatch"
 	"github.com/kvroute/kvroute/pkg/scheduling"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/picker/maxscore"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/profile/single"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/scorer/prefix"
 	"github.com/kvroute/kvroute/pkg/scheduling/saturationdetector"
 )
 
@@ -140,6 +144,9 @@ func (r *Registry) build(cfg EndpointPickerConfig, base framework.Handle) (*Load
 		h.byName[name] = p
 		l.Plugins = append(l.Plugins, p)
 		return p, nil
+	}
+	if err := exactPrefixScorers(cfg.Plugins, l); err != nil {
+		return nil, err
 	}
 	for i := range cfg.Plugins {
 		ps := &cfg.Plugins[i]
@@ -488,3 +495,41 @@ func (h *Handle) Registerer() prometheus.Registerer {
 // Plugin implements framework.Handle; the process-level handle knows no
 // instances (Load's handle does).
 func (h *Handle) Plugin(string) (plugin.Plugin, bool) { return nil, false }
+
+// exactPrefixScorers turns the routing history off for the
+// prefix-cache-scorers of a configuration that names the
+// precise-prefix-cache-producer and leaves routingHistory unset: upstream's
+// scorer then reads that producer's KV-event answers alone, with no
+// routing history behind them.
+func exactPrefixScorers(specs []PluginSpec, l *Loaded) error {
+	if !slices.ContainsFunc(specs, func(ps PluginSpec) bool { return ps.Type == producer.Type }) {
+		return nil
+	}
+	for i := range specs {
+		ps := &specs[i]
+		if ps.Type != prefix.Type {
+			continue
+		}
+		params := map[string]json.RawMessage{}
+		if len(ps.Parameters) > 0 && string(ps.Parameters) != "null" {
+			if err := json.Unmarshal(ps.Parameters, &params); err != nil {
+				return fmt.Errorf("%w: plugin %q (type %s): parameters: %v", framework.ErrInvalidParams, ps.Name, ps.Type, err)
+			}
+		}
+		if _, set := params["routingHistory"]; set {
+			continue
+		}
+		params["routingHistory"] = json.RawMessage("false")
+		raw, err := json.Marshal(params)
+		if err != nil {
+			return err
+		}
+		ps.Parameters = raw
+		name := ps.Name
+		if name == "" {
+			name = ps.Type
+		}
+		l.note(fmt.Sprintf("plugin %q (type %s): beside %s it scores the KV events' answers alone, without the routing history, as upstream's does", name, ps.Type, producer.Type))
+	}
+	return nil
+}

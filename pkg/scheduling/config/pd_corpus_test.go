@@ -18,8 +18,8 @@ import (
 // pool of a decode, a prefill and an encode pod.
 var pdCorpus = map[string]corpusCase{
 	"llmd-v0.2.1-pd-epp-config.yaml": {profiles: map[string][]string{
-		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker"},
-		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker"},
+		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
+		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}, check: wantSplits("pd-profile-handler",
 		// No threshold: 0, which splits every request.
 		pdCase{"a cold prompt is split", 100, 0, false, framework.PrefillDecode},
@@ -33,8 +33,8 @@ var pdCorpus = map[string]corpusCase{
 		pdCase{"threshold 0 splits a cached prompt", 96, 6, false, framework.PrefillDecode},
 	)},
 	"router-v0.10.0-pd-epp-config.yaml": {profiles: map[string][]string{
-		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
-		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
+		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}, check: wantSplits("disagg-profile-handler",
 		// nonCachedTokens 16; the decider is named before it is defined.
 		pdCase{"100 uncached tokens are split", 100, 0, false, framework.PrefillDecode},
@@ -42,8 +42,8 @@ var pdCorpus = map[string]corpusCase{
 		pdCase{"16 uncached tokens are split", 112, 6, false, framework.PrefillDecode},
 	)},
 	"router-main-sim-pd-epp-config.yaml": {profiles: map[string][]string{
-		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
-		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
+		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}, check: wantSplits("disagg-profile-handler",
 		pdCase{"100 uncached tokens are split", 100, 0, false, framework.PrefillDecode},
 		pdCase{"4 uncached tokens stay on the decode pod", 100, 6, false, framework.DecodeOnly},
@@ -59,14 +59,14 @@ var pdCorpus = map[string]corpusCase{
 	// vLLM API server on its own port (the pool's targetPorts 8000-8007),
 	// so each rank is an endpoint of its own, <pod>-rank-<i>.
 	"llmd-guide-main-wide-ep-dp-aware-values.yaml": {profiles: map[string][]string{
-		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "scorer:active-request-scorer/active-request-scorer*2", "scorer:queue-scorer/queue-scorer*2", "picker:max-score-picker/max-score-picker"},
+		"prefill": {"filter:prefill-filter/prefill-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*3", "scorer:active-request-scorer/active-request-scorer*2", "scorer:queue-scorer/queue-scorer*2", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 		"decode":  {"filter:decode-filter/decode-filter", "scorer:active-request-scorer/active-request-scorer*1", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
 	}, check: wantSplits("disagg-profile-handler",
 		pdCase{"always-disagg splits a cold prompt", 100, 0, false, framework.PrefillDecode},
 	)},
 	"router-main-pd-topology-epp-config.yaml": {profiles: map[string][]string{
-		"prefill": {"filter:prefill-filter/prefill-filter", "filter:topology-affinity-filter/topology-affinity-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "scorer:topology-affinity-scorer/topology-affinity-scorer*1", "picker:max-score-picker/max-score-picker"},
-		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker"},
+		"prefill": {"filter:prefill-filter/prefill-filter", "filter:topology-affinity-filter/topology-affinity-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "scorer:topology-affinity-scorer/topology-affinity-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
+		"decode":  {"filter:decode-filter/decode-filter", "scorer:prefix-cache-scorer/prefix-cache-scorer*2", "scorer:queue-scorer/queue-scorer*1", "picker:max-score-picker/max-score-picker", "postpick:prefix-cache-scorer/prefix-cache-scorer"},
 	}, check: wantPrefillNearDecode},
 	"llmd-guide-main-pd-disaggregation-values.yaml": {profiles: map[string][]string{
 		"prefill": {"filter:prefill-filter/prefill-filter", "filter:prefix-cache-affinity-filter/prefix-cache-affinity-filter", "scorer:token-load-scorer/token-load-scorer*1", "picker:max-score-picker/max-score-picker"},

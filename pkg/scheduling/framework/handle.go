@@ -24,7 +24,9 @@ const RequestBlockKeysKey = "RequestBlockKeysKey"
 const ApproxHashesKey = "ApproxPrefixHashesKey"
 
 // HistoryRecorder is implemented by a Speculator that also keeps a routing
-// history of text hashes, for requests whose token ids are unknown.
+// history: per endpoint, the hashes (block keys, or a text's hashes when the
+// token ids are unknown) of the requests sent there, LRU-bounded, as
+// upstream's approximate prefix index keeps them.
 type HistoryRecorder interface {
 	RecordHistory(addr string, hashes []uint64)
 }

@@ -126,6 +126,9 @@ type NopSpeculator struct{}
 // Speculate implements framework.Speculator.
 func (NopSpeculator) Speculate(string, []uint64, int) {}
 
+// RecordHistory implements framework.HistoryRecorder.
+func (NopSpeculator) RecordHistory(string, []uint64) {}
+
 // ScoreCase is one row of a scorer's table test: the candidates, and the
 // score each must get, within 1e-12.
 type ScoreCase struct {

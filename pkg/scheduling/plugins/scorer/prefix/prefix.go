@@ -1,6 +1,8 @@
 // Package prefix is the prefix-cache-scorer with its upstream meaning: the
 // share of the request's blocks the endpoint holds, whatever the tier,
-// optionally blended with how long the held prefix is.
+// or, where more, the share this EPP recently sent there (upstream's
+// routing history, which keeps a prefix's home after the cache lost it),
+// optionally blended with how long that prefix is.
 package prefix
 
 import (
@@ -17,14 +19,21 @@ import (
 // Type is the plugin's registered type name.
 const Type = "prefix-cache-scorer"
 
-// Scorer scores MatchBlocks/TotalBlocks; 0 without prefix info or full
-// blocks. With a match-length weight w it scores w·min(1, L/S)² +
-// (1−w)·MatchBlocks/TotalBlocks instead, L the matched tokens and S the
-// scale, so that a long shared prefix counts for more than its share of a
-// very long prompt.
+// Scorer scores the share r of the request's blocks the endpoint holds
+// (MatchBlocks/TotalBlocks) or, with the routing history, the larger of
+// that and the share its picks sent there; 0 without prefix info or full
+// blocks. With a match-length weight w it scores w·min(1, L/S)² + (1−w)·r
+// instead, L the tokens of the same prefix and S the scale, so that a long
+// shared prefix counts for more than its share of a very long prompt.
+//
+// With the routing history, the scorer also records each pick in it, as
+// upstream's approximate prefix producer does: a prefix keeps going where
+// it was sent while the history remembers it there, cached or not, so
+// each endpoint keeps a working set of its own under cache pressure.
 type Scorer struct {
-	name   plugin.TypedName
-	params Params
+	name    plugin.TypedName
+	params  Params
+	history framework.HistoryRecorder
 }
 
 // Params are the scorer's parameters.
@@ -34,23 +43,37 @@ type Params struct {
 	// MatchLengthScaleTokens is S, 8192 by default; it must be positive
 	// when the weight is.
 	MatchLengthScaleTokens int `json:"matchLengthScaleTokens"`
+	// RoutingHistory, true by default as upstream's scorer places by its
+	// routing history, scores the share of the request's blocks this EPP
+	// recently sent to an endpoint where it exceeds the share the
+	// endpoint holds, and records each pick; false scores holdings alone.
+	RoutingHistory bool `json:"routingHistory"`
 }
 
 // DefaultParams are the parameters of a scorer configured without any.
-func DefaultParams() Params { return Params{MatchLengthScaleTokens: 8192} }
+func DefaultParams() Params { return Params{MatchLengthScaleTokens: 8192, RoutingHistory: true} }
 
 var (
-	_ framework.Scorer = (*Scorer)(nil)
-	_ plugin.Consumer  = (*Scorer)(nil)
+	_ framework.Scorer   = (*Scorer)(nil)
+	_ plugin.Consumer    = (*Scorer)(nil)
+	_ framework.Scorer   = (*RecordingScorer)(nil)
+	_ framework.PostPick = (*RecordingScorer)(nil)
 )
 
-// New makes the scorer with default parameters.
+// RecordingScorer is the scorer with the routing history (what Factory
+// makes unless routingHistory is false): it also records each pick there.
+type RecordingScorer struct{ *Scorer }
+
+// New makes the scorer with default parameters but for the routing
+// history, which it leaves off: it scores holdings alone.
 func New(name string) *Scorer {
-	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, params: DefaultParams()}
+	p := DefaultParams()
+	p.RoutingHistory = false
+	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, params: p}
 }
 
 // Factory makes the scorer.
-func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
+func Factory(name string, raw json.RawMessage, h framework.Handle) (plugin.Plugin, error) {
 	p := DefaultParams()
 	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
 		return nil, err
@@ -61,7 +84,18 @@ func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugi
 	if p.MatchLengthWeight > 0 && p.MatchLengthScaleTokens <= 0 {
 		return nil, framework.ParamError(Type, name, "matchLengthScaleTokens = %d, want > 0 with a match-length weight", p.MatchLengthScaleTokens)
 	}
-	return &Scorer{name: plugin.TypedName{Type: Type, Name: name}, params: p}, nil
+	s := &Scorer{name: plugin.TypedName{Type: Type, Name: name}, params: p}
+	if !p.RoutingHistory {
+		return s, nil
+	}
+	var ok bool
+	if h != nil && h.Speculator() != nil {
+		s.history, ok = h.Speculator().(framework.HistoryRecorder)
+	}
+	if !ok {
+		return nil, framework.ParamError(Type, name, "this process keeps no routing history; set routingHistory: false to score holdings alone")
+	}
+	return &RecordingScorer{s}, nil
 }
 
 // TypedName implements plugin.Plugin.
@@ -72,7 +106,12 @@ func (s *Scorer) Category() framework.ScorerCategory { return framework.Affinity
 
 // Consumes implements plugin.Consumer.
 func (s *Scorer) Consumes() map[string]any {
-	return map[string]any{datalayer.PrefixCacheMatchInfoKey: prefixinfo.Exemplar}
+	c := map[string]any{datalayer.PrefixCacheMatchInfoKey: prefixinfo.Exemplar}
+	if s.params.RoutingHistory {
+		c[datalayer.RoutedPrefixKey] = datalayer.RoutedPrefix{}
+		c[framework.RequestBlockKeysKey] = []uint64(nil)
+	}
+	return c
 }
 
 // Score implements framework.Scorer.
@@ -84,11 +123,35 @@ func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, _ *request.Re
 		if !ok {
 			continue
 		}
+		ratio, blocks := info.Ratio(), info.MatchBlocks
+		if s.params.RoutingHistory {
+			if r, ok := datalayer.RoutedPrefixOf(c); ok && r.Ratio() > ratio {
+				ratio, blocks = r.Ratio(), r.Blocks
+			}
+		}
 		lengthScore := 0.0
 		if w > 0 && info.BlockSizeTokens > 0 {
-			l := min(1, float64(info.MatchBlocks*info.BlockSizeTokens)/float64(s.params.MatchLengthScaleTokens))
+			l := min(1, float64(blocks*info.BlockSizeTokens)/float64(s.params.MatchLengthScaleTokens))
 			lengthScore = l * l
 		}
-		out[i] = w*lengthScore + (1-w)*info.Ratio()
+		out[i] = w*lengthScore + (1-w)*ratio
+	}
+}
+
+// PostPick implements framework.PostPick: the primary pick's prefix is
+// recorded as sent there. Fallbacks are not: the request goes to them only
+// if the primary fails.
+func (s *RecordingScorer) PostPick(_ context.Context, _ *framework.CycleState, req *request.Request, res *framework.ProfileResult) {
+	if res == nil || len(res.Picked) == 0 || req.NoReproduciblePrefix {
+		return
+	}
+	primary := res.Picked[0]
+	for _, key := range []string{framework.RequestBlockKeysKey, framework.ApproxHashesKey} {
+		if v, ok := primary.Get(key); ok {
+			if hashes, ok := v.([]uint64); ok && len(hashes) > 0 {
+				s.history.RecordHistory(primary.Address, hashes)
+				return
+			}
+		}
 	}
 }
