@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -105,10 +106,11 @@ func flowControlled(policy string) bool { return policy == PolicyFlowControl }
 // every running sequence. A 2048-token prefill costs an engine about
 // 110ms (50µs a token plus 2µs a token per 1024 of context), so the fleet
 // prefills about 36 such prompts a second with nothing else in its steps,
-// fewer with decodes beside them. Rates are the total: 14, 28, 42 and 56
-// req/s, the well-behaved tenants 2, 4, 6 and 8 req/s each (6 to 24
-// together, within the fleet at every rate) and the flooder 8 to 32: from
-// about 0.4 of the fleet's capacity, through about it, to 1.6 times it.
+// fewer with decodes beside them: the runs serve at most about 26 a
+// second. Rates are the total: 14, 28, 42 and 56 req/s, the well-behaved
+// tenants 2, 4, 6 and 8 req/s each (6 to 24 together) and the flooder 8
+// to 32: from about half the fleet's measured capacity to twice it, the
+// well-behaved tenants' own demand from a quarter of it to nearly all.
 func TenantsPlan() Plan {
 	return Plan{
 		Workload: Workload{Name: "tenants", Kind: KindUnrelated, SystemTokens: 1920, QuestionTokens: 128,
@@ -200,7 +202,12 @@ func (r *TenantsResult) Goodput(s TenantStats) float64 {
 	return float64(s.Met) / r.Makespan.Seconds()
 }
 
+// add adds o's counts to s. A TenantStats copied by value shares its
+// ByClass and Outcomes with the original: s gets its own before they
+// change, so that the original keeps its counts.
 func (s *TenantStats) add(o TenantStats) {
+	s.ByClass = slices.Clone(s.ByClass)
+	s.Outcomes = maps.Clone(s.Outcomes)
 	s.Sent += o.Sent
 	s.Met += o.Met
 	s.Served += o.Served

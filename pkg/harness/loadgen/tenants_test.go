@@ -61,8 +61,15 @@ func TestTenantsResultCountsEachOutcomePerTenant(t *testing.T) {
 	if fl.Sent != 3 || fl.Met != 1 || fl.Refused != 1 || fl.Cut != 1 || fl.Errors != 1 || fl.Held != 3 || fl.Outcomes["RejectedSLO"] != 1 {
 		t.Errorf("flooder: %+v", fl)
 	}
-	if wb := r.WellBehaved(); wb.Sent != 3 || wb.Met != 1 {
+	wb := r.WellBehaved()
+	if wb.Sent != 3 || wb.Met != 1 {
 		t.Errorf("well-behaved pooled: %+v", wb)
+	}
+	// Everyone's figures, pooled from copies, leave the parts' alone.
+	all := wb
+	all.add(fl)
+	if all.ByClass[0] != (ClassStats{"interactive", 3, 1}) || wb.ByClass[0] != (ClassStats{"interactive", 2, 1}) || fl.Outcomes["Dispatched"] != 5 {
+		t.Errorf("pooling everyone changed the parts: all %+v, well-behaved %+v, flooder %+v", all.ByClass, wb.ByClass, fl.Outcomes)
 	}
 	if g := r.Goodput(r.Flooder()); g != 0.5 {
 		t.Errorf("flooder goodput %v, want 0.5 req/s", g)

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -142,6 +143,7 @@ func WriteTenantsReport(path string, o BenchOptions, pts []Point, r TenantsRepor
 			w.Name, max(o.Fleet.Engines, 1), p.GPUBlocks, o.Fleet.Pool.BlockSize, t.MaxSeqs, t.MaxBatchedTokens, t.PrefillPerToken, t.PrefillAttention, t.DecodeStep, t.DecodePerSeq,
 			strings.Join(tenants, ", "), flooderRatio(w), strings.Join(classes, " and "), w.SystemTokens+w.QuestionTokens, o.MaxTokens, o.Duration, o.MinRequests, o.Drain, strings.Join(rs, ", "))
 	}
+	writeTenantsCapacity(&b, pts)
 	b.WriteString(`Every request passes the gateway (` + "`pkg/harness/gateway`" + `), which asks the policy's EPP over ext_proc.
 
 | policy | EPP | flow control |
@@ -264,4 +266,34 @@ func tenantNames(pts []Point, wl string) []string {
 		}
 	}
 	return out
+}
+
+// writeTenantsCapacity states the fleet's capacity on the workload as the
+// runs measured it (the most requests any policy served a second at any
+// rate, cut or not), and the well-behaved tenants' demand at each rate
+// against it: attainment near 100% needs that demand well inside it.
+func writeTenantsCapacity(b *strings.Builder, pts []Point) {
+	best, at := 0.0, ""
+	demand := map[float64]float64{}
+	for _, p := range pts {
+		if p.Tenants == nil || p.Tenants.Makespan <= 0 {
+			continue
+		}
+		all := p.Tenants.WellBehaved()
+		all.add(p.Tenants.Flooder())
+		if r := float64(all.Served+all.Cut) / p.Tenants.Makespan.Seconds(); r > best {
+			best, at = r, fmt.Sprintf("%s at %g req/s", p.Policy, p.Rate)
+		}
+		wb := p.Tenants.WellBehaved()
+		demand[p.Rate] = float64(wb.Sent) / p.Tenants.Makespan.Seconds()
+	}
+	if best == 0 {
+		return
+	}
+	rs := slices.Sorted(maps.Keys(demand))
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = fmt.Sprintf("%.0f%% at %g req/s", 100*demand[r]/best, r)
+	}
+	fmt.Fprintf(b, "The fleet's capacity on this workload, as measured: at most %.1f requests served a second (%s), decode steps sharing the engines with the prefills. The well-behaved tenants' demand against it: %s.\n\n", best, at, strings.Join(parts, ", "))
 }
