@@ -527,35 +527,31 @@ func (b *band) served(f *flow) {
 // is within its share), so that none overtakes it; one of its own standing
 // is still tried, as a request held because its own wait has used up its
 // SLO must not keep a fresher one from an endpoint that can serve it in
-// time. It releases one request: the next is checked after that one's
-// dispatch kicks.
+// time, up to maxHeldPerCycle held ones a cycle (each check runs
+// PrepareData). It releases one request: the next is checked after that
+// one's dispatch kicks.
 func (c *Controller) cycle() {
-	held := false
+	c.mu.Lock()
+	now := c.now()
+	order := c.nextLocked(now)
+	flood := c.floodLimitLocked(now)
+	c.mu.Unlock()
+	held := 0
 	var heldAt standing
-	tried := map[*item]bool{}
-	for {
+	for _, it := range order {
 		c.mu.Lock()
-		now := c.now()
-		var it *item
-		var at standing
-		for _, cand := range c.nextLocked(now) {
-			if tried[cand] {
-				continue
-			}
-			at = c.standingLocked(cand, now)
-			if !held || !at.below(heldAt) {
-				it = cand
-				break
-			}
-		}
+		at := c.standingLocked(it, flood, now)
+		gone := it.finished
 		c.mu.Unlock()
-		if it == nil {
-			return
+		if gone || (held > 0 && at.below(heldAt)) {
+			continue
 		}
-		tried[it] = true
+		// The check runs under checking, and only while the request still
+		// waits: its waiter, once out, takes checking before its caller
+		// may reuse what the check reads.
 		it.checking.Lock()
 		c.mu.Lock()
-		gone := it.finished
+		gone = it.finished
 		c.mu.Unlock()
 		v := Verdict{Release: true}
 		if !gone && it.req.Check != nil {
@@ -575,14 +571,22 @@ func (c *Controller) cycle() {
 				c.mu.Unlock()
 				return
 			default:
-				if !held || heldAt.below(at) {
-					held, heldAt = true, at
+				if held == 0 || heldAt.below(at) {
+					heldAt = at
 				}
+				held++
 			}
 		}
 		c.mu.Unlock()
+		if held >= maxHeldPerCycle {
+			return
+		}
 	}
 }
+
+// maxHeldPerCycle bounds the checks a cycle spends on requests that stay
+// held: the most due are tried, the rest at the next kick.
+const maxHeldPerCycle = 8
 
 // standing is how urgent a waiting request is: its priority, then whether
 // its flow is within its share (does not flood).
@@ -595,8 +599,8 @@ func (s standing) below(o standing) bool {
 	return s.priority < o.priority || (s.priority == o.priority && !s.within && o.within)
 }
 
-func (c *Controller) standingLocked(it *item, now time.Time) standing {
-	return standing{priority: it.band.cfg.Priority, within: !c.floodsLocked(it.flow.id, now)}
+func (c *Controller) standingLocked(it *item, flood float64, now time.Time) standing {
+	return standing{priority: it.band.cfg.Priority, within: !c.floodsBeyond(it.flow.id, flood, now)}
 }
 
 // nextLocked is the waiting requests that may go next, in the order they

@@ -98,9 +98,10 @@ func (c *Controller) usageLocked(flow string, now time.Time) float64 {
 	return c.shares[flow].usage(now)
 }
 
-// floodsLocked says whether flow's demand is more than floodFactor times
-// the average of the flows active lately, when there are at least two.
-func (c *Controller) floodsLocked(flow string, now time.Time) bool {
+// floodLimitLocked is the demand above which a flow floods now:
+// floodFactor times the average of the flows active lately; infinite while
+// fewer than two are.
+func (c *Controller) floodLimitLocked(now time.Time) float64 {
 	active, total := 0, 0.0
 	for _, s := range c.shares {
 		if now.Sub(s.arrived) <= shareWindow {
@@ -108,9 +109,19 @@ func (c *Controller) floodsLocked(flow string, now time.Time) bool {
 			total += s.sent.now(now)
 		}
 	}
-	s := c.shares[flow]
-	if active < 2 || s == nil {
-		return false
+	if active < 2 {
+		return math.Inf(1)
 	}
-	return s.sent.now(now) > floodFactor*total/float64(active)
+	return floodFactor * total / float64(active)
+}
+
+// floodsBeyond says whether flow's demand is above limit.
+func (c *Controller) floodsBeyond(flow string, limit float64, now time.Time) bool {
+	s := c.shares[flow]
+	return s != nil && s.sent.now(now) > limit
+}
+
+// floodsLocked says whether flow floods now.
+func (c *Controller) floodsLocked(flow string, now time.Time) bool {
+	return c.floodsBeyond(flow, c.floodLimitLocked(now), now)
 }
