@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,5 +99,24 @@ func TestTheFairFlowControlSectionLoadsAsRoundRobin(t *testing.T) {
 		if fc == nil || fc.Config().DefaultBand.Fairness != flowcontrol.RoundRobin {
 			t.Fatalf("flow control %+v, want round-robin in every band", fc)
 		}
+	}
+}
+
+// The report's capacity is what a policy served to the end, cut requests
+// not included, and the well-behaved tenants' offered rate their share of
+// the point's rate.
+func TestTheTenantsReportStatesTheMeasuredCapacity(t *testing.T) {
+	t.Parallel()
+	pt := func(policy string, rate float64, served, cut int) Point {
+		return Point{Workload: "tenants", Policy: policy, Rate: rate, Tenants: &TenantsResult{Makespan: 10 * time.Second, Tenants: []TenantStats{
+			{Tenant: "tenant-a", Sent: 30, Served: served / 2},
+			{Tenant: "flooder", Flooder: true, Sent: 90, Served: served - served/2, Cut: cut},
+		}}}
+	}
+	var b strings.Builder
+	writeTenantsCapacity(&b, []Point{pt("a", 28, 200, 0), pt("b", 56, 100, 400)})
+	want := "at most 20.0 requests served a second (a at 28 req/s, over its runs' makespans), the decode steps sharing the engines with the prefills. The well-behaved tenants' offered rate against it: 7.0 req/s (35%) at 28, 14.0 req/s (70%) at 56."
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("got %q, want it to say %q", b.String(), want)
 	}
 }

@@ -269,9 +269,10 @@ func tenantNames(pts []Point, wl string) []string {
 }
 
 // writeTenantsCapacity states the fleet's capacity on the workload as the
-// runs measured it (the most requests any policy served a second at any
-// rate, cut or not), and the well-behaved tenants' demand at each rate
-// against it: attainment near 100% needs that demand well inside it.
+// runs measured it (the most requests any policy served to the end a
+// second, over its runs' makespans, drains included), and the well-behaved
+// tenants' offered rate at each rate against it: attainment near 100%
+// needs that demand well inside it.
 func writeTenantsCapacity(b *strings.Builder, pts []Point) {
 	best, at := 0.0, ""
 	demand := map[float64]float64{}
@@ -279,13 +280,13 @@ func writeTenantsCapacity(b *strings.Builder, pts []Point) {
 		if p.Tenants == nil || p.Tenants.Makespan <= 0 {
 			continue
 		}
-		all := p.Tenants.WellBehaved()
-		all.add(p.Tenants.Flooder())
-		if r := float64(all.Served+all.Cut) / p.Tenants.Makespan.Seconds(); r > best {
+		wb, fl := p.Tenants.WellBehaved(), p.Tenants.Flooder()
+		if r := float64(wb.Served+fl.Served) / p.Tenants.Makespan.Seconds(); r > best {
 			best, at = r, fmt.Sprintf("%s at %g req/s", p.Policy, p.Rate)
 		}
-		wb := p.Tenants.WellBehaved()
-		demand[p.Rate] = float64(wb.Sent) / p.Tenants.Makespan.Seconds()
+		if sent := wb.Sent + fl.Sent; sent > 0 {
+			demand[p.Rate] = p.Rate * float64(wb.Sent) / float64(sent)
+		}
 	}
 	if best == 0 {
 		return
@@ -293,7 +294,7 @@ func writeTenantsCapacity(b *strings.Builder, pts []Point) {
 	rs := slices.Sorted(maps.Keys(demand))
 	parts := make([]string, len(rs))
 	for i, r := range rs {
-		parts[i] = fmt.Sprintf("%.0f%% at %g req/s", 100*demand[r]/best, r)
+		parts[i] = fmt.Sprintf("%.1f req/s (%.0f%%) at %g", demand[r], 100*demand[r]/best, r)
 	}
-	fmt.Fprintf(b, "The fleet's capacity on this workload, as measured: at most %.1f requests served a second (%s), decode steps sharing the engines with the prefills. The well-behaved tenants' demand against it: %s.\n\n", best, at, strings.Join(parts, ", "))
+	fmt.Fprintf(b, "The fleet's capacity on this workload, as measured: at most %.1f requests served a second (%s, over its runs' makespans), the decode steps sharing the engines with the prefills. The well-behaved tenants' offered rate against it: %s.\n\n", best, at, strings.Join(parts, ", "))
 }
