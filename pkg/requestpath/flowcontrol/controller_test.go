@@ -507,34 +507,12 @@ func TestAFlowThatFloodsProtectsItsOwnBand(t *testing.T) {
 	}
 }
 
-// A held request of a flow that floods does not hold back a request of
-// its priority from a flow within its share, even by band.
-func TestAHeldRequestOfAFloodDoesNotHoldBackTheOthers(t *testing.T) {
-	t.Parallel()
-	r := newRig(t, flowcontrol.Config{DefaultBand: flowcontrol.Band{Fairness: flowcontrol.RoundRobin}})
-	r.slots.Store(3)
-	for range 3 {
-		if err := r.c.Wait(context.Background(), r.request("f", "flood", 0)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	held := &flowcontrol.Request{FlowID: "flood", Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }}
-	r.enqueue(t, ctx, "flood-held", held)
-	r.enqueue(t, context.Background(), "calm", r.request("calm", "calm", 0))
-	r.slots.Store(1)
-	r.c.Kick()
-	testkit.WaitFor(t, "calm released", func() error { return r.err("calm") })
-	cancel()
-	r.wg.Wait()
-}
-
 // A request held by its own check (its wait has used up its SLO) does not
-// keep a fresher request of its standing from going.
+// keep a fresher request of its standing from going, even by band, where
+// the held one is its band's head.
 func TestAHeldRequestDoesNotHoldBackItsEquals(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, flowcontrol.Config{})
+	r := newRig(t, flowcontrol.Config{DefaultBand: flowcontrol.Band{Fairness: flowcontrol.RoundRobin}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stale := &flowcontrol.Request{FlowID: "a", Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }}
