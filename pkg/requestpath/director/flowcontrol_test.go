@@ -177,15 +177,15 @@ func BenchmarkFlowControlOverhead(b *testing.B) {
 	b.ReportMetric(float64(with)/float64(base), "ratio")
 }
 
-// A request held in flow control is scheduled, and its latency learned,
-// from its release: the time it queued is the EPP's, and a predictor that
-// counted it as the endpoint's would predict every endpoint slower the
-// longer requests wait, and hold them longer still.
-func TestAHeldRequestIsTimedFromItsRelease(t *testing.T) {
-	t.Parallel()
+// heldDirector is a director over one endpoint whose load (loadPredictor)
+// holds every request after the first in flow control until a response
+// ends, on a clock the test moves (nanoseconds since the epoch), telling
+// observers each response.
+func heldDirector(t *testing.T, observers ...plugin.ResponseObserver) (*director.Director, *flowcontrol.Controller, *atomic.Int64, context.Context) {
+	t.Helper()
 	ds := datalayer.NewDatastore(nil)
 	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
-	var clock atomic.Int64
+	clock := &atomic.Int64{}
 	clock.Store(time.Unix(1000, 0).UnixNano())
 	now := func() time.Time { return time.Unix(0, clock.Load()) }
 	fc, err := flowcontrol.New(flowcontrol.Config{DefaultBand: flowcontrol.Band{TTFTTarget: 15 * time.Second}}, now, nil)
@@ -196,12 +196,23 @@ func TestAHeldRequestIsTimedFromItsRelease(t *testing.T) {
 	done := make(chan struct{})
 	go func() { fc.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	rec := &recorder{}
 	d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds, PrepareData: loadPredictor{},
-		FlowControl: fc, FlowGate: flowcontrol.Gate{ByPrediction: true}, PluginObservers: []plugin.ResponseObserver{rec}, Now: now})
+		FlowControl: fc, FlowGate: flowcontrol.Gate{ByPrediction: true}, PluginObservers: observers, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return d, fc, clock, ctx
+}
+
+// A request held in flow control is scheduled, and its latency learned,
+// from its release: the time it queued is the EPP's, and a predictor that
+// counted it as the endpoint's would predict every endpoint slower the
+// longer requests wait, and hold them longer still.
+func TestAHeldRequestIsTimedFromItsRelease(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	d, fc, clock, ctx := heldDirector(t, rec)
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
 
 	first, err := d.HandleRequest(ctx, sloRequest("")) // 10s predicted: goes at once
 	if err != nil {
@@ -255,24 +266,8 @@ func TestAHeldRequestIsTimedFromItsRelease(t *testing.T) {
 // on the room it freed.
 func TestReleasesSeeTheDispatchesBeforeThem(t *testing.T) {
 	t.Parallel()
-	ds := datalayer.NewDatastore(nil)
-	ds.Upsert(&datalayer.Endpoint{Name: "a", Address: "10.0.0.1:8000", Model: "m"})
-	var clock atomic.Int64
-	clock.Store(time.Unix(1000, 0).UnixNano())
+	d, fc, clock, ctx := heldDirector(t)
 	now := func() time.Time { return time.Unix(0, clock.Load()) }
-	fc, err := flowcontrol.New(flowcontrol.Config{DefaultBand: flowcontrol.Band{TTFTTarget: 15 * time.Second}}, now, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { fc.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	d, err := director.New(director.Options{Datastore: ds, Scheduler: randomScheduler(t), InFlight: ds, PrepareData: loadPredictor{},
-		FlowControl: fc, FlowGate: flowcontrol.Gate{ByPrediction: true}, Now: now})
-	if err != nil {
-		t.Fatal(err)
-	}
 	first, err := d.HandleRequest(ctx, sloRequest("")) // 10s predicted: goes
 	if err != nil {
 		t.Fatal(err)
