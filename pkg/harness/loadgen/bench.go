@@ -151,9 +151,10 @@ func withPDSeeds(med Point, runs []Point, seed uint64) Point {
 		return med
 	}
 	pd := *med.PD
-	pd.SeedOutputTPS, pd.SeedRuns = nil, nil
+	pd.SeedOutputTPS, pd.SeedOutputTokens, pd.SeedRuns = nil, nil, nil
 	for k, r := range runs {
 		pd.SeedOutputTPS = append(pd.SeedOutputTPS, r.OutputTPS)
+		pd.SeedOutputTokens = append(pd.SeedOutputTokens, r.OutputTokens)
 		if r.PD != nil {
 			pd.SeedRuns = append(pd.SeedRuns, PDSeed{Seed: seed + uint64(k), TTFTp90: r.TTFTp90, TransferMean: r.PD.TransferMean, SplitRatio: r.PD.SplitRatio})
 		}

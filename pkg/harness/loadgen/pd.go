@@ -213,8 +213,10 @@ type PDResult struct {
 	Served int
 	RPS    float64
 	// SeedOutputTPS is, for a point run under several seeds, each run's
-	// output tokens per second in seed order.
-	SeedOutputTPS []float64 `json:",omitempty"`
+	// output tokens per second in seed order; SeedOutputTokens each run's
+	// output tokens delivered.
+	SeedOutputTPS    []float64 `json:",omitempty"`
+	SeedOutputTokens []int     `json:",omitempty"`
 	// Pulls counts the decode engines' KV pulls; TransferMean is their
 	// mean simulated transfer time; PullsByNear counts them by how near
 	// the prefill engine was (host, rack, zone, region, none or unknown).
@@ -245,6 +247,19 @@ func meanOutputTPS(p Point) float64 {
 		sum += v
 	}
 	return sum / float64(len(p.PD.SeedOutputTPS))
+}
+
+// outputTokens is the output tokens the point delivered over its seeds
+// (its own run's with one).
+func outputTokens(p Point) int {
+	if p.PD == nil || len(p.PD.SeedOutputTokens) == 0 {
+		return p.OutputTokens
+	}
+	sum := 0
+	for _, v := range p.PD.SeedOutputTokens {
+		sum += v
+	}
+	return sum
 }
 
 // pdFront puts a P/D sidecar in front of each decode engine of the fleet.

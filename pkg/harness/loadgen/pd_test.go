@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -132,13 +133,28 @@ func TestAPDRunSplitsAsTheDeciderSaysAndRepliesOnlyFromDecodeEngines(t *testing.
 }
 
 // The P/D checks judge the default's TTFT p90 against the best of the
-// five at each rate, and its throughput against always-split's over the
-// same seeds.
+// five at each rate, and its throughput against always-split's as the
+// output tokens delivered over the same seeds.
 func TestThePDChecksJudgeTheDefaultAgainstTheFive(t *testing.T) {
 	t.Parallel()
-	pt := func(pol string, rate float64, p90 time.Duration, seedTPS ...float64) Point {
-		return Point{Workload: "pd", Policy: pol, Rate: rate, Summary: Summary{TTFTp90: p90, OutputTPS: seedTPS[0]},
-			PD: &PDResult{SeedOutputTPS: seedTPS}}
+	pt := func(pol string, rate float64, p90 time.Duration, seedTokens ...int) Point {
+		tps := make([]float64, len(seedTokens))
+		for i, n := range seedTokens {
+			tps[i] = float64(n) / 12
+		}
+		return Point{Workload: "pd", Policy: pol, Rate: rate, Summary: Summary{TTFTp90: p90, OutputTokens: seedTokens[0], OutputTPS: tps[0]},
+			PD: &PDResult{SeedOutputTPS: tps, SeedOutputTokens: seedTokens}}
+	}
+	// slower is p with every run's tokens per second a little lower, as
+	// when its last request ends later: the tokens delivered are the same.
+	slower := func(p Point) Point {
+		pd := *p.PD
+		pd.SeedOutputTPS = slices.Clone(pd.SeedOutputTPS)
+		for i := range pd.SeedOutputTPS {
+			pd.SeedOutputTPS[i] *= 0.99
+		}
+		p.PD = &pd
+		return p
 	}
 	tests := []struct {
 		name string
@@ -146,17 +162,23 @@ func TestThePDChecksJudgeTheDefaultAgainstTheFive(t *testing.T) {
 		want []Outcome
 	}{
 		{"a default best everywhere passes all three", []Point{
-			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 300, 300), pt(PolicyPDAlways, 10, 200*time.Millisecond, 290, 300),
-			pt(PolicyPDPredicted, 20, 100*time.Millisecond, 600, 600), pt(PolicyPDExact, 20, 120*time.Millisecond, 600, 600),
-			pt(PolicyPDAlways, 20, 300*time.Millisecond, 500, 500),
+			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 3000, 3000), pt(PolicyPDAlways, 10, 200*time.Millisecond, 2900, 3000),
+			pt(PolicyPDPredicted, 20, 100*time.Millisecond, 6000, 6000), pt(PolicyPDExact, 20, 120*time.Millisecond, 6000, 6000),
+			pt(PolicyPDAlways, 20, 300*time.Millisecond, 5000, 5000),
 		}, []Outcome{Pass, Pass, Pass}},
 		{"a default 5% behind at the top fails the first only", []Point{
-			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 300), pt(PolicyPDAlways, 10, 200*time.Millisecond, 300),
-			pt(PolicyPDPredicted, 20, 105*time.Millisecond, 600), pt(PolicyPDDecodeOnly, 20, 100*time.Millisecond, 600),
-			pt(PolicyPDAlways, 20, 300*time.Millisecond, 500),
+			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 3000), pt(PolicyPDAlways, 10, 200*time.Millisecond, 3000),
+			pt(PolicyPDPredicted, 20, 105*time.Millisecond, 6000), pt(PolicyPDDecodeOnly, 20, 100*time.Millisecond, 6000),
+			pt(PolicyPDAlways, 20, 300*time.Millisecond, 5000),
 		}, []Outcome{Fail, Pass, Pass}},
-		{"throughput is the seeds' mean, not the median run's", []Point{
-			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 400, 200), pt(PolicyPDAlways, 10, 200*time.Millisecond, 300, 320),
+		{"throughput is every seed's tokens, not the median run's", []Point{
+			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 4000, 2000), pt(PolicyPDAlways, 10, 200*time.Millisecond, 3000, 3200),
+		}, []Outcome{Pass, Pass, Fail}},
+		{"every token delivered passes whatever the last request's latency", []Point{
+			slower(pt(PolicyPDPredicted, 10, 100*time.Millisecond, 3000, 3000)), pt(PolicyPDAlways, 10, 200*time.Millisecond, 3000, 3000),
+		}, []Outcome{Pass, Pass, Pass}},
+		{"a token fewer fails", []Point{
+			pt(PolicyPDPredicted, 10, 100*time.Millisecond, 3000, 2999), pt(PolicyPDAlways, 10, 200*time.Millisecond, 3000, 3000),
 		}, []Outcome{Pass, Pass, Fail}},
 	}
 	for _, tt := range tests {

@@ -43,6 +43,9 @@ type Summary struct {
 	E2Ep50, E2Ep90            time.Duration
 	// OutputTPS is output tokens per second over the run's makespan.
 	OutputTPS float64
+	// OutputTokens is the output tokens delivered, those of cut requests
+	// up to their cut included.
+	OutputTokens int
 	// HitRate is cached prompt tokens over prompt tokens.
 	HitRate float64
 	// Shed counts requests refused with 429. SLOAttainment is the share of
@@ -101,6 +104,7 @@ func Summarize(samples []Sample, makespan time.Duration) Summary {
 	}
 	s.TTFTp50, s.TTFTp90, s.TTFTp99 = Percentile(ttft, 50), Percentile(ttft, 90), Percentile(ttft, 99)
 	s.E2Ep50, s.E2Ep90 = Percentile(e2e, 50), Percentile(e2e, 90)
+	s.OutputTokens = output
 	if makespan > 0 {
 		s.OutputTPS = float64(output) / makespan.Seconds()
 	}
