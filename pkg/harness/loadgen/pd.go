@@ -162,6 +162,8 @@ func pdConfig(policy string) string {
 		return pdTopologyConfig("host")
 	case PolicyPDTopologyRack:
 		return pdTopologyConfig("rack")
+	case PolicyPDTopologyPredicted, PolicyPDTopologyPredictedBlind:
+		return pdTopologyPredictedConfig(policy == PolicyPDTopologyPredictedBlind)
 	}
 	return config.DefaultConfigText
 }

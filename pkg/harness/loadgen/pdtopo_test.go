@@ -3,6 +3,7 @@ package loadgen
 import (
 	"os"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/discovery/static"
@@ -66,5 +67,39 @@ func TestTheTopologyPoliciesConfigurationsLoad(t *testing.T) {
 			t.Fatalf("the EPP rejects %s's configuration: %v", pol, err)
 		}
 		e.Close()
+	}
+}
+
+// Each topology-aware policy is judged against the same policy blind to
+// topology, on the mean over its seeds.
+func TestTheTopologyChecksJudgeEachAwarePolicyAgainstItsOwnBlindOne(t *testing.T) {
+	t.Parallel()
+	pt := func(pol string, seeds ...[2]time.Duration) Point {
+		pd := &PDResult{}
+		for _, s := range seeds {
+			pd.SeedRuns = append(pd.SeedRuns, PDSeed{TTFTp90: s[0], TransferMean: s[1]})
+		}
+		return Point{Workload: "pd-topology", Policy: pol, Rate: 30, Summary: Summary{TTFTp90: seeds[0][0]}, PD: pd}
+	}
+	ms := time.Millisecond
+	got := PDTopologyChecks([]Point{
+		// llm-d's pair: the transfer cut, the TTFT 1.3x.
+		pt(PolicyPDTopologyBlind, [2]time.Duration{50 * ms, 3 * ms}, [2]time.Duration{50 * ms, 3 * ms}),
+		pt(PolicyPDTopologyAware, [2]time.Duration{80 * ms, 2 * ms}, [2]time.Duration{50 * ms, 2 * ms}),
+		// kvroute's pair: both met, though one seed is slower.
+		pt(PolicyPDTopologyPredictedBlind, [2]time.Duration{50 * ms, 3 * ms}, [2]time.Duration{50 * ms, 3 * ms}),
+		pt(PolicyPDTopologyPredicted, [2]time.Duration{54 * ms, 2 * ms}, [2]time.Duration{48 * ms, 2 * ms}),
+	})
+	want := []struct {
+		policy  string
+		outcome Outcome
+	}{{PolicyPDTopologyAware, Pass}, {PolicyPDTopologyAware, Fail}, {PolicyPDTopologyPredicted, Pass}, {PolicyPDTopologyPredicted, Pass}}
+	if len(got) != len(want) {
+		t.Fatalf("%d checks, want %d: %+v", len(got), len(want), got)
+	}
+	for i, c := range got {
+		if c.Policy != want[i].policy || c.Outcome != want[i].outcome {
+			t.Errorf("check %d %q (%s): %s %s, want %s %s", i, c.Claim, c.Detail, c.Policy, c.Outcome, want[i].policy, want[i].outcome)
+		}
 	}
 }

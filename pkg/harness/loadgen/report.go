@@ -320,6 +320,7 @@ var svgColors = map[string]string{
 	PolicyPDDecodeOnly: "#17becf", PolicyPDAlways: "#d62728", PolicyPDUpstream: "#ff7f0e",
 	PolicyPDExact: "#1f77b4", PolicyPDPredicted: "#e377c2",
 	PolicyPDTopologyBlind: "#1f77b4", PolicyPDTopologyAware: "#2ca02c", PolicyPDTopologyRack: "#9467bd",
+	PolicyPDTopologyPredictedBlind: "#8c564b", PolicyPDTopologyPredicted: "#e377c2",
 }
 
 // Metric is what a plot draws against request rate.

@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/prefixbased"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/kvlink"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/latencyinfo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/prefixinfo"
 )
@@ -49,16 +50,9 @@ const (
 
 // Params are the decider's parameters; DefaultParams gives their defaults.
 type Params struct {
-	// KVBytesPerToken is the model's KV cache per token, in bytes: layers ×
-	// KV heads × head size × 2 (K and V) × bytes per element (131072 for
-	// Llama 3 8B in 16 bits). A block moves blockSize times this.
-	KVBytesPerToken float64 `json:"kvBytesPerToken"`
-	// TransferGBps is the link's bandwidth between prefill and decode
-	// pods, in gigabytes (1e9 bytes) per second.
-	TransferGBps float64 `json:"transferGBps"`
-	// TransferLatencyMs is a transfer's fixed cost, in milliseconds
-	// (connector handshake, the decode pod's pull request).
-	TransferLatencyMs float64 `json:"transferLatencyMs"`
+	// The transfer's link (kvBytesPerToken, transferGBps,
+	// transferLatencyMs, transferByDistance).
+	kvlink.Params
 	// MinGain is the share of the local prediction the remote path must
 	// save to be taken: predictions have errors, and a split that saves
 	// nothing still costs a prefill pod's time.
@@ -75,59 +69,21 @@ type Params struct {
 	// NonCachedTokens is the fallback without predictions: split when the
 	// decode pod lacks at least this many prompt tokens; 0 never splits then.
 	NonCachedTokens int `json:"nonCachedTokens"`
-	// TransferByDistance is the link between a prefill pod and the decode
-	// pod by how near they are (host, rack, zone or region: the tightest
-	// level their nodes share); each level given whole. Pods farther
-	// apart, of unknown place, or at a level not given use TransferGBps
-	// and TransferLatencyMs.
-	TransferByDistance map[string]Link `json:"transferByDistance"`
 }
 
-// Link is a KV transfer path's bandwidth and fixed cost.
-type Link struct {
-	GBps      float64 `json:"gbps"`
-	LatencyMs float64 `json:"latencyMs"`
-}
-
-// DefaultTransferByDistance is what a transfer costs by distance unless
-// configured: a host's GPUs over NVLink or PCIe (100 GB/s, 0.2 ms), a
-// rack's 200 Gb/s NIC through one switch (25 GB/s, 0.5 ms), a zone's
-// 100 Gb/s over several hops (12.5 GB/s, 1 ms, the default link), a
-// region's links between zones (2.5 GB/s, 5 ms). Measured figures
-// (kvroute_pd_transfer_duration_seconds, by distance) should replace them.
-func DefaultTransferByDistance() map[string]Link {
-	return map[string]Link{
-		"host":   {GBps: 100, LatencyMs: 0.2},
-		"rack":   {GBps: 25, LatencyMs: 0.5},
-		"zone":   {GBps: 12.5, LatencyMs: 1},
-		"region": {GBps: 2.5, LatencyMs: 5},
-	}
-}
-
-// DefaultParams are the defaults: a Llama-3-8B-sized KV over a 100 Gb/s
-// link with 1 ms per transfer, faster within a rack or a host
-// (DefaultTransferByDistance); a split must save 10%; Dynamo's conditions
-// off; 2048 uncached tokens without predictions.
+// DefaultParams are the defaults: kvlink's default link (a Llama-3-8B-sized
+// KV over a 100 Gb/s link with 1 ms per transfer, faster within a rack or
+// a host); a split must save 10%; Dynamo's conditions off; 2048 uncached
+// tokens without predictions.
 func DefaultParams() Params {
-	return Params{
-		KVBytesPerToken: 131072, TransferGBps: 12.5, TransferLatencyMs: 1, MinGain: 0.1,
-		MaxLocalPrefillRatio: 0.7, NonCachedTokens: 2048, TransferByDistance: DefaultTransferByDistance(),
-	}
+	return Params{Params: kvlink.DefaultParams(), MinGain: 0.1, MaxLocalPrefillRatio: 0.7, NonCachedTokens: 2048}
 }
 
 // Decider is the predicted-latency-pd-decider.
 type Decider struct {
 	name plugin.TypedName
 	p    Params
-	// links are the transfer's link at each distance, indexed by
-	// datalayer.Distance: the configured level's, else the default link.
-	links [datalayer.NumDistances]link
-}
-
-// link is a Link in the units the hot path uses.
-type link struct {
-	// bytesPerMs is the bandwidth in bytes per millisecond.
-	bytesPerMs, latencyMs float64
+	link *kvlink.Model
 }
 
 var (
@@ -140,14 +96,11 @@ func New(name string, p Params) (*Decider, error) {
 	bad := func(format string, args ...any) (*Decider, error) {
 		return nil, framework.ParamError(Type, name, format, args...)
 	}
-	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	link, err := kvlink.New(p.Params)
+	if err != nil {
+		return bad("%v", err)
+	}
 	switch {
-	case !(p.KVBytesPerToken > 0) || !finite(p.KVBytesPerToken):
-		return bad("kvBytesPerToken = %v, want > 0", p.KVBytesPerToken)
-	case !(p.TransferGBps > 0) || !finite(p.TransferGBps):
-		return bad("transferGBps = %v, want > 0", p.TransferGBps)
-	case !(p.TransferLatencyMs >= 0) || !finite(p.TransferLatencyMs):
-		return bad("transferLatencyMs = %v, want ≥ 0", p.TransferLatencyMs)
 	case !(p.MinGain >= 0 && p.MinGain < 1):
 		return bad("minGain = %v, want in [0, 1)", p.MinGain)
 	case p.MaxLocalPrefillLength < 0:
@@ -159,21 +112,7 @@ func New(name string, p Params) (*Decider, error) {
 	case p.NonCachedTokens < 0:
 		return bad("nonCachedTokens = %d, want ≥ 0", p.NonCachedTokens)
 	}
-	d := &Decider{name: plugin.TypedName{Type: Type, Name: name}, p: p}
-	for i := range d.links {
-		d.links[i] = link{bytesPerMs: p.TransferGBps * 1e6, latencyMs: p.TransferLatencyMs}
-	}
-	for level, l := range p.TransferByDistance {
-		dist, err := datalayer.ParseLevel(level)
-		if err != nil {
-			return bad("transferByDistance: %v", err)
-		}
-		if !(l.GBps > 0) || !finite(l.GBps) || !(l.LatencyMs >= 0) || !finite(l.LatencyMs) {
-			return bad("transferByDistance.%s = {gbps: %v, latencyMs: %v}, want gbps > 0 and latencyMs ≥ 0", level, l.GBps, l.LatencyMs)
-		}
-		d.links[dist] = link{bytesPerMs: l.GBps * 1e6, latencyMs: l.LatencyMs}
-	}
-	return d, nil
+	return &Decider{name: plugin.TypedName{Type: Type, Name: name}, p: p, link: link}, nil
 }
 
 // Factory makes the decider from its parameters over DefaultParams.
@@ -283,15 +222,7 @@ func (d *Decider) TransferMs(uncached, blockSize int) float64 {
 
 // TransferMsAt is TransferMs between pods at distance dist.
 func (d *Decider) TransferMsAt(uncached, blockSize int, dist datalayer.Distance) float64 {
-	if uncached <= 0 {
-		return 0
-	}
-	tokens := uncached
-	if blockSize > 1 {
-		tokens = (uncached + blockSize - 1) / blockSize * blockSize
-	}
-	l := d.links[min(dist, datalayer.Unknown)]
-	return l.latencyMs + float64(tokens)*d.p.KVBytesPerToken/l.bytesPerMs
+	return d.link.TransferMsAt(uncached, blockSize, dist)
 }
 
 // meanTTFT is a candidate's predicted mean TTFT, read in place: the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/kvlink"
 	"math"
 	"testing"
 	"time"
@@ -172,7 +173,7 @@ func TestWithoutPrefillPodsTheThresholdStillSaysSplit(t *testing.T) {
 
 func TestTheTransferMovesWholeBlocksOverTheLink(t *testing.T) {
 	t.Parallel()
-	p, err := predicted.New("t", predicted.Params{KVBytesPerToken: 1e6, TransferGBps: 1, TransferLatencyMs: 2, MaxLocalPrefillRatio: 0.7})
+	p, err := predicted.New("t", predicted.Params{Params: kvlink.Params{KVBytesPerToken: 1e6, TransferGBps: 1, TransferLatencyMs: 2}, MaxLocalPrefillRatio: 0.7})
 	if err != nil {
 		t.Fatal(err)
 	}

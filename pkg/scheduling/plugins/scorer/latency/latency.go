@@ -16,6 +16,9 @@ import (
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/decider/prefixbased"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/filter/bylabel"
+	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/kvlink"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/latencyinfo"
 	"github.com/kvroute/kvroute/pkg/scheduling/plugins/internal/prefixinfo"
 )
@@ -79,6 +82,14 @@ type Params struct {
 	// since its last request there, as a Go duration (default
 	// DefaultEvictionWindow).
 	EvictionWindow string `json:"evictionWindow,omitempty"`
+	// The KV transfer's link (kvBytesPerToken, transferGBps,
+	// transferLatencyMs, transferByDistance; the defaults are
+	// predicted-latency-pd-decider's). Where the scorer picks a split
+	// request's prefill pod after its decode pod, each prefill pod's cost
+	// adds the predicted transfer of the blocks the decode pod lacks over
+	// the link of their distance: a nearer pod wins by the time its link
+	// saves, and loses to a farther one whose queue is shorter by more.
+	kvlink.Params
 }
 
 // DefaultEvictionWeight is EvictionWeight's default: evicting a block
@@ -99,6 +110,7 @@ type Scorer struct {
 	prefillWeight float64
 	evictWeight   float64
 	evictWindow   time.Duration
+	link          *kvlink.Model
 }
 
 var (
@@ -108,11 +120,15 @@ var (
 
 // Factory makes the scorer from its configuration.
 func Factory(name string, raw json.RawMessage, _ framework.Handle) (plugin.Plugin, error) {
-	var p Params
+	p := Params{Params: kvlink.DefaultParams()}
 	if err := framework.DecodeParams(Type, name, raw, &p); err != nil {
 		return nil, err
 	}
-	s := &Scorer{name: plugin.TypedName{Type: Type, Name: name}, strategy: LeastLatency}
+	link, err := kvlink.New(p.Params)
+	if err != nil {
+		return nil, framework.ParamError(Type, name, "%v", err)
+	}
+	s := &Scorer{name: plugin.TypedName{Type: Type, Name: name}, strategy: LeastLatency, link: link}
 	switch p.Strategy {
 	case "", LeastLatency:
 	case LeastHeadroom, "least":
@@ -176,10 +192,10 @@ func (s *Scorer) Consumes() map[string]any {
 
 // Score implements framework.Scorer. A candidate without a valid
 // prediction scores 0.
-func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, req *request.Request, cands []*datalayer.Candidate, out []float64) {
+func (s *Scorer) Score(_ context.Context, cs *framework.CycleState, req *request.Request, cands []*datalayer.Candidate, out []float64) {
 	hasSLO := req.SLO.TTFT > 0 || req.SLO.TPOT > 0
 	if s.strategy == LeastLatency || !hasSLO {
-		s.leastLatency(req, cands, out)
+		s.leastLatency(cs, req, cands, out)
 		return
 	}
 	s.headroom(cands, out)
@@ -187,7 +203,7 @@ func (s *Scorer) Score(_ context.Context, _ *framework.CycleState, req *request.
 
 // leastLatency scores (min + 1ms)/(cost + 1ms): the fastest scores 1, one
 // twice as slow about 0.5, so that the score weighs like the time saved.
-func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate, out []float64) {
+func (s *Scorer) leastLatency(cs *framework.CycleState, req *request.Request, cands []*datalayer.Candidate, out []float64) {
 	// The eviction costs first, held in out: each counts against the
 	// least of them, the candidate with the most room, so that where every
 	// candidate must evict alike (a fleet whose caches are all full of
@@ -206,6 +222,7 @@ func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate
 		}
 		least = min(least, out[i])
 	}
+	decode, uncached, blockSize := s.transferFrom(cs, req)
 	best := math.Inf(1)
 	for i, c := range cands {
 		if math.IsNaN(out[i]) {
@@ -222,6 +239,9 @@ func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate
 			cost = info.TTFT + s.tpotWeight*info.TPOT + pw*info.TTFTAlone
 		}
 		cost += s.evictWeight * (out[i] - least)
+		if decode != nil && c != decode && bylabel.ServesPrefill(c.Role()) {
+			cost += s.link.TransferMsAt(uncached, blockSize, c.Topology.DistanceTo(decode.Topology))
+		}
 		out[i] = cost
 		best = min(best, cost)
 	}
@@ -232,6 +252,25 @@ func (s *Scorer) leastLatency(req *request.Request, cands []*datalayer.Candidate
 		}
 		out[i] = (best + 1) / (v + 1)
 	}
+}
+
+// transferFrom is, when this cycle picks a split request's prefill pod
+// after its decode pod (the earlier stage's pick, framework.Peer), that
+// decode pod and the prompt tokens it lacks: those the prefill pod's KV
+// transfer moves. Nil otherwise (no split, or prefill picked first).
+func (s *Scorer) transferFrom(cs *framework.CycleState, req *request.Request) (*datalayer.Candidate, int, int) {
+	if cs == nil {
+		return nil, 0, 0
+	}
+	decode, ok := cs.Peer()
+	if !ok || bylabel.PrefillOnly(decode.Role()) {
+		return nil, 0, 0
+	}
+	info, ok := datalayer.PrefixCacheInfoOf(decode)
+	if !ok {
+		return nil, 0, 0
+	}
+	return decode, max(prefixbased.PromptTokens(req, info)-info.MatchTokens, 0), info.BlockSizeTokens
 }
 
 // evictionCost is the expected re-prefill time, in milliseconds, of the

@@ -188,3 +188,54 @@ func TestAFullCacheOfColdFamiliesCostsNothingToEvict(t *testing.T) {
 		t.Errorf("scores = %v, want %v: where every candidate evicts alike, the term changes nothing", got, without)
 	}
 }
+
+// Picking a split request's prefill pod after its decode pod, each prefill
+// pod's cost adds the transfer of the blocks the decode pod lacks over the
+// link of their distance: at equal predictions the pod in the decode pod's
+// rack wins, and it loses to one across racks whose prediction is shorter
+// by more than the transfer it saves.
+func TestAPrefillPickWeighsTheTransferToTheDecodePod(t *testing.T) {
+	t.Parallel()
+	rack := func(host, r string) datalayer.Topology { return datalayer.Topology{Host: host, Rack: r, Zone: "z"} }
+	role := func(r string) map[string]string { return map[string]string{datalayer.RoleLabel: r} }
+	prefill := func(name, r string, ttft float64) *datalayer.Candidate {
+		c := schedtest.C{Name: name, Labels: role("prefill"), Topology: rack(name, r)}.Build()
+		c.Put(datalayer.LatencyPredictionInfoKey, datalayer.LatencyPredictionInfo{TTFTValid: true, TPOTValid: true, TTFTMean: ttft, TTFT: ttft, TPOTMean: 10, TPOT: 10, Quantile: 0.9})
+		return c
+	}
+	// The decode pod holds 2 of the prompt's 64 blocks: 62 blocks of 16
+	// tokens, 131072 bytes a token, move. Within the rack (25 GB/s and
+	// 0.5 ms by default) that is 5.7 ms; across racks, in one zone
+	// (12.5 GB/s, 1 ms), 11.4 ms.
+	decode := schedtest.C{Name: "decode", Labels: role("decode"), Topology: rack("decode", "r1"),
+		Prefix: &datalayer.PrefixCacheInfo{MatchBlocks: 2, MatchTokens: 32, TotalBlocks: 64, BlockSizeTokens: 16, State: datalayer.StreamExact}}.Build()
+	req := &request.Request{TokenIDs: make([]uint32, 1024)}
+	run := func(cands ...*datalayer.Candidate) []float64 {
+		p, err := latency.Factory("l", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := framework.NewCycleState(schedtest.Now, 1, 2)
+		cs.Write(framework.PeerEndpointKey, decode)
+		out := make([]float64, len(cands))
+		p.(framework.Scorer).Score(context.Background(), cs, req, cands, out)
+		return out
+	}
+	if got := run(prefill("far", "r2", 40), prefill("near", "r1", 40)); !(got[1] > got[0]) {
+		t.Errorf("equal predictions: scores %v, want the decode pod's rack first", got)
+	}
+	if got := run(prefill("far", "r2", 40), prefill("near", "r1", 44)); !(got[1] > got[0]) {
+		t.Errorf("the near pod 4 ms slower, saving 5.7 ms of transfer: scores %v, want it first", got)
+	}
+	if got := run(prefill("far", "r2", 40), prefill("near", "r1", 48)); !(got[0] > got[1]) {
+		t.Errorf("the near pod 8 ms slower, saving 5.7 ms of transfer: scores %v, want the far one first", got)
+	}
+	// Without the decode pick (no split, or the decode profile itself),
+	// distance plays no part.
+	p, _ := latency.Factory("l", nil, nil)
+	out := make([]float64, 2)
+	p.(framework.Scorer).Score(context.Background(), framework.NewCycleState(schedtest.Now, 1, 2), req, []*datalayer.Candidate{prefill("far", "r2", 40), prefill("near", "r1", 40)}, out)
+	if out[0] != out[1] {
+		t.Errorf("no decode pick: scores %v, want equal", out)
+	}
+}
