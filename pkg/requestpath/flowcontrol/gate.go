@@ -27,16 +27,19 @@ type Gate struct {
 // none) is the tightest TTFT SLO of the priorities above the request's
 // (Controller.Protect): engines serve what they were sent in order, so a
 // request released onto a queue leaves a more urgent one arriving next
-// behind it. It is released only where such a request would still be
-// served within protect after it (its predicted TTFT plus a prefill like
-// its own), or where nothing is ahead of it at all.
+// behind it. It is released only where such a request would still find
+// an endpoint that serves it within protect: the one this request goes to
+// (its predicted TTFT there plus a prefill like its own), or another
+// endpoint of the pool, left as it is; or where nothing is ahead of it at
+// all. Holding it while another endpoint keeps that room would protect
+// nothing and cost it its own SLO.
 func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, protect, waited time.Duration, now time.Time) Verdict {
 	if len(cands) == 0 {
 		return Verdict{}
 	}
 	if g.ByPrediction {
 		if best, alone, ok := Predicted(cands); ok {
-			leaves := protect <= 0 || best+alone <= protect || best <= alone+idleSlack
+			leaves := protect <= 0 || best+alone <= protect || best <= alone+idleSlack || roomBesidesBest(cands, protect)
 			switch {
 			case slo > 0 && waited+best <= slo && leaves:
 				return Verdict{Release: true}
@@ -59,6 +62,36 @@ func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, protect, waited 
 // idleSlack is how far above a request's TTFT alone its best predicted
 // TTFT may be while the endpoint still counts as having nothing ahead.
 const idleSlack = 5 * time.Millisecond
+
+// roomBesidesBest says whether some candidate other than the one of least
+// predicted TTFT (where a released request goes) is predicted to serve a
+// request like this one within protect.
+func roomBesidesBest(cands []*datalayer.Candidate, protect time.Duration) bool {
+	bestAt, n := -1, 0
+	var best time.Duration
+	for i, c := range cands {
+		lat, has := datalayer.LatencyPredictionOf(c)
+		if !has || !lat.TTFTValid {
+			continue
+		}
+		n++
+		if b := time.Duration(lat.TTFT * float64(time.Millisecond)); bestAt < 0 || b < best {
+			bestAt, best = i, b
+		}
+	}
+	if n < 2 {
+		return false
+	}
+	for i, c := range cands {
+		if i == bestAt {
+			continue
+		}
+		if lat, has := datalayer.LatencyPredictionOf(c); has && lat.TTFTValid && time.Duration(lat.TTFT*float64(time.Millisecond)) <= protect {
+			return true
+		}
+	}
+	return false
+}
 
 // Predicted is the least predicted TTFT among cands (the predictor's
 // quantile, with what waits ahead on each) and the least TTFT with

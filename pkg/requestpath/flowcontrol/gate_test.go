@@ -47,6 +47,8 @@ func TestGateDecides(t *testing.T) {
 		{"a queue a more urgent request could not pass after it holds", byPred, []*datalayer.Candidate{predicted(250, 110)}, 1500 * ms, 0, 0, false, false, 300 * ms},
 		{"a queue it could pass after it releases", byPred, []*datalayer.Candidate{predicted(180, 110)}, 1500 * ms, 0, 0, true, false, 300 * ms},
 		{"an endpoint with nothing ahead releases whatever the prefill", byPred, []*datalayer.Candidate{predicted(452, 450)}, 1500 * ms, 0, 0, true, false, 300 * ms},
+		{"a queue it could not pass after it releases while another endpoint keeps room", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(290, 110)}, 1500 * ms, 0, 0, true, false, 300 * ms},
+		{"a queue it could not pass after it holds while no other endpoint keeps room", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(310, 110)}, 1500 * ms, 0, 0, false, false, 300 * ms},
 		{"a band target is held to the protection too", byPred, []*datalayer.Candidate{predicted(200, 110)}, 0, 250 * ms, 0, false, false, 300 * ms},
 		{"an SLO out of reach is refused whatever the protection", byPred, []*datalayer.Candidate{predicted(900, 300)}, 500 * ms, 0, 250 * ms, false, true, 300 * ms},
 	} {
