@@ -472,18 +472,53 @@ func benchTenants(ctx context.Context, o loadgen.BenchOptions, outDir string, ar
 			mixedPts = append(mixedPts, seedPts)
 		}
 	}
+	// The well-behaved tenants alone, under kvroute's flow control if it
+	// ran: the most it could give them beside the flooder.
+	var alonePts []loadgen.Point
+	if slices.Contains(o.Policies, loadgen.PolicyFlowControl) {
+		alone := o
+		alone.Plans = nil
+		for _, p := range o.Plans {
+			if p.Workload.Name == loadgen.TenantsPlan().Workload.Name {
+				a := loadgen.TenantsAlonePlan()
+				a.Rates = scaleRates(p.Rates, loadgen.TenantsPlan().Rates, a.Rates)
+				alone.Plans = append(alone.Plans, a)
+			}
+		}
+		alone.Policies = []string{loadgen.PolicyFlowControl}
+		if len(alone.Plans) > 0 {
+			if alonePts, err = loadgen.Bench(ctx, alone); err != nil {
+				return err
+			}
+		}
+	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
 	path := filepath.Join(outDir, "routing-benchmark.md")
 	cmd := strings.TrimSpace("go run ./cmd/kvsim bench " + strings.Join(args, " "))
-	r := loadgen.TenantsReport{Command: cmd, Took: time.Since(start), LoadAverage: load(), Mixed: mixedPts}
+	r := loadgen.TenantsReport{Command: cmd, Took: time.Since(start), LoadAverage: load(), Mixed: mixedPts, Alone: alonePts}
 	if err := loadgen.WriteTenantsReport(path, o, pts, r); err != nil {
 		return err
 	}
 	printChecks(loadgen.TenantsChecks(pts, mixedPts))
 	fmt.Printf("wrote %s in %s\n", path, time.Since(start).Round(time.Second))
 	return nil
+}
+
+// scaleRates maps rates chosen from a plan's ladder (--rates) to the
+// alone plan's: each rate of from at its ladder's place in to, or scaled
+// by to's first over from's first where the ladder lacks it.
+func scaleRates(rates, from, to []float64) []float64 {
+	out := make([]float64, len(rates))
+	for i, r := range rates {
+		if k := slices.Index(from, r); k >= 0 && k < len(to) {
+			out[i] = to[k]
+			continue
+		}
+		out[i] = r * to[0] / from[0]
+	}
+	return out
 }
 
 // sampleLoad reads the 1-minute load average every 10s until ctx ends or

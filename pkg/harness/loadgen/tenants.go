@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -125,6 +126,28 @@ func TenantsPlan() Plan {
 		GPUBlocks: 2048,
 		Rates:     []float64{14, 28, 42, 56},
 	}
+}
+
+// TenantsAlonePlan is TenantsPlan's well-behaved tenants alone, at the
+// rates they send there (3/7 of each total rate): the attainment they get
+// on the fleet with no flooder at all is the most any flow control could
+// give them beside one.
+func TenantsAlonePlan() Plan {
+	p := TenantsPlan()
+	p.Workload.Name = "tenants-alone"
+	p.Workload.Tenants = slices.DeleteFunc(slices.Clone(p.Workload.Tenants), func(t Tenant) bool { return t.Flooder })
+	var all, kept float64
+	for _, t := range TenantsPlan().Workload.Tenants {
+		all += t.Share
+		if !t.Flooder {
+			kept += t.Share
+		}
+	}
+	p.Rates = slices.Clone(p.Rates)
+	for i := range p.Rates {
+		p.Rates[i] = math.Round(p.Rates[i]*kept/all*1000) / 1000
+	}
+	return p
 }
 
 // TenantStats is what one tenant's requests got.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,32 @@ func TestTheTenantsReportStatesTheMeasuredCapacity(t *testing.T) {
 	want := "at most 20.0 requests served a second (a at 28 req/s, over its runs' makespans), the decode steps sharing the engines with the prefills. The well-behaved tenants' offered rate against it: 7.0 req/s (35%) at 28, 14.0 req/s (70%) at 56."
 	if !strings.Contains(b.String(), want) {
 		t.Errorf("got %q, want it to say %q", b.String(), want)
+	}
+}
+
+// The alone plan keeps the well-behaved tenants at the rates they send
+// beside the flooder, and the report sets what they get alone beside what
+// they get with it.
+func TestTheWellBehavedTenantsAloneSendWhatTheySendBesideTheFlooder(t *testing.T) {
+	t.Parallel()
+	p := TenantsAlonePlan()
+	for _, tn := range p.Workload.Tenants {
+		if tn.Flooder {
+			t.Fatalf("the alone plan keeps the flooder: %+v", p.Workload.Tenants)
+		}
+	}
+	if want := []float64{6, 12, 18, 24}; !slices.Equal(p.Rates, want) {
+		t.Errorf("rates %v, want %v", p.Rates, want)
+	}
+	stats := func(name string, flooder bool, sent, met int) TenantStats {
+		return TenantStats{Tenant: name, Flooder: flooder, Sent: sent, Met: met, Served: met}
+	}
+	with := Point{Workload: "tenants", Policy: PolicyFlowControl, Rate: 56, Tenants: &TenantsResult{Tenants: []TenantStats{
+		stats("tenant-a", false, 300, 240), stats("flooder", true, 400, 100)}}}
+	alone := Point{Workload: "tenants-alone", Policy: PolicyFlowControl, Rate: 24, Tenants: &TenantsResult{Tenants: []TenantStats{stats("tenant-a", false, 300, 270)}}}
+	var b strings.Builder
+	writeTenantsAlone(&b, []Point{with}, []Point{alone})
+	if !strings.Contains(b.String(), "| 24 | kvroute-flow-control | 90.0% |") || !strings.Contains(b.String(), "56: 80.0%") {
+		t.Errorf("the alone table:\n%s", b.String())
 	}
 }

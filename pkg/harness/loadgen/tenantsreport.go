@@ -3,6 +3,7 @@ package loadgen
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -104,6 +105,9 @@ type TenantsReport struct {
 	LoadAverage string
 	// Mixed is mixed-slo's top rate, one slice of points per seed.
 	Mixed [][]Point
+	// Alone is the well-behaved tenants alone (TenantsAlonePlan) under
+	// kvroute's flow control: what they get with no flooder at all.
+	Alone []Point
 }
 
 // WriteTenantsReport writes the multi-tenant benchmark's Markdown report
@@ -211,6 +215,9 @@ Attainment is the requests that met their TTFT SLO over those sent (a request sh
 		}
 		b.WriteString("\n")
 	}
+	if len(r.Alone) > 0 {
+		writeTenantsAlone(&b, pts, r.Alone)
+	}
 	if len(r.Mixed) > 0 {
 		fmt.Fprintf(&b, "### %s at its top rate: flow control against shedding alone\n\n| seed | policy | req/s | goodput (req/s) | SLO attainment (served) | shed | errors (503 refused) | TTFT p90 |\n|---:|---|---:|---:|---:|---:|---:|---:|\n", mixedWorkload(r.Mixed))
 		for k, seed := range r.Mixed {
@@ -223,7 +230,37 @@ Attainment is the requests that met their TTFT SLO over those sent (a request sh
 	return writeReportFiles(path, b.String(), struct {
 		Points []Point
 		Mixed  [][]Point `json:",omitempty"`
-	}{pts, r.Mixed})
+		Alone  []Point   `json:",omitempty"`
+	}{pts, r.Mixed, r.Alone})
+}
+
+// writeTenantsAlone writes what the well-behaved tenants got alone on the
+// fleet, beside what they got with the flooder under the same policy.
+func writeTenantsAlone(b *strings.Builder, pts, alone []Point) {
+	b.WriteString("### The well-behaved tenants alone\n\nThe same tenants, classes and prompts with no flooder (`loadgen.TenantsAlonePlan`), at the rates they send in the runs above, under the same policy: the attainment the fleet gives them with nothing else to serve, the most flow control could give them beside a flooder.\n\n| their req/s | policy | attainment alone | interactive | batch | with the flooder (total req/s: attainment) |\n|---:|---|---:|---:|---:|---|\n")
+	for _, wl := range workloads(alone) {
+		for _, rate := range rates(alone, wl) {
+			for _, pol := range policies(alone, wl) {
+				p, ok := find(alone, wl, pol, rate)
+				if !ok || p.Tenants == nil {
+					continue
+				}
+				wb := p.Tenants.WellBehaved()
+				with := "—"
+				for _, q := range pts {
+					if q.Policy != pol || q.Tenants == nil {
+						continue
+					}
+					qb, fl := q.Tenants.WellBehaved(), q.Tenants.Flooder()
+					if sent := qb.Sent + fl.Sent; sent > 0 && math.Abs(q.Rate*float64(qb.Sent)/float64(sent)-rate) < 0.25*rate {
+						with = fmt.Sprintf("%g: %.1f%%", q.Rate, 100*qb.Attainment())
+					}
+				}
+				fmt.Fprintf(b, "| %g | %s | %.1f%% | %s | %s | %s |\n", rate, pol, 100*wb.Attainment(), classAttainment(wb, "interactive"), classAttainment(wb, "batch"), with)
+			}
+		}
+	}
+	b.WriteString("\n")
 }
 
 // flooderRatio is the flooder's share over each other tenant's (the
