@@ -248,6 +248,9 @@ func (h *Handler) Pick(ctx context.Context, cs *framework.CycleState, req *reque
 	if h.o.Order == PrefillFirst {
 		return h.pickPrefillFirst(ctx, cs, req, profiles, results)
 	}
+	if len(results) == 0 {
+		return h.has(profiles, h.o.Decode)
+	}
 	decodeRes, ran := results[h.o.Decode]
 	if !ran {
 		return h.has(profiles, h.o.Decode)
@@ -266,14 +269,18 @@ func (h *Handler) Pick(ctx context.Context, cs *framework.CycleState, req *reque
 	cs.Write(framework.PeerEndpointKey, decode)
 	v := undecided
 	var encode, prefill []*framework.Profile
-	if p := h.has(profiles, h.o.Encode); p != nil && h.o.EncodeDecider != nil {
-		if v.encode = h.o.EncodeDecider.Disaggregate(ctx, cs, req, decode); v.encode.Split {
-			encode = p
+	if h.o.EncodeDecider != nil {
+		if p := h.has(profiles, h.o.Encode); p != nil {
+			if v.encode = h.o.EncodeDecider.Disaggregate(ctx, cs, req, decode); v.encode.Split {
+				encode = p
+			}
 		}
 	}
-	if p := h.has(profiles, h.o.Prefill); p != nil && h.o.PrefillDecider != nil {
-		if v.prefill = h.o.PrefillDecider.Disaggregate(ctx, cs, req, decode); v.prefill.Split {
-			prefill = p
+	if h.o.PrefillDecider != nil {
+		if p := h.has(profiles, h.o.Prefill); p != nil {
+			if v.prefill = h.o.PrefillDecider.Disaggregate(ctx, cs, req, decode); v.prefill.Split {
+				prefill = p
+			}
 		}
 	}
 	cs.Write(stateKey, h.verdicts.of(v))
