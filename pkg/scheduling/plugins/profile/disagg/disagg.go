@@ -258,9 +258,6 @@ func (h *Handler) Pick(ctx context.Context, cs *framework.CycleState, req *reque
 	if decodeRes == nil || len(decodeRes.Picked) == 0 || len(results) > 1 {
 		return nil
 	}
-	if _, decided := cs.Read(stateKey); decided {
-		return nil
-	}
 	if h.o.OnlyWithPrefillPods && !hasPrefillPods(cs.Candidates()) {
 		return nil
 	}
