@@ -119,6 +119,9 @@ type modelLabels struct {
 	// seen is read without a lock; a new model is added to a copy, at
 	// most maxModelLabels times.
 	seen atomic.Pointer[map[string]*modelSeries]
+	// last is the series last found in seen: a pool mostly serves one
+	// model, whose name is then compared rather than hashed.
+	last atomic.Pointer[modelSeries]
 	mu   sync.Mutex
 	// unknown and other are the series of the two values that stand for
 	// many names.
@@ -135,8 +138,12 @@ func (l *modelLabels) series(model string) *modelSeries {
 	if model == "" {
 		return l.unknown
 	}
+	if s := l.last.Load(); s != nil && s.label == model {
+		return s
+	}
 	seen := *l.seen.Load()
 	if s, ok := seen[model]; ok {
+		l.last.Store(s)
 		return s
 	}
 	if len(seen) >= maxModelLabels {
