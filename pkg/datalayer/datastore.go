@@ -385,8 +385,11 @@ type CandidateSet struct {
 	slab []Candidate
 	ptrs []*Candidate
 
+	// mem is every RequestMemory caller's memory, read without a lock: a
+	// request's filters ask for theirs in every cycle, and a caller's
+	// memory is its own. A new caller's is added, under mu, to a copy.
+	mem atomic.Pointer[[]ownedMemory]
 	mu  sync.Mutex
-	mem []ownedMemory
 }
 
 // ownedMemory is one RequestMemory caller's memory: owner's *[]T.
@@ -426,26 +429,49 @@ func requestMemory[T any](cands []*Candidate, owner any, n int, zero bool) []T {
 	if set == nil {
 		return make([]T, n)
 	}
-	set.mu.Lock()
-	defer set.mu.Unlock()
-	for i := range set.mem {
-		if m := &set.mem[i]; m.owner == owner {
+	p := ownedBy[T](set.mem.Load(), owner)
+	if p == nil {
+		set.mu.Lock()
+		mem := set.mem.Load()
+		if p = ownedBy[T](mem, owner); p == nil {
+			p = new([]T)
+			set.mem.Store(withMemory(mem, ownedMemory{owner: owner, v: p}))
+		}
+		set.mu.Unlock()
+	}
+	if cap(*p) < n {
+		*p = make([]T, n)
+	}
+	*p = (*p)[:n]
+	if zero {
+		clear(*p)
+	}
+	return *p
+}
+
+// ownedBy is owner's *[]T among mem, nil when it has none.
+func ownedBy[T any](mem *[]ownedMemory, owner any) *[]T {
+	if mem == nil {
+		return nil
+	}
+	for i := range *mem {
+		if m := &(*mem)[i]; m.owner == owner {
 			if p, ok := m.v.(*[]T); ok {
-				if cap(*p) < n {
-					*p = make([]T, n)
-				}
-				*p = (*p)[:n]
-				if zero {
-					clear(*p)
-				}
-				return *p
+				return p
 			}
 		}
 	}
-	p := new([]T)
-	*p = make([]T, n)
-	set.mem = append(set.mem, ownedMemory{owner: owner, v: p})
-	return *p
+	return nil
+}
+
+// withMemory is mem with m added, a copy: readers hold the old one.
+func withMemory(mem *[]ownedMemory, m ownedMemory) *[]ownedMemory {
+	var next []ownedMemory
+	if mem != nil {
+		next = append(next, *mem...)
+	}
+	next = append(next, m)
+	return &next
 }
 
 // CandidatesInto is Candidates, making the candidates in set's memory

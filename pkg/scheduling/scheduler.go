@@ -67,7 +67,8 @@ type Options struct {
 type Scheduler struct {
 	handler  framework.ProfileHandler
 	profiles []*framework.Profile
-	runs     map[*framework.Profile]*profileRun
+	// runs are the profiles' runs, in the profiles' order.
+	runs     []*profileRun
 	detector *saturationdetector.Detector
 	admit    []framework.Admitter
 	admitT   []prometheus.Observer
@@ -104,7 +105,7 @@ func New(opts Options) (*Scheduler, error) {
 	s := &Scheduler{
 		handler:  opts.Handler,
 		profiles: opts.Profiles,
-		runs:     make(map[*framework.Profile]*profileRun, len(opts.Profiles)),
+		runs:     make([]*profileRun, 0, len(opts.Profiles)),
 		detector: opts.Detector,
 		admit:    opts.Admitters,
 		now:      opts.Now,
@@ -158,7 +159,7 @@ func New(opts Options) (*Scheduler, error) {
 		for _, pp := range p.PostPicks {
 			r.postPickT = append(r.postPickT, s.observer("post_pick", pp))
 		}
-		s.runs[p] = r
+		s.runs = append(s.runs, r)
 	}
 	return s, nil
 }
@@ -194,10 +195,17 @@ func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []
 	if req.Sheddable() && s.detector.AllSaturated(cands, now) {
 		return nil, statusShed, fmt.Errorf("schedule request %s: %w", req.ID, ErrShed)
 	}
+	// The cycle's memory: its plugin timings, observed when it ends, and
+	// the scores its profiles, which run one after another, share.
+	sc := scoresPool.Get().(*scores)
+	defer sc.release()
+	tm := &sc.timer
+	if len(s.admit) > 0 {
+		tm.restart()
+	}
 	for i, a := range s.admit {
-		t := time.Now()
 		err := a.Admit(ctx, req, cands)
-		s.admitT[i].Observe(time.Since(t).Seconds())
+		tm.lap(s.admitT[i])
 		if err != nil {
 			status := statusError
 			if errors.Is(err, ErrShed) {
@@ -214,37 +222,42 @@ func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []
 
 	results := make(map[string]*framework.ProfileResult, len(s.profiles))
 	// A profile runs at most once per cycle, so a handler that keeps asking
-	// for the same profile cannot loop forever.
+	// for the same profile cannot loop forever. The runs are told apart by
+	// their place among the profiles: the handler's answer is then checked
+	// with a few comparisons, and the profile it names is timed from the
+	// handler's end.
+	done := sc.runsDone(len(s.runs))
+	tm.restart()
 	for {
-		t := time.Now()
 		next := s.handler.Pick(ctx, cs, req, s.profiles, results)
-		s.handlerT.Observe(time.Since(t).Seconds())
+		tm.lap(s.handlerT)
 		ran := false
 		for _, p := range next {
-			if _, done := results[p.Name]; done {
-				continue
-			}
-			run, ok := s.runs[p]
-			if !ok {
+			i := s.runIndex(p)
+			if i < 0 {
+				if _, ok := results[p.Name]; ok {
+					continue
+				}
 				return nil, statusError, fmt.Errorf("schedule request %s: profile handler %s chose unknown profile %q", req.ID, s.handler.TypedName(), p.Name)
+			}
+			if done[i] {
+				continue
 			}
 			if err := ctx.Err(); err != nil {
 				return nil, statusError, fmt.Errorf("schedule request %s: %w", req.ID, err)
 			}
-			r, err := s.runProfile(ctx, cs, req, run, cands)
-			if err != nil {
+			done[i] = true
+			if err := s.runProfile(ctx, cs, req, s.runs[i], cands, sc, results); err != nil {
 				return nil, statusError, fmt.Errorf("schedule request %s: %w", req.ID, err)
 			}
-			results[p.Name] = r
 			ran = true
 		}
 		if !ran {
 			break
 		}
 	}
-	t := time.Now()
 	res, err := s.handler.ProcessResults(ctx, cs, req, results)
-	s.handlerT.Observe(time.Since(t).Seconds())
+	tm.lap(s.handlerT)
 	if err != nil {
 		status := statusError
 		if errors.Is(err, ErrNoCandidates) {
@@ -255,73 +268,174 @@ func (s *Scheduler) schedule(ctx context.Context, req *request.Request, cands []
 	return res, statusSuccess, nil
 }
 
+// runIndex is p's place among the scheduler's profiles, -1 when it is
+// none of them: a scan of a few pointers, cheaper than a map's hash.
+func (s *Scheduler) runIndex(p *framework.Profile) int {
+	for i, r := range s.runs {
+		if r.Profile == p {
+			return i
+		}
+	}
+	return -1
+}
+
 // runProfile runs one profile's filters, scorers, picker and post-pick
-// hooks. An empty result means the filters left nothing.
-func (s *Scheduler) runProfile(ctx context.Context, cs *framework.CycleState, req *request.Request, p *profileRun, cands []*datalayer.Candidate) (*framework.ProfileResult, error) {
+// hooks, and records its result in results before the post-picks run (the
+// handler reads it after them). An empty result means the filters left
+// nothing. The first filter is timed from the latest reading: the caller
+// has done no more than compare since.
+func (s *Scheduler) runProfile(ctx context.Context, cs *framework.CycleState, req *request.Request, p *profileRun, cands []*datalayer.Candidate, sc *scores, results map[string]*framework.ProfileResult) error {
+	tm := &sc.timer
 	filtered := cands
 	for i, f := range p.Filters {
-		t := time.Now()
 		filtered = f.Filter(ctx, cs, req, filtered)
-		p.filterT[i].Observe(time.Since(t).Seconds())
+		tm.lap(p.filterT[i])
 		if len(filtered) == 0 {
-			return &framework.ProfileResult{}, nil
+			results[p.Name] = &framework.ProfileResult{}
+			tm.restart()
+			return nil
 		}
 	}
 
 	// Neither pickers nor scorers keep what they are given (their
-	// contracts say so), so the scores' memory is pooled.
-	sc := scoresPool.Get().(*scores)
-	defer func() {
-		clear(sc.scored) // drop the candidates, so the pool keeps no request alive
-		scoresPool.Put(sc)
-	}()
-	scored := slices.Grow(sc.scored[:0], len(filtered))[:len(filtered)]
+	// contracts say so), so the scores' memory is the cycle's. buf is all
+	// zeros between uses, so a scorer finds it cleared with no work
+	// between the last filter's timing and its own.
+	n := len(filtered)
+	scored := slices.Grow(sc.scored[:0], n)[:n]
 	sc.scored = scored
-	for i, c := range filtered {
-		scored[i] = framework.ScoredCandidate{Candidate: c}
+	if len(p.Scorers) == 0 {
+		for i, c := range filtered {
+			scored[i] = framework.ScoredCandidate{Candidate: c}
+		}
+		tm.restart()
 	}
-	if len(p.Scorers) > 0 {
-		buf := slices.Grow(sc.buf[:0], len(filtered))[:len(filtered)]
-		sc.buf = buf
-		for i, w := range p.Scorers {
-			clear(buf)
-			t := time.Now()
-			w.Score(ctx, cs, req, filtered, buf)
-			p.scorerT[i].Observe(time.Since(t).Seconds())
+	if cap(sc.buf) < n {
+		sc.buf = make([]float64, n)
+	}
+	buf := sc.buf[:n]
+	for i, w := range p.Scorers {
+		sc.dirty = true
+		w.Score(ctx, cs, req, filtered, buf)
+		tm.lap(p.scorerT[i])
+		if i == 0 {
+			for j, v := range buf {
+				scored[j] = framework.ScoredCandidate{Candidate: filtered[j], Score: clamp01(v) * w.Weight}
+			}
+		} else {
 			for j, v := range buf {
 				scored[j].Score += clamp01(v) * w.Weight
 			}
 		}
+		clear(buf)
+		sc.dirty = false
+		tm.restart()
 	}
 
-	t := time.Now()
 	res := p.Picker.Pick(ctx, cs, scored)
-	p.pickerT.Observe(time.Since(t).Seconds())
+	tm.lap(p.pickerT)
 	if res == nil {
 		res = &framework.ProfileResult{}
 	}
 	if err := checkPicks(res.Picked, cands); err != nil {
-		return nil, fmt.Errorf("profile %q, picker %s: %w", p.Name, p.Picker.TypedName(), err)
+		return fmt.Errorf("profile %q, picker %s: %w", p.Name, p.Picker.TypedName(), err)
 	}
 	if s.keep {
-		// A copy: scored goes back to the pool.
+		// A copy: scored is the cycle's memory.
 		res.Scored = slices.Clone(scored)
 	}
+	results[p.Name] = res
+	// The handler's next call is timed from here, or from the last
+	// post-pick's end.
+	tm.restart()
 	for i, pp := range p.PostPicks {
-		t := time.Now()
 		pp.PostPick(ctx, cs, req, res)
-		p.postPickT[i].Observe(time.Since(t).Seconds())
+		tm.lap(p.postPickT[i])
 	}
-	return res, nil
+	return nil
 }
 
-// scores is a profile run's scoring memory.
+// scores is a cycle's memory: its scores, shared by its profiles, and
+// its plugin timings.
 type scores struct {
 	scored []framework.ScoredCandidate
-	buf    []float64
+	// buf is a scorer's output, all zeros between uses; dirty while a
+	// scorer's output is in it (a scorer that panicked leaves it so).
+	buf   []float64
+	dirty bool
+	timer timer
+	// done is which profiles ran (runsDone).
+	done []bool
 }
 
 var scoresPool = sync.Pool{New: func() any { return new(scores) }}
+
+// runsDone is the cycle's record of which of n profiles ran, all false.
+func (sc *scores) runsDone(n int) []bool {
+	if cap(sc.done) < n {
+		sc.done = make([]bool, n)
+	}
+	sc.done = sc.done[:n]
+	clear(sc.done)
+	return sc.done
+}
+
+// release observes the cycle's plugin timings and returns sc to the
+// pool, holding no candidate, so that the pool keeps no request alive.
+func (sc *scores) release() {
+	sc.timer.observe()
+	clear(sc.scored)
+	if sc.dirty {
+		clear(sc.buf)
+		sc.dirty = false
+	}
+	scoresPool.Put(sc)
+}
+
+// timer times a cycle's plugin calls off one clock reading each: a call
+// ends at a reading, and starts at the one before, which is the previous
+// call's end where no more than a few comparisons lie between the two
+// (consecutive filters or post-picks, the handler's answer and the first
+// filter of the profile it names), and otherwise a reading of its own
+// (restart). The times are observed when the cycle ends, so that no
+// call's time counts the observation of another's.
+type timer struct {
+	// last is the latest reading.
+	last time.Duration
+	laps []lap
+}
+
+type lap struct {
+	obs prometheus.Observer
+	d   time.Duration
+}
+
+// restart takes the reading the next call is timed from.
+func (t *timer) restart() { t.last = mono() }
+
+// lap ends a call's timing, to be observed by obs.
+func (t *timer) lap(obs prometheus.Observer) {
+	now := mono()
+	t.laps = append(t.laps, lap{obs: obs, d: now - t.last})
+	t.last = now
+}
+
+// observe records the laps taken.
+func (t *timer) observe() {
+	for i, l := range t.laps {
+		l.obs.Observe(l.d.Seconds())
+		t.laps[i] = lap{}
+	}
+	t.laps = t.laps[:0]
+}
+
+// epoch is the reading plugin timings count from. time.Since of a reading
+// with a monotonic part reads only the monotonic clock, where time.Now
+// reads the wall clock too; a cycle times a dozen calls or more.
+var epoch = time.Now()
+
+// mono is the monotonic clock's time since epoch.
+func mono() time.Duration { return time.Since(epoch) }
 
 // clamp01 bounds a score to [0,1]; NaN, the mark of a scorer's arithmetic
 // gone wrong, counts as 0 rather than poisoning the sum.

@@ -164,7 +164,6 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 		return framework.Verdict{Reason: ReasonLocalThresholds}
 	}
 
-	local, localOK := datalayer.LatencyPredictionOf(decode)
 	// bestRemote is the soonest a prefill pod's prefill and the transfer
 	// from it end: a nearer pod moves the blocks sooner.
 	bestRemote, prefillPods, busy := math.Inf(1), 0, 0
@@ -172,6 +171,11 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 	if cs != nil {
 		cands = cs.Candidates()
 	}
+	// The transfer's time depends on the pods only through their
+	// distance: it is worked out once per distance met.
+	var transfer [datalayer.NumDistances]float64
+	var known [datalayer.NumDistances]bool
+	placed := !decode.Topology.IsZero()
 	for _, c := range cands {
 		if !bylabel.ServesPrefill(c.Role()) || c == decode {
 			continue
@@ -181,7 +185,14 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 			busy++
 		}
 		if ttft, ok := meanTTFT(c); ok {
-			if r := ttft + d.TransferMsAt(uncached, info.BlockSizeTokens, c.Topology.DistanceTo(decode.Topology)); r < bestRemote {
+			dist := datalayer.Unknown
+			if placed {
+				dist = c.Topology.DistanceTo(decode.Topology)
+			}
+			if !known[dist] {
+				transfer[dist], known[dist] = d.TransferMsAt(uncached, info.BlockSizeTokens, dist), true
+			}
+			if r := ttft + transfer[dist]; r < bestRemote {
 				bestRemote = r
 			}
 		}
@@ -189,6 +200,7 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 	if prefillPods > 0 && busy == prefillPods {
 		return framework.Verdict{Reason: ReasonPrefillBusy}
 	}
+	local, localOK := localPrediction(decode)
 	if !localOK || !local.TTFTValid || math.IsInf(bestRemote, 1) {
 		// Nothing to weigh: the exact threshold decides, and with no
 		// prefill pod at all a split is still said, for the handler to
@@ -223,6 +235,29 @@ func (d *Decider) TransferMs(uncached, blockSize int) float64 {
 // TransferMsAt is TransferMs between pods at distance dist.
 func (d *Decider) TransferMsAt(uncached, blockSize int, dist datalayer.Distance) float64 {
 	return d.link.TransferMsAt(uncached, blockSize, dist)
+}
+
+// localPrediction is what the decider reads of the decode pod's
+// prediction, in place where the producer published a pointer.
+func localPrediction(c *datalayer.Candidate) (lp localPred, ok bool) {
+	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
+	if !ok {
+		return localPred{}, false
+	}
+	if p, isPtr := v.(*datalayer.LatencyPredictionInfo); isPtr {
+		if p == nil {
+			return localPred{}, false
+		}
+		return localPred{p.TTFTMean, p.TPOTMean, p.TTFTValid, p.TPOTValid}, true
+	}
+	lat, ok := datalayer.LatencyPredictionOf(c)
+	return localPred{lat.TTFTMean, lat.TPOTMean, lat.TTFTValid, lat.TPOTValid}, ok
+}
+
+// localPred is the decode pod's predicted mean TTFT and TPOT.
+type localPred struct {
+	TTFTMean, TPOTMean   float64
+	TTFTValid, TPOTValid bool
 }
 
 // meanTTFT is a candidate's predicted mean TTFT, read in place: the

@@ -19,6 +19,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
 	"github.com/kvroute/kvroute/pkg/plugin"
@@ -95,6 +97,7 @@ type Handler struct {
 	// named prefix-based-pd-decider if there is one, else splits always.
 	pdDefault bool
 	models    *modelLabels
+	verdicts  verdictSet
 }
 
 var (
@@ -169,17 +172,72 @@ func (h *Handler) ResolveRefs(fh framework.Handle) error {
 }
 
 // verdicts are one cycle's decisions, kept in its state between the
-// handler's rounds.
+// handler's rounds. A stored *verdicts is never written again.
 type verdicts struct {
 	prefill, encode framework.Verdict
 }
 
+// undecided is the verdicts of stages no decider decides.
+var undecided = verdicts{prefill: framework.Verdict{Reason: framework.ReasonNoDecider}, encode: framework.Verdict{Reason: framework.ReasonNoDecider}}
+
+// maxVerdicts bounds the distinct verdicts a handler keeps: its deciders
+// give a few (a split or not, and a reason from a small set), and beyond
+// that bound each cycle's verdicts are its own.
+const maxVerdicts = 32
+
+// verdictSet hands out the verdicts a handler's cycles store, one shared
+// copy of each, so that a decision allocates none.
+type verdictSet struct {
+	// all is read without a lock; a new verdict is added to a copy.
+	all atomic.Pointer[[]*verdicts]
+	mu  sync.Mutex
+}
+
+func (s *verdictSet) of(v verdicts) *verdicts {
+	if p := s.find(v); p != nil {
+		return p
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.find(v); p != nil {
+		return p
+	}
+	// A copy: v escaping would cost every call an allocation.
+	p := new(verdicts)
+	*p = v
+	var all []*verdicts
+	if old := s.all.Load(); old != nil {
+		if len(*old) >= maxVerdicts {
+			return p
+		}
+		all = append(all, *old...)
+	}
+	all = append(all, p)
+	s.all.Store(&all)
+	return p
+}
+
+func (s *verdictSet) find(v verdicts) *verdicts {
+	if all := s.all.Load(); all != nil {
+		for _, p := range *all {
+			if *p == v {
+				return p
+			}
+		}
+	}
+	return nil
+}
+
 const stateKey = "disagg-profile-handler/verdicts"
 
-func (h *Handler) has(profiles []*framework.Profile, name string) *framework.Profile {
-	for _, p := range profiles {
+// has returns the profile named name, as a slice of profiles that holds it
+// alone (nil when there is none): a handler's usual answer, which then
+// costs no allocation. Its capacity ends at the profile, so that nothing
+// appended to it writes into profiles.
+func (h *Handler) has(profiles []*framework.Profile, name string) []*framework.Profile {
+	for i, p := range profiles {
 		if p.Name == name {
-			return p
+			return profiles[i : i+1 : i+1]
 		}
 	}
 	return nil
@@ -190,17 +248,14 @@ func (h *Handler) Pick(ctx context.Context, cs *framework.CycleState, req *reque
 	if h.o.Order == PrefillFirst {
 		return h.pickPrefillFirst(ctx, cs, req, profiles, results)
 	}
+	if len(results) == 0 {
+		return h.has(profiles, h.o.Decode)
+	}
 	decodeRes, ran := results[h.o.Decode]
 	if !ran {
-		if p := h.has(profiles, h.o.Decode); p != nil {
-			return []*framework.Profile{p}
-		}
-		return nil
+		return h.has(profiles, h.o.Decode)
 	}
 	if decodeRes == nil || len(decodeRes.Picked) == 0 || len(results) > 1 {
-		return nil
-	}
-	if _, decided := cs.Read(stateKey); decided {
 		return nil
 	}
 	if h.o.OnlyWithPrefillPods && !hasPrefillPods(cs.Candidates()) {
@@ -209,20 +264,30 @@ func (h *Handler) Pick(ctx context.Context, cs *framework.CycleState, req *reque
 	decode := decodeRes.Picked[0]
 	// The later stages are placed near the decode pick (topology plugins).
 	cs.Write(framework.PeerEndpointKey, decode)
-	v := &verdicts{prefill: framework.Verdict{Reason: framework.ReasonNoDecider}, encode: framework.Verdict{Reason: framework.ReasonNoDecider}}
-	var next []*framework.Profile
-	if p := h.has(profiles, h.o.Encode); p != nil && h.o.EncodeDecider != nil {
-		if v.encode = h.o.EncodeDecider.Disaggregate(ctx, cs, req, decode); v.encode.Split {
-			next = append(next, p)
+	v := undecided
+	var encode, prefill []*framework.Profile
+	if h.o.EncodeDecider != nil {
+		if p := h.has(profiles, h.o.Encode); p != nil {
+			if v.encode = h.o.EncodeDecider.Disaggregate(ctx, cs, req, decode); v.encode.Split {
+				encode = p
+			}
 		}
 	}
-	if p := h.has(profiles, h.o.Prefill); p != nil && h.o.PrefillDecider != nil {
-		if v.prefill = h.o.PrefillDecider.Disaggregate(ctx, cs, req, decode); v.prefill.Split {
-			next = append(next, p)
+	if h.o.PrefillDecider != nil {
+		if p := h.has(profiles, h.o.Prefill); p != nil {
+			if v.prefill = h.o.PrefillDecider.Disaggregate(ctx, cs, req, decode); v.prefill.Split {
+				prefill = p
+			}
 		}
 	}
-	cs.Write(stateKey, v)
-	return next
+	cs.Write(stateKey, h.verdicts.of(v))
+	switch {
+	case encode == nil:
+		return prefill
+	case prefill == nil:
+		return encode
+	}
+	return []*framework.Profile{encode[0], prefill[0]}
 }
 
 func (h *Handler) pickPrefillFirst(ctx context.Context, cs *framework.CycleState, req *request.Request, profiles []*framework.Profile, results map[string]*framework.ProfileResult) []*framework.Profile {
@@ -230,18 +295,18 @@ func (h *Handler) pickPrefillFirst(ctx context.Context, cs *framework.CycleState
 		return nil
 	}
 	if _, decided := cs.Read(stateKey); !decided {
-		v := &verdicts{prefill: framework.Verdict{Reason: framework.ReasonNoDecider}, encode: framework.Verdict{Reason: framework.ReasonNoDecider}}
+		v := undecided
 		var next []*framework.Profile
 		if p := h.has(profiles, h.o.Prefill); p != nil {
 			v.prefill = framework.Verdict{Split: true, Reason: framework.ReasonPrefillFirst}
-			next = append(next, p)
+			next = p
 		}
 		if p := h.has(profiles, h.o.Encode); p != nil && h.o.EncodeDecider != nil {
 			if v.encode = h.o.EncodeDecider.Disaggregate(ctx, cs, req, nil); v.encode.Split {
-				next = append(next, p)
+				next = append(next, p[0])
 			}
 		}
-		cs.Write(stateKey, v)
+		cs.Write(stateKey, h.verdicts.of(v))
 		if len(next) > 0 {
 			return next
 		}
@@ -250,10 +315,7 @@ func (h *Handler) pickPrefillFirst(ctx context.Context, cs *framework.CycleState
 		// Decode is placed near the prefill pick (topology plugins).
 		cs.Write(framework.PeerEndpointKey, r.Picked[0])
 	}
-	if p := h.has(profiles, h.o.Decode); p != nil {
-		return []*framework.Profile{p}
-	}
-	return nil
+	return h.has(profiles, h.o.Decode)
 }
 
 // ProcessResults implements framework.ProfileHandler: decode is primary,
@@ -263,19 +325,44 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 	if decodeRes == nil || len(decodeRes.Picked) == 0 {
 		return nil, fmt.Errorf("%s: decode profile %q picked no pod: %w", h.name, h.o.Decode, framework.ErrNoCandidates)
 	}
-	v := &verdicts{prefill: framework.Verdict{Reason: framework.ReasonNoDecider}, encode: framework.Verdict{Reason: framework.ReasonNoDecider}}
+	v := &undecided
 	if s, ok := cs.Read(stateKey); ok {
 		v = s.(*verdicts)
 	} else if h.o.OnlyWithPrefillPods && h.o.Order == DecodeFirst {
 		// No prefill pod in the pool: the decode profile's pick alone.
 		return &framework.Result{PrimaryProfile: h.o.Decode, Profiles: results}, nil
 	}
-	model := h.models.label(req.Model)
+	series := h.models.series(req.Model)
 	// The scheduler's map is the result's, with only the stages that ran
-	// on pods of their own beside decode.
-	for name := range results {
-		if name != h.o.Decode && name != h.o.Prefill && name != h.o.Encode {
-			delete(results, name)
+	// on pods of their own beside decode. It is looked up only for as
+	// many results as it holds, and walked for others only when it holds
+	// more than the stages (this handler chose none).
+	rest := len(results) - 1
+	var prefillRes, encodeRes *framework.ProfileResult
+	var ranPrefill, ranEncode bool
+	switch {
+	case h.o.Prefill == h.o.Decode:
+		prefillRes, ranPrefill = decodeRes, true
+	case rest > 0:
+		if prefillRes, ranPrefill = results[h.o.Prefill]; ranPrefill {
+			rest--
+		}
+	}
+	switch {
+	case h.o.Encode == h.o.Decode:
+		encodeRes, ranEncode = decodeRes, true
+	case h.o.Encode == h.o.Prefill:
+		encodeRes, ranEncode = prefillRes, ranPrefill
+	case rest > 0:
+		if encodeRes, ranEncode = results[h.o.Encode]; ranEncode {
+			rest--
+		}
+	}
+	if rest > 0 {
+		for name := range results {
+			if name != h.o.Decode && name != h.o.Prefill && name != h.o.Encode {
+				delete(results, name)
+			}
 		}
 	}
 	out := &framework.Result{PrimaryProfile: h.o.Decode, Profiles: results}
@@ -283,7 +370,7 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 	reason := v.prefill.Reason
 	prefill := false
 	if v.prefill.Split {
-		r := results[h.o.Prefill]
+		r := prefillRes
 		switch {
 		case r != nil && len(r.Picked) > 0 && r.Picked[0] != decode:
 			prefill = true
@@ -294,18 +381,18 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 			reason = ReasonSamePod
 		default:
 			reason = framework.ReasonNoPrefillPod
-			if err := h.fallback(model, "prefill"); err != nil {
+			if err := h.fallback(series.label, "prefill"); err != nil {
 				return nil, err
 			}
 		}
 	}
 	encode := false
 	if v.encode.Split {
-		if r := results[h.o.Encode]; r != nil && len(r.Picked) > 0 {
+		if r := encodeRes; r != nil && len(r.Picked) > 0 {
 			encode = true
 			out.EncodeProfile = h.o.Encode
 		} else {
-			if err := h.fallback(model, "encode"); err != nil {
+			if err := h.fallback(series.label, "encode"); err != nil {
 				return nil, err
 			}
 			if h.o.PrefillDecider == nil {
@@ -316,15 +403,16 @@ func (h *Handler) ProcessResults(_ context.Context, cs *framework.CycleState, re
 	if h.o.PrefillDecider == nil && h.o.Order != PrefillFirst && v.encode.Reason != framework.ReasonNoDecider && reason == framework.ReasonNoDecider {
 		reason = v.encode.Reason
 	}
-	if !prefill && h.o.Prefill != h.o.Decode {
+	// Deleting a key the map lacks would still hash it.
+	if !prefill && ranPrefill && h.o.Prefill != h.o.Decode {
 		delete(results, h.o.Prefill)
 	}
-	if !encode && h.o.Encode != h.o.Decode {
+	if !encode && ranEncode && h.o.Encode != h.o.Decode {
 		delete(results, h.o.Encode)
 	}
 	out.Decision = framework.DecisionOf(encode, prefill)
 	out.Reason = reason
-	h.o.Metrics.decision(h.name, model, out.Decision, reason)
+	series.count(h.o.Metrics, h.name, out.Decision, reason)
 	return out, nil
 }
 

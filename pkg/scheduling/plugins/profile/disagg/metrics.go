@@ -3,7 +3,9 @@ package disagg
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,14 +20,6 @@ type Metrics struct {
 	// pdDecisions are pd-profile-handler's, under upstream's older name.
 	pdDecisions *prometheus.CounterVec
 	fallbacks   *prometheus.CounterVec
-	// counters caches the decision counters by their labels: resolving
-	// labels costs more than the rest of counting a decision.
-	counters sync.Map // decisionKey → prometheus.Counter
-}
-
-type decisionKey struct {
-	name, typ, model, reason string
-	decision                 framework.Decision
 }
 
 // DecisionMetric is upstream's name of the decision counter; its labels are
@@ -89,22 +83,14 @@ func register(reg prometheus.Registerer, c *prometheus.CounterVec) (*prometheus.
 	return c, nil
 }
 
-func (m *Metrics) decision(tn plugin.TypedName, model string, d framework.Decision, reason string) {
-	if m == nil {
-		return
-	}
-	k := decisionKey{name: tn.Name, typ: tn.Type, model: model, reason: reason, decision: d}
-	if c, ok := m.counters.Load(k); ok {
-		c.(prometheus.Counter).Inc()
-		return
-	}
+// decisionCounter resolves the series of a handler's decision; the
+// handler binds it to the model's labels (modelSeries.count).
+func (m *Metrics) decisionCounter(tn plugin.TypedName, model string, d framework.Decision, reason string) prometheus.Counter {
 	vec := m.decisions
 	if tn.Type == PDType {
 		vec = m.pdDecisions
 	}
-	c := vec.WithLabelValues(tn.Name, tn.Type, model, string(d), reason)
-	m.counters.Store(k, c)
-	c.Inc()
+	return vec.WithLabelValues(tn.Name, tn.Type, model, string(d), reason)
 }
 
 func (m *Metrics) fallback(tn plugin.TypedName, model, stage string, fb Fallback) {
@@ -127,33 +113,105 @@ const maxModelLabels = 64
 
 // modelLabels turns model names into label values: the first
 // maxModelLabels names as themselves, the rest as "other"; an empty name,
-// as upstream, as "unknown".
+// as upstream, as "unknown". Each value has its series, to which the
+// decision counters are bound once.
 type modelLabels struct {
-	mu   sync.RWMutex
-	seen map[string]bool
+	// seen is read without a lock; a new model is added to a copy, at
+	// most maxModelLabels times.
+	seen atomic.Pointer[map[string]*modelSeries]
+	// last is the series last found in seen: a pool mostly serves one
+	// model, whose name is then compared rather than hashed.
+	last atomic.Pointer[modelSeries]
+	mu   sync.Mutex
+	// unknown and other are the series of the two values that stand for
+	// many names.
+	unknown, other *modelSeries
 }
 
-func newModelLabels() *modelLabels { return &modelLabels{seen: map[string]bool{}} }
+func newModelLabels() *modelLabels {
+	l := &modelLabels{unknown: &modelSeries{label: "unknown"}, other: &modelSeries{label: "other"}}
+	l.seen.Store(&map[string]*modelSeries{})
+	return l
+}
 
-func (l *modelLabels) label(model string) string {
+func (l *modelLabels) series(model string) *modelSeries {
 	if model == "" {
-		return "unknown"
+		return l.unknown
 	}
-	l.mu.RLock()
-	ok := l.seen[model]
-	n := len(l.seen)
-	l.mu.RUnlock()
-	if ok {
-		return model
+	if s := l.last.Load(); s != nil && s.label == model {
+		return s
 	}
-	if n >= maxModelLabels {
-		return "other"
+	seen := *l.seen.Load()
+	if s, ok := seen[model]; ok {
+		l.last.Store(s)
+		return s
+	}
+	if len(seen) >= maxModelLabels {
+		return l.other
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.seen) >= maxModelLabels {
-		return "other"
+	seen = *l.seen.Load()
+	if s, ok := seen[model]; ok {
+		return s
 	}
-	l.seen[model] = true
-	return model
+	if len(seen) >= maxModelLabels {
+		return l.other
+	}
+	s := &modelSeries{label: model}
+	next := maps.Clone(seen)
+	next[model] = s
+	l.seen.Store(&next)
+	return s
+}
+
+// modelSeries is one model_name value and the decision counters bound to
+// it: counting a decision then compares a decision and a reason (constants
+// as a rule, equal by pointer) instead of hashing five label values.
+type modelSeries struct {
+	label string
+	// bound is read without a lock; a new series is added to a copy.
+	bound atomic.Pointer[[]boundDecision]
+	mu    sync.Mutex
+}
+
+type boundDecision struct {
+	decision framework.Decision
+	reason   string
+	c        prometheus.Counter
+}
+
+// count counts a decision of the handler tn under this model label.
+func (s *modelSeries) count(m *Metrics, tn plugin.TypedName, d framework.Decision, reason string) {
+	if m == nil {
+		return
+	}
+	if c := s.find(d, reason); c != nil {
+		c.Inc()
+		return
+	}
+	s.mu.Lock()
+	c := s.find(d, reason)
+	if c == nil {
+		c = m.decisionCounter(tn, s.label, d, reason)
+		var next []boundDecision
+		if old := s.bound.Load(); old != nil {
+			next = append(next, *old...)
+		}
+		next = append(next, boundDecision{decision: d, reason: reason, c: c})
+		s.bound.Store(&next)
+	}
+	s.mu.Unlock()
+	c.Inc()
+}
+
+func (s *modelSeries) find(d framework.Decision, reason string) prometheus.Counter {
+	if bound := s.bound.Load(); bound != nil {
+		for _, b := range *bound {
+			if b.decision == d && b.reason == reason {
+				return b.c
+			}
+		}
+	}
+	return nil
 }
