@@ -218,10 +218,10 @@ type FlowControl interface {
 	Kick()
 	// Target is the TTFT target of priority's band (zero: none).
 	Target(priority int) time.Duration
-	// Protect is the tightest TTFT SLO of the priorities above priority
-	// that had requests lately, and of priority's own when flow floods
-	// (zero: none).
-	Protect(priority int, flow string) time.Duration
+	// Protect is what a request of priority from flow leaves room for:
+	// the priorities above it that had requests lately, and its own when
+	// flow floods (the zero Protection: none).
+	Protect(priority int, flow string) flowcontrol.Protection
 }
 
 // Outliers is outlier detection, told each response's outcome;

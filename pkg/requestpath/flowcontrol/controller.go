@@ -10,6 +10,7 @@ package flowcontrol
 import (
 	"container/heap"
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -65,6 +66,11 @@ type Controller struct {
 	// slos are the least TTFT SLO (or band target) seen lately in each
 	// priority, for Protect.
 	slos map[int]sloMark
+	// floodLimit is the flood limit as computed at floodLimitAt, which
+	// arrivals are judged by: floodLimitLocked walks every flow, so an
+	// arrival computes it anew only every floodLimitEvery.
+	floodLimit   float64
+	floodLimitAt time.Time
 
 	bands   map[int]*band
 	order   []*band // by priority, highest first
@@ -123,7 +129,7 @@ func New(cfg Config, now func() time.Time, metrics *Metrics) (*Controller, error
 		metrics = NewMetrics(nil, cfg.MaxFlowLabels)
 	}
 	return &Controller{cfg: cfg, now: now, metrics: metrics, kick: make(chan struct{}, 1), bands: map[int]*band{},
-		shares: map[string]*share{}, slos: map[int]sloMark{}}, nil
+		shares: map[string]*share{}, slos: map[int]sloMark{}, floodLimit: math.Inf(1)}, nil
 }
 
 // Config is the configuration in force.
@@ -535,6 +541,7 @@ func (c *Controller) cycle() {
 	now := c.now()
 	order := c.nextLocked(now)
 	flood := c.floodLimitLocked(now)
+	c.floodLimit, c.floodLimitAt = flood, now
 	c.mu.Unlock()
 	held := 0
 	var heldAt standing
@@ -664,15 +671,20 @@ func (c *Controller) flowAheadLocked(flow string, now time.Time) bool {
 	return false
 }
 
-// sloMark is the least SLO seen in a priority since at.
+// sloMark is the least SLO seen in a priority since at, and the
+// priority's arrivals from flows within their share, decaying.
 type sloMark struct {
-	least time.Duration
-	at    time.Time
+	least    time.Duration
+	at       time.Time
+	arrivals decayed
 }
 
 // sloWindow is how long a priority's SLO protects it after its last
 // request.
 const sloWindow = 30 * time.Second
+
+// floodLimitEvery is how often an arrival computes the flood limit anew.
+const floodLimitEvery = 100 * time.Millisecond
 
 func (c *Controller) noteSLOLocked(r *Request, now time.Time) {
 	slo := r.SLO
@@ -690,18 +702,35 @@ func (c *Controller) noteSLOLocked(r *Request, now time.Time) {
 		m.least = slo
 	}
 	m.at = now
+	// A flow that floods is not protected from itself: what it sends
+	// beyond its share does not count in the room kept for the others.
+	if now.Sub(c.floodLimitAt) >= floodLimitEvery {
+		c.floodLimit, c.floodLimitAt = c.floodLimitLocked(now), now
+	}
+	if !c.floodsBeyond(r.FlowID, c.floodLimit, now) {
+		m.arrivals.add(1, now)
+	}
 	c.slos[r.Priority] = m
 }
 
 // maxPriorities bounds the priorities whose SLOs are remembered.
 const maxPriorities = 64
 
-// Protect is the tightest TTFT SLO (or band target) of the priorities
-// above priority that had requests lately, and of priority's own too when
-// flow floods (share.go): a request of theirs is released only onto an
-// endpoint that would still serve one of those in time after it
-// (Gate.Decide). Zero: nothing to protect.
-func (c *Controller) Protect(priority int, flow string) time.Duration {
+// Protection is what a request released ahead of more urgent work must
+// leave room for (Gate.Decide): the tightest TTFT SLO (or band target) of
+// the priorities it protects, and how many of their requests arrive a
+// second lately (from flows within their share), so that the room kept
+// is enough for those arriving while its own prefill runs. The zero
+// Protection protects nothing.
+type Protection struct {
+	SLO       time.Duration
+	PerSecond float64
+}
+
+// Protect is the Protection of a request of priority from flow: the
+// priorities above it that had requests lately, and its own too when flow
+// floods (share.go).
+func (c *Controller) Protect(priority int, flow string) Protection {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -712,13 +741,17 @@ func (c *Controller) Protect(priority int, flow string) time.Duration {
 	if c.floodsLocked(flow, now) {
 		from = priority
 	}
-	var least time.Duration
-	for p, m := range c.slos {
-		if p >= from && now.Sub(m.at) <= sloWindow && (least == 0 || m.least < least) {
-			least = m.least
+	var p Protection
+	for pr, m := range c.slos {
+		if pr < from || now.Sub(m.at) > sloWindow {
+			continue
 		}
+		if p.SLO == 0 || m.least < p.SLO {
+			p.SLO = m.least
+		}
+		p.PerSecond += m.arrivals.now(now) / shareDecay.Seconds()
 	}
-	return least
+	return p
 }
 
 // before orders x ahead of y in a queue.

@@ -472,9 +472,15 @@ func TestProtectIsTheTightestSLOAbove(t *testing.T) {
 		}
 	}
 	for p, want := range map[int]time.Duration{-1: 300 * time.Millisecond, 0: 300 * time.Millisecond, 10: 0} {
-		if got := r.c.Protect(p, ""); got != want {
+		if got := r.c.Protect(p, "").SLO; got != want {
 			t.Errorf("Protect(%d) = %v, want %v", p, got, want)
 		}
+	}
+	// The protected arrivals a second: three above -1, two above 0, each
+	// decaying over 5s from its arrival.
+	below, above, top := r.c.Protect(-1, "").PerSecond, r.c.Protect(0, "").PerSecond, r.c.Protect(10, "").PerSecond
+	if !(below > above && above > 0 && below <= 3.0/5 && above <= 2.0/5 && top == 0) {
+		t.Errorf("arrivals a second protected from -1, 0 and 10: %v, %v, %v; want three, two and none over 5s", below, above, top)
 	}
 }
 
@@ -492,17 +498,17 @@ func TestAFlowThatFloodsProtectsItsOwnBand(t *testing.T) {
 		}
 	}
 	send("flood")
-	if got := r.c.Protect(10, "flood"); got != 0 {
+	if got := r.c.Protect(10, "flood").SLO; got != 0 {
 		t.Errorf("a lone flow protects %v, want nothing: it has no one to leave room for", got)
 	}
 	send("flood")
 	send("flood")
 	send("flood")
 	send("calm")
-	if got := r.c.Protect(10, "flood"); got != 300*time.Millisecond {
+	if got := r.c.Protect(10, "flood").SLO; got != 300*time.Millisecond {
 		t.Errorf("the flow that floods protects %v, want its band's 300ms", got)
 	}
-	if got := r.c.Protect(10, "calm"); got != 0 {
+	if got := r.c.Protect(10, "calm").SLO; got != 0 {
 		t.Errorf("the flow within its share protects %v, want nothing above it", got)
 	}
 }

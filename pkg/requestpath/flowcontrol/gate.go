@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
@@ -23,23 +24,22 @@ type Gate struct {
 }
 
 // Decide is the verdict for a request with TTFT SLO slo (zero: none) in
-// a band with TTFT target target, having waited waited. protect (zero:
-// none) is the tightest TTFT SLO of the priorities above the request's
-// (Controller.Protect): engines serve what they were sent in order, so a
-// request released onto a queue leaves a more urgent one arriving next
-// behind it. It is released only where such a request would still find
-// an endpoint that serves it within protect: the one this request goes to
-// (its predicted TTFT there plus a prefill like its own), or another
-// endpoint of the pool, left as it is; or where nothing is ahead of it at
-// all. Holding it while another endpoint keeps that room would protect
-// nothing and cost it its own SLO.
-func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, protect, waited time.Duration, now time.Time) Verdict {
+// a band with TTFT target target, having waited waited. protect
+// (Controller.Protect) is the more urgent work it must leave room for:
+// engines serve what they were sent in order, so a request released onto
+// a queue leaves a more urgent one arriving next behind it. It is
+// released only where enough endpoints would still serve such a request
+// within protect.SLO for those arriving while its own prefill runs
+// (protect.PerSecond times that prefill, at least one): the endpoint it
+// goes to (its predicted TTFT there plus a prefill like its own) and the
+// others as they stand; or where nothing is ahead of it at all.
+func (g Gate) Decide(cands []*datalayer.Candidate, slo, target time.Duration, protect Protection, waited time.Duration, now time.Time) Verdict {
 	if len(cands) == 0 {
 		return Verdict{}
 	}
 	if g.ByPrediction {
 		if best, alone, ok := Predicted(cands); ok {
-			leaves := protect <= 0 || best+alone <= protect || best <= alone+idleSlack || roomBesidesBest(cands, protect)
+			leaves := protect.SLO <= 0 || best <= alone+idleSlack || leavesRoom(cands, protect, alone)
 			switch {
 			case slo > 0 && waited+best <= slo && leaves:
 				return Verdict{Release: true}
@@ -63,34 +63,33 @@ func (g Gate) Decide(cands []*datalayer.Candidate, slo, target, protect, waited 
 // TTFT may be while the endpoint still counts as having nothing ahead.
 const idleSlack = 5 * time.Millisecond
 
-// roomBesidesBest says whether some candidate other than the one of least
-// predicted TTFT (where a released request goes) is predicted to serve a
-// request like this one within protect.
-func roomBesidesBest(cands []*datalayer.Candidate, protect time.Duration) bool {
-	bestAt, n := -1, 0
+// leavesRoom says whether, with a request of prefill time alone released
+// onto the candidate of least predicted TTFT, enough candidates would
+// still serve a request like it within p.SLO: one for each protected
+// request expected to arrive during that prefill, and at least one.
+func leavesRoom(cands []*datalayer.Candidate, p Protection, alone time.Duration) bool {
+	need := max(1, int(math.Ceil(p.PerSecond*alone.Seconds())))
+	bestAt := -1
 	var best time.Duration
+	room := 0
 	for i, c := range cands {
 		lat, has := datalayer.LatencyPredictionOf(c)
 		if !has || !lat.TTFTValid {
 			continue
 		}
-		n++
-		if b := time.Duration(lat.TTFT * float64(time.Millisecond)); bestAt < 0 || b < best {
+		b := time.Duration(lat.TTFT * float64(time.Millisecond))
+		if b <= p.SLO {
+			room++
+		}
+		if bestAt < 0 || b < best {
 			bestAt, best = i, b
 		}
 	}
-	if n < 2 {
-		return false
+	// The best keeps its room only if a request still fits after this one.
+	if best <= p.SLO && best+alone > p.SLO {
+		room--
 	}
-	for i, c := range cands {
-		if i == bestAt {
-			continue
-		}
-		if lat, has := datalayer.LatencyPredictionOf(c); has && lat.TTFTValid && time.Duration(lat.TTFT*float64(time.Millisecond)) <= protect {
-			return true
-		}
-	}
-	return false
+	return room >= need
 }
 
 // Predicted is the least predicted TTFT among cands (the predictor's

@@ -33,28 +33,33 @@ func TestGateDecides(t *testing.T) {
 		slo, target, waited time.Duration
 		release, refuse     bool
 		protect             time.Duration
+		rate                float64
 	}{
-		{"an endpoint predicted within the SLO releases", byPred, []*datalayer.Candidate{predicted(900, 100), predicted(400, 100)}, 500 * ms, 0, 0, true, false, 0},
-		{"the wait so far counts against the SLO", byPred, []*datalayer.Candidate{predicted(400, 100)}, 500 * ms, 0, 200 * ms, false, false, 0},
-		{"an SLO out of reach even with nothing ahead is refused", byPred, []*datalayer.Candidate{predicted(900, 300)}, 500 * ms, 0, 250 * ms, false, true, 0},
-		{"without an SLO the band's target decides", byPred, []*datalayer.Candidate{predicted(300, 100)}, 0, 250 * ms, 0, false, false, 0},
-		{"without an SLO a prediction under the band's target releases", byPred, []*datalayer.Candidate{predicted(200, 100)}, 0, 250 * ms, 0, true, false, 0},
-		{"without SLO or target the saturation test decides: saturated", byPred, []*datalayer.Candidate{busy}, 0, 0, 0, false, false, 0},
-		{"without SLO or target the saturation test decides: room", byPred, []*datalayer.Candidate{busy, fresh}, 0, 0, 0, true, false, 0},
-		{"upstream's gate holds while every endpoint is saturated", flowcontrol.Gate{Saturation: det}, []*datalayer.Candidate{busy}, 500 * ms, 0, 0, false, false, 0},
-		{"no candidates hold", byPred, nil, 0, 0, 0, false, false, 0},
+		{"an endpoint predicted within the SLO releases", byPred, []*datalayer.Candidate{predicted(900, 100), predicted(400, 100)}, 500 * ms, 0, 0, true, false, 0, 0},
+		{"the wait so far counts against the SLO", byPred, []*datalayer.Candidate{predicted(400, 100)}, 500 * ms, 0, 200 * ms, false, false, 0, 0},
+		{"an SLO out of reach even with nothing ahead is refused", byPred, []*datalayer.Candidate{predicted(900, 300)}, 500 * ms, 0, 250 * ms, false, true, 0, 0},
+		{"without an SLO the band's target decides", byPred, []*datalayer.Candidate{predicted(300, 100)}, 0, 250 * ms, 0, false, false, 0, 0},
+		{"without an SLO a prediction under the band's target releases", byPred, []*datalayer.Candidate{predicted(200, 100)}, 0, 250 * ms, 0, true, false, 0, 0},
+		{"without SLO or target the saturation test decides: saturated", byPred, []*datalayer.Candidate{busy}, 0, 0, 0, false, false, 0, 0},
+		{"without SLO or target the saturation test decides: room", byPred, []*datalayer.Candidate{busy, fresh}, 0, 0, 0, true, false, 0, 0},
+		{"upstream's gate holds while every endpoint is saturated", flowcontrol.Gate{Saturation: det}, []*datalayer.Candidate{busy}, 500 * ms, 0, 0, false, false, 0, 0},
+		{"no candidates hold", byPred, nil, 0, 0, 0, false, false, 0, 0},
 		// Batch work under an interactive band's 300ms SLO.
-		{"a queue a more urgent request could not pass after it holds", byPred, []*datalayer.Candidate{predicted(250, 110)}, 1500 * ms, 0, 0, false, false, 300 * ms},
-		{"a queue it could pass after it releases", byPred, []*datalayer.Candidate{predicted(180, 110)}, 1500 * ms, 0, 0, true, false, 300 * ms},
-		{"an endpoint with nothing ahead releases whatever the prefill", byPred, []*datalayer.Candidate{predicted(452, 450)}, 1500 * ms, 0, 0, true, false, 300 * ms},
-		{"a queue it could not pass after it releases while another endpoint keeps room", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(290, 110)}, 1500 * ms, 0, 0, true, false, 300 * ms},
-		{"a queue it could not pass after it holds while no other endpoint keeps room", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(310, 110)}, 1500 * ms, 0, 0, false, false, 300 * ms},
-		{"a band target is held to the protection too", byPred, []*datalayer.Candidate{predicted(200, 110)}, 0, 250 * ms, 0, false, false, 300 * ms},
-		{"an SLO out of reach is refused whatever the protection", byPred, []*datalayer.Candidate{predicted(900, 300)}, 500 * ms, 0, 250 * ms, false, true, 300 * ms},
+		{"a queue a more urgent request could not pass after it holds", byPred, []*datalayer.Candidate{predicted(250, 110)}, 1500 * ms, 0, 0, false, false, 300 * ms, 0},
+		{"a queue it could pass after it releases", byPred, []*datalayer.Candidate{predicted(180, 110)}, 1500 * ms, 0, 0, true, false, 300 * ms, 0},
+		{"an endpoint with nothing ahead releases whatever the prefill", byPred, []*datalayer.Candidate{predicted(452, 450)}, 1500 * ms, 0, 0, true, false, 300 * ms, 0},
+		{"a queue it could not pass after it releases while another endpoint keeps room", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(290, 110)}, 1500 * ms, 0, 0, true, false, 300 * ms, 0},
+		{"a queue it could not pass after it holds while no other endpoint keeps room", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(310, 110)}, 1500 * ms, 0, 0, false, false, 300 * ms, 0},
+		// Urgent requests arriving at 10 and 20 a second: 1.1 and 2.2 of
+		// them during its 110ms prefill; the endpoint it goes to keeps no room.
+		{"two endpoints keep room for the two urgent requests its prefill may meet", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(260, 110), predicted(290, 110)}, 1500 * ms, 0, 0, true, false, 300 * ms, 10},
+		{"two endpoints do not keep room for three", byPred, []*datalayer.Candidate{predicted(250, 110), predicted(260, 110), predicted(290, 110)}, 1500 * ms, 0, 0, false, false, 300 * ms, 20},
+		{"a band target is held to the protection too", byPred, []*datalayer.Candidate{predicted(200, 110)}, 0, 250 * ms, 0, false, false, 300 * ms, 0},
+		{"an SLO out of reach is refused whatever the protection", byPred, []*datalayer.Candidate{predicted(900, 300)}, 500 * ms, 0, 250 * ms, false, true, 300 * ms, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			v := tc.gate.Decide(tc.cands, tc.slo, tc.target, tc.protect, tc.waited, now)
+			v := tc.gate.Decide(tc.cands, tc.slo, tc.target, flowcontrol.Protection{SLO: tc.protect, PerSecond: tc.rate}, tc.waited, now)
 			if v.Release != tc.release || (v.Refuse != nil) != tc.refuse {
 				t.Fatalf("got %+v, want release %v refuse %v", v, tc.release, tc.refuse)
 			}
@@ -80,7 +85,7 @@ func TestReleaseWhenAnEndpointIsPredictedInTime(t *testing.T) {
 		checks++
 		// The check is given no wait so that the test does not depend on
 		// how long the machine takes.
-		return gate.Decide([]*datalayer.Candidate{cand}, 500*time.Millisecond, 0, 0, 0, time.Now())
+		return gate.Decide([]*datalayer.Candidate{cand}, 500*time.Millisecond, 0, flowcontrol.Protection{}, 0, time.Now())
 	}}
 	r.enqueue(t, context.Background(), "slo", req)
 	r.c.Kick()
