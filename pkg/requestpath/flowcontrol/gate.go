@@ -69,10 +69,9 @@ const idleSlack = 5 * time.Millisecond
 // request expected to arrive during that prefill, and at least one.
 func leavesRoom(cands []*datalayer.Candidate, p Protection, alone time.Duration) bool {
 	need := max(1, int(math.Ceil(p.PerSecond*alone.Seconds())))
-	bestAt := -1
 	var best time.Duration
-	room := 0
-	for i, c := range cands {
+	room, found := 0, false
+	for _, c := range cands {
 		lat, has := datalayer.LatencyPredictionOf(c)
 		if !has || !lat.TTFTValid {
 			continue
@@ -81,8 +80,8 @@ func leavesRoom(cands []*datalayer.Candidate, p Protection, alone time.Duration)
 		if b <= p.SLO {
 			room++
 		}
-		if bestAt < 0 || b < best {
-			bestAt, best = i, b
+		if !found || b < best {
+			best, found = b, true
 		}
 	}
 	// The best keeps its room only if a request still fits after this one.
