@@ -14,11 +14,12 @@ import (
 //   - at the top rate its TTFT p90 is the lowest of the five policies;
 //   - at every rate it is within 10% of the best;
 //   - at every rate its output throughput is no lower than
-//     always-split's: from the same arrivals (each seed's are the same
-//     for every policy) it delivers at least as many output tokens within
-//     the run's window, every seed summed. Tokens per second over each
-//     run's makespan would instead rank the last request's latency, since
-//     a policy that serves every request whole delivers every token.
+//     always-split's: it delivers at least as many output tokens within
+//     the run's window, every seed summed. Each seed's conversations
+//     start at the same times for every policy, and a conversation's next
+//     turn waits for its last reply, so the tokens delivered count how
+//     many turns a policy fits in the window; tokens per second over each
+//     run's makespan would instead rank when its last request ended.
 func PDChecks(pts []Point) []Check {
 	var out []Check
 	for _, wl := range workloads(pts) {
@@ -68,7 +69,7 @@ func PDChecks(pts []Point) []Check {
 			Check{Workload: wl, Policy: PolicyPDPredicted, Outcome: outcome(okWithin),
 				Claim: PolicyPDPredicted + " TTFT p90 ≤ 1.1x the best policy's at every rate", Detail: strings.Join(within, "; ")},
 			Check{Workload: wl, Policy: PolicyPDPredicted, Outcome: outcome(okThr),
-				Claim: PolicyPDPredicted + " output throughput ≥ " + PolicyPDAlways + "'s at every rate: as many output tokens delivered from the same arrivals, every seed summed", Detail: strings.Join(thr, "; ")})
+				Claim: PolicyPDPredicted + " output throughput ≥ " + PolicyPDAlways + "'s at every rate: as many output tokens delivered in the runs' windows, every seed summed", Detail: strings.Join(thr, "; ")})
 	}
 	return out
 }
@@ -110,7 +111,7 @@ Policies:
 | pd-exact-threshold | the same file, the EPP fed the engines' KV events: the same producer answers from the exact index | the same rule on the decode pod's exact cached blocks, every tier counted literally |
 | **pd-predicted** (the default) | kvroute's default configuration: the latency-scorer picks the decode pod, ` + "`predicted-latency-pd-decider`" + ` with its default link parameters | split when the predicted TTFT through the best prefill pod plus the transfer of the blocks the decode pod lacks beats the decode pod's own by 10% |
 
-The split ratio is the share of requests the sidecars sent to a prefill pod first; prefill busy is the prefill engines' time in steps over their time (the run's makespan), from the engines' own counters; TPOT is (E2E − TTFT) per output token after the first. The figures of a point come from its median run, except *output tok/s (seeds' mean)*, the mean over every seed's run, and *output tokens (seeds' sum)*, the output tokens delivered over every seed's run (those of cut requests up to their cut): the seeds' arrivals differ (a conversation is 1 or 4 requests), and the median run's seed differs between policies. Throughput is compared on the tokens delivered: every policy gets the same arrivals in the same window, so a policy that serves every request whole delivers every token, while tokens per second over a run's makespan would rank the last request's latency. The cache hit rate is vLLM's own count, in which a split request's pulled blocks are cached tokens on the decode engine, so it is near 100% for any policy that splits everything and compares only policies that do not.
+The split ratio is the share of requests the sidecars sent to a prefill pod first; prefill busy is the prefill engines' time in steps over their time (the run's makespan), from the engines' own counters; TPOT is (E2E − TTFT) per output token after the first. The figures of a point come from its median run, except *output tok/s (seeds' mean)*, the mean over every seed's run, and *output tokens (seeds' sum)*, the output tokens delivered over every seed's run (those of cut requests up to their cut): the seeds' arrivals differ (a conversation is 1 or 4 requests), and the median run's seed differs between policies. Throughput is compared on the tokens delivered in the run's window: every policy gets the same conversations starting at the same times, and a conversation's next turn waits for its last reply, so a policy whose turns come back sooner fits more of them in the window; tokens per second over a run's makespan would instead compare when its last request ended. The cache hit rate is vLLM's own count, in which a split request's pulled blocks are cached tokens on the decode engine, so it is near 100% for any policy that splits everything and compares only policies that do not.
 
 `)
 	writeChecks(&b, PDChecks(pts))
