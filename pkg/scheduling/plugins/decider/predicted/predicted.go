@@ -200,8 +200,8 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 	if prefillPods > 0 && busy == prefillPods {
 		return framework.Verdict{Reason: ReasonPrefillBusy}
 	}
-	local, localOK := localPrediction(decode)
-	if !localOK || !local.TTFTValid || math.IsInf(bestRemote, 1) {
+	local := latencyinfo.Ref(decode)
+	if local == nil || !local.TTFTValid || math.IsInf(bestRemote, 1) {
 		// Nothing to weigh: the exact threshold decides, and with no
 		// prefill pod at all a split is still said, for the handler to
 		// fail loudly on rather than to hide.
@@ -237,39 +237,11 @@ func (d *Decider) TransferMsAt(uncached, blockSize int, dist datalayer.Distance)
 	return d.link.TransferMsAt(uncached, blockSize, dist)
 }
 
-// localPrediction is what the decider reads of the decode pod's
-// prediction, in place where the producer published a pointer.
-func localPrediction(c *datalayer.Candidate) (lp localPred, ok bool) {
-	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
-	if !ok {
-		return localPred{}, false
-	}
-	if p, isPtr := v.(*datalayer.LatencyPredictionInfo); isPtr {
-		if p == nil {
-			return localPred{}, false
-		}
-		return localPred{p.TTFTMean, p.TPOTMean, p.TTFTValid, p.TPOTValid}, true
-	}
-	lat, ok := datalayer.LatencyPredictionOf(c)
-	return localPred{lat.TTFTMean, lat.TPOTMean, lat.TTFTValid, lat.TPOTValid}, ok
-}
-
-// localPred is the decode pod's predicted mean TTFT and TPOT.
-type localPred struct {
-	TTFTMean, TPOTMean   float64
-	TTFTValid, TPOTValid bool
-}
-
 // meanTTFT is a candidate's predicted mean TTFT, read in place: the
 // decider reads it for every prefill pod of every request.
 func meanTTFT(c *datalayer.Candidate) (float64, bool) {
-	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
-	if !ok {
-		return 0, false
+	if p := latencyinfo.Ref(c); p != nil && p.TTFTValid {
+		return p.TTFTMean, true
 	}
-	if p, isPtr := v.(*datalayer.LatencyPredictionInfo); isPtr {
-		return p.TTFTMean, p != nil && p.TTFTValid
-	}
-	lat, ok := datalayer.LatencyPredictionOf(c)
-	return lat.TTFTMean, ok && lat.TTFTValid
+	return 0, false
 }

@@ -20,3 +20,21 @@ func Get(c *datalayer.Candidate) (datalayer.LatencyPredictionInfo, bool) {
 	info, ok := datalayer.LatencyPredictionOf(c)
 	return info, ok && (info.TTFTValid || info.TPOTValid)
 }
+
+// Ref returns the candidate's prediction in place where the producer
+// published a pointer (as the predicted-latency producer does), a copy
+// where it published a value, and nil where there is none: for a reader
+// of a field or two of every candidate on the request path.
+func Ref(c *datalayer.Candidate) *datalayer.LatencyPredictionInfo {
+	v, ok := c.Get(datalayer.LatencyPredictionInfoKey)
+	if !ok {
+		return nil
+	}
+	switch p := v.(type) {
+	case *datalayer.LatencyPredictionInfo:
+		return p
+	case datalayer.LatencyPredictionInfo:
+		return &p
+	}
+	return nil
+}
