@@ -39,7 +39,7 @@ func (g Gate) Decide(cands []*datalayer.Candidate, slo, target time.Duration, pr
 	}
 	if g.ByPrediction {
 		if best, alone, ok := Predicted(cands); ok {
-			leaves := protect.SLO <= 0 || best <= alone+idleSlack || leavesRoom(cands, protect, alone)
+			leaves := protect.SLO <= 0 || best <= alone+idleSlack || leavesRoom(cands, protect, best, alone)
 			switch {
 			case slo > 0 && waited+best <= slo && leaves:
 				return Verdict{Release: true}
@@ -64,24 +64,16 @@ func (g Gate) Decide(cands []*datalayer.Candidate, slo, target time.Duration, pr
 const idleSlack = 5 * time.Millisecond
 
 // leavesRoom says whether, with a request of prefill time alone released
-// onto the candidate of least predicted TTFT, enough candidates would
-// still serve a request like it within p.SLO: one for each protected
-// request expected to arrive during that prefill, and at least one.
-func leavesRoom(cands []*datalayer.Candidate, p Protection, alone time.Duration) bool {
+// onto the candidate of least predicted TTFT (best, from Predicted),
+// enough candidates would still serve a request like it within p.SLO: one
+// for each protected request expected to arrive during that prefill, and
+// at least one.
+func leavesRoom(cands []*datalayer.Candidate, p Protection, best, alone time.Duration) bool {
 	need := max(1, int(math.Ceil(p.PerSecond*alone.Seconds())))
-	var best time.Duration
-	room, found := 0, false
+	room := 0
 	for _, c := range cands {
-		lat, has := datalayer.LatencyPredictionOf(c)
-		if !has || !lat.TTFTValid {
-			continue
-		}
-		b := time.Duration(lat.TTFT * float64(time.Millisecond))
-		if b <= p.SLO {
+		if lat, has := datalayer.LatencyPredictionOf(c); has && lat.TTFTValid && time.Duration(lat.TTFT*float64(time.Millisecond)) <= p.SLO {
 			room++
-		}
-		if !found || b < best {
-			best, found = b, true
 		}
 	}
 	// The best keeps its room only if a request still fits after this one.
