@@ -476,12 +476,12 @@ func benchTenants(ctx context.Context, o loadgen.BenchOptions, outDir string, ar
 	// ran: the most it could give them beside the flooder.
 	var alonePts []loadgen.Point
 	if slices.Contains(o.Policies, loadgen.PolicyFlowControl) {
-		alone := o
+		alone, full := o, loadgen.TenantsPlan()
 		alone.Plans = nil
 		for _, p := range o.Plans {
-			if p.Workload.Name == loadgen.TenantsPlan().Workload.Name {
+			if p.Workload.Name == full.Workload.Name {
 				a := loadgen.TenantsAlonePlan()
-				a.Rates = scaleRates(p.Rates, loadgen.TenantsPlan().Rates, a.Rates)
+				a.Rates = scaleRates(p.Rates, full.Rates, a.Rates)
 				alone.Plans = append(alone.Plans, a)
 			}
 		}

@@ -135,15 +135,14 @@ func TenantsPlan() Plan {
 func TenantsAlonePlan() Plan {
 	p := TenantsPlan()
 	p.Workload.Name = "tenants-alone"
-	p.Workload.Tenants = slices.DeleteFunc(slices.Clone(p.Workload.Tenants), func(t Tenant) bool { return t.Flooder })
 	var all, kept float64
-	for _, t := range TenantsPlan().Workload.Tenants {
+	for _, t := range p.Workload.Tenants {
 		all += t.Share
 		if !t.Flooder {
 			kept += t.Share
 		}
 	}
-	p.Rates = slices.Clone(p.Rates)
+	p.Workload.Tenants = slices.DeleteFunc(p.Workload.Tenants, func(t Tenant) bool { return t.Flooder })
 	for i := range p.Rates {
 		p.Rates[i] = math.Round(p.Rates[i]*kept/all*1000) / 1000
 	}
