@@ -66,11 +66,12 @@ type Controller struct {
 	// slos are the least TTFT SLO (or band target) seen lately in each
 	// priority, for Protect.
 	slos map[int]sloMark
-	// floodLimit is the flood limit as computed at floodLimitAt, which
-	// arrivals are judged by: floodLimitLocked walks every flow, so an
-	// arrival computes it anew only every floodLimitEvery.
-	floodLimit   float64
-	floodLimitAt time.Time
+	// demand is every flow's demand summed, decaying as each does, and
+	// active the flows active lately as counted at activeAt, for the
+	// flood limit (share.go).
+	demand   decayed
+	active   int
+	activeAt time.Time
 
 	bands   map[int]*band
 	order   []*band // by priority, highest first
@@ -129,7 +130,7 @@ func New(cfg Config, now func() time.Time, metrics *Metrics) (*Controller, error
 		metrics = NewMetrics(nil, cfg.MaxFlowLabels)
 	}
 	return &Controller{cfg: cfg, now: now, metrics: metrics, kick: make(chan struct{}, 1), bands: map[int]*band{},
-		shares: map[string]*share{}, slos: map[int]sloMark{}, floodLimit: math.Inf(1)}, nil
+		shares: map[string]*share{}, slos: map[int]sloMark{}}, nil
 }
 
 // Config is the configuration in force.
@@ -539,9 +540,8 @@ func (b *band) served(f *flow) {
 func (c *Controller) cycle() {
 	c.mu.Lock()
 	now := c.now()
-	order := c.nextLocked(now)
 	flood := c.floodLimitLocked(now)
-	c.floodLimit, c.floodLimitAt = flood, now
+	order := c.nextLocked(flood, now)
 	c.mu.Unlock()
 	held := 0
 	var heldAt standing
@@ -550,7 +550,7 @@ func (c *Controller) cycle() {
 		at := c.standingLocked(it, flood, now)
 		gone := it.finished
 		c.mu.Unlock()
-		if gone || (held > 0 && at.below(heldAt)) {
+		if gone || (held > 0 && c.below(at, heldAt)) {
 			continue
 		}
 		// The check runs under checking, and only while the request still
@@ -578,7 +578,7 @@ func (c *Controller) cycle() {
 				c.mu.Unlock()
 				return
 			default:
-				if held == 0 || heldAt.below(at) {
+				if held == 0 || c.below(heldAt, at) {
 					heldAt = at
 				}
 				held++
@@ -595,14 +595,22 @@ func (c *Controller) cycle() {
 // held: the most due are tried, the rest at the next kick.
 const maxHeldPerCycle = 8
 
-// standing is how urgent a waiting request is: its priority, then whether
+// standing is how urgent a waiting request is: its priority, and whether
 // its flow is within its share (does not flood).
 type standing struct {
 	priority int
 	within   bool
 }
 
-func (s standing) below(o standing) bool {
+// below says whether s is less urgent than o. Under FairShare a flow
+// that floods waits behind every flow within its share, whatever their
+// priorities: what it sends beyond its share is served from what the
+// others leave (share.go). Under upstream's bands priority is strict, and
+// the share orders only requests of one priority.
+func (c *Controller) below(s, o standing) bool {
+	if c.cfg.FairShare && s.within != o.within {
+		return o.within
+	}
 	return s.priority < o.priority || (s.priority == o.priority && !s.within && o.within)
 }
 
@@ -611,12 +619,13 @@ func (c *Controller) standingLocked(it *item, flood float64, now time.Time) stan
 }
 
 // nextLocked is the waiting requests that may go next, in the order they
-// are tried. By band: bands highest first, in each its head by its
-// fairness and ordering policies, then its other flows' heads in that
-// order. Under FairShare: each waiting flow's most urgent request, the
-// flows with the least usage lately first (priority, then arrival, at
-// equal usage).
-func (c *Controller) nextLocked(now time.Time) []*item {
+// are tried, with flood the flood limit now. By band: bands highest
+// first, in each its head by its fairness and ordering policies, then its
+// other flows' heads in that order. Under FairShare: each waiting flow's
+// most urgent request, the flows within their share first, and among
+// those and then among the flooding ones the flows with the least usage
+// lately first (priority, then arrival, at equal usage).
+func (c *Controller) nextLocked(flood float64, now time.Time) []*item {
 	var out []*item
 	if !c.cfg.FairShare {
 		for _, b := range c.order {
@@ -625,22 +634,29 @@ func (c *Controller) nextLocked(now time.Time) []*item {
 		return out
 	}
 	// Bands highest first: a flow's first head found is its most urgent.
-	seen := map[string]bool{}
+	type rank struct {
+		floods bool
+		use    float64
+	}
+	ranks := map[string]rank{}
 	for _, b := range c.order {
 		for _, f := range b.ring {
-			if !seen[f.id] {
-				seen[f.id] = true
+			if _, seen := ranks[f.id]; !seen {
+				ranks[f.id] = rank{floods: c.floodsBeyond(f.id, flood, now), use: c.usageLocked(f.id, now)}
 				out = append(out, f.items[0].item)
 			}
 		}
 	}
-	use := make(map[string]float64, len(seen))
-	for id := range seen {
-		use[id] = c.usageLocked(id, now)
-	}
 	slices.SortStableFunc(out, func(x, y *item) int {
-		if ux, uy := use[x.flow.id], use[y.flow.id]; ux != uy {
-			if ux < uy {
+		rx, ry := ranks[x.flow.id], ranks[y.flow.id]
+		if rx.floods != ry.floods {
+			if ry.floods {
+				return -1
+			}
+			return 1
+		}
+		if rx.use != ry.use {
+			if rx.use < ry.use {
 				return -1
 			}
 			return 1
@@ -653,17 +669,23 @@ func (c *Controller) nextLocked(now time.Time) []*item {
 	return out
 }
 
-// flowAheadLocked says, under FairShare, whether a flow with less usage
-// than flow has a request waiting: then a request of flow waits its turn
-// even when nothing of its priority waits.
+// flowAheadLocked says, under FairShare, whether a request of flow must
+// wait its turn even when nothing of its priority waits: a flow of less
+// usage has a request waiting, or flow floods and a flow within its share
+// has one waiting. A flooding flow of less usage is not ahead of one
+// within its share.
 func (c *Controller) flowAheadLocked(flow string, now time.Time) bool {
 	if !c.cfg.FairShare || c.count == 0 {
 		return false
 	}
-	mine := c.usageLocked(flow, now)
+	flood := c.floodLimitLocked(now)
+	mine, floods := c.usageLocked(flow, now), c.floodsBeyond(flow, flood, now)
 	for _, b := range c.order {
 		for _, f := range b.ring {
-			if c.usageLocked(f.id, now) < mine {
+			switch other := c.floodsBeyond(f.id, flood, now); {
+			case floods && !other:
+				return true
+			case floods == other && c.usageLocked(f.id, now) < mine:
 				return true
 			}
 		}
@@ -672,19 +694,30 @@ func (c *Controller) flowAheadLocked(flow string, now time.Time) bool {
 }
 
 // sloMark is the least SLO seen in a priority since at, and the
-// priority's arrivals from flows within their share, decaying.
+// priority's arrivals from flows within their share, decaying, counted
+// since since.
 type sloMark struct {
-	least    time.Duration
-	at       time.Time
-	arrivals decayed
+	least     time.Duration
+	at, since time.Time
+	arrivals  decayed
 }
+
+// perSecond is the priority's protected arrivals a second lately: their
+// decayed count over the time it spans, the decay's time constant once
+// counting has gone on for long and less before, so that a priority
+// whose requests began a second ago does not count as arriving at a
+// fifth of its rate.
+func (m sloMark) perSecond(now time.Time) float64 {
+	span := max(now.Sub(m.since), minRateSpan).Seconds()
+	return m.arrivals.now(now) / (shareDecay.Seconds() * -math.Expm1(-span/shareDecay.Seconds()))
+}
+
+// minRateSpan is the least time a rate is counted over.
+const minRateSpan = time.Second
 
 // sloWindow is how long a priority's SLO protects it after its last
 // request.
 const sloWindow = 30 * time.Second
-
-// floodLimitEvery is how often an arrival computes the flood limit anew.
-const floodLimitEvery = 100 * time.Millisecond
 
 func (c *Controller) noteSLOLocked(r *Request, now time.Time) {
 	slo := r.SLO
@@ -698,16 +731,15 @@ func (c *Controller) noteSLOLocked(r *Request, now time.Time) {
 	if !ok && len(c.slos) >= maxPriorities {
 		return
 	}
-	if !ok || now.Sub(m.at) > sloWindow || slo < m.least {
+	if fresh := !ok || now.Sub(m.at) > sloWindow; fresh {
+		m.least, m.since, m.arrivals = slo, now, decayed{}
+	} else if slo < m.least {
 		m.least = slo
 	}
 	m.at = now
 	// A flow that floods is not protected from itself: what it sends
 	// beyond its share does not count in the room kept for the others.
-	if now.Sub(c.floodLimitAt) >= floodLimitEvery {
-		c.floodLimit, c.floodLimitAt = c.floodLimitLocked(now), now
-	}
-	if !c.floodsBeyond(r.FlowID, c.floodLimit, now) {
+	if !c.floodsBeyond(r.FlowID, c.floodLimitLocked(now), now) {
 		m.arrivals.add(1, now)
 	}
 	c.slos[r.Priority] = m
@@ -720,16 +752,19 @@ const maxPriorities = 64
 // leave room for (Gate.Decide): the tightest TTFT SLO (or band target) of
 // the priorities it protects, and how many of their requests arrive a
 // second lately (from flows within their share), so that the room kept
-// is enough for those arriving while its own prefill runs. The zero
-// Protection protects nothing.
+// is enough for those arriving while its own prefill runs, or over a
+// whole SLO when it is Beyond its flow's share. The zero Protection
+// protects nothing.
 type Protection struct {
 	SLO       time.Duration
 	PerSecond float64
+	Beyond    bool
 }
 
 // Protect is the Protection of a request of priority from flow: the
-// priorities above it that had requests lately, and its own too when flow
-// floods (share.go).
+// priorities above it that had requests lately; when flow floods
+// (share.go), its own too, and under FairShare every priority, as a
+// flooding flow goes behind every flow within its share.
 func (c *Controller) Protect(priority int, flow string) Protection {
 	now := c.now()
 	c.mu.Lock()
@@ -737,11 +772,14 @@ func (c *Controller) Protect(priority int, flow string) Protection {
 	if flow == "" {
 		flow = DefaultFlowID
 	}
-	from := priority + 1
-	if c.floodsLocked(flow, now) {
-		from = priority
-	}
 	var p Protection
+	from := priority + 1
+	if c.floodsBeyond(flow, c.floodLimitLocked(now), now) {
+		from, p.Beyond = priority, true
+		if c.cfg.FairShare {
+			from = math.MinInt
+		}
+	}
 	for pr, m := range c.slos {
 		if pr < from || now.Sub(m.at) > sloWindow {
 			continue
@@ -749,7 +787,7 @@ func (c *Controller) Protect(priority int, flow string) Protection {
 		if p.SLO == 0 || m.least < p.SLO {
 			p.SLO = m.least
 		}
-		p.PerSecond += m.arrivals.now(now) / shareDecay.Seconds()
+		p.PerSecond += m.perSecond(now)
 	}
 	return p
 }

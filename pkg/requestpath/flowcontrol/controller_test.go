@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -378,8 +379,11 @@ func TestFairShareServesFlowsByWhatTheyWereReleasedAcrossBands(t *testing.T) {
 		want     []string
 	}{
 		{"a flow served lately waits behind the others' requests of any priority",
+			[]arrival{{"x1", "x", 10, 0}, {"x2", "x", 10, 0}, {"a-batch", "a", 0, 0}, {"b-int", "b", 10, 0}},
+			[]string{"x1", "b-int", "a-batch", "x2"}},
+		{"a flow that floods waits behind the flows within their share, of any priority",
 			[]arrival{{"f1", "flood", 10, 0}, {"f2", "flood", 10, 0}, {"f3", "flood", 10, 0}, {"a-batch", "a", 0, 0}, {"b-int", "b", 10, 0}},
-			[]string{"f1", "b-int", "a-batch", "f2", "f3"}},
+			[]string{"b-int", "a-batch", "f1", "f2", "f3"}},
 		{"within a flow the highest priority goes first",
 			[]arrival{{"a-low", "a", 0, 0}, {"a-high", "a", 10, 0}, {"a-mid", "a", 5, 0}},
 			[]string{"a-high", "a-mid", "a-low"}},
@@ -405,19 +409,20 @@ func TestFairShareServesFlowsByWhatTheyWereReleasedAcrossBands(t *testing.T) {
 
 // Under fair share the flow due first may be one whose only request is
 // held (batch work the engines have no room for without delaying more
-// urgent work): a more urgent request of another flow still goes, and a
-// less urgent one (of its priority, from a flow that floods) waits.
+// urgent work): a more urgent request of another flow within its share
+// still goes, and the requests of a flow that floods wait, of whatever
+// priority.
 func TestAHeldRequestHoldsBackTheLessUrgent(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, flowcontrol.Config{FairShare: true})
-	// b floods: it sends six requests where a sends one.
+	// b floods: it sends six requests where a and c send one each.
 	r.slots.Store(4)
 	for range 4 {
 		if err := r.c.Wait(context.Background(), r.request("b0", "b", 10)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var heldChecks, lowChecks atomic.Int64
+	var heldChecks, floodChecks atomic.Int64
 	held := &flowcontrol.Request{FlowID: "a", Priority: 0, Check: func(time.Duration) flowcontrol.Verdict {
 		heldChecks.Add(1)
 		return flowcontrol.Verdict{}
@@ -425,16 +430,22 @@ func TestAHeldRequestHoldsBackTheLessUrgent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	r.enqueue(t, ctx, "a-batch", held)
-	low := r.request("b-low", "b", 0)
-	lowCheck := low.Check
-	low.Check = func(w time.Duration) flowcontrol.Verdict { lowChecks.Add(1); return lowCheck(w) }
-	r.enqueue(t, context.Background(), "b-low", low)
-	r.enqueue(t, context.Background(), "b-int", r.request("b-int", "b", 10))
-	r.slots.Store(2)
+	for _, x := range []struct {
+		name     string
+		priority int
+	}{{"b-low", 0}, {"b-int", 10}} {
+		req := r.request(x.name, "b", x.priority)
+		check := req.Check
+		req.Check = func(w time.Duration) flowcontrol.Verdict { floodChecks.Add(1); return check(w) }
+		r.enqueue(t, context.Background(), x.name, req)
+	}
+	r.enqueue(t, context.Background(), "c-int", r.request("c-int", "c", 10))
+	r.slots.Store(3)
 	r.c.Kick()
-	testkit.WaitFor(t, "b-int released", func() error { return r.err("b-int") })
-	// Cycles after it check a-batch again; b-low, of its priority from a
-	// flow that floods, is never tried while a-batch is held.
+	testkit.WaitFor(t, "c-int released", func() error { return r.err("c-int") })
+	// Cycles after it check a-batch again; b's requests, of a flow that
+	// floods, are never tried while a-batch is held, not even b-int of a
+	// priority above it.
 	seen := heldChecks.Load()
 	testkit.WaitFor(t, "two more cycles", func() error {
 		r.c.Kick()
@@ -443,8 +454,8 @@ func TestAHeldRequestHoldsBackTheLessUrgent(t *testing.T) {
 		}
 		return nil
 	})
-	if n := lowChecks.Load(); n != 0 {
-		t.Errorf("b-low checked %d times while a-batch was held, want none", n)
+	if n := floodChecks.Load(); n != 0 {
+		t.Errorf("b's requests checked %d times while a-batch was held, want none", n)
 	}
 	if err := r.err("a-batch"); err == nil {
 		t.Errorf("a-batch released by a check that holds")
@@ -452,8 +463,13 @@ func TestAHeldRequestHoldsBackTheLessUrgent(t *testing.T) {
 	cancel()
 	r.c.Kick()
 	r.wg.Wait()
-	if err := r.err("b-low"); err != nil {
-		t.Errorf("b-low after a-batch left: %v", err)
+	for _, name := range []string{"b-int", "b-low"} {
+		if err := r.err(name); err != nil {
+			t.Errorf("%s after a-batch left: %v", name, err)
+		}
+	}
+	if got, want := fmt.Sprint(r.order[len(r.order)-2:]), "[b-int b-low]"; got != want {
+		t.Errorf("released last %s, want %s", got, want)
 	}
 }
 
@@ -476,11 +492,17 @@ func TestProtectIsTheTightestSLOAbove(t *testing.T) {
 			t.Errorf("Protect(%d) = %v, want %v", p, got, want)
 		}
 	}
-	// The protected arrivals a second: three above -1, two above 0, each
-	// decaying over 5s from its arrival.
-	below, above, top := r.c.Protect(-1, "").PerSecond, r.c.Protect(0, "").PerSecond, r.c.Protect(10, "").PerSecond
-	if !(below > above && above > 0 && below <= 3.0/5 && above <= 2.0/5 && top == 0) {
-		t.Errorf("arrivals a second protected from -1, 0 and 10: %v, %v, %v; want three, two and none over 5s", below, above, top)
+	// The protected arrivals a second: three above -1, two above 0, all
+	// within the first second, so counted over a second (what a 5s decay
+	// keeps of a second's arrivals, 1-e^-0.2 of them, scaled back up).
+	perSecond := 1 / (5 * -math.Expm1(-0.2))
+	for _, x := range []struct {
+		priority int
+		want     float64
+	}{{-1, 3 * perSecond}, {0, 2 * perSecond}, {10, 0}} {
+		if got := r.c.Protect(x.priority, "").PerSecond; math.Abs(got-x.want) > 0.01 {
+			t.Errorf("Protect(%d): %v arrivals a second, want %.3f", x.priority, got, x.want)
+		}
 	}
 }
 
@@ -513,20 +535,35 @@ func TestAFlowThatFloodsProtectsItsOwnBand(t *testing.T) {
 	}
 }
 
-// A request held by its own check (its wait has used up its SLO) does not
-// keep a fresher request of its standing from going, even by band, where
-// the held one is its band's head.
-func TestAHeldRequestDoesNotHoldBackItsEquals(t *testing.T) {
+// Under fair share a flow that floods leaves room for the requests of
+// every priority of the flows within their share, as it goes behind
+// them all; under upstream's strict bands only for those of its priority
+// and above.
+func TestAFlowThatFloodsProtectsEveryBandUnderFairShare(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, flowcontrol.Config{DefaultBand: flowcontrol.Band{Fairness: flowcontrol.RoundRobin}})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stale := &flowcontrol.Request{FlowID: "a", Check: func(time.Duration) flowcontrol.Verdict { return flowcontrol.Verdict{} }}
-	r.enqueue(t, ctx, "stale", stale)
-	r.enqueue(t, context.Background(), "fresh", r.request("fresh", "a2", 0))
-	r.slots.Store(1)
-	r.c.Kick()
-	testkit.WaitFor(t, "fresh released", func() error { return r.err("fresh") })
-	cancel()
-	r.wg.Wait()
+	protect := map[bool]flowcontrol.Protection{}
+	for _, fair := range []bool{true, false} {
+		r := newRig(t, flowcontrol.Config{FairShare: fair})
+		r.slots.Store(6)
+		send := func(flow string, priority int, slo time.Duration) {
+			req := r.request(flow, flow, priority)
+			req.SLO, req.Cost = slo, 2048
+			if err := r.c.Wait(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 5 {
+			send("flood", 10, 300*time.Millisecond)
+		}
+		send("calm", 0, 1500*time.Millisecond)
+		protect[fair] = r.c.Protect(10, "flood")
+		if got := protect[fair].SLO; got != 300*time.Millisecond {
+			t.Errorf("fair share %v: the flow that floods protects an SLO of %v, want its band's 300ms", fair, got)
+		}
+	}
+	// Both count the flood's own requests, sent while it was alone;
+	// only fair share counts calm's, of a lower band.
+	if fair, strict := protect[true].PerSecond, protect[false].PerSecond; !(fair > strict && strict > 0) {
+		t.Errorf("arrivals a second protected by the flow that floods: %v under fair share, %v under strict bands; want more under fair share", fair, strict)
+	}
 }

@@ -39,7 +39,7 @@ func (g Gate) Decide(cands []*datalayer.Candidate, slo, target time.Duration, pr
 	}
 	if g.ByPrediction {
 		if best, alone, ok := Predicted(cands); ok {
-			leaves := protect.SLO <= 0 || best <= alone+idleSlack || leavesRoom(cands, protect, best, alone)
+			leaves := protect.SLO <= 0 || (!protect.Beyond && best <= alone+idleSlack) || leavesRoom(cands, protect, best, alone)
 			switch {
 			case slo > 0 && waited+best <= slo && leaves:
 				return Verdict{Release: true}
@@ -67,18 +67,35 @@ const idleSlack = 5 * time.Millisecond
 // onto the candidate of least predicted TTFT (best, from Predicted),
 // enough candidates would still serve a request like it within p.SLO: one
 // for each protected request expected to arrive during that prefill, and
-// at least one.
+// at least one. A request beyond its flow's share (p.Beyond) keeps room
+// for those arriving over a whole SLO instead, counting the requests each
+// candidate could still take in turn within it: it is served from the
+// capacity the others leave over the time they may wait, not only from
+// what is free while its own prefill runs.
 func leavesRoom(cands []*datalayer.Candidate, p Protection, best, alone time.Duration) bool {
-	need := max(1, int(math.Ceil(p.PerSecond*alone.Seconds())))
-	room := 0
-	for _, c := range cands {
-		if lat, has := datalayer.LatencyPredictionOf(c); has && lat.TTFTValid && time.Duration(lat.TTFT*float64(time.Millisecond)) <= p.SLO {
-			room++
-		}
+	horizon := alone
+	if p.Beyond {
+		horizon = p.SLO
 	}
-	// The best keeps its room only if a request still fits after this one.
-	if best <= p.SLO && best+alone > p.SLO {
-		room--
+	need := max(1, int(math.Ceil(p.PerSecond*horizon.Seconds())))
+	room, bestSeen := 0, false
+	for _, c := range cands {
+		lat, has := datalayer.LatencyPredictionOf(c)
+		if !has || !lat.TTFTValid {
+			continue
+		}
+		ttft := time.Duration(lat.TTFT * float64(time.Millisecond))
+		if ttft == best && !bestSeen {
+			// The request itself goes to the best, ahead of what follows.
+			bestSeen, ttft = true, ttft+alone
+		}
+		switch {
+		case ttft > p.SLO:
+		case !p.Beyond || alone <= 0:
+			room++
+		default:
+			room += 1 + int((p.SLO-ttft)/alone)
+		}
 	}
 	return room >= need
 }

@@ -70,6 +70,50 @@ func TestGateDecides(t *testing.T) {
 	}
 }
 
+// A request beyond its flow's share keeps room for the protected requests
+// arriving over a whole SLO, counting what each endpoint could still take
+// in turn within it, and an endpoint with nothing ahead is not enough: it
+// is served from what the others leave. Urgent requests with a 300ms SLO,
+// prefills of 110ms: an endpoint predicted at 110ms takes two more in
+// time, the one it goes to one.
+func TestGateKeepsRoomOverTheSLOBeyondAShare(t *testing.T) {
+	t.Parallel()
+	gate := flowcontrol.Gate{ByPrediction: true}
+	ms := time.Millisecond
+	idle := func(n int) []*datalayer.Candidate {
+		var cs []*datalayer.Candidate
+		for range n {
+			cs = append(cs, predicted(110, 110))
+		}
+		return cs
+	}
+	for _, tc := range []struct {
+		name           string
+		cands          []*datalayer.Candidate
+		rate           float64
+		within, beyond bool
+	}{
+		// 20 a second: 6 in 300ms; seven places left (1 + 2 + 2 + 2).
+		{"four endpoints at 110ms keep room for 20 a second", idle(4), 20, true, true},
+		// 25 a second: 8 in 300ms.
+		{"but not for 25 a second beyond a share", idle(4), 25, true, false},
+		// 10 a second: 3 in 300ms, one place left; within a share the
+		// endpoint with nothing ahead releases.
+		{"one endpoint with nothing ahead", idle(1), 10, true, false},
+		{"one endpoint with one prefill ahead keeps no room", []*datalayer.Candidate{predicted(220, 110), predicted(400, 110)}, 1, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for beyond, want := range map[bool]bool{false: tc.within, true: tc.beyond} {
+				p := flowcontrol.Protection{SLO: 300 * ms, PerSecond: tc.rate, Beyond: beyond}
+				if v := gate.Decide(tc.cands, 1500*ms, 0, p, 0, time.Now()); v.Release != want || v.Refuse != nil {
+					t.Errorf("beyond its share %v: got %+v, want release %v", beyond, v, want)
+				}
+			}
+		})
+	}
+}
+
 // A waiting request is released by the kick of a response that ended and
 // lowered the predicted TTFT, and only then.
 func TestReleaseWhenAnEndpointIsPredictedInTime(t *testing.T) {

@@ -79,10 +79,16 @@ func (c *Controller) shareLocked(flow string, now time.Time) *share {
 
 // arrivedLocked notes a request of flow, of work cost, arriving.
 func (c *Controller) arrivedLocked(flow string, cost float64, now time.Time) {
-	if s := c.shareLocked(flow, now); s != nil {
-		s.arrived = now
-		s.sent.add(max(cost, 1), now)
+	s := c.shareLocked(flow, now)
+	if s == nil {
+		return
 	}
+	if s.arrived.IsZero() || now.Sub(s.arrived) > shareWindow {
+		c.active++
+	}
+	s.arrived = now
+	s.sent.add(max(cost, 1), now)
+	c.demand.add(max(cost, 1), now)
 }
 
 // releasedLocked adds a released request's cost (zero counts as one) to
@@ -99,29 +105,31 @@ func (c *Controller) usageLocked(flow string, now time.Time) float64 {
 }
 
 // floodLimitLocked is the demand above which a flow floods now:
-// floodFactor times the average of the flows active lately; infinite while
-// fewer than two are.
+// floodFactor times the demand of every flow over the flows active lately
+// (what is left of the idle ones' demand is small beside it); infinite
+// while fewer than two are active. Every arrival and check asks it, so it
+// costs no walk of the flows: an arrival counts its flow in when it was
+// idle, and the flows gone idle are counted out every activeEvery.
 func (c *Controller) floodLimitLocked(now time.Time) float64 {
-	active, total := 0, 0.0
-	for _, s := range c.shares {
-		if now.Sub(s.arrived) <= shareWindow {
-			active++
-			total += s.sent.now(now)
+	if now.Sub(c.activeAt) >= activeEvery {
+		c.active, c.activeAt = 0, now
+		for _, s := range c.shares {
+			if now.Sub(s.arrived) <= shareWindow {
+				c.active++
+			}
 		}
 	}
-	if active < 2 {
+	if c.active < 2 {
 		return math.Inf(1)
 	}
-	return floodFactor * total / float64(active)
+	return floodFactor * c.demand.now(now) / float64(c.active)
 }
+
+// activeEvery is how often the flows active lately are counted anew.
+const activeEvery = 100 * time.Millisecond
 
 // floodsBeyond says whether flow's demand is above limit.
 func (c *Controller) floodsBeyond(flow string, limit float64, now time.Time) bool {
 	s := c.shares[flow]
 	return s != nil && s.sent.now(now) > limit
-}
-
-// floodsLocked says whether flow floods now.
-func (c *Controller) floodsLocked(flow string, now time.Time) bool {
-	return c.floodsBeyond(flow, c.floodLimitLocked(now), now)
 }
