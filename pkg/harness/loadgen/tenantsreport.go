@@ -152,7 +152,7 @@ func WriteTenantsReport(path string, o BenchOptions, pts []Point, r TenantsRepor
 
 | policy | EPP | flow control |
 |---|---|---|
-| kvroute-flow-control | kvroute, default profile | on as the chart turns it on for a pool with objectives (` + "`--flow-control-when-objectives`" + `), no flowControl section: kvroute's fair share across bands (the flow with the least work released lately first, its most urgent request first); released by prediction |
+| kvroute-flow-control | kvroute, default profile | on as the chart turns it on for a pool with objectives (` + "`--flow-control-when-objectives`" + `), no flowControl section: kvroute's fair share across bands (the flows within their share before those that flood, in each the flow with the least work released lately first, its most urgent request first); released by prediction |
 | kvroute-flow-control-fair | kvroute, default profile | the same with ` + "`loadgen.FairFlowControl`" + `, upstream's bands: strict priority, round-robin across flows in every band |
 | kvroute-predicted-latency | kvroute, default profile | off: ` + "`latency-slo-admitter`" + ` sheds sheddable requests no endpoint is predicted to serve in time (shedding alone) |
 | upstream-epp-flow-control | the upstream EPP's binary (` + "`scripts/upstream-epp.sh`" + `), its chart's configuration | its ` + "`flowControl`" + ` feature gate on, with the same round-robin section; released by its saturation detector |

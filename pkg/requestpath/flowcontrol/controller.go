@@ -752,9 +752,9 @@ const maxPriorities = 64
 // leave room for (Gate.Decide): the tightest TTFT SLO (or band target) of
 // the priorities it protects, and how many of their requests arrive a
 // second lately (from flows within their share), so that the room kept
-// is enough for those arriving while its own prefill runs, or over a
-// whole SLO when it is Beyond its flow's share. The zero Protection
-// protects nothing.
+// is enough for those arriving while its own prefill runs, or, when it
+// is Beyond its flow's share, while one of them could still wait for a
+// place (Gate.Decide). The zero Protection protects nothing.
 type Protection struct {
 	SLO       time.Duration
 	PerSecond float64

@@ -68,14 +68,15 @@ const idleSlack = 5 * time.Millisecond
 // enough candidates would still serve a request like it within p.SLO: one
 // for each protected request expected to arrive during that prefill, and
 // at least one. A request beyond its flow's share (p.Beyond) keeps room
-// for those arriving over a whole SLO instead, counting the requests each
-// candidate could still take in turn within it: it is served from the
-// capacity the others leave over the time they may wait, not only from
-// what is free while its own prefill runs.
+// for those arriving while one could still wait for a place (p.SLO less
+// a prefill like its own) instead, counting the requests each candidate
+// could still take in turn within p.SLO: it is served from the capacity
+// the others leave over the time they may wait, not only from what is
+// free while its own prefill runs.
 func leavesRoom(cands []*datalayer.Candidate, p Protection, best, alone time.Duration) bool {
 	horizon := alone
 	if p.Beyond {
-		horizon = p.SLO
+		horizon = max(p.SLO-alone, alone)
 	}
 	need := max(1, int(math.Ceil(p.PerSecond*horizon.Seconds())))
 	room, bestSeen := 0, false

@@ -71,11 +71,12 @@ func TestGateDecides(t *testing.T) {
 }
 
 // A request beyond its flow's share keeps room for the protected requests
-// arriving over a whole SLO, counting what each endpoint could still take
-// in turn within it, and an endpoint with nothing ahead is not enough: it
-// is served from what the others leave. Urgent requests with a 300ms SLO,
-// prefills of 110ms: an endpoint predicted at 110ms takes two more in
-// time, the one it goes to one.
+// arriving while one could still wait for a place (the SLO less a
+// prefill), counting what each endpoint could still take in turn within
+// the SLO, and an endpoint with nothing ahead is not enough: it is served
+// from what the others leave. Urgent requests with a 300ms SLO, prefills
+// of 110ms, so 190ms of arrivals: an endpoint predicted at 110ms takes two
+// more in time, the one it goes to one.
 func TestGateKeepsRoomOverTheSLOBeyondAShare(t *testing.T) {
 	t.Parallel()
 	gate := flowcontrol.Gate{ByPrediction: true}
@@ -93,11 +94,11 @@ func TestGateKeepsRoomOverTheSLOBeyondAShare(t *testing.T) {
 		rate           float64
 		within, beyond bool
 	}{
-		// 20 a second: 6 in 300ms; seven places left (1 + 2 + 2 + 2).
-		{"four endpoints at 110ms keep room for 20 a second", idle(4), 20, true, true},
-		// 25 a second: 8 in 300ms.
-		{"but not for 25 a second beyond a share", idle(4), 25, true, false},
-		// 10 a second: 3 in 300ms, one place left; within a share the
+		// 30 a second: 6 in 190ms; seven places left (1 + 2 + 2 + 2).
+		{"four endpoints at 110ms keep room for 30 a second", idle(4), 30, true, true},
+		// 40 a second: 8 in 190ms.
+		{"but not for 40 a second beyond a share", idle(4), 40, true, false},
+		// 10 a second: 2 in 190ms, one place left; within a share the
 		// endpoint with nothing ahead releases.
 		{"one endpoint with nothing ahead", idle(1), 10, true, false},
 		{"one endpoint with one prefill ahead keeps no room", []*datalayer.Candidate{predicted(220, 110), predicted(400, 110)}, 1, false, false},

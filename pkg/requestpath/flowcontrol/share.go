@@ -11,10 +11,11 @@ import (
 // afresh, and neither banks credit while idle nor pays for a burst long
 // past. Under FairShare the flow with the least usage goes first. A flow
 // floods when its demand is more than half again the average of the flows
-// active lately (requests arriving within shareWindow): its requests are
-// then released only where they leave room for the others' (Protect), so
-// that what it sends beyond its share is served from what the others
-// leave, not at their expense.
+// active lately (requests arriving within shareWindow): under FairShare
+// its requests then go behind every flow within its share, and they are
+// released only where they leave room for the others' (Protect), so that
+// what it sends beyond its share is served from what the others leave,
+// not at their expense.
 const (
 	shareDecay  = 5 * time.Second
 	shareWindow = 10 * time.Second
