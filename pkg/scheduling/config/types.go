@@ -91,7 +91,8 @@ type PluginRef struct {
 // picks the decode pod among the pods that decode, and the
 // predicted-latency-pd-decider sends a request's prefill to the prefill
 // pod of least predicted latency when that, with the KV transfer, is
-// predicted to come sooner than the decode pod's own prefill. A pool
+// predicted to cost less than the decode pod's own prefill, whose cost
+// includes the stall it imposes on the sequences decoding there. A pool
 // without prefill pods runs the default profile alone.
 const DefaultConfigText = `apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig

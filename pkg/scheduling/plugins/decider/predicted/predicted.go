@@ -2,7 +2,17 @@
 // it splits a request into a remote prefill and a decode only when the
 // latency predictor says that a prefill pod's prefill, plus moving the KV
 // blocks the chosen decode pod lacks, plus the decode pod's first step,
-// comes sooner than the decode pod prefilling the prompt itself.
+// costs less than the decode pod prefilling the prompt itself, a cost that
+// counts the stall that prefill imposes on the sequences decoding there.
+//
+// A prefill run on the decode pod shares that pod's engine steps with the
+// sequences decoding there: each of them waits about the prefill's own
+// engine time (TTFTAlone) for its next tokens, where a remote prefill's KV
+// is pulled without holding up the decode pod's steps (vLLM's NIXL
+// connector pulls asynchronously). So the local path costs its predicted
+// TTFT plus decodeStallWeight × the decode pod's decoding sequences × that
+// engine time; at weight 1 a millisecond of a co-running sequence's stall
+// counts as much as one of the request's own wait.
 //
 // Both sides come from the predicted-latency-producer's predictions for
 // this request, which already weigh each pod's exact cached tokens by tier
@@ -40,7 +50,12 @@ const (
 	// ReasonPredictedFaster: remote prefill and transfer are predicted to
 	// beat local prefill.
 	ReasonPredictedFaster = "predicted-faster"
-	// ReasonPredictedSlower: local prefill is predicted as fast or faster.
+	// ReasonPredictedCheaper: local prefill is predicted as fast or
+	// faster, but with the stall it imposes on the decode pod's decoding
+	// sequences the remote path costs less in total.
+	ReasonPredictedCheaper = "predicted-cheaper"
+	// ReasonPredictedSlower: local prefill is predicted as fast or faster,
+	// its stall of the decode pod's sequences included.
 	ReasonPredictedSlower = "predicted-slower"
 	// ReasonPrefillBusy: every prefill pod's queue is at maxPrefillQueue.
 	ReasonPrefillBusy = "prefill-busy"
@@ -57,6 +72,12 @@ type Params struct {
 	// save to be taken: predictions have errors, and a split that saves
 	// nothing still costs a prefill pod's time.
 	MinGain float64 `json:"minGain"`
+	// DecodeStallWeight prices, on the local path, each of the decode
+	// pod's decoding sequences at this share of the local prefill's own
+	// engine time: each waits about that long for its next token while
+	// the prefill runs in its steps. 0 compares the request's own TTFT
+	// alone.
+	DecodeStallWeight float64 `json:"decodeStallWeight"`
 	// MaxLocalPrefillLength, when positive, keeps local a request whose
 	// uncached part is shorter than this many tokens and under
 	// MaxLocalPrefillRatio of its prompt (Dynamo's conditions).
@@ -73,10 +94,12 @@ type Params struct {
 
 // DefaultParams are the defaults: kvlink's default link (a Llama-3-8B-sized
 // KV over a 100 Gb/s link with 1 ms per transfer, faster within a rack or
-// a host); a split must save 10%; Dynamo's conditions off; 2048 uncached
-// tokens without predictions.
+// a host); a split must save 10%; a co-running sequence's stall weighs as
+// much as the request's own wait (decodeStallWeight 1: the split that
+// minimises the summed latency of the requests it touches); Dynamo's
+// conditions off; 2048 uncached tokens without predictions.
 func DefaultParams() Params {
-	return Params{Params: kvlink.DefaultParams(), MinGain: 0.1, MaxLocalPrefillRatio: 0.7, NonCachedTokens: 2048}
+	return Params{Params: kvlink.DefaultParams(), MinGain: 0.1, DecodeStallWeight: 1, MaxLocalPrefillRatio: 0.7, NonCachedTokens: 2048}
 }
 
 // Decider is the predicted-latency-pd-decider.
@@ -103,6 +126,8 @@ func New(name string, p Params) (*Decider, error) {
 	switch {
 	case !(p.MinGain >= 0 && p.MinGain < 1):
 		return bad("minGain = %v, want in [0, 1)", p.MinGain)
+	case !(p.DecodeStallWeight >= 0) || math.IsInf(p.DecodeStallWeight, 1):
+		return bad("decodeStallWeight = %v, want finite and ≥ 0", p.DecodeStallWeight)
 	case p.MaxLocalPrefillLength < 0:
 		return bad("maxLocalPrefillLength = %d, want ≥ 0", p.MaxLocalPrefillLength)
 	case !(p.MaxLocalPrefillRatio >= 0 && p.MaxLocalPrefillRatio <= 1):
@@ -222,7 +247,32 @@ func (d *Decider) Disaggregate(_ context.Context, cs *framework.CycleState, req 
 	if remote < local.TTFTMean*(1-d.p.MinGain) {
 		return framework.Verdict{Split: true, Reason: ReasonPredictedFaster}
 	}
+	if d.p.DecodeStallWeight > 0 && local.TTFTAlone > 0 && !math.IsInf(local.TTFTAlone, 1) {
+		stall := d.p.DecodeStallWeight * float64(decoding(decode, &info, prompt)) * local.TTFTAlone
+		if remote < (local.TTFTMean+stall)*(1-d.p.MinGain) {
+			return framework.Verdict{Split: true, Reason: ReasonPredictedCheaper}
+		}
+	}
 	return framework.Verdict{Reason: ReasonPredictedSlower}
+}
+
+// decoding is how many sequences a prefill on the decode pod would stall:
+// those decoding there by the in-flight accounting, which counts every
+// replica's dispatches (shared between replicas) as of the request's
+// arrival and only requests past their first token. The scraped running
+// count is a scrape interval late and counts prefilling requests too. On
+// a pod with data-parallel ranks, only the rank the request would go to
+// (as the director picks it) shares its steps.
+func decoding(c *datalayer.Candidate, info *datalayer.PrefixCacheInfo, prompt int) int {
+	if len(c.RankLoads) > 0 {
+		if rank, ok := datalayer.PickRank(info, c.RankLoads, prompt, c.Metrics.DataParallelRanks); ok {
+			if rank < len(c.RankLoads) {
+				return max(c.RankLoads[rank].Decoding, 0)
+			}
+			return 0
+		}
+	}
+	return max(c.InFlight.Decoding, 0)
 }
 
 // TransferMs is the predicted time to move the KV of uncached prompt

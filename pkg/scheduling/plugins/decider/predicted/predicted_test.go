@@ -52,6 +52,11 @@ type pool struct {
 	decodeQueue  int
 	prefillQueue []int
 	held         int
+	// decoding is how many sequences the EPP has decoding on d, each
+	// with a 2000-token context; rankDecoding, when set, makes d a pod of
+	// data-parallel ranks with that many decoding on each rank.
+	decoding     int
+	rankDecoding []int
 	// decodeAt and prefillAt are where the pods run (unknown when unset).
 	decodeAt  datalayer.Topology
 	prefillAt []datalayer.Topology
@@ -69,18 +74,18 @@ func (pl pool) candidates(t *testing.T, req *request.Request) []*datalayer.Candi
 	}
 	now := time.Now()
 	ds := datalayer.NewDatastore(nil)
-	add := func(name, addr, role string, queue int, at datalayer.Topology) {
+	add := func(name, addr, role string, queue, ranks int, at datalayer.Topology) {
 		pred.AddEndpoint(addr, "")
 		ds.Upsert(&datalayer.Endpoint{Name: name, Address: addr, Labels: map[string]string{bylabel.RoleLabel: role}, Topology: at})
-		ds.SetMetrics(name, datalayer.Metrics{WaitingQueueSize: queue, RunningRequests: 8, UpdateTime: now})
+		ds.SetMetrics(name, datalayer.Metrics{WaitingQueueSize: queue, RunningRequests: 8, DataParallelRanks: ranks, UpdateTime: now})
 	}
-	add("d", "10.0.0.1:8000", bylabel.RoleDecode, pl.decodeQueue, pl.decodeAt)
+	add("d", "10.0.0.1:8000", bylabel.RoleDecode, pl.decodeQueue, len(pl.rankDecoding), pl.decodeAt)
 	for i, q := range pl.prefillQueue {
 		var at datalayer.Topology
 		if i < len(pl.prefillAt) {
 			at = pl.prefillAt[i]
 		}
-		add("p"+string(rune('0'+i)), "10.0.1."+string(rune('1'+i))+":8000", bylabel.RolePrefill, q, at)
+		add("p"+string(rune('0'+i)), "10.0.1."+string(rune('1'+i))+":8000", bylabel.RolePrefill, q, 0, at)
 	}
 	cands := ds.Candidates(nil)
 	total := len(req.TokenIDs) / 16
@@ -92,6 +97,15 @@ func (pl pool) candidates(t *testing.T, req *request.Request) []*datalayer.Candi
 		}
 		c.Stream = datalayer.StreamExact
 		c.Put(datalayer.PrefixCacheMatchInfoKey, info)
+		if c.Name == "d" {
+			// Before the prediction, which weighs them too.
+			decoding := pl.decoding
+			for _, n := range pl.rankDecoding {
+				c.RankLoads = append(c.RankLoads, datalayer.RankLoad{Decoding: n})
+				decoding += n
+			}
+			c.InFlight.Decoding, c.InFlight.DecodeTokens = decoding, decoding*2000
+		}
 	}
 	if err := prod.Produce(context.Background(), req, cands); err != nil {
 		t.Fatal(err)
@@ -235,11 +249,89 @@ func TestParametersOutOfRangeAreRefused(t *testing.T) {
 	for _, raw := range []string{
 		`{"kvBytesPerToken": 0}`, `{"transferGBps": -1}`, `{"transferLatencyMs": -1}`, `{"minGain": 1}`,
 		`{"maxLocalPrefillLength": -1}`, `{"maxLocalPrefillRatio": 1.5}`, `{"maxPrefillQueue": -1}`, `{"nonCachedTokens": -1}`,
+		`{"decodeStallWeight": -0.5}`, `{"decodeStallWeight": 1e400}`, `{"decodeStallWeight": "1"}`,
 		`{"bandwidth": 1}`, `{"transferByDistance": {"datacenter": {"gbps": 1}}}`, `{"transferByDistance": {"rack": {"gbps": 0}}}`,
 		`{"transferByDistance": {"host": {"gbps": 10, "latencyMs": -1}}}`,
 	} {
 		if _, err := predicted.Factory("pl", json.RawMessage(raw), nil); !errors.Is(err, framework.ErrInvalidParams) {
 			t.Errorf("%s: err = %v, want ErrInvalidParams", raw, err)
 		}
+	}
+}
+
+func TestTheStallOfTheDecodePodsSequencesCanTipTheSplit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		params string
+		pool   pool
+		split  bool
+		reason string
+	}{
+		// A cold 8000-token prompt is predicted sooner on the idle decode
+		// pod itself (no transfer), but its prefill would hold up the 16
+		// sequences decoding there for its whole engine time.
+		{"sixteen sequences decoding send a cold prompt away by default", "", pool{prefillQueue: []int{0}, decoding: 16}, true, predicted.ReasonPredictedCheaper},
+		{"at weight 1 too", `{"decodeStallWeight": 1}`, pool{prefillQueue: []int{0}, decoding: 16}, true, predicted.ReasonPredictedCheaper},
+		{"at weight 0 the request's own TTFT keeps it local", `{"decodeStallWeight": 0}`, pool{prefillQueue: []int{0}, decoding: 16}, false, predicted.ReasonPredictedSlower},
+		// 480 of 500 blocks cached: the local prefill is short, and two
+		// sequences' stall of it is less than the remote path's extra wait.
+		{"a short local prefill beside two sequences stays", "", pool{decodeQueue: 6, prefillQueue: []int{0}, held: 480, decoding: 2}, false, predicted.ReasonPredictedSlower},
+		// One sequence doubles the local cost of a cold prompt: the remote
+		// path saves about a third of it, over a minGain of 0.1, not of 0.5.
+		{"one sequence decoding is enough for a cold prompt", "", pool{prefillQueue: []int{0}, decoding: 1}, true, predicted.ReasonPredictedCheaper},
+		{"minGain asks the remote path to save its share of the total", `{"minGain": 0.5}`, pool{prefillQueue: []int{0}, decoding: 1}, false, predicted.ReasonPredictedSlower},
+		// Only the rank the request would go to shares its steps with it.
+		{"a pod whose idlest rank decodes nothing keeps it", "", pool{prefillQueue: []int{0}, rankDecoding: []int{16, 0}}, false, predicted.ReasonPredictedSlower},
+		{"a pod whose every rank decodes sends it away", "", pool{prefillQueue: []int{0}, rankDecoding: []int{16, 16}}, true, predicted.ReasonPredictedCheaper},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if v := decide(t, tt.params, tt.pool, 8000); v.Split != tt.split || v.Reason != tt.reason {
+				t.Errorf("verdict %+v, want split %v (%s)", v, tt.split, tt.reason)
+			}
+		})
+	}
+}
+
+func TestWithNothingDecodingTheStallWeightChangesNoVerdict(t *testing.T) {
+	t.Parallel()
+	// Every pod's scrape says 8 running: the weight counts the decoding
+	// sequences of the in-flight accounting, none here.
+	for _, pl := range []pool{
+		{decodeQueue: 6, prefillQueue: []int{0}, held: 480},
+		{decodeQueue: 6, prefillQueue: []int{0, 3}},
+		{decodeQueue: 6, prefillQueue: []int{20, 25}},
+		{prefillQueue: []int{0}},
+		{prefillQueue: []int{0}, held: 300},
+	} {
+		off := decide(t, `{"decodeStallWeight": 0}`, pl, 8000)
+		for _, w := range []string{"1", "4"} {
+			if on := decide(t, `{"decodeStallWeight": `+w+`}`, pl, 8000); on != off {
+				t.Errorf("%+v: weight %s gives %+v, weight 0 %+v", pl, w, on, off)
+			}
+		}
+	}
+}
+
+func TestTheStallWeightMustBeFiniteAndNotNegative(t *testing.T) {
+	t.Parallel()
+	for _, w := range []float64{-1, -1e-9, math.Inf(1), math.Inf(-1), math.NaN()} {
+		p := predicted.DefaultParams()
+		p.DecodeStallWeight = w
+		if _, err := predicted.New("pl", p); !errors.Is(err, framework.ErrInvalidParams) {
+			t.Errorf("decodeStallWeight %v: err = %v, want ErrInvalidParams", w, err)
+		}
+	}
+	for _, w := range []float64{0, 0.5, 1, 100} {
+		p := predicted.DefaultParams()
+		p.DecodeStallWeight = w
+		if _, err := predicted.New("pl", p); err != nil {
+			t.Errorf("decodeStallWeight %v: %v", w, err)
+		}
+	}
+	if got := predicted.DefaultParams().DecodeStallWeight; got != 1 {
+		t.Errorf("default decodeStallWeight %v, want 1", got)
 	}
 }
