@@ -262,7 +262,7 @@ func WritePDTopologyReport(path string, o BenchOptions, pts []Point, command str
 		fmt.Fprintf(&b, "Fleet: the P/D workload `%s` of [routing-pd](../routing-pd/routing-benchmark.md) (the same engines, prompts and rates), its %d engines placed %s, all in one zone. A pull of the blocks the decode engine lacks costs %s plus %d bytes a block over %.1f GB/s within a rack and %s plus the same over %.1f GB/s across racks. The EPP reads each engine's place from its endpoints file (`topology:`).\n\n",
 			p.Workload.Name, p.Engines, strings.Join(racks, ", "), tr.ByNear[sim.NearRack].Latency, tr.BlockBytes, tr.ByNear[sim.NearRack].Bandwidth/1e9, tr.Latency, tr.Bandwidth/1e9)
 	}
-	b.WriteString(`The policies split by one rule, so that the prefill pick, not the split decision, is what differs: upstream's ` + "`prefix-based-pd-decider`" + ` with ` + "`nonCachedTokens: 16`" + ` on the exact index splits every request whose decode pod lacks a block of it (kvroute's default decider, which splits only when the predictions say a split is sooner, rarely splits this workload: see routing-pd).
+	b.WriteString(`The policies split by one rule, so that the prefill pick, not the split decision, is what differs: upstream's ` + "`prefix-based-pd-decider`" + ` with ` + "`nonCachedTokens: 16`" + ` on the exact index splits every request whose decode pod lacks a block of it (kvroute's default decider, which splits only when the predictions say a split costs less, splits a part of this workload that grows with the load: see routing-pd).
 
 | policy | prefill pick |
 |---|---|
