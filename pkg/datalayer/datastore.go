@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/datalayer/readmostly"
 	"github.com/kvroute/kvroute/pkg/enginesched"
 )
 
@@ -385,16 +386,16 @@ type CandidateSet struct {
 	slab []Candidate
 	ptrs []*Candidate
 
-	// mem is every RequestMemory caller's memory, read without a lock: a
-	// request's filters ask for theirs in every cycle, and a caller's
-	// memory is its own. A new caller's is added, under mu, to a copy.
-	mem atomic.Pointer[[]ownedMemory]
-	mu  sync.Mutex
+	// mem is every RequestMemory caller's memory, an owner's *[]T under
+	// the owner and T, read without a lock: a request's filters ask for
+	// theirs in every cycle, and a caller's memory is its own.
+	mem readmostly.List[memoryKey, any]
 }
 
-// ownedMemory is one RequestMemory caller's memory: owner's *[]T.
-type ownedMemory struct {
-	owner, v any
+// memoryKey is a RequestMemory caller's: its owner, and (*[]T)(nil) for
+// its T.
+type memoryKey struct {
+	owner, typ any
 }
 
 // RequestMemory returns n zeroed values of T that live as long as the
@@ -429,16 +430,7 @@ func requestMemory[T any](cands []*Candidate, owner any, n int, zero bool) []T {
 	if set == nil {
 		return make([]T, n)
 	}
-	p := ownedBy[T](set.mem.Load(), owner)
-	if p == nil {
-		set.mu.Lock()
-		mem := set.mem.Load()
-		if p = ownedBy[T](mem, owner); p == nil {
-			p = new([]T)
-			set.mem.Store(withMemory(mem, ownedMemory{owner: owner, v: p}))
-		}
-		set.mu.Unlock()
-	}
+	p := set.mem.GetOrAdd(memoryKey{owner: owner, typ: (*[]T)(nil)}, 0, func() any { return new([]T) }).(*[]T)
 	if cap(*p) < n {
 		*p = make([]T, n)
 	}
@@ -447,31 +439,6 @@ func requestMemory[T any](cands []*Candidate, owner any, n int, zero bool) []T {
 		clear(*p)
 	}
 	return *p
-}
-
-// ownedBy is owner's *[]T among mem, nil when it has none.
-func ownedBy[T any](mem *[]ownedMemory, owner any) *[]T {
-	if mem == nil {
-		return nil
-	}
-	for i := range *mem {
-		if m := &(*mem)[i]; m.owner == owner {
-			if p, ok := m.v.(*[]T); ok {
-				return p
-			}
-		}
-	}
-	return nil
-}
-
-// withMemory is mem with m added, a copy: readers hold the old one.
-func withMemory(mem *[]ownedMemory, m ownedMemory) *[]ownedMemory {
-	var next []ownedMemory
-	if mem != nil {
-		next = append(next, *mem...)
-	}
-	next = append(next, m)
-	return &next
 }
 
 // CandidatesInto is Candidates, making the candidates in set's memory

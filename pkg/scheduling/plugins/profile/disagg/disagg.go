@@ -19,10 +19,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/kvroute/kvroute/pkg/datalayer"
+	"github.com/kvroute/kvroute/pkg/datalayer/readmostly"
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/request"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
@@ -188,44 +187,16 @@ const maxVerdicts = 32
 // verdictSet hands out the verdicts a handler's cycles store, one shared
 // copy of each, so that a decision allocates none.
 type verdictSet struct {
-	// all is read without a lock; a new verdict is added to a copy.
-	all atomic.Pointer[[]*verdicts]
-	mu  sync.Mutex
+	all readmostly.List[verdicts, *verdicts]
 }
 
 func (s *verdictSet) of(v verdicts) *verdicts {
-	if p := s.find(v); p != nil {
-		return p
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p := s.find(v); p != nil {
-		return p
-	}
 	// A copy: v escaping would cost every call an allocation.
-	p := new(verdicts)
-	*p = v
-	var all []*verdicts
-	if old := s.all.Load(); old != nil {
-		if len(*old) >= maxVerdicts {
-			return p
-		}
-		all = append(all, *old...)
-	}
-	all = append(all, p)
-	s.all.Store(&all)
-	return p
-}
-
-func (s *verdictSet) find(v verdicts) *verdicts {
-	if all := s.all.Load(); all != nil {
-		for _, p := range *all {
-			if *p == v {
-				return p
-			}
-		}
-	}
-	return nil
+	return s.all.GetOrAdd(v, maxVerdicts, func() *verdicts {
+		p := new(verdicts)
+		*p = v
+		return p
+	})
 }
 
 const stateKey = "disagg-profile-handler/verdicts"

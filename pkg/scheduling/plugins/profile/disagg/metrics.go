@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/pkg/datalayer/readmostly"
 	"github.com/kvroute/kvroute/pkg/plugin"
 	"github.com/kvroute/kvroute/pkg/scheduling/framework"
 )
@@ -170,15 +171,12 @@ func (l *modelLabels) series(model string) *modelSeries {
 // as a rule, equal by pointer) instead of hashing five label values.
 type modelSeries struct {
 	label string
-	// bound is read without a lock; a new series is added to a copy.
-	bound atomic.Pointer[[]boundDecision]
-	mu    sync.Mutex
+	bound readmostly.List[boundKey, prometheus.Counter]
 }
 
-type boundDecision struct {
+type boundKey struct {
 	decision framework.Decision
 	reason   string
-	c        prometheus.Counter
 }
 
 // count counts a decision of the handler tn under this model label.
@@ -186,32 +184,7 @@ func (s *modelSeries) count(m *Metrics, tn plugin.TypedName, d framework.Decisio
 	if m == nil {
 		return
 	}
-	if c := s.find(d, reason); c != nil {
-		c.Inc()
-		return
-	}
-	s.mu.Lock()
-	c := s.find(d, reason)
-	if c == nil {
-		c = m.decisionCounter(tn, s.label, d, reason)
-		var next []boundDecision
-		if old := s.bound.Load(); old != nil {
-			next = append(next, *old...)
-		}
-		next = append(next, boundDecision{decision: d, reason: reason, c: c})
-		s.bound.Store(&next)
-	}
-	s.mu.Unlock()
-	c.Inc()
-}
-
-func (s *modelSeries) find(d framework.Decision, reason string) prometheus.Counter {
-	if bound := s.bound.Load(); bound != nil {
-		for _, b := range *bound {
-			if b.decision == d && b.reason == reason {
-				return b.c
-			}
-		}
-	}
-	return nil
+	s.bound.GetOrAdd(boundKey{decision: d, reason: reason}, 0, func() prometheus.Counter {
+		return m.decisionCounter(tn, s.label, d, reason)
+	}).Inc()
 }
