@@ -219,8 +219,9 @@ type FlowControl interface {
 	// Target is the TTFT target of priority's band (zero: none).
 	Target(priority int) time.Duration
 	// Protect is what a request of priority from flow leaves room for:
-	// the priorities above it that had requests lately, and its own when
-	// flow floods (the zero Protection: none).
+	// the priorities above it that had requests lately, and more when
+	// flow floods (flowcontrol.Controller.Protect; the zero Protection:
+	// none).
 	Protect(priority int, flow string) flowcontrol.Protection
 }
 

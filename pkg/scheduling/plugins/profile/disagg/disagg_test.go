@@ -53,6 +53,15 @@ plugins:
 - type: max-score-picker
 `
 
+// prefixDeciderConfig is a handler splitting by upstream's threshold
+// decider at 16 uncached tokens.
+const prefixDeciderConfig = pdPlugins + `
+- type: disagg-profile-handler
+  parameters: {deciders: {prefill: prefix-based-pd-decider}}
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: 16}
+` + pdProfiles
+
 func role(r string) map[string]string { return map[string]string{bylabel.RoleLabel: r} }
 
 // fleet is a decode pod d holding held of a 100-token prompt's 6 blocks,
@@ -99,12 +108,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 func TestTheDeciderSplitsOnTheDecodePodsMatchAndTheDecisionIsCounted(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	s := load(t, pdPlugins+`
-- type: disagg-profile-handler
-  parameters: {deciders: {prefill: prefix-based-pd-decider}}
-- type: prefix-based-pd-decider
-  parameters: {nonCachedTokens: 16}
-`+pdProfiles, reg)
+	s := load(t, prefixDeciderConfig, reg)
 	res, err := s.Schedule(context.Background(), prompt(100), fleet(0, prefillPod))
 	if err != nil {
 		t.Fatal(err)

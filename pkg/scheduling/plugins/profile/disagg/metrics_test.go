@@ -15,12 +15,7 @@ import (
 func TestDecisionsFromManyGoroutinesAreEachCountedOnceUnderTheirLabels(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	s := load(t, pdPlugins+`
-- type: disagg-profile-handler
-  parameters: {deciders: {prefill: prefix-based-pd-decider}}
-- type: prefix-based-pd-decider
-  parameters: {nonCachedTokens: 16}
-`+pdProfiles, reg)
+	s := load(t, prefixDeciderConfig, reg)
 	// Each goroutine's requests alternate between a cold decode pod (split)
 	// and a warm one (decode-only), over models of their own and none.
 	const goroutines, rounds = 8, 50
