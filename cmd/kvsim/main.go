@@ -481,7 +481,7 @@ func benchTenants(ctx context.Context, o loadgen.BenchOptions, outDir string, ar
 		for _, p := range o.Plans {
 			if p.Workload.Name == full.Workload.Name {
 				a := loadgen.TenantsAlonePlan()
-				a.Rates = scaleRates(p.Rates, full.Rates, a.Rates)
+				a.Rates = loadgen.TenantsAloneRates(p.Rates)
 				alone.Plans = append(alone.Plans, a)
 			}
 		}
@@ -504,21 +504,6 @@ func benchTenants(ctx context.Context, o loadgen.BenchOptions, outDir string, ar
 	printChecks(loadgen.TenantsChecks(pts, mixedPts))
 	fmt.Printf("wrote %s in %s\n", path, time.Since(start).Round(time.Second))
 	return nil
-}
-
-// scaleRates maps rates chosen from a plan's ladder (--rates) to the
-// alone plan's: each rate of from at its ladder's place in to, or scaled
-// by to's first over from's first where the ladder lacks it.
-func scaleRates(rates, from, to []float64) []float64 {
-	out := make([]float64, len(rates))
-	for i, r := range rates {
-		if k := slices.Index(from, r); k >= 0 && k < len(to) {
-			out[i] = to[k]
-			continue
-		}
-		out[i] = r * to[0] / from[0]
-	}
-	return out
 }
 
 // sampleLoad reads the 1-minute load average every 10s until ctx ends or

@@ -129,24 +129,38 @@ func TenantsPlan() Plan {
 }
 
 // TenantsAlonePlan is TenantsPlan's well-behaved tenants alone, at the
-// rates they send there (3/7 of each total rate): the attainment they get
-// on the fleet with no flooder at all is the most any flow control could
+// rates they send there (TenantsAloneRates): the attainment they get on
+// the fleet with no flooder at all is the most any flow control could
 // give them beside one.
 func TenantsAlonePlan() Plan {
 	p := TenantsPlan()
 	p.Workload.Name = "tenants-alone"
+	p.Rates = aloneRates(p.Workload.Tenants, p.Rates)
+	p.Workload.Tenants = slices.DeleteFunc(p.Workload.Tenants, func(t Tenant) bool { return t.Flooder })
+	return p
+}
+
+// TenantsAloneRates are the rates TenantsPlan's well-behaved tenants send
+// at the total rates given: 3/7 of each, to a thousandth.
+func TenantsAloneRates(rates []float64) []float64 {
+	return aloneRates(TenantsPlan().Workload.Tenants, rates)
+}
+
+// aloneRates are the rates tenants other than the flooder send at the
+// total rates given.
+func aloneRates(tenants []Tenant, rates []float64) []float64 {
 	var all, kept float64
-	for _, t := range p.Workload.Tenants {
+	for _, t := range tenants {
 		all += t.Share
 		if !t.Flooder {
 			kept += t.Share
 		}
 	}
-	p.Workload.Tenants = slices.DeleteFunc(p.Workload.Tenants, func(t Tenant) bool { return t.Flooder })
-	for i := range p.Rates {
-		p.Rates[i] = math.Round(p.Rates[i]*kept/all*1000) / 1000
+	out := make([]float64, len(rates))
+	for i, r := range rates {
+		out[i] = math.Round(r*kept/all*1000) / 1000
 	}
-	return p
+	return out
 }
 
 // TenantStats is what one tenant's requests got.

@@ -136,6 +136,10 @@ func TestTheWellBehavedTenantsAloneSendWhatTheySendBesideTheFlooder(t *testing.T
 	if want := []float64{6, 12, 18, 24}; !slices.Equal(p.Rates, want) {
 		t.Errorf("rates %v, want %v", p.Rates, want)
 	}
+	// Rates off the ladder (--rates) too: 3/7 of each, to a thousandth.
+	if got, want := TenantsAloneRates([]float64{56, 10}), []float64{24, 4.286}; !slices.Equal(got, want) {
+		t.Errorf("TenantsAloneRates = %v, want %v", got, want)
+	}
 	stats := func(name string, flooder bool, sent, met int) TenantStats {
 		return TenantStats{Tenant: name, Flooder: flooder, Sent: sent, Met: met, Served: met}
 	}

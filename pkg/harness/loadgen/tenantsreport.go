@@ -3,7 +3,6 @@ package loadgen
 import (
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -251,9 +250,8 @@ func writeTenantsAlone(b *strings.Builder, pts, alone []Point) {
 					if q.Policy != pol || q.Tenants == nil {
 						continue
 					}
-					qb, fl := q.Tenants.WellBehaved(), q.Tenants.Flooder()
-					if sent := qb.Sent + fl.Sent; sent > 0 && math.Abs(q.Rate*float64(qb.Sent)/float64(sent)-rate) < 0.25*rate {
-						with = fmt.Sprintf("%g: %.1f%%", q.Rate, 100*qb.Attainment())
+					if TenantsAloneRates([]float64{q.Rate})[0] == rate {
+						with = fmt.Sprintf("%g: %.1f%%", q.Rate, 100*q.Tenants.WellBehaved().Attainment())
 					}
 				}
 				fmt.Fprintf(b, "| %g | %s | %.1f%% | %s | %s | %s |\n", rate, pol, 100*wb.Attainment(), classAttainment(wb, "interactive"), classAttainment(wb, "batch"), with)
